@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs what the tests, the demo and the benchmarks need on a Debian
+# machine, or stops with a message naming exactly what is missing.
+#   - PostgreSQL 15 server and client (postgresql-15, postgresql-client-15:
+#     server binaries, psql, pg_regress, the isolation tester, PGXS)
+#   - libfaketime (faketime), for the clock-jump failure tests
+#   - make, setpriv (util-linux)
+# Go (>= 1.26) must already be on PATH; it is not installed here.
+set -euo pipefail
+
+need=()
+[ -x /usr/lib/postgresql/15/bin/postgres ] || need+=(postgresql-15)
+[ -x /usr/lib/postgresql/15/lib/pgxs/src/test/isolation/pg_isolation_regress ] || need+=(postgresql-client-15)
+command -v pg_config >/dev/null || need+=(postgresql-common)
+ls /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || need+=(faketime)
+command -v make >/dev/null || need+=(make)
+command -v setpriv >/dev/null || need+=(util-linux)
+command -v pgbench >/dev/null || need+=(postgresql-contrib)
+
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+    echo "install-deps: missing Debian packages: ${need[*]}" >&2
+    echo "install them with: sudo apt-get install -y ${need[*]}" >&2
+    exit 1
+  fi
+  echo "install-deps: apt-get install ${need[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
+fi
+
+if ! command -v go >/dev/null; then
+  if [ -x /usr/local/go/bin/go ]; then
+    echo "install-deps: Go is at /usr/local/go/bin but not on PATH: export PATH=\$PATH:/usr/local/go/bin" >&2
+  else
+    echo "install-deps: Go >= 1.26 is needed (https://go.dev/dl); it is not installed here" >&2
+  fi
+  exit 1
+fi

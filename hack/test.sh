@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# `make test`: everything, on throwaway servers that this script (or the Go
+# test harness) starts and removes.
+#   1. installs what is missing (hack/install-deps.sh)
+#   2. installs the extension files into the local PostgreSQL (make -C sql install)
+#   3. regression + isolation suites against a throwaway cluster
+#   4. every Go test (unit, integration, failure suite, end-to-end), each
+#      package starting its own throwaway servers
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PATH:/usr/local/go/bin"
+
+hack/install-deps.sh
+
+echo "== extension: make install" >&2
+make -s -C sql install >/dev/null
+
+echo "== SQL regression and isolation suites" >&2
+if ! hack/with-postgres.sh -- make -s -C sql installcheck; then
+  for f in sql/regression.diffs sql/output_iso/regression.diffs; do
+    [ -f "$f" ] && { echo "--- $f" >&2; head -c 20000 "$f" >&2; }
+  done
+  exit 1
+fi
+
+echo "== Go tests" >&2
+go vet ./...
+go test -count=1 -timeout 25m ${GOTESTFLAGS:-} ./...
