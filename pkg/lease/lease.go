@@ -1,0 +1,292 @@
+// Package lease is the Go client of pg_lease's SQL API (lease.acquire,
+// renew, release, inspect, list, fence, force_release).
+//
+// The client never decides ownership: every answer comes from the SQL
+// functions, and the server's epoch and expiry are carried back unchanged.
+// What the client adds is a local, conservative view of how long a grant is
+// certainly still held: Grant.ValidUntil, measured on this process's
+// monotonic clock from the moment the request was sent (see Grant).
+//
+// A Client runs on anything that can query: a *pgxpool.Pool, a single
+// *pgx.Conn, or the caller's own pgx.Tx (so that a grant commits or rolls back
+// with the caller's transaction).
+package lease
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Querier is what the client needs from a connection: *pgxpool.Pool,
+// *pgx.Conn and pgx.Tx all satisfy it.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Token is a fencing token: the key, the owner and the epoch of one grant.
+// Guards of external systems compare epochs: a write carrying an epoch lower
+// than one already accepted is stale.
+type Token struct {
+	Key   string
+	Owner string
+	Epoch int64
+}
+
+func (t Token) String() string { return fmt.Sprintf("%s/%s@%d", t.Key, t.Owner, t.Epoch) }
+
+// Grant is a lease held by Owner on Key under Epoch, as the server reported it.
+type Grant struct {
+	Token
+	// ExpiresAt is the server-clock instant at which the grant lapses.
+	ExpiresAt time.Time
+	// TTL is the duration requested by the call that granted or renewed it.
+	TTL time.Duration
+
+	// validUntil is the local monotonic instant up to which the grant is
+	// certainly held: the send time of the request that returned it plus
+	// the time the server said was left (ExpiresAt minus the server's clock
+	// read after the decision). The server cannot have decided before the
+	// request was sent, so, with the two clocks running at the same rate,
+	// the server's expiry comes later than validUntil.
+	validUntil time.Time
+}
+
+// ValidUntil is the local instant (carrying a monotonic reading) before which
+// the grant is certainly still held on the server, clock rates being equal.
+// Stop acting under the grant a margin before it, to cover clock-rate drift
+// and scheduling delay.
+func (g Grant) ValidUntil() time.Time { return g.validUntil }
+
+// Remaining is how long the grant is certainly still held, from now.
+func (g Grant) Remaining() time.Duration { return time.Until(g.validUntil) }
+
+// State is a key's observable state (lease.inspect and lease.list).
+type State struct {
+	Key string
+	// Exists is false for a key that was never leased (inspect returns no row).
+	Exists bool
+	Held   bool
+	// Owner and ExpiresAt are set only while Held.
+	Owner     string
+	ExpiresAt time.Time
+	// AcquiredAt is when the current grant began (List only, when Held).
+	AcquiredAt time.Time
+	// Epoch is the key's fencing counter: the current grant's epoch while
+	// held; otherwise every epoch <= Epoch is stale and the next grant
+	// carries a greater one.
+	Epoch int64
+	// ServerNow is the server's clock when the state was read.
+	ServerNow time.Time
+}
+
+// Client calls the pg_lease SQL functions through a Querier.
+type Client struct {
+	db Querier
+}
+
+// New returns a client that runs every call on db.
+func New(db Querier) *Client { return &Client{db: db} }
+
+// WithQuerier returns a client that runs its calls on q, for example the
+// caller's own transaction, sharing nothing else with c.
+func (c *Client) WithQuerier(q Querier) *Client { return &Client{db: q} }
+
+func checkTTL(op string, t Token, name string, d time.Duration, allowZero bool) error {
+	if d < time.Microsecond && !(allowZero && d == 0) {
+		return fmt.Errorf("%s %q: %w: %s %v is below PostgreSQL's interval resolution of 1µs or not positive",
+			op, t.Key, ErrInvalidInput, name, d)
+	}
+	return nil
+}
+
+// Acquire tries once to take key for owner for ttl (lease.acquire with
+// wait 0). ok is false when another owner holds the key. Acquiring a key the
+// owner already holds returns the same grant (same epoch and expiry).
+func (c *Client) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (g Grant, ok bool, err error) {
+	return c.acquire(ctx, "acquire", key, owner, ttl, 0)
+}
+
+// AcquireWait is lease.acquire with a server-side wait: the server polls until
+// the key can be taken or wait passes (ErrWaitTimeout). It occupies a
+// connection and keeps a transaction open for the whole wait; Waiter waits
+// without either.
+func (c *Client) AcquireWait(ctx context.Context, key, owner string, ttl, wait time.Duration) (Grant, error) {
+	g, ok, err := c.acquire(ctx, "acquire", key, owner, ttl, wait)
+	if err == nil && !ok {
+		err = fmt.Errorf("acquire %q: server returned no grant after waiting", key)
+	}
+	return g, err
+}
+
+func (c *Client) acquire(ctx context.Context, op, key, owner string, ttl, wait time.Duration) (Grant, bool, error) {
+	t := Token{Key: key, Owner: owner}
+	if err := checkTTL(op, t, "ttl", ttl, false); err != nil {
+		return Grant{}, false, err
+	}
+	if err := checkTTL(op, t, "wait", wait, true); err != nil {
+		return Grant{}, false, err
+	}
+	var (
+		acquired  bool
+		epoch     *int64
+		expiresAt *time.Time
+		serverNow time.Time
+	)
+	sent := time.Now()
+	err := c.db.QueryRow(ctx,
+		`SELECT a.acquired, a.epoch, a.expires_at, clock_timestamp() FROM lease.acquire($1, $2, $3, $4) a`,
+		key, owner, ttl, wait).Scan(&acquired, &epoch, &expiresAt, &serverNow)
+	if err != nil {
+		return Grant{}, false, mapError(op, t, err)
+	}
+	if !acquired {
+		return Grant{}, false, nil
+	}
+	t.Epoch = *epoch
+	return newGrant(t, *expiresAt, ttl, sent, serverNow), true, nil
+}
+
+func newGrant(t Token, expiresAt time.Time, ttl time.Duration, sent, serverNow time.Time) Grant {
+	return Grant{Token: t, ExpiresAt: expiresAt, TTL: ttl, validUntil: sent.Add(expiresAt.Sub(serverNow))}
+}
+
+// Renew extends the grant t to server time + ttl; the epoch never changes.
+// It returns an error matching ErrLost (and ErrNotOwner, ErrLapsed or
+// ErrEpochMismatch) when t is no longer the current grant; then stop acting
+// under t at once.
+func (c *Client) Renew(ctx context.Context, t Token, ttl time.Duration) (Grant, error) {
+	if err := checkTTL("renew", t, "ttl", ttl, false); err != nil {
+		return Grant{}, err
+	}
+	var (
+		status    string
+		expiresAt *time.Time
+		serverNow time.Time
+	)
+	sent := time.Now()
+	err := c.db.QueryRow(ctx,
+		`SELECT r.status, r.expires_at, clock_timestamp() FROM lease.renew($1, $2, $3, $4) r`,
+		t.Key, t.Owner, t.Epoch, ttl).Scan(&status, &expiresAt, &serverNow)
+	if err != nil {
+		return Grant{}, mapError("renew", t, err)
+	}
+	if err := statusErr("renew", t, status); err != nil {
+		return Grant{}, err
+	}
+	return newGrant(t, *expiresAt, ttl, sent, serverNow), nil
+}
+
+// Release ends the grant t: the key becomes free and its epoch counter moves
+// past t.Epoch. Errors as for Renew.
+func (c *Client) Release(ctx context.Context, t Token) error {
+	var status string
+	err := c.db.QueryRow(ctx, `SELECT lease.release($1, $2, $3)`, t.Key, t.Owner, t.Epoch).Scan(&status)
+	if err != nil {
+		return mapError("release", t, err)
+	}
+	return statusErr("release", t, status)
+}
+
+// Inspect reads key's state under lazy expiry. A never-leased key gives
+// State{Exists: false} and no error.
+func (c *Client) Inspect(ctx context.Context, key string) (State, error) {
+	s := State{Key: key}
+	var (
+		owner     *string
+		expiresAt *time.Time
+	)
+	err := c.db.QueryRow(ctx,
+		`SELECT i.held, i.owner, i.epoch, i.expires_at, clock_timestamp() FROM lease.inspect($1) i`,
+		key).Scan(&s.Held, &owner, &s.Epoch, &expiresAt, &s.ServerNow)
+	switch {
+	case err == pgx.ErrNoRows:
+		return s, nil
+	case err != nil:
+		return State{}, mapError("inspect", Token{Key: key}, err)
+	}
+	s.Exists = true
+	if owner != nil {
+		s.Owner = *owner
+	}
+	if expiresAt != nil {
+		s.ExpiresAt = *expiresAt
+	}
+	return s, nil
+}
+
+// List returns every key's state, ordered by key.
+func (c *Client) List(ctx context.Context) ([]State, error) {
+	rows, err := c.db.Query(ctx,
+		`SELECT l.key, l.held, l.owner, l.epoch, l.acquired_at, l.expires_at, clock_timestamp() FROM lease.list() l`)
+	if err != nil {
+		return nil, mapError("list", Token{}, err)
+	}
+	defer rows.Close()
+	var out []State
+	for rows.Next() {
+		s := State{Exists: true}
+		var (
+			owner                 *string
+			acquiredAt, expiresAt *time.Time
+		)
+		if err := rows.Scan(&s.Key, &s.Held, &owner, &s.Epoch, &acquiredAt, &expiresAt, &s.ServerNow); err != nil {
+			return nil, mapError("list", Token{}, err)
+		}
+		if owner != nil {
+			s.Owner = *owner
+		}
+		if acquiredAt != nil {
+			s.AcquiredAt = *acquiredAt
+		}
+		if expiresAt != nil {
+			s.ExpiresAt = *expiresAt
+		}
+		out = append(out, s)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, mapError("list", Token{}, err)
+	}
+	return out, nil
+}
+
+// Fence asserts, inside tx (the caller's own transaction, in the same
+// database as the leases), that t is the current unexpired grant, and keeps
+// the key's row share-locked until tx ends: no takeover or release can
+// commit before tx does, so writes made in tx after Fence returns are
+// fenced. It returns the grant's server expiry, or an error matching ErrLost
+// (tx is then aborted; roll it back).
+func Fence(ctx context.Context, tx Querier, t Token) (time.Time, error) {
+	var expiresAt time.Time
+	err := tx.QueryRow(ctx, `SELECT lease.fence($1, $2, $3)`, t.Key, t.Owner, t.Epoch).Scan(&expiresAt)
+	if err != nil {
+		return time.Time{}, mapError("fence", t, err)
+	}
+	return expiresAt, nil
+}
+
+// ForceRelease frees key whatever its holder and moves its epoch past the
+// current grant, fencing the former holder. It needs EXECUTE on
+// lease.force_release, which is revoked from PUBLIC. released is false when
+// the key was not granted (never leased, or already free).
+func (c *Client) ForceRelease(ctx context.Context, key string) (released bool, previousOwner string, epoch int64, err error) {
+	var prev *string
+	var ep *int64
+	err = c.db.QueryRow(ctx, `SELECT f.released, f.previous_owner, f.epoch FROM lease.force_release($1) f`, key).
+		Scan(&released, &prev, &ep)
+	if err != nil {
+		return false, "", 0, mapError("force_release", Token{Key: key}, err)
+	}
+	if prev != nil {
+		previousOwner = *prev
+	}
+	if ep != nil {
+		epoch = *ep
+	}
+	return released, previousOwner, epoch, nil
+}
