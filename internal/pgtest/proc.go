@@ -1,0 +1,291 @@
+package pgtest
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// children returns the pids of the live processes whose parent is pid. The
+// postmaster's children (backends, walwriter, checkpointer, ...) each call
+// setsid(), so they are not in the postmaster's process group: signalling
+// the group alone would miss them.
+func children(pid int) []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, e := range entries {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		ppid, state, ok := procStat(p)
+		if ok && ppid == pid && state != 'Z' && state != 'X' {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// procStat reads the parent pid and state of pid from /proc/<pid>/stat.
+func procStat(pid int) (ppid int, state byte, ok bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0, false
+	}
+	// The command name is in parentheses and may contain anything.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, 0, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 2 {
+		return 0, 0, false
+	}
+	ppid, err = strconv.Atoi(f[1])
+	if err != nil {
+		return 0, 0, false
+	}
+	return ppid, f[0][0], true
+}
+
+// procStartTime returns field 22 of /proc/<pid>/stat (start time in clock
+// ticks since boot), which tells a live process from a reused pid.
+func procStartTime(pid int) (string, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return "", false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return "", false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return "", false
+	}
+	return f[19], true
+}
+
+// alive reports whether pid exists and is not a zombie.
+func alive(pid int) bool {
+	_, state, ok := procStat(pid)
+	return ok && state != 'Z' && state != 'X'
+}
+
+// waitGone waits until none of pids is alive (a zombie has already released
+// its memory and shared-memory attachments, so it counts as gone).
+func waitGone(pids []int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		var left []int
+		for _, p := range pids {
+			if alive(p) {
+				left = append(left, p)
+			}
+		}
+		if len(left) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("pgtest: processes %v still alive after %v", left, timeout)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// killTree SIGKILLs the postmaster pid and every child it has, without
+// letting the postmaster react in between (it is stopped first, so it can
+// neither fork nor start crash recovery), and waits until they are gone.
+// It does not reap pid: the caller's Wait goroutine does.
+func killTree(pid int) error {
+	_ = syscall.Kill(pid, syscall.SIGSTOP)
+	waitStopped(pid)
+	kids := children(pid)
+	_ = syscall.Kill(-pid, syscall.SIGKILL) // the postmaster's own group
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	for _, k := range kids {
+		// Each child leads its own session and group (archive_command
+		// shells and the like live there): kill the group, then the pid.
+		_ = syscall.Kill(-k, syscall.SIGKILL)
+		_ = syscall.Kill(k, syscall.SIGKILL)
+	}
+	return waitGone(append(kids, pid), 30*time.Second)
+}
+
+// signalTree sends sig to the postmaster and all its children. For SIGSTOP
+// the postmaster goes first (so it forks nothing new); for anything else it
+// goes last.
+func signalTree(pid int, sig syscall.Signal) error {
+	if sig == syscall.SIGSTOP {
+		if err := syscall.Kill(pid, sig); err != nil {
+			return err
+		}
+		waitStopped(pid)
+	}
+	for _, k := range children(pid) {
+		_ = syscall.Kill(k, sig)
+	}
+	if sig != syscall.SIGSTOP {
+		return syscall.Kill(pid, sig)
+	}
+	return nil
+}
+
+// waitStopped waits briefly until pid is in the stopped state, so that a
+// fork it was in the middle of has finished and the child is visible.
+func waitStopped(pid int) {
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		_, state, ok := procStat(pid)
+		if !ok || state == 'T' || state == 't' || state == 'Z' {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// pidFile is what the harness needs from postmaster.pid.
+type pidFile struct {
+	pid   int
+	shmID int // -1 if unknown
+}
+
+// readPidFile parses <dataDir>/postmaster.pid: line 1 is the postmaster
+// pid, line 7 "key shmid" of its System V shared-memory segment.
+func readPidFile(dataDir string) (pidFile, bool) {
+	b, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid"))
+	if err != nil {
+		return pidFile{}, false
+	}
+	lines := strings.Split(string(b), "\n")
+	pf := pidFile{shmID: -1}
+	pf.pid, err = strconv.Atoi(strings.TrimSpace(lines[0]))
+	if err != nil {
+		return pidFile{}, false
+	}
+	if len(lines) >= 7 {
+		if f := strings.Fields(lines[6]); len(f) == 2 {
+			if id, err := strconv.Atoi(f[1]); err == nil {
+				pf.shmID = id
+			}
+		}
+	}
+	return pf, true
+}
+
+// removeShm removes the System V shared-memory segment id if it still
+// exists. Removing a segment that is still attached only marks it; the
+// kernel frees it with the last detach.
+func removeShm(id int) error {
+	if id < 0 || !shmExists(id) {
+		return nil
+	}
+	const ipcRmid = 0
+	if _, _, errno := syscall.Syscall(syscall.SYS_SHMCTL, uintptr(id), ipcRmid, 0); errno != 0 {
+		if errno == syscall.EINVAL || errno == syscall.EIDRM {
+			return nil
+		}
+		return fmt.Errorf("pgtest: removing shared-memory segment %d: %w", id, errno)
+	}
+	return nil
+}
+
+// shmExists reports whether a System V shared-memory segment with this id
+// exists (from /proc/sysvipc/shm).
+func shmExists(id int) bool {
+	b, err := os.ReadFile("/proc/sysvipc/shm")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) > 1 && f[1] == strconv.Itoa(id) {
+			return true
+		}
+	}
+	return false
+}
+
+// Temporary directories are named dirPrefix + random and hold an ownerFile
+// naming the process (pid and start time) that created them.
+const (
+	dirPrefix = "pgtest-"
+	ownerFile = "owner"
+)
+
+func ownerStamp() string {
+	st, _ := procStartTime(os.Getpid())
+	return fmt.Sprintf("%d %s\n", os.Getpid(), st)
+}
+
+var sweepOnce sync.Once
+
+// sweepStale removes what earlier test processes that died without
+// cleaning up (SIGKILL, os.Exit, a test timeout) left in parent: their
+// postmaster and children, shared memory and directories. Directories of
+// live processes are left alone.
+func sweepStale(parent string) {
+	entries, err := os.ReadDir(parent)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), dirPrefix) {
+			continue
+		}
+		root := filepath.Join(parent, e.Name())
+		b, err := os.ReadFile(filepath.Join(root, ownerFile))
+		if err != nil {
+			continue // not ours, or being created right now
+		}
+		f := strings.Fields(string(b))
+		if len(f) != 2 {
+			continue
+		}
+		pid, err := strconv.Atoi(f[0])
+		if err != nil {
+			continue
+		}
+		if st, ok := procStartTime(pid); ok && st == f[1] {
+			continue // owner alive
+		}
+		_ = cleanupDir(root)
+	}
+}
+
+// cleanupDir kills a server still running from root/data, removes its shared
+// memory and removes root.
+func cleanupDir(root string) error {
+	dataDir := filepath.Join(root, "data")
+	var errs []error
+	if pf, ok := readPidFile(dataDir); ok {
+		if alive(pf.pid) && isPostmasterOf(pf.pid, dataDir) {
+			errs = append(errs, killTree(pf.pid))
+		}
+		errs = append(errs, removeShm(pf.shmID))
+	}
+	if err := os.RemoveAll(root); err != nil {
+		errs = append(errs, fmt.Errorf("pgtest: removing %s: %w", root, err))
+	}
+	return errors.Join(errs...)
+}
+
+// isPostmasterOf checks that pid is a postgres process whose command line
+// names dataDir, so a reused pid is never killed.
+func isPostmasterOf(pid int, dataDir string) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil {
+		return false
+	}
+	return bytes.Contains(b, []byte(dataDir))
+}

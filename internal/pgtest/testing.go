@@ -1,0 +1,156 @@
+package pgtest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// New starts a throwaway server for the test (at most one Options), closes
+// it with t.Cleanup, and fails the test (never skips) if it cannot start.
+// When the test failed, the end of the server log is logged at cleanup.
+//
+// New always starts a server of the test's own, also when PGLEASE_TEST_DSN
+// is set: tests that call New control the server (Kill, Freeze, clocks).
+// Tests that only need a database use NewDatabase.
+func New(t testing.TB, opts ...Options) *Server {
+	t.Helper()
+	if len(opts) > 1 {
+		t.Fatalf("pgtest.New: at most one Options, got %d", len(opts))
+	}
+	var o Options
+	if len(opts) == 1 {
+		o = opts[0]
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	s, err := Start(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("pgtest: server log (%s), last part:\n%s", s.LogPath(), lastBytes(s.Log(), 8<<10))
+		}
+		if err := s.Close(); err != nil {
+			t.Errorf("pgtest: Close: %v", err)
+		}
+	})
+	return s
+}
+
+func lastBytes(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	s = s[len(s)-n:]
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		s = s[i+1:]
+	}
+	return s
+}
+
+var shared struct {
+	mu  sync.Mutex
+	srv *Server
+	err error
+}
+
+// Shared returns the server shared by the tests of this test binary: the
+// external server of PGLEASE_TEST_DSN when that is set, otherwise a
+// throwaway server started on first use (and closed by Main). Its control
+// methods (Kill, Freeze, ...) refuse with ErrNeedsThrowaway. Tests on it
+// should use a database of their own: see NewDatabase.
+func Shared(t testing.TB) *Server {
+	t.Helper()
+	s, err := sharedServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func sharedServer() (*Server, error) {
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	if shared.srv != nil || shared.err != nil {
+		return shared.srv, shared.err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var s *Server
+	var err error
+	if dsn := os.Getenv(EnvTestDSN); dsn != "" {
+		s, err = External(ctx, dsn)
+	} else {
+		s, err = Start(ctx, Options{})
+	}
+	if err != nil {
+		shared.err = fmt.Errorf("pgtest: shared server: %w", err)
+		return nil, shared.err
+	}
+	s.shared = !s.external
+	shared.srv = s
+	return s, nil
+}
+
+// CloseShared closes the shared server if one was started. Main calls it;
+// programs and TestMain functions that do not use Main should.
+func CloseShared() error {
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	s := shared.srv
+	shared.srv, shared.err = nil, nil
+	if s == nil {
+		return nil
+	}
+	return s.Close()
+}
+
+// NewDatabase creates a database of the test's own on the shared server
+// (see Shared; the external server when PGLEASE_TEST_DSN is set), drops it
+// at cleanup, and returns its DSN.
+func NewDatabase(t testing.TB) string {
+	t.Helper()
+	s := Shared(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	name, dsn, err := s.newDatabase(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := s.DropDatabase(ctx, name); err != nil {
+			t.Errorf("pgtest: %v", err)
+		}
+	})
+	return dsn
+}
+
+// Main runs the tests of a package (call it from TestMain), closes the
+// shared server, and then, if the tests passed, checks that no goroutine
+// leaked (goleak; opts add ignores). It exits with the tests' status.
+func Main(m *testing.M, opts ...goleak.Option) {
+	code := m.Run()
+	if err := CloseShared(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	if code == 0 {
+		if err := goleak.Find(opts...); err != nil {
+			fmt.Fprintf(os.Stderr, "pgtest: goroutines leaked after the tests: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
