@@ -38,6 +38,11 @@ var (
 	// ErrVersionMismatch: the installed pg_lease has another version than
 	// this module ships.
 	ErrVersionMismatch = errors.New("lease: installed pg_lease version differs")
+	// ErrModeMismatch: pg_lease is installed, but in the other Mode than the
+	// one asked for (InstallExtension over a schema-only install).
+	ErrModeMismatch = errors.New("lease: pg_lease is installed in the other mode")
+	// ErrWaiterClosed: the Waiter was closed while or before the call waited.
+	ErrWaiterClosed = errors.New("lease: waiter closed")
 )
 
 // statusError is the error for a renew, release or fence whose status was

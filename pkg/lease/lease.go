@@ -14,6 +14,7 @@ package lease
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -205,7 +206,7 @@ func (c *Client) Inspect(ctx context.Context, key string) (State, error) {
 		`SELECT i.held, i.owner, i.epoch, i.expires_at, clock_timestamp() FROM lease.inspect($1) i`,
 		key).Scan(&s.Held, &owner, &s.Epoch, &expiresAt, &s.ServerNow)
 	switch {
-	case err == pgx.ErrNoRows:
+	case errors.Is(err, pgx.ErrNoRows):
 		return s, nil
 	case err != nil:
 		return State{}, mapError("inspect", Token{Key: key}, err)

@@ -1,0 +1,262 @@
+package lease_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/pkg/lease"
+)
+
+func TestInstalled(t *testing.T) {
+	forEachMode(t, func(t *testing.T, db *testDB) {
+		ctx := testCtx(t)
+		v, mode, err := lease.Installed(ctx, db.pool)
+		if err != nil || v != lease.Version || mode != db.mode.mode {
+			t.Fatalf("Installed: %q %v %v, want %q %v", v, mode, err, lease.Version, db.mode.mode)
+		}
+		var comment string
+		if err := db.pool.QueryRow(ctx, `SELECT obj_description('lease'::regnamespace, 'pg_namespace')`).Scan(&comment); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(comment, "schema-only"); got != (mode == lease.ModeSchema) {
+			t.Fatalf("schema comment %q in mode %v", comment, mode)
+		}
+	})
+}
+
+// TestInstallIdempotent: a second install of the same version, by either
+// function, changes nothing, except that asking for the extension over a
+// schema-only install is refused.
+func TestInstallIdempotent(t *testing.T) {
+	forEachMode(t, func(t *testing.T, db *testDB) {
+		ctx := testCtx(t)
+		g, ok, err := db.c.Acquire(ctx, "survives", "alice", time.Hour)
+		if err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		if err := db.mode.install(ctx, db.pool); err != nil {
+			t.Fatalf("second %s install: %v", db.mode.name, err)
+		}
+		err = lease.InstallSchema(ctx, db.pool)
+		if err != nil {
+			t.Fatalf("InstallSchema over %s: %v", db.mode.name, err)
+		}
+		err = lease.InstallExtension(ctx, db.pool)
+		if db.mode.mode == lease.ModeSchema {
+			if !errors.Is(err, lease.ErrModeMismatch) {
+				t.Fatalf("InstallExtension over a schema-only install: %v, want ErrModeMismatch", err)
+			}
+		} else if err != nil {
+			t.Fatalf("InstallExtension again: %v", err)
+		}
+		if _, mode, err := lease.Installed(ctx, db.pool); err != nil || mode != db.mode.mode {
+			t.Fatalf("Installed after reinstalls: %v %v", mode, err)
+		}
+		if _, err := db.c.Renew(ctx, g.Token, time.Hour); err != nil {
+			t.Fatalf("the lease did not survive the reinstalls: %v", err)
+		}
+	})
+}
+
+// TestInstallVersionMismatch: against another installed version both install
+// functions refuse with ErrVersionMismatch and Installed reports it.
+func TestInstallVersionMismatch(t *testing.T) {
+	forEachMode(t, func(t *testing.T, db *testDB) {
+		ctx := testCtx(t)
+		switch db.mode.mode {
+		case lease.ModeExtension:
+			// Pretend an older extension (superuser on a test server).
+			if _, err := db.pool.Exec(ctx, `UPDATE pg_extension SET extversion = '0.0.9' WHERE extname = 'pg_lease'`); err != nil {
+				t.Fatal(err)
+			}
+		case lease.ModeSchema:
+			if _, err := db.pool.Exec(ctx, `CREATE OR REPLACE FUNCTION lease.version() RETURNS text LANGUAGE sql IMMUTABLE AS $$ SELECT '0.0.9'::text $$`); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if v, mode, err := lease.Installed(ctx, db.pool); err != nil || v != "0.0.9" || mode != db.mode.mode {
+			t.Fatalf("Installed: %q %v %v", v, mode, err)
+		}
+		if err := db.mode.install(ctx, db.pool); !errors.Is(err, lease.ErrVersionMismatch) {
+			t.Fatalf("%s install over 0.0.9: %v, want ErrVersionMismatch", db.mode.name, err)
+		}
+		if err := lease.InstallSchema(ctx, db.pool); !errors.Is(err, lease.ErrVersionMismatch) {
+			t.Fatalf("InstallSchema over 0.0.9 (%s): %v, want ErrVersionMismatch", db.mode.name, err)
+		}
+	})
+}
+
+// TestInstallConcurrent: installers racing on a fresh database all succeed
+// and install once.
+func TestInstallConcurrent(t *testing.T) {
+	for _, m := range installModes {
+		t.Run(m.name, func(t *testing.T) {
+			if m.mode == lease.ModeExtension {
+				ensureExtensionFiles(t, pgtest.Shared(t))
+			}
+			dsn := pgtest.NewDatabase(t)
+			ctx := testCtx(t)
+			var wg sync.WaitGroup
+			errs := make([]error, 4)
+			for i := range errs {
+				conn := connect(t, dsn)
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					errs[i] = m.install(ctx, conn)
+				}()
+			}
+			wg.Wait()
+			for i, err := range errs {
+				if err != nil {
+					t.Errorf("installer %d: %v", i, err)
+				}
+			}
+			if v, mode, err := lease.Installed(ctx, connect(t, dsn)); err != nil || v != lease.Version || mode != m.mode {
+				t.Fatalf("Installed: %q %v %v", v, mode, err)
+			}
+		})
+	}
+}
+
+// TestInstallInCallerTx: the install joins the caller's transaction (as a
+// savepoint) and goes with its rollback.
+func TestInstallInCallerTx(t *testing.T) {
+	for _, m := range installModes {
+		t.Run(m.name, func(t *testing.T) {
+			if m.mode == lease.ModeExtension {
+				ensureExtensionFiles(t, pgtest.Shared(t))
+			}
+			ctx := testCtx(t)
+			pool := newPool(t, pgtest.NewDatabase(t))
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := m.install(ctx, tx); err != nil {
+				t.Fatal(err)
+			}
+			if _, mode, err := lease.Installed(ctx, tx); err != nil || mode != m.mode {
+				t.Fatalf("Installed inside the tx: %v %v", mode, err)
+			}
+			if _, ok, err := lease.New(tx).Acquire(ctx, "k", "a", time.Minute); err != nil || !ok {
+				t.Fatalf("Acquire inside the tx: %v %v", ok, err)
+			}
+			if err := tx.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := lease.Installed(ctx, pool); !errors.Is(err, lease.ErrNotInstalled) {
+				t.Fatalf("Installed after rollback: %v, want ErrNotInstalled", err)
+			}
+		})
+	}
+}
+
+// TestSchemaInstallByOrdinaryRole: the schema-only install is for roles
+// that may not create extensions (pg_lease is trusted, but managed hosts
+// allow-list extensions): an ordinary role with CREATE on its
+// database installs it, owns every object, and other roles use the API but
+// not the table nor force_release.
+func TestSchemaInstallByOrdinaryRole(t *testing.T) {
+	s := pgtest.Shared(t)
+	ctx := testCtx(t)
+	dsn := pgtest.NewDatabase(t)
+	suffix := strings.ReplaceAll(strings.ToLower(t.Name()), "/", "_")
+	installer, user := "lease_inst_"+suffix, "lease_user_"+suffix
+	for _, r := range []string{installer, user} {
+		if err := s.CreateRole(ctx, r, "LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	admin := connect(t, dsn)
+	var db string
+	if err := admin.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, fmt.Sprintf(`GRANT CREATE ON DATABASE %q TO %q`, db, installer)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		for _, r := range []string{installer, user} {
+			_, _ = admin.Exec(ctx, fmt.Sprintf(`DROP OWNED BY %q`, r))
+			_, _ = admin.Exec(ctx, fmt.Sprintf(`DROP ROLE IF EXISTS %q`, r))
+		}
+	})
+
+	inst := connect(t, pgtest.WithUser(dsn, installer))
+	if err := lease.InstallSchema(ctx, inst); err != nil {
+		t.Fatalf("InstallSchema as %s: %v", installer, err)
+	}
+	var owners []string
+	rows, err := admin.Query(ctx, `SELECT DISTINCT pg_get_userbyid(proowner) FROM pg_proc WHERE pronamespace = 'lease'::regnamespace
+		UNION SELECT pg_get_userbyid(relowner) FROM pg_class WHERE relnamespace = 'lease'::regnamespace AND relkind = 'r'
+		UNION SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = 'lease'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var o string
+		_ = rows.Scan(&o)
+		owners = append(owners, o)
+	}
+	if rows.Err() != nil || len(owners) != 1 || owners[0] != installer {
+		t.Fatalf("owners %v (%v), want only %s", owners, rows.Err(), installer)
+	}
+
+	u := connect(t, pgtest.WithUser(dsn, user))
+	c := lease.New(u)
+	g, ok, err := c.Acquire(ctx, "k", "alice", time.Minute)
+	if err != nil || !ok {
+		t.Fatalf("Acquire as %s: %v %v", user, ok, err)
+	}
+	if err := c.Release(ctx, g.Token); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := u.Exec(ctx, `SELECT * FROM lease.leases`); err == nil {
+		t.Fatal("an ordinary role read lease.leases")
+	}
+	if _, _, _, err := c.ForceRelease(ctx, "k"); err == nil {
+		t.Fatal("an ordinary role ran force_release")
+	}
+}
+
+// TestForeignLeaseSchema: a schema named lease that is not pg_lease's is
+// not taken for an install, and the schema install refuses to overwrite it.
+func TestForeignLeaseSchema(t *testing.T) {
+	ctx := testCtx(t)
+	pool := newPool(t, pgtest.NewDatabase(t))
+	if _, err := pool.Exec(ctx, `CREATE SCHEMA lease`); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := lease.Installed(ctx, pool); !errors.Is(err, lease.ErrNotInstalled) {
+		t.Fatalf("Installed: %v, want ErrNotInstalled", err)
+	}
+	if err := lease.InstallSchema(ctx, pool); err == nil || !strings.Contains(err.Error(), "already exists") {
+		t.Fatalf("InstallSchema over a foreign schema: %v", err)
+	}
+}
+
+func TestSchemaScript(t *testing.T) {
+	s, err := lease.SchemaScript(`we"ird role`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{`\echo`, `\quit`, `@extowner@`, `@extschema@`} {
+		if strings.Contains(s, bad) {
+			t.Errorf("script contains %q", bad)
+		}
+	}
+	if !strings.Contains(s, `OWNER TO "we""ird role";`) {
+		t.Error("owner not quoted as an identifier")
+	}
+	if _, err := lease.SchemaScript(""); !errors.Is(err, lease.ErrInvalidInput) {
+		t.Errorf("empty owner: %v", err)
+	}
+}

@@ -1,0 +1,148 @@
+package lease_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/pkg/lease"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// installMode is one way of installing pg_lease; every API test runs once
+// per mode (forEachMode).
+type installMode struct {
+	name    string
+	install func(context.Context, lease.Beginner) error
+	mode    lease.Mode
+}
+
+var installModes = []installMode{
+	{"extension", lease.InstallExtension, lease.ModeExtension},
+	{"schema", lease.InstallSchema, lease.ModeSchema},
+}
+
+func testCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// extFiles makes the extension's files available to each server once per
+// test binary (the shared server and any server of a test's own share the
+// installation, but an external server is checked rather than written).
+var extFiles struct {
+	mu   sync.Mutex
+	done map[*pgtest.Server]bool
+}
+
+func ensureExtensionFiles(t testing.TB, s *pgtest.Server) {
+	t.Helper()
+	extFiles.mu.Lock()
+	defer extFiles.mu.Unlock()
+	if extFiles.done[s] {
+		return
+	}
+	if err := s.InstallExtensionFiles(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if extFiles.done == nil {
+		extFiles.done = map[*pgtest.Server]bool{}
+	}
+	extFiles.done[s] = true
+}
+
+// testDB is a database of the test's own with pg_lease installed in mode.
+type testDB struct {
+	dsn  string
+	mode installMode
+	pool *pgxpool.Pool
+	c    *lease.Client
+}
+
+func newPool(t testing.TB, dsn string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(testCtx(t), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func connect(t testing.TB, dsn string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(testCtx(t), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	return conn
+}
+
+// newDB creates a database on the shared server (or PGLEASE_TEST_DSN) with
+// pg_lease installed in mode m.
+func newDB(t testing.TB, m installMode) *testDB {
+	t.Helper()
+	if m.mode == lease.ModeExtension {
+		ensureExtensionFiles(t, pgtest.Shared(t))
+	}
+	return installInto(t, pgtest.NewDatabase(t), m)
+}
+
+// newDBOn is newDB on a server of the test's own.
+func newDBOn(t testing.TB, s *pgtest.Server, m installMode) *testDB {
+	t.Helper()
+	if m.mode == lease.ModeExtension {
+		ensureExtensionFiles(t, s)
+	}
+	dsn, err := s.NewDatabase(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return installInto(t, dsn, m)
+}
+
+func installInto(t testing.TB, dsn string, m installMode) *testDB {
+	t.Helper()
+	pool := newPool(t, dsn)
+	if err := m.install(testCtx(t), pool); err != nil {
+		t.Fatalf("%s install: %v", m.name, err)
+	}
+	return &testDB{dsn: dsn, mode: m, pool: pool, c: lease.New(pool)}
+}
+
+// forEachMode runs f as a subtest per install mode, each on a fresh
+// database.
+func forEachMode(t *testing.T, f func(t *testing.T, db *testDB)) {
+	for _, m := range installModes {
+		t.Run(m.name, func(t *testing.T) { f(t, newDB(t, m)) })
+	}
+}
+
+// waitServerPast blocks, on the server, until the server's clock has passed
+// ts (sequencing on the server's own clock, not a local sleep).
+func waitServerPast(t testing.TB, q lease.Querier, ts time.Time) {
+	t.Helper()
+	ctx := testCtx(t)
+	for {
+		var past bool
+		if err := q.QueryRow(ctx, `SELECT clock_timestamp() > $1::timestamptz`, ts).Scan(&past); err != nil {
+			t.Fatal(err)
+		}
+		if past {
+			return
+		}
+		if _, err := q.Exec(ctx,
+			`SELECT pg_sleep(greatest(0.0001, extract(epoch FROM $1::timestamptz - clock_timestamp()))::double precision)`,
+			ts); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
