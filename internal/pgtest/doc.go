@@ -86,7 +86,10 @@
 // dies without cleanup (test timeout, SIGKILL), the kernel kills the
 // postmaster (its backends follow), and the next Start in that directory's
 // parent finds the directory whose owner is dead and removes it with its
-// segment.
+// segment. (The parent-death signal follows the OS thread that started the
+// postmaster; Go keeps threads alive unless a goroutine exits while locked
+// to one with runtime.LockOSThread, so do not start servers from such a
+// goroutine.)
 //
 // # Fake clock
 //

@@ -154,10 +154,18 @@ func waitStopped(pid int) {
 	}
 }
 
+// shmSeg identifies a System V shared-memory segment: PostgreSQL's key, the
+// kernel's id (which the kernel may hand out again once removed) and the pid
+// of the postmaster that created it.
+type shmSeg struct {
+	key, id int64
+	creator int
+}
+
 // pidFile is what the harness needs from postmaster.pid.
 type pidFile struct {
-	pid   int
-	shmID int // -1 if unknown
+	pid int
+	shm shmSeg // id -1 if unknown
 }
 
 // readPidFile parses <dataDir>/postmaster.pid: line 1 is the postmaster
@@ -168,52 +176,69 @@ func readPidFile(dataDir string) (pidFile, bool) {
 		return pidFile{}, false
 	}
 	lines := strings.Split(string(b), "\n")
-	pf := pidFile{shmID: -1}
+	pf := pidFile{shm: shmSeg{id: -1}}
 	pf.pid, err = strconv.Atoi(strings.TrimSpace(lines[0]))
 	if err != nil {
 		return pidFile{}, false
 	}
 	if len(lines) >= 7 {
 		if f := strings.Fields(lines[6]); len(f) == 2 {
-			if id, err := strconv.Atoi(f[1]); err == nil {
-				pf.shmID = id
+			key, err1 := strconv.ParseInt(f[0], 10, 64)
+			id, err2 := strconv.ParseInt(f[1], 10, 64)
+			if err1 == nil && err2 == nil {
+				pf.shm = shmSeg{key: key, id: id, creator: pf.pid}
 			}
 		}
 	}
 	return pf, true
 }
 
-// removeShm removes the System V shared-memory segment id if it still
-// exists. Removing a segment that is still attached only marks it; the
-// kernel frees it with the last detach.
-func removeShm(id int) error {
-	if id < 0 || !shmExists(id) {
+// removeShm removes segment seg if it still exists with the same key and
+// creator (so a reused id or another server's segment is never touched). The
+// creator must be dead. Backends of a postmaster that died may still be
+// attached for a moment: the kernel then frees the segment at the last
+// detach.
+func removeShm(seg shmSeg) error {
+	if seg.id < 0 {
+		return nil
+	}
+	key, creator, ok := shmInfo(seg.id)
+	if !ok || key != seg.key || creator != seg.creator || alive(creator) {
 		return nil
 	}
 	const ipcRmid = 0
-	if _, _, errno := syscall.Syscall(syscall.SYS_SHMCTL, uintptr(id), ipcRmid, 0); errno != 0 {
+	if _, _, errno := syscall.Syscall(syscall.SYS_SHMCTL, uintptr(seg.id), ipcRmid, 0); errno != 0 {
 		if errno == syscall.EINVAL || errno == syscall.EIDRM {
 			return nil
 		}
-		return fmt.Errorf("pgtest: removing shared-memory segment %d: %w", id, errno)
+		return fmt.Errorf("pgtest: removing shared-memory segment %d: %w", seg.id, errno)
 	}
 	return nil
 }
 
-// shmExists reports whether a System V shared-memory segment with this id
-// exists (from /proc/sysvipc/shm).
-func shmExists(id int) bool {
+// shmInfo returns the key and creator pid of segment id from
+// /proc/sysvipc/shm (columns: key shmid perms size cpid lpid nattch ...).
+func shmInfo(id int64) (key int64, cpid int, ok bool) {
 	b, err := os.ReadFile("/proc/sysvipc/shm")
 	if err != nil {
-		return false
+		return 0, 0, false
 	}
+	want := strconv.FormatInt(id, 10)
 	for _, line := range strings.Split(string(b), "\n")[1:] {
 		f := strings.Fields(line)
-		if len(f) > 1 && f[1] == strconv.Itoa(id) {
-			return true
+		if len(f) > 6 && f[1] == want {
+			key, err1 := strconv.ParseInt(f[0], 10, 64)
+			cpid, err2 := strconv.Atoi(f[4])
+			return key, cpid, err1 == nil && err2 == nil
 		}
 	}
-	return false
+	return 0, 0, false
+}
+
+// shmExists reports whether segment id exists.
+func shmExists(id int64) bool {
+	_, _, ok := shmInfo(id)
+	return ok
 }
 
 // Temporary directories are named dirPrefix + random and hold an ownerFile
@@ -228,7 +253,7 @@ func ownerStamp() string {
 	return fmt.Sprintf("%d %s\n", os.Getpid(), st)
 }
 
-var sweepOnce sync.Once
+var swept sync.Map // parent directory → struct{}: swept by this process
 
 // sweepStale removes what earlier test processes that died without
 // cleaning up (SIGKILL, os.Exit, a test timeout) left in parent: their
@@ -272,7 +297,7 @@ func cleanupDir(root string) error {
 		if alive(pf.pid) && isPostmasterOf(pf.pid, dataDir) {
 			errs = append(errs, killTree(pf.pid))
 		}
-		errs = append(errs, removeShm(pf.shmID))
+		errs = append(errs, removeShm(pf.shm))
 	}
 	if err := os.RemoveAll(root); err != nil {
 		errs = append(errs, fmt.Errorf("pgtest: removing %s: %w", root, err))

@@ -120,8 +120,8 @@ type Server struct {
 	waitErr   error
 	frozen    bool
 	closed    bool
-	shmIDs    map[int]bool
-	logOffset int64 // size of the log when the current postmaster started
+	shm       shmSeg // of the last postmaster that started
+	logOffset int64  // size of the log when the current postmaster started
 
 	external    bool
 	shared      bool
@@ -139,9 +139,11 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	sweepOnce.Do(func() { sweepStale(opts.Dir) })
+	if _, done := swept.LoadOrStore(opts.Dir, struct{}{}); !done {
+		sweepStale(opts.Dir)
+	}
 
-	s := &Server{opts: opts, shmIDs: map[int]bool{}, user: Superuser}
+	s := &Server{opts: opts, shm: shmSeg{id: -1}, user: Superuser}
 	var err error
 	if s.binDir = opts.BinDir; s.binDir == "" {
 		if s.binDir, err = FindBinDir(); err != nil {
@@ -226,7 +228,12 @@ func (s *Server) initdb(ctx context.Context) error {
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("pgtest: initdb: %v:\n%s", err, out.String())
+		hint := ""
+		if s.cred != nil {
+			hint = fmt.Sprintf("\n(initdb runs as uid %d because this process is root: every directory above %s must be searchable by that user)",
+				s.cred.Uid, s.root)
+		}
+		return fmt.Errorf("pgtest: initdb: %v:\n%s%s", err, out.String(), hint)
 	}
 	return nil
 }
@@ -322,8 +329,8 @@ func (s *Server) startLocked(ctx context.Context) error {
 		_ = s.killLocked()
 		return err
 	}
-	if pf, ok := readPidFile(s.dataDir); ok && pf.shmID >= 0 {
-		s.shmIDs[pf.shmID] = true
+	if pf, ok := readPidFile(s.dataDir); ok {
+		s.shm = pf.shm
 	}
 	return nil
 }
@@ -581,12 +588,13 @@ func (s *Server) Close() error {
 		return s.dropCreatedLocked()
 	}
 	var errs []error
-	if pf, ok := readPidFile(s.dataDir); ok && pf.shmID >= 0 {
-		s.shmIDs[pf.shmID] = true
+	segs := []shmSeg{s.shm}
+	if pf, ok := readPidFile(s.dataDir); ok && pf.shm != s.shm {
+		segs = append(segs, pf.shm)
 	}
 	errs = append(errs, s.killLocked())
-	for id := range s.shmIDs {
-		errs = append(errs, removeShm(id))
+	for _, seg := range segs {
+		errs = append(errs, removeShm(seg))
 	}
 	if s.root != "" {
 		if err := os.RemoveAll(s.root); err != nil {
