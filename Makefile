@@ -1,6 +1,9 @@
 # pg_lease: the two commands a new user needs are `make demo` and `make test`.
 SHELL := /bin/bash
 export PATH := $(PATH):/usr/local/go/bin
+# Cache of fetched PostgreSQL majors and the built test control plane. As root
+# the servers run as "nobody", which cannot enter /root: cache outside it.
+export PGLEASE_CACHE ?= $(if $(filter 0,$(shell id -u)),/var/cache/pg_lease,$(HOME)/.cache/pg_lease)
 
 .PHONY: all build test install installcheck demo fmt vet
 
