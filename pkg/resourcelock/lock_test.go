@@ -1,0 +1,577 @@
+package resourcelock_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/resourcelock"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/client-go/tools/record"
+)
+
+func rec(id string) rl.LeaderElectionRecord {
+	return rl.LeaderElectionRecord{HolderIdentity: id, LeaseDurationSeconds: 15}
+}
+
+func mustLock(t *testing.T, c *lease.Client, key, id string, opts ...resourcelock.Option) *resourcelock.Lock {
+	t.Helper()
+	l, err := resourcelock.New(c, key, id, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func get(t *testing.T, l *resourcelock.Lock) (*rl.LeaderElectionRecord, []byte) {
+	t.Helper()
+	r, raw, err := l.Get(context.Background())
+	if err != nil {
+		t.Fatalf("%s Get: %v", l.Identity(), err)
+	}
+	return r, raw
+}
+
+func TestNewValidatesEachField(t *testing.T) {
+	c := lease.New(nil)
+	for _, tc := range []struct {
+		name     string
+		client   *lease.Client
+		key, id  string
+		opts     []resourcelock.Option
+		wantInEr []string
+	}{
+		{"nil client", nil, "k", "a", nil, []string{"client"}},
+		{"empty key and identity", c, "", "", nil, []string{"key", "identity"}},
+		{"long key", c, strings.Repeat("k", 1025), "a", nil, []string{"key must be at most 1024 bytes"}},
+		{"ttl below 1ms", c, "k", "a", []resourcelock.Option{resourcelock.WithLeaseDuration(time.Microsecond)}, []string{"Options.LeaseDuration"}},
+		{"negative ttl", c, "k", "a", []resourcelock.Option{resourcelock.WithLeaseDuration(-time.Second)}, []string{"Options.LeaseDuration"}},
+		{"margin >= ttl", c, "k", "a", []resourcelock.Option{resourcelock.WithLeaseDuration(time.Second), resourcelock.WithMargin(time.Second)}, []string{"Options.Margin"}},
+		{"negative margin", c, "k", "a", []resourcelock.Option{resourcelock.WithMargin(-1)}, []string{"Options.Margin"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := resourcelock.New(tc.client, tc.key, tc.id, tc.opts...)
+			if err == nil {
+				t.Fatal("New succeeded")
+			}
+			for _, w := range tc.wantInEr {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not name %q", err, w)
+				}
+			}
+		})
+	}
+	l, err := resourcelock.New(c, "k", "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.LeaseDuration() != resourcelock.DefaultLeaseDuration || l.Margin() != resourcelock.DefaultMaxMargin {
+		t.Errorf("defaults: LeaseDuration %v Margin %v", l.LeaseDuration(), l.Margin())
+	}
+	if l.Identity() != "a" || l.Describe() != "pg_lease/k" {
+		t.Errorf("Identity %q Describe %q", l.Identity(), l.Describe())
+	}
+}
+
+// Get on a key never leased: IsNotFound (client-go then calls Create).
+// Create obtains epoch 1; Create on an existing lease: AlreadyExists, whether
+// it is held or free.
+func TestGetNotFoundAndCreate(t *testing.T) {
+	dsn := newDB(t)
+	ctx := context.Background()
+	a := mustLock(t, newClient(t, dsn), "k", "a")
+	b := mustLock(t, newClient(t, dsn), "k", "b")
+
+	_, _, err := a.Get(ctx)
+	if !apierrors.IsNotFound(err) {
+		t.Fatalf("Get on a never-leased key: %v, want NotFound", err)
+	}
+	if err := a.Create(ctx, rec("a")); err != nil {
+		t.Fatal(err)
+	}
+	if a.Epoch() != 1 {
+		t.Fatalf("epoch after Create = %d, want 1", a.Epoch())
+	}
+	if err := b.Create(ctx, rec("b")); !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("Create on a held lease: %v, want AlreadyExists", err)
+	}
+	if err := a.Update(ctx, rec("")); err != nil { // release
+		t.Fatal(err)
+	}
+	if err := b.Create(ctx, rec("b")); !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("Create on a free lease: %v, want AlreadyExists", err)
+	}
+	if b.Epoch() != 0 {
+		t.Fatalf("a failed Create handed out epoch %d", b.Epoch())
+	}
+	r, _ := get(t, b)
+	if r.HolderIdentity != "" || r.LeaderTransitions != 2 {
+		t.Fatalf("after release: %+v, want free at epoch 2", r)
+	}
+	// Create writes only the lock's own identity.
+	if err := b.Create(ctx, rec("someone-else")); !apierrors.IsBadRequest(err) {
+		t.Fatalf("Create with a foreign identity: %v", err)
+	}
+}
+
+// Update with no version: acquire when free, renew when held, Conflict when
+// another owner holds the key, and release on an empty HolderIdentity.
+func TestUpdateAcquireRenewRelease(t *testing.T) {
+	dsn := newDB(t)
+	ctx := context.Background()
+	admin := newClient(t, dsn)
+	a := mustLock(t, newClient(t, dsn), "k", "a")
+	b := mustLock(t, newClient(t, dsn), "k", "b")
+
+	if err := a.Create(ctx, rec("a")); err != nil {
+		t.Fatal(err)
+	}
+	s0, _ := admin.Inspect(ctx, "k")
+	if err := b.Update(ctx, rec("b")); !apierrors.IsConflict(err) {
+		t.Fatalf("Update while another holds the key: %v, want Conflict", err)
+	}
+	if err := a.Update(ctx, rec("a")); err != nil {
+		t.Fatalf("renew: %v", err)
+	}
+	s1, _ := admin.Inspect(ctx, "k")
+	if s1.Epoch != 1 || s1.Owner != "a" || !s1.ExpiresAt.After(s0.ExpiresAt) {
+		t.Fatalf("renew: %+v after %+v, want same epoch, later expiry", s1, s0)
+	}
+	term := a.Term()
+	if err := a.Update(ctx, rec("")); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	if s, _ := admin.Inspect(ctx, "k"); s.Held || s.Epoch != 2 {
+		t.Fatalf("after release: %+v, want free with counter 2", s)
+	}
+	if !errors.Is(term.Err(), resourcelock.ErrReleased) || a.Epoch() != 0 {
+		t.Fatalf("after release: term err %v, Epoch %d", term.Err(), a.Epoch())
+	}
+	if err := a.Update(ctx, rec("")); err == nil || apierrors.IsConflict(err) {
+		t.Fatalf("second release: %v, want a non-Conflict error (client-go retries only Conflicts)", err)
+	}
+	if err := b.Update(ctx, rec("b")); err != nil {
+		t.Fatalf("acquire of a free key: %v", err)
+	}
+	if b.Epoch() != 3 {
+		t.Fatalf("acquire after release: epoch %d, want 3", b.Epoch())
+	}
+}
+
+// Two candidates that both saw the key free race; exactly one wins and the
+// other gets Conflict.
+func TestLostRaceIsConflict(t *testing.T) {
+	dsn := newDB(t)
+	ctx := context.Background()
+	seed := mustLock(t, newClient(t, dsn), "k", "seed")
+	if err := seed.Create(ctx, rec("seed")); err != nil {
+		t.Fatal(err)
+	}
+	if err := seed.Update(ctx, rec("")); err != nil {
+		t.Fatal(err)
+	}
+	for round := 0; round < 5; round++ {
+		var locks []*resourcelock.Lock
+		for _, id := range []string{"a", "b", "c"} {
+			l := mustLock(t, newClient(t, dsn), "k", id)
+			if r, _ := get(t, l); r.HolderIdentity != "" {
+				t.Fatalf("round %d: key not free: %+v", round, r)
+			}
+			locks = append(locks, l)
+		}
+		errs := make([]error, len(locks))
+		var wg sync.WaitGroup
+		for i, l := range locks {
+			wg.Go(func() { errs[i] = l.Update(ctx, rec(l.Identity())) })
+		}
+		wg.Wait()
+		var winners int
+		for i, err := range errs {
+			switch {
+			case err == nil:
+				winners++
+				if err := locks[i].Update(ctx, rec("")); err != nil {
+					t.Fatal(err)
+				}
+			case !apierrors.IsConflict(err):
+				t.Fatalf("round %d: loser %s: %v, want Conflict", round, locks[i].Identity(), err)
+			}
+		}
+		if winners != 1 {
+			t.Fatalf("round %d: %d winners", round, winners)
+		}
+	}
+}
+
+// The TTL sent comes from Options.LeaseDuration, never from the record's
+// whole-second LeaseDurationSeconds (0 here, and the elector truncates).
+func TestTTLFromOwnConfiguration(t *testing.T) {
+	dsn := newDB(t)
+	ctx := context.Background()
+	admin := newClient(t, dsn)
+	ttl := 90*time.Minute + 500*time.Millisecond
+	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.WithLeaseDuration(ttl))
+	r := rec("a")
+	r.LeaseDurationSeconds = 0
+	if err := a.Create(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	check := func(op string) {
+		s, err := admin.Inspect(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if left := s.ExpiresAt.Sub(s.ServerNow); left <= 90*time.Minute || left > ttl {
+			t.Fatalf("after %s the server holds the grant for %v more, want (90m, %v]", op, left, ttl)
+		}
+	}
+	check("Create")
+	if err := a.Update(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	check("renew")
+	got, _ := get(t, a)
+	if got.LeaseDurationSeconds != 5401 {
+		t.Fatalf("LeaseDurationSeconds = %d, want 5401 (TTL rounded up)", got.LeaseDurationSeconds)
+	}
+	b := mustLock(t, newClient(t, dsn), "k2", "b", resourcelock.WithLeaseDuration(300*time.Millisecond))
+	if err := b.Create(ctx, rec("b")); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := get(t, b); got.LeaseDurationSeconds != 1 {
+		t.Fatalf("sub-second TTL: LeaseDurationSeconds = %d, want 1, never 0", got.LeaseDurationSeconds)
+	}
+}
+
+// The raw bytes from Get change exactly when a holder writes (grant,
+// renewal, release), never because time passed or the grant lapsed.
+func TestRawBytesChangeOnlyOnWrites(t *testing.T) {
+	dsn := newDB(t)
+	ctx := context.Background()
+	admin := newClient(t, dsn)
+	const ttl = 400 * time.Millisecond
+	h := mustLock(t, newClient(t, dsn), "k", "holder", resourcelock.WithLeaseDuration(ttl))
+	f := mustLock(t, newClient(t, dsn), "k", "follower", resourcelock.WithLeaseDuration(ttl))
+
+	if err := h.Create(ctx, rec("holder")); err != nil {
+		t.Fatal(err)
+	}
+	r1, b1 := get(t, f)
+	if r1.HolderIdentity != "holder" || r1.LeaderTransitions != 1 {
+		t.Fatalf("record %+v", r1)
+	}
+	time.Sleep(20 * time.Millisecond) // server time moves; a read-time value would show it
+	if _, b2 := get(t, f); !bytes.Equal(b1, b2) {
+		t.Fatalf("bytes changed without a write:\n%s\n%s", b1, b2)
+	}
+	if err := h.Update(ctx, rec("holder")); err != nil { // renew
+		t.Fatal(err)
+	}
+	_, b3 := get(t, f)
+	if bytes.Equal(b1, b3) {
+		t.Fatal("bytes did not change on a renewal")
+	}
+	if _, hb := get(t, h); !bytes.Equal(hb, b3) {
+		t.Fatalf("holder and follower see different bytes for the same write:\n%s\n%s", hb, b3)
+	}
+	// Lapse: no write, so no change.
+	waitLapsed(t, admin, "k", time.Minute)
+	r4, b4 := get(t, f)
+	if !bytes.Equal(b3, b4) || r4.HolderIdentity != "holder" {
+		t.Fatalf("bytes changed on a lapse (not a write):\n%s\n%s", b3, b4)
+	}
+	// Takeover: a grant, so a change.
+	if err := f.Update(ctx, rec("follower")); err != nil {
+		t.Fatal(err)
+	}
+	r5, b5 := get(t, h)
+	if bytes.Equal(b4, b5) || r5.HolderIdentity != "follower" || r5.LeaderTransitions != 2 {
+		t.Fatalf("takeover: %+v %s", r5, b5)
+	}
+	// Release: a write, so a change.
+	if err := f.Update(ctx, rec("")); err != nil {
+		t.Fatal(err)
+	}
+	r6, b6 := get(t, h)
+	if bytes.Equal(b5, b6) || r6.HolderIdentity != "" || r6.LeaderTransitions != 3 {
+		t.Fatalf("release: %+v %s", r6, b6)
+	}
+	if _, b7 := get(t, h); !bytes.Equal(b6, b7) {
+		t.Fatal("bytes of a free key changed without a write")
+	}
+}
+
+// fakeClockDB starts a server of the test's own whose clock the test moves.
+func fakeClockDB(t *testing.T) (*pgtest.Server, string) {
+	t.Helper()
+	ctx := context.Background()
+	s := pgtest.New(t, pgtest.Options{FakeClock: true})
+	if err := s.InstallExtensionFiles(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dsn, err := s.NewDatabase(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newPool(t, dsn).Exec(ctx, "CREATE EXTENSION pg_lease"); err != nil {
+		t.Fatal(err)
+	}
+	return s, dsn
+}
+
+// hookLog records OnEpochChange calls and checks the epoch-change rule: an
+// end is reported after the term's context is done, and no start comes while
+// another term of the same lock is live.
+type hookLog struct {
+	t     *testing.T
+	mu    sync.Mutex
+	calls [][2]lease.Token
+	live  *lease.Token
+}
+
+func (h *hookLog) hook() func(old, new lease.Token) {
+	return func(old, new lease.Token) {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		h.calls = append(h.calls, [2]lease.Token{old, new})
+		switch {
+		case new.Epoch != 0:
+			if h.live != nil {
+				h.t.Errorf("epoch %d handed out while epoch %d is live", new.Epoch, h.live.Epoch)
+			}
+			h.live = &new
+		case old.Epoch != 0:
+			if h.live == nil || *h.live != old {
+				h.t.Errorf("end of %v reported, live is %v", old, h.live)
+			}
+			h.live = nil
+		}
+	}
+}
+
+func (h *hookLog) snapshot() [][2]lease.Token {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([][2]lease.Token(nil), h.calls...)
+}
+
+// After lapsed, not_owner or epoch_mismatch the lock never reports success
+// for the old epoch again: the Update that hears it returns Conflict (and
+// the lease error), the term's context is cancelled with that cause before
+// OnEpochChange reports the end, and the next successful Update carries a
+// new, greater epoch, reported only after the end.
+func TestNoSuccessForALostEpoch(t *testing.T) {
+	srv, dsn := fakeClockDB(t)
+	ctx := context.Background()
+	admin := newClient(t, dsn)
+	var offset time.Duration
+	jump := func() { // make the server's clock pass every expiry of the test
+		offset += 2 * time.Hour
+		if err := srv.SetClockOffset(offset); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const ttl = time.Hour
+	hl := &hookLog{t: t}
+	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.WithLeaseDuration(ttl),
+		resourcelock.WithOnEpochChange(hl.hook()))
+	// Another process that (wrongly) shares the identity, for epoch_mismatch.
+	twin := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.WithLeaseDuration(ttl))
+
+	if err := a.Create(ctx, rec("a")); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		lose  func()
+		after func() // between the Conflict and the next Update
+		want  error
+		epoch func(old int64) int64 // the epoch the next Update gets
+	}{
+		{"lapsed", jump, nil, lease.ErrLapsed, func(old int64) int64 { return old + 1 }},
+		{"not_owner", func() {
+			if ok, _, _, err := admin.ForceRelease(ctx, "k"); err != nil || !ok {
+				t.Fatalf("force_release: %v %v", ok, err)
+			}
+		}, nil, lease.ErrNotOwner, func(old int64) int64 { return old + 2 }},
+		{"epoch_mismatch", func() {
+			jump()
+			if err := twin.Update(ctx, rec("a")); err != nil { // takes over the lapsed grant
+				t.Fatal(err)
+			}
+		}, func() {
+			if err := twin.Update(ctx, rec("")); err != nil {
+				t.Fatal(err)
+			}
+		}, lease.ErrEpochMismatch, func(old int64) int64 { return old + 3 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			term := a.Term()
+			if term == nil {
+				t.Fatal("no live term before the loss")
+			}
+			old := term.Token()
+			tctx, cancel, err := a.TokenContext(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cancel()
+			if tok, _ := lease.TokenFromContext(tctx); tok != old {
+				t.Fatalf("TokenContext carries %v, want %v", tok, old)
+			}
+			tc.lose()
+			err = a.Update(ctx, rec("a")) // client-go's renew
+			if !apierrors.IsConflict(err) || !errors.Is(err, tc.want) {
+				t.Fatalf("renew after %s: %v, want Conflict matching %v", tc.name, err, tc.want)
+			}
+			if !errors.Is(term.Err(), tc.want) || !errors.Is(context.Cause(tctx), tc.want) {
+				t.Fatalf("term ended with %v, token context with %v, want %v", term.Err(), context.Cause(tctx), tc.want)
+			}
+			if a.Epoch() != 0 {
+				t.Fatalf("Epoch() = %d after the loss", a.Epoch())
+			}
+			if _, ok := a.Token(); ok {
+				t.Fatal("Token() still reports a token")
+			}
+			if _, _, err := a.TokenContext(ctx); !errors.Is(err, resourcelock.ErrNotHolding) {
+				t.Fatalf("TokenContext after the loss: %v", err)
+			}
+			if tc.after != nil {
+				tc.after()
+			}
+			// The same identity asks again: a new epoch, never the old one.
+			if err := a.Update(ctx, rec("a")); err != nil {
+				t.Fatalf("re-acquire: %v", err)
+			}
+			if got, want := a.Epoch(), tc.epoch(old.Epoch); got != want {
+				t.Fatalf("re-acquired epoch %d, want %d", got, want)
+			}
+			calls := hl.snapshot()
+			n := len(calls)
+			if n < 2 || calls[n-2] != [2]lease.Token{old, {}} || calls[n-1][0] != (lease.Token{}) || calls[n-1][1].Epoch != a.Epoch() {
+				t.Fatalf("OnEpochChange calls %v, want ... (%v, 0), (0, epoch %d)", calls, old, a.Epoch())
+			}
+		})
+	}
+	t.Logf("OnEpochChange calls: %v", hl.snapshot())
+}
+
+// A Get that sees our grant gone ends the term at once, before any Update.
+func TestGetSeesLoss(t *testing.T) {
+	dsn := newDB(t)
+	ctx := context.Background()
+	admin := newClient(t, dsn)
+	a := mustLock(t, newClient(t, dsn), "k", "a")
+	if err := a.Create(ctx, rec("a")); err != nil {
+		t.Fatal(err)
+	}
+	term := a.Term()
+	if _, _, _, err := admin.ForceRelease(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	get(t, a)
+	if !errors.Is(term.Err(), lease.ErrNotOwner) || a.Epoch() != 0 {
+		t.Fatalf("after Get saw the key free: term err %v, epoch %d", term.Err(), a.Epoch())
+	}
+}
+
+// A term ends at its local deadline (ValidUntil - Margin) when no renewal
+// moves it, and the grant is then given back rather than resumed.
+func TestLocalDeadlineEndsTerm(t *testing.T) {
+	dsn := newDB(t)
+	ctx := context.Background()
+	admin := newClient(t, dsn)
+	a := mustLock(t, newClient(t, dsn), "k", "a",
+		resourcelock.WithLeaseDuration(time.Second), resourcelock.WithMargin(200*time.Millisecond))
+	if err := a.Create(ctx, rec("a")); err != nil {
+		t.Fatal(err)
+	}
+	term := a.Term()
+	<-term.Done()
+	if !errors.Is(term.Err(), resourcelock.ErrLocalDeadline) {
+		t.Fatalf("term ended with %v", term.Err())
+	}
+	if a.Term() != nil || a.Epoch() != 0 {
+		t.Fatal("an ended term is still handed out")
+	}
+	s, _ := admin.Inspect(ctx, "k")
+	t.Logf("term ended at its local deadline (%v ago); server: held=%v epoch=%d", time.Since(term.Deadline()), s.Held, s.Epoch)
+	err := a.Update(ctx, rec("a"))
+	if !apierrors.IsConflict(err) || !errors.Is(err, resourcelock.ErrLocalDeadline) {
+		t.Fatalf("renew after the local deadline: %v, want Conflict", err)
+	}
+	if err := a.Update(ctx, rec("a")); err != nil {
+		t.Fatal(err)
+	}
+	if a.Epoch() <= 1 {
+		t.Fatalf("after the local deadline the lock resumed epoch %d", a.Epoch())
+	}
+}
+
+func TestRecordEvent(t *testing.T) {
+	dsn := newDB(t)
+	ctx := context.Background()
+	r := record.NewFakeRecorder(10)
+	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.WithEventRecorder(r, nil))
+	a.RecordEvent("stopped leading")
+	if err := a.Create(ctx, rec("a")); err != nil {
+		t.Fatal(err)
+	}
+	a.RecordEvent("became leader")
+	for _, want := range []string{"Normal LeaderElection a stopped leading", "Normal LeaderElection a became leader (epoch 1)"} {
+		if got := <-r.Events; got != want {
+			t.Errorf("event %q, want %q", got, want)
+		}
+	}
+	mustLock(t, newClient(t, dsn), "k", "b").RecordEvent("no recorder: no panic")
+}
+
+// TokenContext keeps the caller's values, carries the term's token, ends
+// with the term (synchronously, with its cause) or with its parent.
+func TestTokenContext(t *testing.T) {
+	dsn := newDB(t)
+	ctx := context.Background()
+	a := mustLock(t, newClient(t, dsn), "k", "a")
+	if _, _, err := a.TokenContext(ctx); !errors.Is(err, resourcelock.ErrNotHolding) {
+		t.Fatalf("before any grant: %v", err)
+	}
+	if err := a.Create(ctx, rec("a")); err != nil {
+		t.Fatal(err)
+	}
+	type k struct{}
+	parent, cancelParent := context.WithCancel(context.WithValue(ctx, k{}, "v"))
+	c1, cancel1, err := a.TokenContext(parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cancel1()
+	child, cancelChild := context.WithCancel(c1)
+	defer cancelChild()
+	if tok, ok := lease.TokenFromContext(child); !ok || tok.Epoch != 1 || tok.Owner != "a" || child.Value(k{}) != "v" {
+		t.Fatalf("token %v %v, value %v", tok, ok, child.Value(k{}))
+	}
+	c2, cancel2, err := a.TokenContext(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cancel2()
+	cancelParent()
+	<-c1.Done()
+	if c2.Err() != nil {
+		t.Fatal("cancelling one caller's context ended another")
+	}
+	if err := a.Update(ctx, rec("")); err != nil {
+		t.Fatal(err)
+	}
+	// Synchronous: done as soon as the release returned.
+	if !errors.Is(context.Cause(c2), resourcelock.ErrReleased) {
+		t.Fatalf("after release: cause %v", context.Cause(c2))
+	}
+}

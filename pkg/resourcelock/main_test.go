@@ -1,0 +1,76 @@
+package resourcelock_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/pkg/lease"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+var installOnce sync.Once
+
+// newDB returns the DSN of a fresh database on the shared server with
+// pg_lease installed.
+func newDB(t *testing.T) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var err error
+	installOnce.Do(func() { err = pgtest.Shared(t).InstallExtensionFiles(ctx) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsn := pgtest.NewDatabase(t)
+	pool := newPool(t, dsn)
+	if _, err := pool.Exec(ctx, "CREATE EXTENSION pg_lease"); err != nil {
+		t.Fatal(err)
+	}
+	return dsn
+}
+
+func newPool(t *testing.T, dsn string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// newClient returns a lease client on a pool of its own (one per candidate,
+// as separate processes would have).
+func newClient(t *testing.T, dsn string) *lease.Client {
+	t.Helper()
+	return lease.New(newPool(t, dsn))
+}
+
+// waitFor polls cond until it holds or the test's patience (d) runs out.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitLapsed waits until the server reports key unheld (a grant lapsed).
+func waitLapsed(t *testing.T, c *lease.Client, key string, d time.Duration) {
+	t.Helper()
+	waitFor(t, d, key+" to lapse on the server", func() bool {
+		s, err := c.Inspect(context.Background(), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return !s.Held
+	})
+}
