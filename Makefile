@@ -9,8 +9,9 @@ export PGLEASE_CACHE ?= $(if $(filter 0,$(shell id -u)),/var/cache/pg_lease,$(HO
 
 all: build
 
+## build: every command into bin/ (pglease, ...)
 build:
-	go build ./...
+	go build -o bin/ ./cmd/...
 
 ## test: install what is missing, then run every suite on throwaway servers
 test:
