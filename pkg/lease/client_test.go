@@ -301,7 +301,10 @@ func TestSentinels(t *testing.T) {
 			}
 			long := strings.Repeat("x", 1025)
 			for name, call := range map[string]func() error{
-				"renew":   func() error { _, err := c.Renew(ctx, lease.Token{Key: long, Owner: "a", Epoch: 1}, time.Minute); return err },
+				"renew": func() error {
+					_, err := c.Renew(ctx, lease.Token{Key: long, Owner: "a", Epoch: 1}, time.Minute)
+					return err
+				},
 				"release": func() error { return c.Release(ctx, lease.Token{Key: "k", Owner: "a", Epoch: 0}) },
 				"inspect": func() error { _, err := c.Inspect(ctx, ""); return err },
 				"force":   func() error { _, _, _, err := c.ForceRelease(ctx, ""); return err },

@@ -1,15 +1,3 @@
-// Package lease is the Go client of pg_lease's SQL API (lease.acquire,
-// renew, release, inspect, list, fence, force_release).
-//
-// The client never decides ownership: every answer comes from the SQL
-// functions, and the server's epoch and expiry are carried back unchanged.
-// What the client adds is a local, conservative view of how long a grant is
-// certainly still held: Grant.ValidUntil, measured on this process's
-// monotonic clock from the moment the request was sent (see Grant).
-//
-// A Client runs on anything that can query: a *pgxpool.Pool, a single
-// *pgx.Conn, or the caller's own pgx.Tx (so that a grant commits or rolls back
-// with the caller's transaction).
 package lease
 
 import (
