@@ -94,6 +94,12 @@ AS $$
   END
 $$;
 
+-- The epoch of a key's first grant. (A later version replaces this to start
+-- new keys above the epochs of keys that clean-up removed.)
+CREATE FUNCTION lease._first_epoch()
+RETURNS bigint LANGUAGE sql STABLE
+AS $$ SELECT 1::bigint $$;
+
 CREATE FUNCTION lease._epoch_violation(v bigint)
 RETURNS text LANGUAGE sql IMMUTABLE
 AS $$
@@ -219,7 +225,7 @@ BEGIN
       -- shorter by that wait, never longer.)
       v_now := clock_timestamp();
       INSERT INTO lease.leases AS l (key, owner, epoch, expires_at, acquired_at)
-        VALUES (v_key, v_owner, 1, v_now + v_ttl, v_now)
+        VALUES (v_key, v_owner, lease._first_epoch(), v_now + v_ttl, v_now)
         ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING
         RETURNING l.epoch, l.expires_at INTO epoch, expires_at;
       IF FOUND THEN
@@ -505,6 +511,7 @@ ALTER TABLE lease.leases OWNER TO @extowner@;
 ALTER FUNCTION lease._text_violation(text, text) OWNER TO @extowner@;
 ALTER FUNCTION lease._duration_violation(text, interval, boolean) OWNER TO @extowner@;
 ALTER FUNCTION lease._epoch_violation(bigint) OWNER TO @extowner@;
+ALTER FUNCTION lease._first_epoch() OWNER TO @extowner@;
 ALTER FUNCTION lease._raise_invalid(text[]) OWNER TO @extowner@;
 ALTER FUNCTION lease._seconds(interval) OWNER TO @extowner@;
 ALTER FUNCTION lease._holder_status(boolean, text, bigint, timestamptz, text, bigint, text, bigint, timestamptz) OWNER TO @extowner@;
@@ -524,6 +531,7 @@ REVOKE ALL ON TABLE lease.leases FROM PUBLIC;
 REVOKE ALL ON FUNCTION lease._text_violation(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION lease._duration_violation(text, interval, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION lease._epoch_violation(bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION lease._first_epoch() FROM PUBLIC;
 REVOKE ALL ON FUNCTION lease._raise_invalid(text[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION lease._seconds(interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION lease._holder_status(boolean, text, bigint, timestamptz, text, bigint, text, bigint, timestamptz) FROM PUBLIC;
