@@ -1,0 +1,287 @@
+package fence_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/pkg/fence"
+	"github.com/pglease/pg_lease/pkg/lease"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func newPool(t *testing.T, withLease bool) *pgxpool.Pool {
+	t.Helper()
+	ctx := testCtx(t)
+	if withLease {
+		if err := pgtest.Shared(t).InstallExtensionFiles(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pool, err := pgxpool.New(ctx, pgtest.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if withLease {
+		if _, err := pool.Exec(ctx, "CREATE EXTENSION pg_lease"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return pool
+}
+
+func acquire(t *testing.T, c *lease.Client, key, owner string, ttl time.Duration) lease.Grant {
+	t.Helper()
+	g, ok, err := c.Acquire(testCtx(t), key, owner, ttl)
+	if err != nil || !ok {
+		t.Fatalf("acquire %s by %s: ok=%v err=%v", key, owner, ok, err)
+	}
+	return g
+}
+
+// TestInTx: writes commit under the current grant; a stale token is
+// rejected before the caller's function runs; a takeover waits for a
+// fenced transaction in progress and the stale writer's commit comes first.
+func TestInTx(t *testing.T) {
+	pool := newPool(t, true)
+	ctx := testCtx(t)
+	if _, err := pool.Exec(ctx, "CREATE TABLE w (epoch bigint)"); err != nil {
+		t.Fatal(err)
+	}
+	c := lease.New(pool)
+	g1 := acquire(t, c, "k", "a", 300*time.Millisecond)
+	insert := func(epoch int64) func(pgx.Tx) error {
+		return func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, "INSERT INTO w VALUES ($1)", epoch)
+			return err
+		}
+	}
+	if err := fence.InTx(ctx, pool, g1.Token, insert(g1.Epoch)); err != nil {
+		t.Fatal(err)
+	}
+	if err := fence.InTxFromContext(ctx, pool, insert(0)); !errors.Is(err, fence.ErrNoToken) {
+		t.Errorf("InTxFromContext without a token: %v", err)
+	}
+	if err := fence.InTxFromContext(lease.ContextWithToken(ctx, g1.Token), pool, insert(g1.Epoch)); err != nil {
+		t.Fatal(err)
+	}
+
+	// A fenced transaction in progress holds off the takeover.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lease.Fence(ctx, tx, g1.Token); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(400 * time.Millisecond) // the grant expires meanwhile
+	took := make(chan lease.Grant, 1)
+	go func() {
+		g, ok, err := c.Acquire(ctx, "k", "b", time.Minute)
+		if err != nil || !ok {
+			t.Errorf("takeover: ok=%v err=%v", ok, err)
+		}
+		took <- g
+	}()
+	select {
+	case <-took:
+		t.Fatal("takeover committed while a fenced transaction was open")
+	case <-time.After(300 * time.Millisecond):
+	}
+	if _, err := tx.Exec(ctx, "INSERT INTO w VALUES ($1)", g1.Epoch); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	g2 := <-took
+	if g2.Epoch <= g1.Epoch {
+		t.Fatalf("takeover epoch %d", g2.Epoch)
+	}
+
+	// The stale token is now rejected; fn is not called.
+	called := false
+	err = fence.InTx(ctx, pool, g1.Token, func(pgx.Tx) error { called = true; return nil })
+	if !errors.Is(err, fence.ErrStale) || !errors.Is(err, lease.ErrLost) || !errors.Is(err, lease.ErrLapsed) || called {
+		t.Errorf("stale InTx: err=%v called=%v", err, called)
+	}
+	if err := fence.InTx(ctx, pool, g2.Token, insert(g2.Epoch)); err != nil {
+		t.Fatal(err)
+	}
+	// An error from fn rolls back.
+	boom := errors.New("boom")
+	if err := fence.InTx(ctx, pool, g2.Token, func(tx pgx.Tx) error {
+		_ = insert(99)(tx)
+		return boom
+	}); !errors.Is(err, boom) {
+		t.Errorf("fn error: %v", err)
+	}
+	var n, high int64
+	if err := pool.QueryRow(ctx, "SELECT count(*), max(epoch) FROM w").Scan(&n, &high); err != nil {
+		t.Fatal(err)
+	}
+	if n != 4 || high != g2.Epoch {
+		t.Errorf("rows %d, max epoch %d", n, high)
+	}
+}
+
+// TestPGGuard: the fence_epochs table rejects a lower epoch once a higher
+// one was accepted, equal epochs pass, concurrent writers serialize.
+func TestPGGuard(t *testing.T) {
+	pool := newPool(t, false) // any PostgreSQL database: no pg_lease needed
+	ctx := testCtx(t)
+	g, err := fence.NewPGGuard(pool, fence.PGGuardOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.EnsureTable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.EnsureTable(ctx); err != nil {
+		t.Fatalf("EnsureTable twice: %v", err)
+	}
+	if _, err := pool.Exec(ctx, "CREATE TABLE data (v text, epoch bigint)"); err != nil {
+		t.Fatal(err)
+	}
+	write := func(epoch int64, v string) error {
+		return g.Write(ctx, lease.Token{Key: "job", Owner: v, Epoch: epoch}, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, "INSERT INTO data VALUES ($1, $2)", v, epoch)
+			return err
+		})
+	}
+	for _, step := range []struct {
+		epoch int64
+		stale bool
+	}{{3, false}, {3, false}, {2, true}, {5, false}, {4, true}, {1, true}, {5, false}} {
+		err := write(step.epoch, "x")
+		var se *fence.StaleError
+		if step.stale != errors.Is(err, fence.ErrStale) || (step.stale && (!errors.As(err, &se) || se.Highest != 5 && se.Highest != 3)) {
+			t.Errorf("write with epoch %d: %v (want stale=%v)", step.epoch, err, step.stale)
+		}
+		if !step.stale && err != nil {
+			t.Errorf("write with epoch %d: %v", step.epoch, err)
+		}
+	}
+	if e, err := g.Epoch(ctx, "job"); err != nil || e != 5 {
+		t.Errorf("Epoch = %d, %v", e, err)
+	}
+	if e, err := g.Epoch(ctx, "other"); err != nil || e != 0 {
+		t.Errorf("Epoch(other) = %d, %v", e, err)
+	}
+	var rows int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM data").Scan(&rows); err != nil || rows != 4 {
+		t.Errorf("rows written %d, %v; want 4 (the accepted writes)", rows, err)
+	}
+
+	// A writer holding the claim blocks a higher epoch until it commits,
+	// and a lower epoch is rejected even though it started first.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Claim(ctx, tx, "job", lease.Token{Epoch: 6}); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	higher := make(chan error, 1)
+	go func() { defer wg.Done(); higher <- write(7, "y") }()
+	select {
+	case err := <-higher:
+		t.Fatalf("epoch 7 committed while epoch 6 held the claim: %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if err := <-higher; err != nil {
+		t.Errorf("epoch 7 after 6: %v", err)
+	}
+	if err := write(6, "z"); !errors.Is(err, fence.ErrStale) {
+		t.Errorf("epoch 6 after 7: %v", err)
+	}
+}
+
+// TestPGGuardOwnRows: the epoch lives on the caller's own rows.
+func TestPGGuardOwnRows(t *testing.T) {
+	pool := newPool(t, false)
+	ctx := testCtx(t)
+	if _, err := pool.Exec(ctx, `CREATE TABLE jobs (id text PRIMARY KEY, state text, fence_epoch bigint);
+		INSERT INTO jobs VALUES ('j1', 'new', NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	g, err := fence.NewPGGuard(pool, fence.PGGuardOptions{Table: "public.jobs", ResourceColumn: "id", EpochColumn: "fence_epoch", OwnRows: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := func(epoch int64, state string) error {
+		return g.WriteResource(ctx, "j1", lease.Token{Key: "jobs", Epoch: epoch}, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, "UPDATE jobs SET state = $1 WHERE id = 'j1'", state)
+			return err
+		})
+	}
+	if err := set(2, "running"); err != nil {
+		t.Fatal(err)
+	}
+	if err := set(1, "stale"); !errors.Is(err, fence.ErrStale) {
+		t.Errorf("lower epoch: %v", err)
+	}
+	if err := g.WriteResource(ctx, "missing", lease.Token{Epoch: 3}, nil); !errors.Is(err, fence.ErrNoResource) {
+		t.Errorf("missing row: %v", err)
+	}
+	var state string
+	if err := pool.QueryRow(ctx, "SELECT state FROM jobs WHERE id = 'j1'").Scan(&state); err != nil || state != "running" {
+		t.Errorf("state %q, %v", state, err)
+	}
+	if err := g.EnsureTable(ctx); err == nil {
+		t.Error("EnsureTable on OwnRows succeeded")
+	}
+}
+
+func TestPGGuardOptionsValidation(t *testing.T) {
+	for _, o := range []fence.PGGuardOptions{
+		{Table: "a;drop"}, {Table: "a.b.c"}, {ResourceColumn: "x y"}, {EpochColumn: `"e"`},
+	} {
+		if _, err := fence.NewPGGuard(&pgxpool.Pool{}, o); err == nil {
+			t.Errorf("NewPGGuard(%+v) accepted", o)
+		}
+	}
+}
+
+func TestWatermark(t *testing.T) {
+	var w fence.Watermark
+	var store []int64
+	put := func(e int64) error {
+		return w.Do("r", lease.Token{Epoch: e}, func() error { store = append(store, e); return nil })
+	}
+	for _, step := range []struct {
+		e     int64
+		stale bool
+	}{{2, false}, {2, false}, {1, true}, {4, false}, {3, true}} {
+		if err := put(step.e); errors.Is(err, fence.ErrStale) != step.stale {
+			t.Errorf("epoch %d: %v", step.e, err)
+		}
+	}
+	if w.Highest("r") != 4 || len(store) != 3 {
+		t.Errorf("highest %d, store %v", w.Highest("r"), store)
+	}
+	// A failed write does not raise the watermark.
+	if err := w.Do("r", lease.Token{Epoch: 9}, func() error { return errors.New("io") }); err == nil || w.Highest("r") != 4 {
+		t.Errorf("failed write: %v, highest %d", err, w.Highest("r"))
+	}
+}

@@ -1,0 +1,211 @@
+package fence
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pglease/pg_lease/pkg/lease"
+)
+
+// PGGuardOptions lay out the table a PGGuard keeps epochs in.
+type PGGuardOptions struct {
+	// Table holding one row per guarded resource. Default "fence_epochs"
+	// (created by EnsureTable). A schema-qualified name is allowed
+	// ("app.jobs").
+	Table string
+	// ResourceColumn is the table's unique (primary key) text column naming
+	// the resource. Default "resource".
+	ResourceColumn string
+	// EpochColumn is the bigint column holding the highest accepted epoch.
+	// Default "epoch".
+	EpochColumn string
+	// OwnRows: the table is the caller's own (rows of jobs, documents, ...)
+	// with a fence epoch column; the row of a resource must exist (a
+	// missing row gives ErrNoResource) and is never inserted. Otherwise
+	// the row is inserted on the resource's first write.
+	OwnRows bool
+}
+
+// PGGuard fences writes to a PostgreSQL database other than (or besides)
+// the one holding the leases: it records, per resource, the highest epoch it
+// has accepted and accepts a write only with an epoch at least as high, as
+// one conditional statement whose row lock is held until the write
+// commits:
+//
+//	INSERT INTO fence_epochs (resource, epoch) VALUES ($1, $2)
+//	ON CONFLICT (resource) DO UPDATE SET epoch = EXCLUDED.epoch
+//	WHERE fence_epochs.epoch <= EXCLUDED.epoch
+//
+// (with OwnRows: UPDATE t SET epoch = $2 WHERE resource = $1 AND coalesce(epoch, 0) <= $2;
+// a NULL epoch column counts as 0).
+// Writers of one resource are thereby serialized, and once epoch E has
+// committed, every write with a lower epoch fails with a *StaleError. A
+// resource must be guarded by a single lease key: epochs of different keys
+// are unrelated.
+type PGGuard struct {
+	db                    Beginner
+	table, resCol, epoCol string
+	ownRows               bool
+	claimSQL, readSQL     string
+}
+
+var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]*$`)
+
+// NewPGGuard returns a guard that runs its transactions on db.
+func NewPGGuard(db Beginner, opts PGGuardOptions) (*PGGuard, error) {
+	if db == nil {
+		return nil, errors.New("fence: NewPGGuard: db must not be nil")
+	}
+	if opts.Table == "" {
+		opts.Table = "fence_epochs"
+	}
+	if opts.ResourceColumn == "" {
+		opts.ResourceColumn = "resource"
+	}
+	if opts.EpochColumn == "" {
+		opts.EpochColumn = "epoch"
+	}
+	table, err := qualified(opts.Table)
+	if err != nil {
+		return nil, fmt.Errorf("fence: PGGuardOptions.Table: %w", err)
+	}
+	for field, v := range map[string]string{"ResourceColumn": opts.ResourceColumn, "EpochColumn": opts.EpochColumn} {
+		if !identRE.MatchString(v) {
+			return nil, fmt.Errorf("fence: PGGuardOptions.%s: %q is not a plain SQL identifier", field, v)
+		}
+	}
+	g := &PGGuard{db: db, table: table, ownRows: opts.OwnRows,
+		resCol: pgx.Identifier{opts.ResourceColumn}.Sanitize(), epoCol: pgx.Identifier{opts.EpochColumn}.Sanitize()}
+	if g.ownRows {
+		g.claimSQL = fmt.Sprintf(`UPDATE %[1]s SET %[3]s = $2 WHERE %[2]s = $1 AND coalesce(%[3]s, 0) <= $2 RETURNING %[3]s`,
+			g.table, g.resCol, g.epoCol)
+	} else {
+		g.claimSQL = fmt.Sprintf(`INSERT INTO %[1]s AS f (%[2]s, %[3]s) VALUES ($1, $2)
+ON CONFLICT (%[2]s) DO UPDATE SET %[3]s = EXCLUDED.%[3]s WHERE f.%[3]s <= EXCLUDED.%[3]s
+RETURNING f.%[3]s`, g.table, g.resCol, g.epoCol)
+	}
+	g.readSQL = fmt.Sprintf(`SELECT %[3]s FROM %[1]s WHERE %[2]s = $1`, g.table, g.resCol, g.epoCol)
+	return g, nil
+}
+
+func qualified(name string) (string, error) {
+	parts := regexp.MustCompile(`\.`).Split(name, -1)
+	if len(parts) > 2 {
+		return "", fmt.Errorf("%q: at most schema.table", name)
+	}
+	for _, p := range parts {
+		if !identRE.MatchString(p) {
+			return "", fmt.Errorf("%q is not a plain SQL identifier", name)
+		}
+	}
+	return pgx.Identifier(parts).Sanitize(), nil
+}
+
+// EnsureTable creates the epochs table if it does not exist (the default
+// layout: resource text primary key, epoch bigint). It is not for OwnRows.
+func (g *PGGuard) EnsureTable(ctx context.Context) error {
+	if g.ownRows {
+		return errors.New("fence: EnsureTable: the guard uses the caller's own rows (OwnRows)")
+	}
+	tx, err := g.db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("fence: EnsureTable: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	_, err = tx.Exec(ctx, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+  %s text PRIMARY KEY,
+  %s bigint NOT NULL CHECK (%[3]s >= 1),
+  updated_at timestamptz NOT NULL DEFAULT now())`, g.table, g.resCol, g.epoCol))
+	if err != nil {
+		return fmt.Errorf("fence: EnsureTable: %w", err)
+	}
+	return tx.Commit(ctx)
+}
+
+// ErrNoResource: with OwnRows, the resource's row does not exist.
+var ErrNoResource = errors.New("fence: no row for the resource")
+
+// Claim performs the conditional write for resource with token's epoch
+// inside the caller's transaction tx, on the guarded database: it returns
+// nil once the epoch is recorded (the row stays locked until tx ends), or a
+// *StaleError when a higher epoch was accepted before (tx is then still
+// usable). Write is Claim in a transaction of its own.
+func (g *PGGuard) Claim(ctx context.Context, tx pgx.Tx, resource string, token lease.Token) error {
+	if token.Epoch < 1 {
+		return fmt.Errorf("fence: token %s has no epoch", token)
+	}
+	var accepted int64
+	err := tx.QueryRow(ctx, g.claimSQL, resource, token.Epoch).Scan(&accepted)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("fence: claiming %q for epoch %d: %w", resource, token.Epoch, err)
+	}
+	// Rejected: read the epoch that won (the row is committed: the
+	// conditional write waited for any concurrent writer).
+	var highest *int64
+	if err := tx.QueryRow(ctx, g.readSQL, resource).Scan(&highest); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("%w %q in %s", ErrNoResource, resource, g.table)
+		}
+		return fmt.Errorf("fence: reading epoch of %q: %w", resource, err)
+	}
+	h := int64(0)
+	if highest != nil {
+		h = *highest
+	}
+	return &StaleError{Resource: resource, Epoch: token.Epoch, Highest: h}
+}
+
+// Write fences the resource named by token.Key: see WriteResource.
+func (g *PGGuard) Write(ctx context.Context, token lease.Token, fn func(tx pgx.Tx) error) error {
+	return g.WriteResource(ctx, token.Key, token, fn)
+}
+
+// WriteResource begins a transaction on the guard's database, claims
+// resource for token's epoch (rejecting a lower epoch than already accepted
+// with a *StaleError, matching ErrStale, before fn runs), runs fn in the
+// same transaction and commits: the epoch record and fn's writes commit
+// together, and a writer with a higher epoch waits for them.
+func (g *PGGuard) WriteResource(ctx context.Context, resource string, token lease.Token, fn func(tx pgx.Tx) error) error {
+	tx, err := g.db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("fence: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := g.Claim(ctx, tx, resource, token); err != nil {
+		return err
+	}
+	if fn != nil {
+		if err := fn(tx); err != nil {
+			return err
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("fence: commit: %w", err)
+	}
+	return nil
+}
+
+// Epoch returns the highest epoch accepted for resource (0 if none).
+func (g *PGGuard) Epoch(ctx context.Context, resource string) (int64, error) {
+	tx, err := g.db.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	var e *int64
+	err = tx.QueryRow(ctx, g.readSQL, resource).Scan(&e)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && e == nil) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	return *e, nil
+}
