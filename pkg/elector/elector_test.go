@@ -1,0 +1,398 @@
+package elector_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pglease/pg_lease/pkg/elector"
+	"github.com/pglease/pg_lease/pkg/fence"
+	"github.com/pglease/pg_lease/pkg/lease"
+)
+
+func noop(context.Context) {}
+
+func TestConfigValidation(t *testing.T) {
+	c := lease.New(nil)
+	cb := elector.Callbacks{OnStartedLeading: noop}
+	for _, tc := range []struct {
+		cfg   elector.Config
+		field string
+	}{
+		{elector.Config{Callbacks: cb}, "Key"},
+		{elector.Config{Key: "k"}, "Callbacks.OnStartedLeading"},
+		{elector.Config{Key: "k", Callbacks: cb, TTL: time.Millisecond}, "TTL"},
+		{elector.Config{Key: "k", Callbacks: cb, TTL: 3 * time.Second, RenewInterval: 1001 * time.Millisecond}, "RenewInterval"},
+		{elector.Config{Key: "k", Callbacks: cb, RenewInterval: -1}, "RenewInterval"},
+		{elector.Config{Key: "k", Callbacks: cb, RenewInterval: time.Second, RetryInterval: 2 * time.Second}, "RetryInterval"},
+		{elector.Config{Key: "k", Callbacks: cb, TTL: 10 * time.Second, Margin: 9 * time.Millisecond}, "Margin"},
+		{elector.Config{Key: "k", Callbacks: cb, TTL: 3 * time.Second, Margin: 1001 * time.Millisecond}, "Margin"},
+		{elector.Config{Key: "k", Callbacks: cb, HealthTolerance: -1}, "HealthTolerance"},
+		{elector.Config{Key: strings.Repeat("k", 1025), Callbacks: cb}, "Key"},
+	} {
+		_, err := elector.New(c, tc.cfg)
+		if !errors.Is(err, elector.ErrInvalidConfig) || !strings.Contains(err.Error(), ": "+tc.field+": ") {
+			t.Errorf("New(%+v) = %v, want an ErrInvalidConfig naming %s", tc.cfg, err, tc.field)
+		}
+	}
+	if _, err := elector.New(nil, elector.Config{Key: "k", Callbacks: cb}); !errors.Is(err, elector.ErrInvalidConfig) {
+		t.Errorf("New(nil client) = %v", err)
+	}
+
+	el, err := elector.New(c, elector.Config{Key: "k", Callbacks: cb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := el.Config()
+	if got.TTL != 15*time.Second || got.RenewInterval != 5*time.Second || got.RetryInterval != 2500*time.Millisecond ||
+		got.Margin != 115*time.Millisecond || got.HealthTolerance != 5*time.Second || got.Identity == "" || got.Metrics == nil {
+		t.Errorf("defaults: %+v", got)
+	}
+	el, err = elector.New(c, elector.Config{Key: "k", Callbacks: cb, TTL: 30 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := el.Config().Margin; m != 10*time.Millisecond {
+		t.Errorf("Margin for a 30ms TTL = %v, want TTL/3", m)
+	}
+}
+
+// TestOneLeaderAtATime runs several candidates in one process, each term
+// resigning after a random short time, and checks every term: one active
+// at a time, epochs strictly increasing and never reused, intervals (local
+// monotonic clock) disjoint, fenced writes in the lease database accepted
+// for the current term.
+func TestOneLeaderAtATime(t *testing.T) {
+	dsn := installed(t, nil)
+	pool := newPool(t, dsn)
+	execSQL(t, pool, "CREATE TABLE writes (epoch bigint, owner text)")
+	client := lease.New(pool)
+	r := newRecorder()
+	var fenceErrs atomic.Int64
+	work := func(ctx context.Context, tr *termRec) {
+		err := fence.InTxFromContext(ctx, pool, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, "INSERT INTO writes VALUES ($1, $2)", tr.token.Epoch, tr.id)
+			return err
+		})
+		if err != nil {
+			t.Errorf("fenced write of %s: %v", tr.token, err)
+			fenceErrs.Add(1)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Duration(50+rand.IntN(200)) * time.Millisecond):
+		}
+	}
+	const n = 4
+	stops := make([]func(), n)
+	for i := range n {
+		id := fmt.Sprintf("c%d", i)
+		var el *elector.Elector
+		var err error
+		el, err = elector.New(client, elector.Config{
+			Key: "one-leader", Identity: id, TTL: 2 * time.Second, RetryInterval: 20 * time.Millisecond,
+			Callbacks: r.callbacks(id, &el, work),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stops[i] = runElector(t, el)
+	}
+	deadline := time.After(6 * time.Second)
+	for running := true; running; {
+		select {
+		case <-deadline:
+			running = false
+		case <-r.events:
+		}
+	}
+	for _, stop := range stops {
+		stop()
+	}
+	terms := r.snapshot()
+	if len(terms) < 5 {
+		t.Fatalf("only %d terms in 6s", len(terms))
+	}
+	if r.maxAct != 1 {
+		t.Errorf("%d terms active at once", r.maxAct)
+	}
+	sort.Slice(terms, func(i, j int) bool { return terms[i].start.Before(terms[j].start) })
+	seen := map[int64]bool{}
+	for i, tr := range terms {
+		if seen[tr.token.Epoch] {
+			t.Errorf("epoch %d handed out twice", tr.token.Epoch)
+		}
+		seen[tr.token.Epoch] = true
+		if tr.grant.Epoch != tr.token.Epoch || tr.token.Owner != tr.id || tr.token.Key != "one-leader" {
+			t.Errorf("term %d: token %v, grant %v, id %s", i, tr.token, tr.grant.Token, tr.id)
+		}
+		if i == 0 {
+			continue
+		}
+		prev := terms[i-1]
+		if tr.token.Epoch <= prev.token.Epoch {
+			t.Errorf("epoch went from %d to %d", prev.token.Epoch, tr.token.Epoch)
+		}
+		if !prev.returned.Before(tr.start) || !prev.cancelled.Before(tr.start) {
+			t.Errorf("term %v started at %v before term %v was cancelled (%v) and returned (%v)",
+				tr.token, tr.start, prev.token, prev.cancelled, prev.returned)
+		}
+		// Handoffs happen by release: the new grant starts (server time)
+		// after the previous one was given up and before it would have
+		// expired.
+		acquired := tr.grant.ExpiresAt.Add(-tr.grant.TTL)
+		if !acquired.Before(prev.last.ExpiresAt) {
+			t.Errorf("term %v acquired at %v, not before the expiry %v of %v: the release did not hand off",
+				tr.token, acquired, prev.last.ExpiresAt, prev.token)
+		}
+	}
+	var rows int64
+	if err := pool.QueryRow(testCtx(t), "SELECT count(*) FROM writes").Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if rows != int64(len(terms))-fenceErrs.Load() {
+		t.Errorf("%d fenced writes committed, %d terms", rows, len(terms))
+	}
+	t.Logf("%d terms, epochs %d..%d", len(terms), terms[0].token.Epoch, terms[len(terms)-1].token.Epoch)
+}
+
+// TestReleaseOnCancel: cancelling the leader's Run hands the lease to a
+// follower without waiting for the TTL.
+func TestReleaseOnCancel(t *testing.T) {
+	pool := newPool(t, installed(t, nil))
+	client := lease.New(pool)
+	r := newRecorder()
+	mk := func(id string) *elector.Elector {
+		var el *elector.Elector
+		var err error
+		el, err = elector.New(client, elector.Config{
+			Key: "handoff", Identity: id, TTL: 10 * time.Second, RetryInterval: 50 * time.Millisecond,
+			Callbacks: r.callbacks(id, &el, nil),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return el
+	}
+	a, b := mk("a"), mk("b")
+	stopA := runElector(t, a)
+	ta := waitTerm(t, r.events, 10*time.Second)
+	stopB := runElector(t, b)
+	defer stopB()
+	time.Sleep(200 * time.Millisecond) // b is now a follower
+	if s := b.Status(); s.Leading || s.Leader != "a" || s.Epoch != ta.token.Epoch {
+		t.Fatalf("follower status %+v", s)
+	}
+	cancelled := time.Now()
+	stopA() // returns after a's release
+	tb := waitTerm(t, r.events, 10*time.Second)
+	handoff := tb.start.Sub(cancelled)
+	ended := <-r.ended
+	if tb.id != "b" || ended.id != "a" {
+		t.Fatalf("terms: %s then %s", ta.id, tb.id)
+	}
+	if !errors.Is(ended.cause, elector.ErrResigned) || !errors.Is(ended.cause, context.Canceled) {
+		t.Errorf("a's cause: %v", ended.cause)
+	}
+	if tb.token.Epoch != ta.token.Epoch+2 {
+		t.Errorf("epochs %d then %d, want a release in between (+2)", ta.token.Epoch, tb.token.Epoch)
+	}
+	acquired := tb.grant.ExpiresAt.Add(-tb.grant.TTL)
+	if !acquired.Before(ended.last.ExpiresAt) {
+		t.Errorf("b acquired at %v, after a's grant expired at %v", acquired, ended.last.ExpiresAt)
+	}
+	if !ended.returned.Before(tb.start) {
+		t.Errorf("b started before a's OnStartedLeading returned")
+	}
+	t.Logf("handoff after cancel: %v (TTL 10s; a's grant had %v left on the server)",
+		handoff.Round(time.Millisecond), ended.last.ExpiresAt.Sub(acquired).Round(time.Millisecond))
+}
+
+// TestLostStopsAtOnce: a renewal answered not_owner (an operator's
+// force_release) cancels the leader context at once; the same identity
+// then campaigns again and gets a new epoch, after the old term ended.
+func TestLostStopsAtOnce(t *testing.T) {
+	pool := newPool(t, installed(t, nil))
+	reg := prometheus.NewRegistry()
+	m, err := elector.NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newRecorder()
+	var el *elector.Elector
+	el, err = elector.New(lease.New(pool), elector.Config{
+		Key: "lost", Identity: "solo", TTL: 3 * time.Second, RetryInterval: 50 * time.Millisecond,
+		Metrics: m, Callbacks: r.callbacks("solo", &el, nil),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runElector(t, el)
+	t1 := waitTerm(t, r.events, 10*time.Second)
+	time.Sleep(1200 * time.Millisecond) // at least one renewal
+	if v := value(t, m.Leader("lost")); v != 1 {
+		t.Errorf("leader gauge %v", v)
+	}
+	if v := value(t, m.Epoch("lost")); v != float64(t1.token.Epoch) {
+		t.Errorf("epoch gauge %v, want %d", v, t1.token.Epoch)
+	}
+	if n := seriesCount(t, reg, "pg_lease_elector_renew_duration_seconds"); n != 1 {
+		t.Errorf("renew histogram series: %d", n)
+	}
+	forced := time.Now()
+	if _, err := pool.Exec(testCtx(t), "SELECT lease.force_release('lost')"); err != nil {
+		t.Fatal(err)
+	}
+	ended := waitTerm(t, r.ended, 10*time.Second)
+	if !errors.Is(ended.cause, elector.ErrLeadershipLost) || !errors.Is(ended.cause, lease.ErrNotOwner) {
+		t.Errorf("cause %v, want ErrLeadershipLost and lease.ErrNotOwner", ended.cause)
+	}
+	if late := ended.cancelled.Sub(forced); late > el.Config().RenewInterval+time.Second {
+		t.Errorf("cancelled %v after the force_release (renew interval %v)", late, el.Config().RenewInterval)
+	}
+	t2 := waitTerm(t, r.events, 10*time.Second)
+	if t2.token.Epoch <= t1.token.Epoch || t2.id != "solo" {
+		t.Errorf("second term %v after %v", t2.token, t1.token)
+	}
+	if !t1.cancelled.Before(t2.start) || !t1.returned.Before(t2.start) {
+		t.Errorf("new term started before the old one ended")
+	}
+	if v := value(t, m.Errors("lost", elector.ErrorKindNotOwner)); v != 1 {
+		t.Errorf("not_owner errors: %v", v)
+	}
+	if v := value(t, m.Transitions("lost", "stopped")); v != 1 {
+		t.Errorf("stopped transitions: %v", v)
+	}
+	if v := value(t, m.Transitions("lost", "started")); v != 2 {
+		t.Errorf("started transitions: %v", v)
+	}
+	if v := value(t, m.Epoch("lost")); v != float64(t2.token.Epoch) {
+		t.Errorf("epoch gauge %v, want %d", v, t2.token.Epoch)
+	}
+	t.Logf("not_owner noticed %v after force_release; new epoch %d",
+		ended.cancelled.Sub(forced).Round(time.Millisecond), t2.token.Epoch)
+}
+
+// TestLapseThenReacquire: renewals blocked (the lease row locked by another
+// session) past the grant: the leader context is cancelled before the
+// server's expiry, and the same identity's next term, under a new epoch,
+// starts only after the old term's context was cancelled and its callback
+// returned. The health check fails while a callback ignores its cancelled
+// context past the tolerance.
+func TestLapseThenReacquire(t *testing.T) {
+	dsn := installed(t, nil)
+	pool := newPool(t, dsn)
+	r := newRecorder()
+	release := make(chan struct{})
+	var terms atomic.Int64
+	work := func(ctx context.Context, tr *termRec) {
+		<-ctx.Done()
+		if terms.Add(1) == 1 {
+			<-release // the first term ignores its cancellation for a while
+		}
+	}
+	var el *elector.Elector
+	var err error
+	el, err = elector.New(lease.New(pool), elector.Config{
+		Key: "lapse", Identity: "same", TTL: 2 * time.Second, RetryInterval: 50 * time.Millisecond,
+		HealthTolerance: 300 * time.Millisecond, Callbacks: r.callbacks("same", &el, work),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runElector(t, el)
+	t1 := waitTerm(t, r.events, 10*time.Second)
+	if err := el.Check(&http.Request{}); err != nil {
+		t.Errorf("healthy leader: %v", err)
+	}
+	offset, uncert := clockOffset(t, pool)
+
+	// Block renewals: lock the lease row.
+	ctx := testCtx(t)
+	locker, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = locker.Rollback(ctx) }()
+	var expires time.Time
+	if err := locker.QueryRow(ctx, "SELECT expires_at FROM lease.leases WHERE key = 'lapse' FOR UPDATE").Scan(&expires); err != nil {
+		t.Fatal(err)
+	}
+	// Wait for the cancellation.
+	for time.Now().Before(expires.Add(-offset + 5*time.Second)) {
+		if s := el.Status(); !s.Leading {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	r.mu.Lock()
+	cancelled, cause := t1.cancelled, t1.cause
+	r.mu.Unlock()
+	if cancelled.IsZero() {
+		t.Fatal("leader context not cancelled while renewals were blocked")
+	}
+	if !errors.Is(cause, elector.ErrRenewDeadline) {
+		t.Errorf("cause %v, want ErrRenewDeadline", cause)
+	}
+	cancelServer := cancelled.Add(offset)
+	if !cancelServer.Add(uncert).Before(expires) {
+		t.Errorf("cancelled at server time %v (±%v), not before the grant's expiry %v", cancelServer, uncert, expires)
+	}
+	t.Logf("leader context cancelled %v before the server expiry (margin %v, offset %v ±%v)",
+		expires.Sub(cancelServer).Round(time.Millisecond), el.Config().Margin, offset, uncert)
+
+	// The callback ignores its cancellation: unhealthy after the tolerance.
+	time.Sleep(el.Config().Margin + 400*time.Millisecond)
+	if err := el.Check(&http.Request{}); !errors.Is(err, elector.ErrUnhealthy) {
+		t.Errorf("Check with a callback running past its deadline: %v", err)
+	}
+	// Let the lease lapse on the server, then unblock.
+	time.Sleep(time.Until(expires.Add(-offset)) + 100*time.Millisecond)
+	if err := locker.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if s := el.Status(); s.Leading {
+		t.Errorf("a new term started while the old callback was still running: %+v", s)
+	}
+	close(release)
+	t2 := waitTerm(t, r.events, 10*time.Second)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if t2.token.Epoch != t1.token.Epoch+1 || t2.token.Owner != "same" {
+		t.Errorf("after the lapse: %v, want epoch %d", t2.token, t1.token.Epoch+1)
+	}
+	if !t1.cancelled.Before(t2.start) || !t1.returned.Before(t2.start) {
+		t.Errorf("term %v started before term %v ended", t2.token, t1.token)
+	}
+	if err := el.Check(&http.Request{}); err != nil {
+		t.Errorf("Check in the new term: %v", err)
+	}
+}
+
+// TestMetricsRegistry: metrics register once per registry and are shared.
+func TestMetricsRegistry(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m1, err := elector.NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m2, err := elector.NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m1.Leader("x").Set(1)
+	if v := value(t, m2.Leader("x")); v != 1 {
+		t.Errorf("second NewMetrics on one registry does not share: %v", v)
+	}
+}

@@ -1,0 +1,113 @@
+package elector
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Error kinds counted by the errors metric (label "kind").
+const (
+	ErrorKindAcquire       = "acquire"        // an acquire call failed (connection, timeout, server error)
+	ErrorKindInspect       = "inspect"        // an inspect call failed
+	ErrorKindRenew         = "renew"          // a renew call failed without a verdict (connection, timeout)
+	ErrorKindRelease       = "release"        // a release call failed
+	ErrorKindWait          = "wait"           // the Waiter failed; the elector polled instead
+	ErrorKindLapsed        = "lapsed"         // a renewal was answered lapsed
+	ErrorKindNotOwner      = "not_owner"      // a renewal was answered not_owner
+	ErrorKindEpochMismatch = "epoch_mismatch" // a renewal was answered epoch_mismatch
+	ErrorKindDeadline      = "deadline"       // renewals failed until the local deadline
+)
+
+// Metrics are the elector's Prometheus metrics, labelled by lease key:
+//
+//	pg_lease_elector_leader{key}                      1 while this process leads, else 0
+//	pg_lease_elector_epoch{key}                       epoch of the term this process leads, 0 when not leading
+//	pg_lease_elector_renew_duration_seconds{key}      latency of every renew call, successful or not
+//	pg_lease_elector_transitions_total{key,transition} "started" and "stopped" terms
+//	pg_lease_elector_errors_total{key,kind}           failures by kind (the ErrorKind constants)
+//
+// Electors sharing one Metrics must have distinct keys.
+type Metrics struct {
+	leader      *prometheus.GaugeVec
+	epoch       *prometheus.GaugeVec
+	renew       *prometheus.HistogramVec
+	transitions *prometheus.CounterVec
+	errors      *prometheus.CounterVec
+}
+
+// NewMetrics creates the metrics and registers them with reg (nil: not
+// registered). If reg already holds collectors of the same description
+// (another NewMetrics on the same registry), those are reused.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		leader: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "pg_lease_elector_leader",
+			Help: "1 while this process leads the key, else 0.",
+		}, []string{"key"}),
+		epoch: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "pg_lease_elector_epoch",
+			Help: "Fencing epoch of the term this process leads for the key; 0 when not leading.",
+		}, []string{"key"}),
+		renew: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "pg_lease_elector_renew_duration_seconds",
+			Help:    "Latency of lease renew calls, successful or not.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}, []string{"key"}),
+		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pg_lease_elector_transitions_total",
+			Help: "Leadership transitions of this process: transition=started or stopped.",
+		}, []string{"key", "transition"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pg_lease_elector_errors_total",
+			Help: "Elector failures by kind (acquire, inspect, renew, release, wait, lapsed, not_owner, epoch_mismatch, deadline).",
+		}, []string{"key", "kind"}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	var err error
+	m.leader = register(reg, m.leader, &err)
+	m.epoch = register(reg, m.epoch, &err)
+	m.renew = register(reg, m.renew, &err)
+	m.transitions = register(reg, m.transitions, &err)
+	m.errors = register(reg, m.errors, &err)
+	if err != nil {
+		return nil, fmt.Errorf("elector: registering metrics: %w", err)
+	}
+	return m, nil
+}
+
+func register[C prometheus.Collector](reg prometheus.Registerer, c C, errp *error) C {
+	if *errp != nil {
+		return c
+	}
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing
+			}
+		}
+		*errp = err
+	}
+	return c
+}
+
+// Leader returns the leader gauge of key.
+func (m *Metrics) Leader(key string) prometheus.Gauge { return m.leader.WithLabelValues(key) }
+
+// Epoch returns the epoch gauge of key.
+func (m *Metrics) Epoch(key string) prometheus.Gauge { return m.epoch.WithLabelValues(key) }
+
+// Transitions returns the transitions counter of key ("started" or
+// "stopped").
+func (m *Metrics) Transitions(key, transition string) prometheus.Counter {
+	return m.transitions.WithLabelValues(key, transition)
+}
+
+// Errors returns the errors counter of key and kind (an ErrorKind constant).
+func (m *Metrics) Errors(key, kind string) prometheus.Counter {
+	return m.errors.WithLabelValues(key, kind)
+}

@@ -1,0 +1,131 @@
+package elector_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/pkg/elector"
+	"github.com/pglease/pg_lease/pkg/lease"
+)
+
+// TestDatabaseUnreachable: with the server frozen (SIGSTOP) or stopped, the
+// leader context is cancelled before the grant's server-side expiry; the
+// local cancel instant is compared with the expiry through the measured
+// clock offset. A renewal that was in flight when the database went away
+// may still be applied by the server later (a frozen backend executes it
+// after the thaw): the server then holds the grant longer than the elector
+// knows, which delays a takeover but never lets the elector lead under the
+// old epoch again: re-running it yields a new epoch.
+func TestDatabaseUnreachable(t *testing.T) {
+	s := pgtest.New(t)
+	for _, mode := range []string{"freeze", "stop"} {
+		t.Run(mode, func(t *testing.T) {
+			dsn := installed(t, s)
+			pool := newPool(t, dsn)
+			offset, uncert := clockOffset(t, pool)
+			runCtx, stopRun := context.WithCancel(context.Background())
+			defer stopRun()
+			type end struct {
+				at    time.Time
+				cause error
+				grant lease.Grant
+			}
+			ended := make(chan end, 1)
+			second := make(chan lease.Token, 1)
+			var el *elector.Elector
+			var err error
+			el, err = elector.New(lease.New(pool), elector.Config{
+				Key: "unreachable", TTL: 2 * time.Second, RetryInterval: 100 * time.Millisecond,
+				Callbacks: elector.Callbacks{OnStartedLeading: func(ctx context.Context) {
+					if tok, _ := lease.TokenFromContext(ctx); tok.Epoch > 1 {
+						second <- tok
+						<-ctx.Done()
+						return
+					}
+					<-ctx.Done()
+					e := end{at: time.Now(), cause: context.Cause(ctx), grant: el.Status().Grant}
+					stopRun() // no new campaign: the row keeps the last grant
+					ended <- e
+				}},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			runDone := make(chan error, 1)
+			go func() { runDone <- el.Run(runCtx) }()
+			for !el.Status().Leading {
+				time.Sleep(10 * time.Millisecond)
+			}
+			time.Sleep(time.Second) // renewals happen
+			lostAt := time.Now()
+			switch mode {
+			case "freeze":
+				if err := s.Freeze(); err != nil {
+					t.Fatal(err)
+				}
+			case "stop":
+				if err := s.Stop(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var e end
+			select {
+			case e = <-ended:
+			case <-time.After(10 * time.Second):
+				_ = s.Thaw()
+				t.Fatal("leader context not cancelled within 10s of losing the database")
+			}
+			switch mode {
+			case "freeze":
+				if err := s.Thaw(); err != nil {
+					t.Fatal(err)
+				}
+			case "stop":
+				if err := s.Start(testCtx(t)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := <-runDone; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+			if !errors.Is(e.cause, elector.ErrRenewDeadline) {
+				t.Errorf("cause %v, want ErrRenewDeadline", e.cause)
+			}
+			// The server's record of the last grant.
+			pool2 := newPool(t, dsn)
+			var expires time.Time
+			if err := pool2.QueryRow(testCtx(t), "SELECT expires_at FROM lease.leases WHERE key = 'unreachable'").Scan(&expires); err != nil {
+				t.Fatal(err)
+			}
+			if expires.Before(e.grant.ExpiresAt) {
+				t.Errorf("server expiry %v before the elector's last grant %v", expires, e.grant.ExpiresAt)
+			}
+			cancelServer := e.at.Add(offset)
+			if !cancelServer.Add(uncert).Before(e.grant.ExpiresAt) {
+				t.Errorf("cancelled at server time %v (±%v), not before the expiry %v", cancelServer, uncert, e.grant.ExpiresAt)
+			}
+			t.Logf("%s: leader context cancelled %v after losing the database, %v before the expiry of the last grant it knew (margin %v); server-side expiry %v later than that",
+				mode, e.at.Sub(lostAt).Round(time.Millisecond), e.grant.ExpiresAt.Sub(cancelServer).Round(time.Millisecond),
+				el.Config().Margin, expires.Sub(e.grant.ExpiresAt).Round(time.Millisecond))
+
+			// Campaign again: never under the old epoch.
+			ctx, cancel := context.WithCancel(context.Background())
+			go func() { runDone <- el.Run(ctx) }()
+			select {
+			case tok := <-second:
+				if tok.Epoch <= e.grant.Epoch {
+					t.Errorf("new term under epoch %d after a term under %d", tok.Epoch, e.grant.Epoch)
+				}
+			case <-time.After(10 * time.Second):
+				t.Error("no new term within 10s")
+			}
+			cancel()
+			if err := <-runDone; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+	}
+}
