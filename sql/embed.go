@@ -4,9 +4,11 @@ package pgleasesql
 
 import (
 	"embed"
+	"fmt"
 	"io/fs"
 	"path"
 	"sort"
+	"strings"
 )
 
 // Version is the extension version this module ships (default_version in
@@ -33,11 +35,41 @@ func Files() map[string][]byte {
 	return out
 }
 
-// InstallScript returns the install script of Version.
+// InstallScript returns the base install script (the one version that has a
+// full install script; later versions are reached through update scripts).
 func InstallScript() string {
-	b, err := files.ReadFile("pg_lease--" + Version + ".sql")
+	b, err := files.ReadFile("pg_lease--" + BaseVersion + ".sql")
 	if err != nil {
 		panic(err)
 	}
 	return string(b)
+}
+
+// BaseVersion is the version with a full install script. CREATE EXTENSION
+// installs it and then follows the update scripts up to Version, as the
+// schema-only installer does.
+const BaseVersion = "0.1.0"
+
+// UpdateScripts returns, in order, the update scripts that take an
+// installation from version from to Version (none when from is Version). It
+// fails when no chain of pg_lease--A--B.sql files leads from from to Version
+// (for example when from is newer than Version).
+func UpdateScripts(from string) ([]string, error) {
+	var out []string
+	for v := from; v != Version; {
+		names, _ := fs.Glob(files, "pg_lease--"+v+"--*.sql")
+		if len(names) != 1 {
+			return nil, fmt.Errorf("pg_lease: no update path from version %s to %s", from, Version)
+		}
+		b, err := files.ReadFile(names[0])
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, string(b))
+		v = strings.TrimSuffix(strings.TrimPrefix(names[0], "pg_lease--"+v+"--"), ".sql")
+		if len(out) > 100 {
+			return nil, fmt.Errorf("pg_lease: update scripts from %s loop", from)
+		}
+	}
+	return out, nil
 }

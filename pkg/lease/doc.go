@@ -36,10 +36,11 @@
 // this module, as a plain schema, for managed PostgreSQL that allow-lists
 // extensions: the objects, privileges and functions are the same; only
 // DROP EXTENSION and ALTER EXTENSION UPDATE are unavailable (drop schema
-// lease instead; upgrades of a schema install are not automatic and refused
-// with ErrVersionMismatch). Both are idempotent, serialize concurrent
-// installers with an advisory lock, and run in one transaction. Installed
-// tells which is present.
+// lease instead; InstallSchema itself runs the update scripts on an older
+// schema install, and refuses a newer one with ErrVersionMismatch). Both are
+// idempotent, run in one transaction, and are safe to race: the loser of a
+// concurrent install retries and finds the winner's. Installed tells which is
+// present.
 //
 // # The Waiter
 //
