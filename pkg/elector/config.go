@@ -70,7 +70,8 @@ type Callbacks struct {
 // clock), or earlier at will (a spurious wake only costs one acquire and
 // one inspect); it returns ctx's error when ctx ends. A Waiter that
 // listens for notifications must fall back to polling when it cannot
-// listen. lease's Waiter (LISTEN pg_lease) fits behind this interface.
+// listen; when Wait fails, the elector polls. LeaseWaiter adapts
+// lease.Waiter (LISTEN pg_lease).
 type Waiter interface {
 	Wait(ctx context.Context, key string, until time.Time) error
 }

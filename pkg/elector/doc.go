@@ -126,8 +126,9 @@
 //     installed, or a version or input the server refuses, end Run with the
 //     error.
 //
-// Followers wake when the key is released (the Waiter; pg_lease NOTIFYs
-// channel pg_lease on every change) and at the observed grant's expiry
+// Followers wake when the key is released (the Waiter: LeaseWaiter over a
+// lease.Waiter listens on channel pg_lease, which pg_lease NOTIFYs on
+// every change) and at the observed grant's expiry
 // (measured on the local clock from the inspect answer's receipt), and
 // otherwise poll every RetryInterval. Without a Waiter, a release is seen
 // within RetryInterval; an expiry within a round trip. A takeover after a

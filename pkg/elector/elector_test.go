@@ -167,16 +167,34 @@ func TestOneLeaderAtATime(t *testing.T) {
 }
 
 // TestReleaseOnCancel: cancelling the leader's Run hands the lease to a
-// follower without waiting for the TTL.
+// follower without waiting for the TTL; the follower polls (every 50ms) or
+// is woken by lease.Waiter's notification (polling only every 3s).
 func TestReleaseOnCancel(t *testing.T) {
-	pool := newPool(t, installed(t, nil))
+	t.Run("poll", func(t *testing.T) { testReleaseOnCancel(t, false) })
+	t.Run("waiter", func(t *testing.T) { testReleaseOnCancel(t, true) })
+}
+
+func testReleaseOnCancel(t *testing.T, useWaiter bool) {
+	dsn := installed(t, nil)
+	pool := newPool(t, dsn)
 	client := lease.New(pool)
+	retry := 50 * time.Millisecond
+	var waiter elector.Waiter
+	if useWaiter {
+		w, err := lease.NewWaiter(testCtx(t), dsn, lease.WaiterOptions{FallbackPoll: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = w.Close() })
+		waiter = elector.LeaseWaiter(w, client)
+		retry = 3 * time.Second
+	}
 	r := newRecorder()
 	mk := func(id string) *elector.Elector {
 		var el *elector.Elector
 		var err error
 		el, err = elector.New(client, elector.Config{
-			Key: "handoff", Identity: id, TTL: 10 * time.Second, RetryInterval: 50 * time.Millisecond,
+			Key: "handoff", Identity: id, TTL: 10 * time.Second, RetryInterval: retry, Waiter: waiter,
 			Callbacks: r.callbacks(id, &el, nil),
 		})
 		if err != nil {
@@ -213,6 +231,9 @@ func TestReleaseOnCancel(t *testing.T) {
 	}
 	if !ended.returned.Before(tb.start) {
 		t.Errorf("b started before a's OnStartedLeading returned")
+	}
+	if useWaiter && handoff >= retry {
+		t.Errorf("handoff took %v with a Waiter: b was not woken by the release (poll interval %v)", handoff, retry)
 	}
 	t.Logf("handoff after cancel: %v (TTL 10s; a's grant had %v left on the server)",
 		handoff.Round(time.Millisecond), ended.last.ExpiresAt.Sub(acquired).Round(time.Millisecond))
