@@ -71,7 +71,9 @@ k8s_major="${k8s_major%%.*}"
 k8s_minor="${k8s_version#v*.}"
 k8s_minor="${k8s_minor%%.*}"
 
-export GOWORK=off GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=readonly
+# -mod=readonly: the committed go.mod/go.sum are complete and must not change;
+# -buildvcs=false: the binaries must not depend on the project's own commit.
+export GOWORK=off GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false"
 build_date="$(cd "$mod_dir" && go list -m -f '{{if .Time}}{{.Time.UTC.Format "2006-01-02T15:04:05Z"}}{{end}}' k8s.io/kubernetes)"
 build_date="${build_date:-1970-01-01T00:00:00Z}"
 vpkg=k8s.io/component-base/version
