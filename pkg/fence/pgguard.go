@@ -7,6 +7,7 @@ import (
 	"regexp"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pglease/pg_lease/pkg/lease"
 )
@@ -111,17 +112,35 @@ func (g *PGGuard) EnsureTable(ctx context.Context) error {
 	if g.ownRows {
 		return errors.New("fence: EnsureTable: the guard uses the caller's own rows (OwnRows)")
 	}
-	tx, err := g.db.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("fence: EnsureTable: %w", err)
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	_, err = tx.Exec(ctx, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+	ddl := fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
   %s text PRIMARY KEY,
   %s bigint NOT NULL CHECK (%[3]s >= 1),
-  updated_at timestamptz NOT NULL DEFAULT now())`, g.table, g.resCol, g.epoCol))
+  updated_at timestamptz NOT NULL DEFAULT now())`, g.table, g.resCol, g.epoCol)
+	for attempt := 0; ; attempt++ {
+		err := g.exec(ctx, ddl)
+		var pg *pgconn.PgError
+		// Two processes creating the table at once: IF NOT EXISTS does not
+		// cover the race, the loser fails on a catalog unique index once the
+		// winner commits. The table exists then: once more finds it.
+		if attempt == 0 && errors.As(err, &pg) && (pg.Code == "23505" || pg.Code == "42P07") {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("fence: EnsureTable: %w", err)
+		}
+		return nil
+	}
+}
+
+// exec runs one statement in a transaction of its own.
+func (g *PGGuard) exec(ctx context.Context, sql string) error {
+	tx, err := g.db.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("fence: EnsureTable: %w", err)
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, sql); err != nil {
+		return err
 	}
 	return tx.Commit(ctx)
 }

@@ -1,0 +1,282 @@
+// Command pglease-demo (make demo) shows leader election through pg_lease
+// with fencing, end to end, on a throwaway PostgreSQL:
+//
+//  1. three candidate processes elect a leader through one lease key; the
+//     leader writes to a store guarded by the highest epoch it has accepted;
+//  2. the leader is killed (SIGKILL): another candidate takes over with a
+//     higher epoch once the lease lapses;
+//  3. the new leader is frozen (SIGSTOP) in the middle of a write, past its
+//     TTL: the third candidate takes over and writes; the frozen one resumes
+//     (SIGCONT), finishes its write with its old epoch, and the guard rejects
+//     it;
+//  4. everything is stopped and removed.
+//
+// The candidates are this same program, started with PGLEASE_DEMO_ROLE=candidate.
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/pkg/fence"
+	"github.com/pglease/pg_lease/pkg/lease"
+)
+
+const (
+	roleEnv = "PGLEASE_DEMO_ROLE"
+	key     = "demo-leader"
+	ttl     = 2 * time.Second
+)
+
+func main() {
+	if os.Getenv(roleEnv) == "candidate" {
+		os.Exit(candidateMain())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := demo(ctx, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "pglease-demo:", err)
+		os.Exit(1)
+	}
+}
+
+// line is one line a candidate printed.
+type line struct {
+	who    string
+	kind   string // LEADING, WORKING, WRITE-OK, WRITE-REJECTED, STOPPED, ...
+	epoch  int64
+	detail string
+}
+
+type candidate struct {
+	name string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func demo(ctx context.Context, out io.Writer) error {
+	start := time.Now()
+	say := func(format string, args ...any) {
+		fmt.Fprintf(out, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(format, args...))
+	}
+
+	say("starting a throwaway PostgreSQL (initdb into a temporary directory)")
+	srv, err := pgtest.Start(ctx, pgtest.Options{})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		srv.Close()
+		say("throwaway PostgreSQL stopped and removed")
+	}()
+	if err := srv.InstallExtensionFiles(ctx); err != nil {
+		return err
+	}
+	dsn, err := srv.CreateDatabase(ctx, "leases")
+	if err != nil {
+		return err
+	}
+	storeDSN, err := srv.CreateDatabase(ctx, "store")
+	if err != nil {
+		return err
+	}
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := lease.InstallExtension(ctx, pool); err != nil {
+		return err
+	}
+	store, err := pgxpool.New(ctx, storeDSN)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	guard, err := fence.NewPGGuard(store, fence.PGGuardOptions{})
+	if err != nil {
+		return err
+	}
+	if err := guard.EnsureTable(ctx); err != nil {
+		return err
+	}
+	say("PostgreSQL %d on 127.0.0.1, pg_lease %s installed; the store is another database, guarded by the highest epoch it accepted", srv.MajorVersion(), lease.Version)
+
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	lines := make(chan line, 100)
+	var cands []*candidate
+	defer func() {
+		for _, c := range cands {
+			_ = c.cmd.Process.Signal(syscall.SIGCONT)
+			_ = c.cmd.Process.Signal(syscall.SIGTERM)
+		}
+		for _, c := range cands {
+			select {
+			case <-c.done:
+			case <-time.After(10 * time.Second):
+				_ = c.cmd.Process.Kill()
+				<-c.done
+			}
+		}
+	}()
+	for _, name := range []string{"alpha", "bravo", "charlie"} {
+		c, err := startCandidate(self, name, dsn, storeDSN, lines)
+		if err != nil {
+			return err
+		}
+		cands = append(cands, c)
+	}
+	say("started 3 candidate processes (alpha, bravo, charlie) for key %q, TTL %v", key, ttl)
+	byName := func(n string) *candidate {
+		for _, c := range cands {
+			if c.name == n {
+				return c
+			}
+		}
+		return nil
+	}
+	// await reads candidate lines until one satisfies ok, echoing the
+	// interesting ones.
+	await := func(what string, ok func(line) bool) (line, error) {
+		for {
+			select {
+			case l := <-lines:
+				switch l.kind {
+				case "LEADING":
+					say("  %-7s leads with epoch %d", l.who, l.epoch)
+				case "WRITE-OK":
+					say("  %-7s write with epoch %d accepted by the store", l.who, l.epoch)
+				case "WRITE-REJECTED":
+					say("  %-7s write with epoch %d REJECTED by the store: %s", l.who, l.epoch, l.detail)
+				case "STOPPED":
+					say("  %-7s stopped leading (epoch %d): %s", l.who, l.epoch, l.detail)
+				case "ERROR":
+					say("  %-7s error: %s", l.who, l.detail)
+				}
+				if ok(l) {
+					return l, nil
+				}
+			case <-ctx.Done():
+				return line{}, fmt.Errorf("timed out waiting for %s", what)
+			}
+		}
+	}
+
+	first, err := await("a leader", func(l line) bool { return l.kind == "LEADING" })
+	if err != nil {
+		return err
+	}
+	if _, err := await("the first write", func(l line) bool { return l.kind == "WRITE-OK" && l.who == first.who }); err != nil {
+		return err
+	}
+
+	say("kill -9 %s (the leader, epoch %d): it cannot release; the lease lapses within its TTL", first.who, first.epoch)
+	killed := time.Now()
+	if err := byName(first.who).cmd.Process.Kill(); err != nil {
+		return err
+	}
+	second, err := await("a takeover", func(l line) bool { return l.kind == "LEADING" && l.epoch > first.epoch })
+	if err != nil {
+		return err
+	}
+	say("takeover: %s leads with epoch %d > %d, %v after the kill (TTL %v)", second.who, second.epoch, first.epoch,
+		time.Since(killed).Round(time.Millisecond), ttl)
+
+	if _, err := await("the new leader to start a write", func(l line) bool { return l.kind == "WORKING" && l.who == second.who }); err != nil {
+		return err
+	}
+	say("kill -STOP %s in the middle of a write (epoch %d), past its TTL", second.who, second.epoch)
+	frozen := byName(second.who)
+	if err := frozen.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		return err
+	}
+	third, err := await("a takeover of the frozen leader", func(l line) bool { return l.kind == "LEADING" && l.epoch > second.epoch })
+	if err != nil {
+		return err
+	}
+	if _, err := await("the third leader's write", func(l line) bool { return l.kind == "WRITE-OK" && l.who == third.who }); err != nil {
+		return err
+	}
+	say("kill -CONT %s: it resumes its write with its old epoch %d", second.who, second.epoch)
+	if err := frozen.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		return err
+	}
+	stale, err := await("the stale write's verdict", func(l line) bool {
+		return (l.kind == "WRITE-REJECTED" || l.kind == "WRITE-OK") && l.who == second.who && l.epoch == second.epoch
+	})
+	if err != nil {
+		return err
+	}
+	if stale.kind != "WRITE-REJECTED" {
+		return errors.New("the stale write was accepted: fencing failed")
+	}
+	if _, err := await("the old leader to stop", func(l line) bool { return l.kind == "STOPPED" && l.who == second.who }); err != nil {
+		return err
+	}
+
+	var st lease.State
+	if st, err = lease.New(pool).Inspect(ctx, key); err != nil {
+		return err
+	}
+	say("summary: epochs %d < %d < %d; %s holds %q with epoch %d; the stale write of epoch %d was rejected",
+		first.epoch, second.epoch, third.epoch, st.Owner, key, st.Epoch, second.epoch)
+	say("stopping the candidates (SIGTERM: the leader releases its lease)")
+	return nil
+}
+
+func startCandidate(self, name, dsn, storeDSN string, lines chan<- line) (*candidate, error) {
+	cmd := exec.Command(self)
+	cmd.Env = append(os.Environ(), roleEnv+"=candidate", "PGLEASE_DEMO_NAME="+name,
+		"PGLEASE_DEMO_DSN="+dsn, "PGLEASE_DEMO_STORE_DSN="+storeDSN)
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	c := &candidate{name: name, cmd: cmd, done: make(chan struct{})}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			f := strings.SplitN(sc.Text(), " ", 3)
+			l := line{who: name, kind: f[0]}
+			if len(f) > 1 {
+				l.epoch, _ = strconv.ParseInt(f[1], 10, 64)
+			}
+			if len(f) > 2 {
+				l.detail = f[2]
+			}
+			select {
+			case lines <- l:
+			default: // nobody listens any more
+			}
+		}
+	}()
+	go func() {
+		wg.Wait()
+		_ = cmd.Wait()
+		close(c.done)
+	}()
+	return c, nil
+}
