@@ -23,6 +23,10 @@ if ! hack/with-postgres.sh -- make -s -C sql installcheck; then
   exit 1
 fi
 
+echo "== test control plane (etcd + kube-apiserver; built once per machine, ~10-15 min cold)" >&2
+export PGLEASE_CACHE="${PGLEASE_CACHE:-$( [ "$(id -u)" = 0 ] && echo /var/cache/pg_lease || echo "$HOME/.cache/pg_lease")}"
+bash hack/build-control-plane.sh >/dev/null
+
 echo "== Go tests" >&2
 go vet ./...
 go test -count=1 -timeout 25m ${GOTESTFLAGS:-} ./...
