@@ -1,0 +1,397 @@
+package robustness
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+)
+
+// Hand-made histories. Local times in milliseconds, server times in
+// microseconds from an arbitrary origin; every operation takes 1 ms locally
+// and its clock readings bracket the decision by 100 µs.
+
+const base = int64(1_700_000_000_000_000) // server µs origin
+
+type hb struct {
+	h   History
+	seq int
+}
+
+func (b *hb) add(o Op, callMs int64) *Op {
+	b.seq++
+	o.Seq = b.seq
+	o.Call = callMs * int64(time.Millisecond)
+	o.Return = o.Call + int64(time.Millisecond)
+	if o.Outcome == "" {
+		o.Outcome = OK
+	}
+	b.h.Ops = append(b.h.Ops, o)
+	return &b.h.Ops[len(b.h.Ops)-1]
+}
+
+func srv(ms int64) int64 { return base + ms*1000 }
+
+// acquire granted at server time d (ms), ttl ms.
+func (b *hb) acquire(client int, owner string, callMs, dMs, ttlMs, epoch int64) {
+	b.add(Op{Client: client, Kind: KAcquire, Key: "k", Owner: owner, TTL: ttlMs * 1000, Status: SGranted,
+		OutEpoch: epoch, Expires: srv(dMs + ttlMs), T0: srv(dMs) - 100, T1: srv(dMs) + 100}, callMs)
+}
+
+func (b *hb) denied(client int, owner string, callMs, dMs, ttlMs int64) {
+	b.add(Op{Client: client, Kind: KAcquire, Key: "k", Owner: owner, TTL: ttlMs * 1000, Status: SDenied,
+		T0: srv(dMs) - 100, T1: srv(dMs) + 100}, callMs)
+}
+
+func (b *hb) renew(client int, owner string, callMs, dMs, ttlMs, epoch int64, status string) {
+	o := Op{Client: client, Kind: KRenew, Key: "k", Owner: owner, TTL: ttlMs * 1000, Epoch: epoch, Status: status,
+		T0: srv(dMs) - 100, T1: srv(dMs) + 100}
+	if status == SOk {
+		o.Expires = srv(dMs + ttlMs)
+	}
+	b.add(o, callMs)
+}
+
+func (b *hb) release(client int, owner string, callMs, dMs, epoch int64, status string) {
+	b.add(Op{Client: client, Kind: KRelease, Key: "k", Owner: owner, Epoch: epoch, Status: status,
+		T0: srv(dMs) - 100, T1: srv(dMs) + 100}, callMs)
+}
+
+func (b *hb) inspectHeld(client int, callMs, dMs int64, owner string, epoch, expMs int64) {
+	b.add(Op{Client: client, Kind: KInspect, Key: "k", Owner: "i", Status: SHeld, OutOwner: owner, OutEpoch: epoch,
+		Expires: srv(expMs), T0: srv(dMs) - 100, T1: srv(dMs) + 100}, callMs)
+}
+
+func (b *hb) inspectFree(client int, callMs, dMs, epoch int64) {
+	b.add(Op{Client: client, Kind: KInspect, Key: "k", Owner: "i", Status: SFree, OutEpoch: epoch,
+		T0: srv(dMs) - 100, T1: srv(dMs) + 100}, callMs)
+}
+
+func (b *hb) guard(client int, owner string, callMs, epoch int64, accepted bool, seq int64) {
+	o := Op{Client: client, Kind: KGuard, Key: "k", Owner: owner, Epoch: epoch, Status: SRejected}
+	if accepted {
+		o.Status, o.GuardSeq = SAccepted, seq
+	}
+	b.add(o, callMs)
+}
+
+func check(t *testing.T, b *hb) *Result {
+	t.Helper()
+	b.h.Meta.Keys = []string{"k"}
+	r := Check(&b.h, CheckOptions{LinTimeout: 10 * time.Second})
+	var buf bytes.Buffer
+	Report(&buf, &b.h, r, 10)
+	t.Log(buf.String())
+	return r
+}
+
+func wantRule(t *testing.T, r *Result, rule string) {
+	t.Helper()
+	for _, v := range r.Violations {
+		if v.Rule == rule {
+			return
+		}
+	}
+	t.Errorf("want a %s violation, got %v", rule, r.Violations)
+}
+
+func wantLin(t *testing.T, r *Result, want porcupine.CheckResult) {
+	t.Helper()
+	if got := r.Linearizable["k"]; got != want {
+		t.Errorf("porcupine: got %s, want %s", got, want)
+	}
+}
+
+// A legal history: acquire, renew, guard, lapse, takeover, release, fresh
+// grant after release (epoch + 2), inspects, an idempotent re-acquire, a
+// denied acquire and failed renewals.
+func goodHistory() *hb {
+	b := &hb{}
+	b.acquire(0, "A", 0, 0, 1000, 1)
+	b.guard(0, "A", 2, 1, true, 1)
+	b.denied(1, "B", 4, 4, 1000)
+	b.renew(0, "A", 10, 500, 1000, 1, SOk) // expires 1500
+	b.guard(0, "A", 12, 1, true, 2)
+	b.inspectHeld(2, 20, 600, "A", 1, 1500)
+	b.acquire(0, "A", 30, 700, 1000, 1) // idempotent: expires stays 1500
+	b.Ops()[len(b.h.Ops)-1].Expires = srv(1500)
+	b.inspectFree(2, 40, 1600, 1) // lapsed
+	b.acquire(1, "B", 50, 1700, 1000, 2)
+	b.guard(1, "B", 55, 2, true, 3)
+	b.renew(0, "A", 60, 1800, 1000, 1, SLapsed)
+	b.guard(0, "A", 62, 1, false, 0) // zombie write rejected
+	b.release(1, "B", 70, 1900, 2, SOk)
+	b.inspectFree(2, 80, 2000, 3)
+	b.acquire(0, "A", 90, 2100, 1000, 4)
+	b.renew(1, "B", 100, 2200, 1000, 2, SNotOwner)
+	b.renew(0, "A", 110, 2300, 1000, 3, SEpochMismatch)
+	return b
+}
+
+func (b *hb) Ops() []Op { return b.h.Ops }
+
+func TestCheckAcceptsLegalHistory(t *testing.T) {
+	r := check(t, goodHistory())
+	if len(r.Violations) != 0 {
+		t.Fatalf("violations in a legal history: %v", r.Violations)
+	}
+	wantLin(t, r, porcupine.Ok)
+}
+
+func TestCheckOverlappingGrants(t *testing.T) {
+	b := &hb{}
+	b.acquire(0, "A", 0, 0, 1000, 1)    // held until 1000
+	b.acquire(1, "B", 10, 500, 1000, 2) // granted at 500: overlaps
+	r := check(t, b)
+	wantRule(t, r, "I1")
+	wantLin(t, r, porcupine.Illegal)
+}
+
+func TestCheckOverlapAfterRenewal(t *testing.T) {
+	b := &hb{}
+	b.acquire(0, "A", 0, 0, 1000, 1)
+	b.renew(0, "A", 10, 900, 1000, 1, SOk) // held until 1900
+	b.acquire(1, "B", 20, 1200, 1000, 2)   // granted at 1200
+	r := check(t, b)
+	wantRule(t, r, "I1")
+	wantLin(t, r, porcupine.Illegal)
+}
+
+func TestCheckReleaseEndsGrant(t *testing.T) {
+	b := &hb{}
+	b.acquire(0, "A", 0, 0, 1000, 1)
+	b.release(0, "A", 10, 100, 1, SOk)
+	b.acquire(1, "B", 20, 200, 1000, 3)
+	r := check(t, b)
+	if len(r.Violations) != 0 {
+		t.Fatalf("violations: %v", r.Violations)
+	}
+	// ... but not one granted before the release started.
+	b = &hb{}
+	b.acquire(0, "A", 0, 0, 1000, 1)
+	b.acquire(1, "B", 5, 50, 1000, 3)
+	b.release(0, "A", 10, 100, 1, SOk)
+	r = check(t, b)
+	wantRule(t, r, "I1")
+	wantLin(t, r, porcupine.Illegal)
+}
+
+func TestCheckReusedEpoch(t *testing.T) {
+	b := &hb{}
+	b.acquire(0, "A", 0, 0, 1000, 1)
+	b.acquire(1, "B", 10, 2000, 1000, 1) // after the lapse, but the same epoch
+	r := check(t, b)
+	wantRule(t, r, "I3")
+	wantLin(t, r, porcupine.Illegal)
+}
+
+func TestCheckReusedEpochSameOwner(t *testing.T) {
+	// A crash that forgot a grant would hand its epoch out again, here to
+	// the same owner: a fresh decision with an epoch already observed.
+	b := &hb{}
+	b.acquire(0, "A", 0, 0, 1000, 1)
+	b.acquire(0, "A", 10, 2000, 1000, 1)
+	r := check(t, b)
+	wantRule(t, r, "I3")
+	wantLin(t, r, porcupine.Illegal)
+}
+
+func TestCheckRegressingEpoch(t *testing.T) {
+	b := &hb{}
+	b.acquire(0, "A", 0, 0, 1000, 1)
+	b.acquire(1, "B", 10, 2000, 1000, 3)
+	b.acquire(2, "C", 20, 4000, 1000, 2) // lower than B's
+	r := check(t, b)
+	wantRule(t, r, "I2")
+	wantLin(t, r, porcupine.Illegal)
+}
+
+func TestCheckRenewByNonHolder(t *testing.T) {
+	b := &hb{}
+	b.acquire(0, "A", 0, 0, 1000, 1)
+	b.renew(1, "B", 10, 500, 1000, 1, SOk)
+	r := check(t, b)
+	wantRule(t, r, "I9")
+	wantLin(t, r, porcupine.Illegal)
+}
+
+func TestCheckRenewAfterLapse(t *testing.T) {
+	b := &hb{}
+	b.acquire(0, "A", 0, 0, 1000, 1)
+	b.renew(0, "A", 10, 1500, 1000, 1, SOk) // decided after the expiry at 1000
+	r := check(t, b)
+	wantRule(t, r, "I9")
+	wantLin(t, r, porcupine.Illegal)
+}
+
+func TestCheckStaleEpochRenewal(t *testing.T) {
+	b := &hb{}
+	b.acquire(0, "A", 0, 0, 1000, 1)
+	b.acquire(1, "B", 10, 2000, 1000, 2)
+	b.renew(0, "A", 20, 2500, 1000, 1, SOk) // epoch 1 is gone
+	r := check(t, b)
+	wantRule(t, r, "I9")
+	wantLin(t, r, porcupine.Illegal)
+}
+
+func TestCheckReleaseByNonHolder(t *testing.T) {
+	b := &hb{}
+	b.acquire(0, "A", 0, 0, 1000, 1)
+	b.release(1, "B", 10, 500, 1, SOk)
+	r := check(t, b)
+	wantRule(t, r, "I9")
+	wantLin(t, r, porcupine.Illegal)
+}
+
+func TestCheckInspectSaysFreeWhileHeld(t *testing.T) {
+	b := &hb{}
+	b.acquire(0, "A", 0, 0, 1000, 1)
+	b.inspectFree(1, 10, 500, 1)
+	r := check(t, b)
+	wantRule(t, r, "I11")
+	wantLin(t, r, porcupine.Illegal)
+}
+
+func TestCheckInspectWrongOwner(t *testing.T) {
+	b := &hb{}
+	b.acquire(0, "A", 0, 0, 1000, 1)
+	b.inspectHeld(1, 10, 500, "B", 1, 1000)
+	r := check(t, b)
+	wantRule(t, r, "I11")
+	wantLin(t, r, porcupine.Illegal)
+}
+
+func TestCheckInspectWrongExpiry(t *testing.T) {
+	b := &hb{}
+	b.acquire(0, "A", 0, 0, 1000, 1)
+	b.inspectHeld(1, 10, 500, "A", 1, 1700)
+	r := check(t, b)
+	wantRule(t, r, "I11")
+	wantLin(t, r, porcupine.Illegal)
+}
+
+func TestCheckInspectStaleEpoch(t *testing.T) {
+	b := &hb{}
+	b.acquire(0, "A", 0, 0, 1000, 1)
+	b.release(0, "A", 10, 100, 1, SOk)
+	b.inspectFree(1, 20, 200, 1) // the release moved the counter to 2
+	r := check(t, b)
+	wantRule(t, r, "I11")
+	wantLin(t, r, porcupine.Illegal)
+}
+
+func TestCheckGuardAcceptsLowerEpoch(t *testing.T) {
+	b := &hb{}
+	b.guard(0, "A", 0, 2, true, 1)
+	b.guard(1, "B", 10, 1, true, 2)
+	r := check(t, b)
+	wantRule(t, r, "FENCE")
+}
+
+func TestCheckGuardRejectsWithoutReason(t *testing.T) {
+	b := &hb{}
+	b.guard(0, "A", 0, 2, true, 1)
+	b.guard(1, "B", 10, 2, false, 0)
+	r := check(t, b)
+	wantRule(t, r, "FENCE")
+}
+
+func TestCheckGuardCounterReused(t *testing.T) {
+	b := &hb{}
+	b.guard(0, "A", 0, 2, true, 1)
+	b.guard(1, "B", 10, 3, true, 1)
+	r := check(t, b)
+	wantRule(t, r, "FENCE")
+}
+
+// Unknown outcomes: an acquire whose answer was lost may have granted;
+// the model must allow both, and a later observation decides.
+func TestCheckUnknownOutcomes(t *testing.T) {
+	b := &hb{}
+	o := b.add(Op{Client: 0, Kind: KAcquire, Key: "k", Owner: "A", TTL: 1000_000, Outcome: Unknown}, 0)
+	o.Return = 50 * int64(time.Millisecond)
+	b.inspectHeld(1, 60, 500, "A", 1, 900) // it did grant, at -100 ms
+	b.acquire(1, "B", 70, 1000, 1000, 2)
+	r := check(t, b)
+	if len(r.Violations) != 0 {
+		t.Fatalf("violations: %v", r.Violations)
+	}
+	// An unknown release may have freed it: B's grant at 300 is allowed...
+	b = &hb{}
+	b.acquire(0, "A", 0, 0, 1000, 1)
+	o = b.add(Op{Client: 0, Kind: KRelease, Key: "k", Owner: "A", Epoch: 1, Outcome: Unknown}, 10)
+	o.Return = Never
+	b.acquire(1, "B", 20, 300, 1000, 3)
+	r = check(t, b)
+	if len(r.Violations) != 0 {
+		t.Fatalf("violations: %v", r.Violations)
+	}
+	// ... but not with epoch 2 (a release moves the counter to 2, the grant to 3).
+	b.h.Ops[len(b.h.Ops)-1].OutEpoch = 2
+	r = check(t, b)
+	wantLin(t, r, porcupine.Illegal)
+}
+
+// A backward clock step: the server's raw time goes back, the stored expiry
+// does not; a renewal after the step can set an earlier expiry, and a
+// takeover after that is legal.
+func TestCheckClockStepBack(t *testing.T) {
+	b := &hb{}
+	b.acquire(0, "A", 0, 0, 1000, 1) // expires 1000
+	b.h.Faults = append(b.h.Faults, Fault{Kind: FaultClock, Start: 5 * int64(time.Millisecond), End: 6 * int64(time.Millisecond),
+		OffsetBefore: 0, OffsetAfter: int64(-5 * time.Second)})
+	b.renew(0, "A", 10, -4000, 1000, 1, SOk) // raw time -4000: expires -3000
+	b.acquire(1, "B", 20, -2900, 1000, 2)    // after that expiry
+	r := check(t, b)
+	if len(r.Violations) != 0 {
+		t.Fatalf("violations: %v", r.Violations)
+	}
+	wantLin(t, r, porcupine.Ok)
+	// Without the renewal, B cannot take it before raw 1000.
+	b = &hb{}
+	b.acquire(0, "A", 0, 0, 1000, 1)
+	b.h.Faults = append(b.h.Faults, Fault{Kind: FaultClock, Start: 5 * int64(time.Millisecond), End: 6 * int64(time.Millisecond),
+		OffsetBefore: 0, OffsetAfter: int64(-5 * time.Second)})
+	b.acquire(1, "B", 20, -2900, 1000, 2)
+	r = check(t, b)
+	wantLin(t, r, porcupine.Illegal)
+}
+
+func TestHistoryRoundTrip(t *testing.T) {
+	b := goodHistory()
+	var buf bytes.Buffer
+	if err := b.h.WriteJSONLines(&buf); err != nil {
+		t.Fatal(err)
+	}
+	h, err := ReadHistory(strings.NewReader(buf.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Ops) != len(b.h.Ops) {
+		t.Fatalf("read %d ops, wrote %d", len(h.Ops), len(b.h.Ops))
+	}
+}
+
+func TestPlanIsDeterministic(t *testing.T) {
+	a := Plan(7, time.Minute, AllFaults, 3)
+	b := Plan(7, time.Minute, AllFaults, 3)
+	if len(a) == 0 || len(a) != len(b) {
+		t.Fatalf("plans: %d, %d", len(a), len(b))
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			t.Fatalf("plan %d differs: %+v vs %+v", i, a[i], b[i])
+		}
+	}
+	kinds := map[string]bool{}
+	for _, f := range a {
+		kinds[f.Kind] = true
+	}
+	for _, k := range AllFaults {
+		if !kinds[k] {
+			t.Errorf("a one-minute plan has no %s fault", k)
+		}
+	}
+}

@@ -1,0 +1,84 @@
+package robustness
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/pglease/pg_lease/internal/pgtest"
+)
+
+func TestMain(m *testing.M) {
+	MaybeRunWorker() // the test binary is also the worker process
+	pgtest.Main(m)
+}
+
+// TestRobustness is the short run of make test: every fault kind for
+// $PGLEASE_ROBUSTNESS_DURATION (default 45 s; 15 s with -short), with a seed
+// from the clock unless $PGLEASE_ROBUSTNESS_SEED is set. A failure logs the
+// seed, the command that replays the schedule, and the offending operations;
+// the history is kept in $PGLEASE_ROBUSTNESS_OUT or a temporary file.
+func TestRobustness(t *testing.T) {
+	d := 45 * time.Second
+	if testing.Short() {
+		d = 15 * time.Second
+	}
+	if v := os.Getenv("PGLEASE_ROBUSTNESS_DURATION"); v != "" {
+		var err error
+		if d, err = time.ParseDuration(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seed := time.Now().UnixNano() % 1_000_000_007
+	if v := os.Getenv("PGLEASE_ROBUSTNESS_SEED"); v != "" {
+		var err error
+		if seed, err = strconv.ParseInt(v, 10, 64); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("seed %d; replay: PGLEASE_ROBUSTNESS_SEED=%d PGLEASE_ROBUSTNESS_DURATION=%v go test -count=1 -run TestRobustness ./test/robustness/", seed, seed, d)
+
+	ctx, cancel := context.WithTimeout(context.Background(), d+90*time.Second)
+	defer cancel()
+	h, err := Run(ctx, Config{Seed: seed, Duration: d, Clients: 6, Procs: 3, Keys: 3, Faults: AllFaults, Logf: t.Logf})
+	if err != nil {
+		t.Errorf("run: %v", err)
+	}
+	if h == nil || len(h.Ops) == 0 {
+		t.Fatal("no history")
+	}
+	res := Check(h, CheckOptions{LinTimeout: 20 * time.Second})
+	var buf bytes.Buffer
+	Summary(&buf, h, res)
+	t.Log("\n" + buf.String())
+
+	out := os.Getenv("PGLEASE_ROBUSTNESS_OUT")
+	if out == "" && len(res.Violations) > 0 {
+		out = filepath.Join(os.TempDir(), "pglease-robustness-"+strconv.FormatInt(seed, 10)+".json")
+	}
+	if out != "" {
+		if err := WriteHistoryFile(out, h); err != nil {
+			t.Error(err)
+		} else {
+			t.Logf("history written to %s (check again: go run ./cmd/pglease-robustness -check %s)", out, out)
+		}
+	}
+	if len(res.Violations) > 0 {
+		buf.Reset()
+		Report(&buf, h, res, 10)
+		t.Errorf("seed %d: %d violations\n%s", seed, len(res.Violations), buf.String())
+	}
+	// The run must have exercised what it claims to.
+	for _, k := range AllFaults {
+		if res.FaultsByKind[k] == 0 && d >= 30*time.Second {
+			t.Errorf("no %s fault was injected", k)
+		}
+	}
+	if res.OpsByKind[KAcquire][SGranted] == 0 || res.OpsByKind[KRenew][SOk] == 0 || res.OpsByKind[KGuard][SAccepted] == 0 {
+		t.Errorf("the workload made no progress: %v", res.OpsByKind)
+	}
+}
