@@ -1,0 +1,16 @@
+// Package failure is pg_lease's failure suite: one Go test per item of the
+// failure model (specs/FAILURE-MODEL.md), each on real throwaway PostgreSQL
+// servers of its own (internal/pgtest) that it stops, crashes, freezes,
+// exhausts or moves the clock of. The package has no code outside its tests
+// and the hung-holder helper (internal/holder).
+//
+// Every test can be run against a deliberately broken pg_lease, to show that
+// it fails when the property it claims is broken:
+//
+//	PGLEASE_FAILURE_BREAK=<name> go test ./test/failure -run <Test>
+//
+// installs, in each test database, the repository's install script with the
+// named break applied (as a plain schema, without touching the server's
+// extension directory). The breaks and the failures they cause are listed in
+// README.md.
+package failure

@@ -1,0 +1,355 @@
+package failure
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/pkg/lease"
+	pgleasesql "github.com/pglease/pg_lease/sql"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// slots bounds how many tests of this package run servers at once: the
+// machines this runs on have two cores, and `go test ./...` runs other
+// packages' servers at the same time. Timing-sensitive steps keep generous
+// margins anyway.
+var slots = make(chan struct{}, 4)
+
+func takeSlot(t *testing.T) {
+	t.Helper()
+	select {
+	case slots <- struct{}{}:
+	case <-time.After(5 * time.Minute):
+		t.Fatal("no server slot in 5 minutes")
+	}
+	t.Cleanup(func() { <-slots })
+}
+
+func ctxFor(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// env is a throwaway server of the test's own with pg_lease installed in
+// database "failure".
+type env struct {
+	srv *pgtest.Server
+	dsn string
+}
+
+const dbName = "failure"
+
+// newEnv starts a server (opts), creates database "failure" and installs
+// pg_lease there: CREATE EXTENSION from the repository's files, or, when
+// PGLEASE_FAILURE_BREAK names a break, the install script with that break
+// applied as a plain schema.
+func newEnv(t *testing.T, opts pgtest.Options) *env {
+	t.Helper()
+	takeSlot(t)
+	srv := pgtest.New(t, opts)
+	ctx := ctxFor(t, 2*time.Minute)
+	dsn, err := srv.CreateDatabase(ctx, dbName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{srv: srv, dsn: dsn}
+	conn := e.connect(t)
+	defer conn.Close(ctx)
+	if b := activeBreak(t); b != nil {
+		script, err := lease.SchemaScript(pgtest.Superuser)
+		if err != nil {
+			t.Fatal(err)
+		}
+		script = b.apply(t, script)
+		if _, err := conn.Exec(ctx, "BEGIN; "+script+"; COMMIT"); err != nil {
+			t.Fatalf("installing pg_lease with break %s: %v", b.name, err)
+		}
+		t.Logf("BREAK %s installed: %s", b.name, b.what)
+		return e
+	}
+	if err := srv.InstallExtensionFiles(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "CREATE EXTENSION pg_lease"); err != nil {
+		t.Fatal(err)
+	}
+	checkInstalledMatchesRepo(t, conn)
+	return e
+}
+
+// checkInstalledMatchesRepo fails the test when a function of the installed
+// extension is not the repository's: the extension directory is shared by
+// everything on this machine (sql/test/prove-breaks.sh overwrites it while
+// it runs), and a test must never pass or fail because of someone else's
+// break.
+func checkInstalledMatchesRepo(t *testing.T, conn *pgx.Conn) {
+	t.Helper()
+	script := pgleasesql.InstallScript()
+	rows, err := conn.Query(ctxFor(t, time.Minute), `SELECT p.proname, p.prosrc FROM pg_proc p
+		JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'lease'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for rows.Next() {
+		var name, src string
+		if err := rows.Scan(&name, &src); err != nil {
+			t.Fatal(err)
+		}
+		n++
+		if !strings.Contains(script, src) {
+			t.Fatalf("installed lease.%s is not the repository's (is sql/test/prove-breaks.sh running?)", name)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n < 10 {
+		t.Fatalf("only %d functions in schema lease", n)
+	}
+}
+
+func (e *env) connect(t testing.TB) *pgx.Conn {
+	t.Helper()
+	return connectDSN(t, e.dsn)
+}
+
+func connectDSN(t testing.TB, dsn string) *pgx.Conn {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnectTimeout = 5 * time.Second
+	conn, err := pgx.ConnectConfig(ctxFor(t, time.Minute), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	return conn
+}
+
+// client is a lease.Client on a connection of its own.
+func (e *env) client(t testing.TB) *lease.Client {
+	t.Helper()
+	return lease.New(e.connect(t))
+}
+
+func (e *env) pool(t testing.TB, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = maxConns
+	cfg.ConnConfig.ConnectTimeout = time.Second
+	pool, err := pgxpool.NewWithConfig(ctxFor(t, time.Minute), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// row is one raw row of lease.leases (read as the superuser, who owns it).
+type row struct {
+	Key                   string
+	Owner                 *string
+	Epoch                 int64
+	ExpiresAt, AcquiredAt time.Time
+	LapsedOwner           *string
+	LapsedEpoch           *int64
+}
+
+func (r row) String() string {
+	s := func(p *string) string {
+		if p == nil {
+			return "NULL"
+		}
+		return *p
+	}
+	le := "NULL"
+	if r.LapsedEpoch != nil {
+		le = fmt.Sprint(*r.LapsedEpoch)
+	}
+	return fmt.Sprintf("%s owner=%s epoch=%d expires=%s acquired=%s lapsed=%s/%s", r.Key, s(r.Owner), r.Epoch,
+		r.ExpiresAt.UTC().Format(time.RFC3339Nano), r.AcquiredAt.UTC().Format(time.RFC3339Nano), s(r.LapsedOwner), le)
+}
+
+func rawRows(t testing.TB, q lease.Querier) []string {
+	t.Helper()
+	rows, err := q.Query(ctxFor(t, time.Minute), `SELECT key, owner, epoch, expires_at, acquired_at, lapsed_owner, lapsed_epoch
+		FROM lease.leases ORDER BY key`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+		var x row
+		err := r.Scan(&x.Key, &x.Owner, &x.Epoch, &x.ExpiresAt, &x.AcquiredAt, &x.LapsedOwner, &x.LapsedEpoch)
+		return x.String(), err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rs
+}
+
+func rawRow(t testing.TB, q lease.Querier, key string) (row, bool) {
+	t.Helper()
+	var x row
+	err := q.QueryRow(ctxFor(t, time.Minute), `SELECT key, owner, epoch, expires_at, acquired_at, lapsed_owner, lapsed_epoch
+		FROM lease.leases WHERE key = $1`, key).
+		Scan(&x.Key, &x.Owner, &x.Epoch, &x.ExpiresAt, &x.AcquiredAt, &x.LapsedOwner, &x.LapsedEpoch)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return row{}, false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return x, true
+}
+
+// stateString is a State without ServerNow, for comparisons.
+func stateString(s lease.State) string {
+	exp := ""
+	if !s.ExpiresAt.IsZero() {
+		exp = s.ExpiresAt.UTC().Format(time.RFC3339Nano)
+	}
+	acq := ""
+	if !s.AcquiredAt.IsZero() {
+		acq = s.AcquiredAt.UTC().Format(time.RFC3339Nano)
+	}
+	return fmt.Sprintf("%s exists=%t held=%t owner=%q epoch=%d expires=%s acquired=%s",
+		s.Key, s.Exists, s.Held, s.Owner, s.Epoch, exp, acq)
+}
+
+func listStates(t testing.TB, c *lease.Client) []string {
+	t.Helper()
+	ss, err := c.List(ctxFor(t, time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = stateString(s)
+	}
+	return out
+}
+
+func inspect(t testing.TB, c *lease.Client, key string) lease.State {
+	t.Helper()
+	s, err := c.Inspect(ctxFor(t, time.Minute), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func mustAcquire(t testing.TB, c *lease.Client, key, owner string, ttl time.Duration) lease.Grant {
+	t.Helper()
+	g, ok, err := c.Acquire(ctxFor(t, time.Minute), key, owner, ttl)
+	if err != nil || !ok {
+		t.Fatalf("acquire %s by %s: ok=%t err=%v", key, owner, ok, err)
+	}
+	return g
+}
+
+func mustRelease(t testing.TB, c *lease.Client, g lease.Grant) {
+	t.Helper()
+	if err := c.Release(ctxFor(t, time.Minute), g.Token); err != nil {
+		t.Fatalf("release %v: %v", g.Token, err)
+	}
+}
+
+// waitServerPast blocks until the server's clock has passed ts, sleeping on
+// the server (sequencing on the server's own clock, not a local sleep).
+func waitServerPast(t testing.TB, q lease.Querier, ts time.Time) {
+	t.Helper()
+	ctx := ctxFor(t, time.Minute)
+	for {
+		var past bool
+		if err := q.QueryRow(ctx, `SELECT clock_timestamp() > $1::timestamptz`, ts).Scan(&past); err != nil {
+			t.Fatal(err)
+		}
+		if past {
+			return
+		}
+		if _, err := q.Exec(ctx,
+			`SELECT pg_sleep(least(1, greatest(0.0001, extract(epoch FROM $1::timestamptz - clock_timestamp())))::double precision)`,
+			ts); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// waitLocalPast sleeps until the local wall clock (the same host clock the
+// server reads, when the server's clock is not faked) has passed ts by
+// margin: for waits while the server is down.
+func waitLocalPast(ts time.Time, margin time.Duration) {
+	if d := time.Until(ts.Add(margin)); d > 0 {
+		time.Sleep(d)
+	}
+}
+
+// eventually polls cond every 10 ms until it holds or d passes.
+func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func pgCode(err error) string {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		return pg.Code
+	}
+	return ""
+}
+
+func pgMessage(err error) string {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		return pg.Message
+	}
+	return ""
+}
+
+// backendGone waits until pid is no longer in pg_stat_activity.
+func backendGone(t testing.TB, q lease.Querier, pid uint32) {
+	t.Helper()
+	eventually(t, 30*time.Second, fmt.Sprintf("backend %d to exit", pid), func() bool {
+		var n int
+		if err := q.QueryRow(ctxFor(t, time.Minute), `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, int64(pid)).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 0
+	})
+}
+
+// waitLapsed polls inspect until key is no longer held (lazy expiry as the
+// server evaluates it, whatever clock that is).
+func waitLapsed(t testing.TB, c *lease.Client, key string, within time.Duration) lease.State {
+	t.Helper()
+	var s lease.State
+	eventually(t, within, key+" to lapse", func() bool {
+		s = inspect(t, c, key)
+		return s.Exists && !s.Held
+	})
+	return s
+}
