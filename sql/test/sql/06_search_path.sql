@@ -11,6 +11,8 @@ CREATE FUNCTION regress_pglease_clock.clock_timestamp() RETURNS timestamptz
 CREATE FUNCTION regress_pglease_clock.now() RETURNS timestamptz
   LANGUAGE sql AS $$ SELECT timestamptz '2000-01-01 00:00:00+00' $$;
 SET search_path = regress_pglease_clock, pg_catalog, public;
+-- (a function that took the shadowing clock could wait forever: bound it)
+SET statement_timeout = '10s';
 -- the shadowing works for unqualified calls in this session
 SELECT clock_timestamp() = '2000-01-01 00:00:00+00' AS shadowed_clock,
        now() = '2000-01-01 00:00:00+00' AS shadowed_now;
@@ -45,4 +47,5 @@ SELECT key, acquired_at > timestamptz '2020-01-01' AS real_acquired_at
   FROM lease.leases WHERE key LIKE 'sp-%' ORDER BY key;
 
 RESET search_path;
+RESET statement_timeout;
 DROP SCHEMA regress_pglease_clock CASCADE;
