@@ -1,0 +1,473 @@
+// Command handoff measures leader handoff and takeover latency, same machine,
+// same run, for three electors:
+//
+//	elector        pkg/elector (with a lease.Waiter) over pg_lease
+//	clientgo-pg    client-go's leaderelection with pkg/resourcelock's Lock
+//	clientgo-k8s   client-go's leaderelection with its LeaseLock on a real
+//	               kube-apiserver + etcd (envtest, binaries from
+//	               hack/build-control-plane.sh, as test/e2e does)
+//
+// A trial starts candidate A, waits until it leads, starts candidate B and
+// waits until B has observed A as leader, then:
+//
+//	handoff   cancels A's context (a graceful resignation: A releases) and
+//	          times until B's OnStartedLeading is called;
+//	takeover  crashes A (its connections fail from that instant, nothing is
+//	          released) and times until B's OnStartedLeading is called.
+//
+// For the pg_lease electors, takeover trials also record the detection
+// latency on the server's clock: the new grant's acquired_at minus the
+// crashed grant's final expires_at.
+//
+// Every elector uses TTL (LeaseDuration) 1 s. Results: handoff.json,
+// handoff.md and handoff.svg (ECDFs) in -out.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/jackc/pgx/v5/pgxpool"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/leaderelection"
+	k8slock "k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/pglease/pg_lease/bench/internal/benchutil"
+	"github.com/pglease/pg_lease/pkg/elector"
+	"github.com/pglease/pg_lease/pkg/lease"
+	pgrl "github.com/pglease/pg_lease/pkg/resourcelock"
+)
+
+const ttl = time.Second
+
+var (
+	out      = flag.String("out", "bench/results/handoff", "results folder")
+	trials   = flag.Int("trials", 60, "trials per scenario and elector")
+	systemsF = flag.String("systems", "elector,clientgo-pg,clientgo-k8s", "electors to measure")
+	// client-go timings, scaled from its defaults (15 s / 10 s / 2 s) to a 1 s lease.
+	renewDeadline = flag.Duration("renew-deadline", 700*time.Millisecond, "client-go RenewDeadline")
+	retryPeriod   = flag.Duration("retry-period", 100*time.Millisecond, "client-go RetryPeriod")
+)
+
+// candidate is one running election participant.
+type candidate struct {
+	id       string
+	led      chan time.Time // OnStartedLeading calls
+	observed chan struct{}  // closed when another leader was observed
+	done     chan struct{}  // closed when Run returned
+	cancel   context.CancelFunc
+	crash    func() // from now on every call of this candidate fails
+}
+
+func newCandidate(id string) *candidate {
+	return &candidate{id: id, led: make(chan time.Time, 4), observed: make(chan struct{}), done: make(chan struct{})}
+}
+
+func (c *candidate) observe(identity string) {
+	if identity != "" && identity != c.id {
+		select {
+		case <-c.observed:
+		default:
+			close(c.observed)
+		}
+	}
+}
+
+type system struct {
+	name  string
+	start func(ctx context.Context, id string) (*candidate, error)
+	// pg: the key's row, to read server times; nil for the API server.
+	pg  *pgxpool.Pool
+	key string
+}
+
+type trialResult struct {
+	System   string  `json:"system"`
+	Scenario string  `json:"scenario"`
+	Ms       float64 `json:"ms"`
+	DetectMs float64 `json:"detect_ms,omitempty"` // takeover, pg: acquired_at - crashed expires_at (server clock)
+}
+
+func main() {
+	flag.Parse()
+	log.SetFlags(log.Ltime)
+	klog.SetLogger(logr.Discard())
+	ctx := context.Background()
+
+	s, err := benchutil.StartServer(ctx, map[string]string{"max_connections": "100"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close()
+	dsn, err := benchutil.CreateDB(ctx, s, "handoff")
+	if err != nil {
+		log.Fatal(err)
+	}
+	si, err := benchutil.ReadServerInfo(ctx, dsn)
+	if err != nil {
+		log.Fatal(err)
+	}
+	obs, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer obs.Close()
+
+	var systems []*system
+	for _, name := range strings.Split(*systemsF, ",") {
+		switch name {
+		case "elector":
+			systems = append(systems, &system{name: name, start: electorCandidate(dsn, "bench-elector"), pg: obs, key: "bench-elector"})
+		case "clientgo-pg":
+			systems = append(systems, &system{name: name, start: clientgoPGCandidate(dsn, "bench-clientgo"), pg: obs, key: "bench-clientgo"})
+		case "clientgo-k8s":
+			cfg, stop, err := startControlPlane()
+			if err != nil {
+				log.Fatalf("control plane: %v", err)
+			}
+			defer stop()
+			systems = append(systems, &system{name: name, start: clientgoK8sCandidate(cfg)})
+		default:
+			log.Fatalf("unknown system %q", name)
+		}
+	}
+
+	var results []trialResult
+	failures := map[string]int{}
+	for i := 0; i < *trials; i++ {
+		for _, scenario := range []string{"handoff", "takeover"} {
+			for _, sys := range systems {
+				r, err := trial(ctx, sys, scenario, i)
+				if err != nil {
+					failures[sys.name+"/"+scenario]++
+					log.Printf("%s %s trial %d: %v", sys.name, scenario, i, err)
+					continue
+				}
+				results = append(results, r)
+			}
+		}
+		if i%10 == 0 {
+			log.Printf("trial %d/%d done (load %.2f)", i+1, *trials, benchutil.LoadAvg())
+		}
+	}
+
+	type summary struct {
+		System   string          `json:"system"`
+		Scenario string          `json:"scenario"`
+		Stats    benchutil.Stats `json:"stats_ms"`
+		Detect   benchutil.Stats `json:"detect_stats_ms,omitempty"`
+		Failures int             `json:"failures"`
+	}
+	var sums []summary
+	var md strings.Builder
+	fmt.Fprintf(&md, "\n### Handoff and takeover (TTL 1 s; client-go RenewDeadline %v, RetryPeriod %v)\n\n", *renewDeadline, *retryPeriod)
+	fmt.Fprintf(&md, "| elector | scenario | trials | p50 ms | p95 ms | p99 ms | max ms | server-side detection p50 / p99 ms |\n|---|---|---|---|---|---|---|---|\n")
+	panels := []benchutil.Panel{
+		{Title: "graceful handoff: resign → next leader's OnStartedLeading", Marks: map[string]float64{"target p99 10 ms (pkg/elector)": 10}},
+		{Title: "takeover: holder crash → next leader's OnStartedLeading", Marks: map[string]float64{"TTL": 1000, "TTL+25 ms": 1025}},
+	}
+	for pi, scenario := range []string{"handoff", "takeover"} {
+		for _, sys := range systems {
+			var ms, det []float64
+			for _, r := range results {
+				if r.System == sys.name && r.Scenario == scenario {
+					ms = append(ms, r.Ms)
+					if r.Scenario == "takeover" && sys.pg != nil {
+						det = append(det, r.DetectMs)
+					}
+				}
+			}
+			st := benchutil.Summarize(ms)
+			dt := benchutil.Summarize(det)
+			sums = append(sums, summary{System: sys.name, Scenario: scenario, Stats: st, Detect: dt, Failures: failures[sys.name+"/"+scenario]})
+			d := "–"
+			if dt.N > 0 {
+				d = fmt.Sprintf("%.1f / %.1f", dt.P50, dt.P99)
+			}
+			fmt.Fprintf(&md, "| %s | %s | %d (%d failed) | %.1f | %.1f | %.1f | %.1f | %s |\n", sys.name, scenario, st.N, failures[sys.name+"/"+scenario],
+				st.P50, st.P95, st.P99, st.Max, d)
+			vals := make([]float64, len(ms))
+			for j, v := range ms {
+				vals[j] = v
+			}
+			panels[pi].Series = append(panels[pi].Series, benchutil.Series{Name: sys.name, Values: vals})
+		}
+	}
+	fmt.Print(md.String())
+	if err := benchutil.WriteJSON(*out, "handoff.json", map[string]any{"server": si, "ttl_ms": ttl.Milliseconds(),
+		"clientgo_renew_deadline_ms": renewDeadline.Milliseconds(), "clientgo_retry_period_ms": retryPeriod.Milliseconds(),
+		"summary": sums, "trials": results}); err != nil {
+		log.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(*out, "handoff.md"), []byte(md.String()), 0o644); err != nil {
+		log.Fatal(err)
+	}
+	svg := benchutil.ECDFSVG(fmt.Sprintf("Leader handoff and takeover latency, TTL 1 s (%s)", time.Now().UTC().Format("2006-01-02")), panels)
+	if err := os.WriteFile(filepath.Join(*out, "handoff.svg"), []byte(svg), 0o644); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func wait[T any](ch <-chan T, d time.Duration, what string) (T, error) {
+	var zero T
+	select {
+	case v := <-ch:
+		return v, nil
+	case <-time.After(d):
+		return zero, fmt.Errorf("timed out after %v waiting for %s", d, what)
+	}
+}
+
+func waitClosed(ch <-chan struct{}, d time.Duration, what string) error {
+	select {
+	case <-ch:
+		return nil
+	case <-time.After(d):
+		return fmt.Errorf("timed out after %v waiting for %s", d, what)
+	}
+}
+
+func trial(ctx context.Context, sys *system, scenario string, i int) (trialResult, error) {
+	r := trialResult{System: sys.name, Scenario: scenario}
+	a, err := sys.start(ctx, fmt.Sprintf("%s-a-%s-%d", sys.name, scenario, i))
+	if err != nil {
+		return r, err
+	}
+	defer func() { a.cancel(); <-a.done }()
+	if _, err := wait(a.led, 10*time.Second, "A to lead"); err != nil {
+		return r, err
+	}
+	b, err := sys.start(ctx, fmt.Sprintf("%s-b-%s-%d", sys.name, scenario, i))
+	if err != nil {
+		return r, err
+	}
+	defer func() { b.cancel(); <-b.done }()
+	if err := waitClosed(b.observed, 10*time.Second, "B to observe A"); err != nil {
+		return r, err
+	}
+	time.Sleep(50 * time.Millisecond) // B settles into its wait
+	var t0 time.Time
+	var crashedExpiry time.Time
+	if scenario == "handoff" {
+		t0 = time.Now()
+		a.cancel()
+	} else {
+		t0 = time.Now()
+		a.crash()
+		if sys.pg != nil {
+			if err := sys.pg.QueryRow(ctx, `SELECT expires_at FROM lease.leases WHERE key = $1`, sys.key).Scan(&crashedExpiry); err != nil {
+				return r, err
+			}
+		}
+		a.cancel()
+	}
+	t1, err := wait(b.led, 5*ttl, "B to lead")
+	if err != nil {
+		return r, err
+	}
+	r.Ms = float64(t1.Sub(t0)) / float64(time.Millisecond)
+	if scenario == "takeover" && sys.pg != nil {
+		var acquired time.Time
+		if err := sys.pg.QueryRow(ctx, `SELECT acquired_at FROM lease.leases WHERE key = $1`, sys.key).Scan(&acquired); err != nil {
+			return r, err
+		}
+		r.DetectMs = float64(acquired.Sub(crashedExpiry)) / float64(time.Millisecond)
+	}
+	return r, nil
+}
+
+// ---- pkg/elector ----
+
+func electorCandidate(dsn, key string) func(context.Context, string) (*candidate, error) {
+	return func(ctx context.Context, id string) (*candidate, error) {
+		c := newCandidate(id)
+		pool, err := pgxpool.New(ctx, dsn)
+		if err != nil {
+			return nil, err
+		}
+		w, err := lease.NewWaiter(ctx, dsn, lease.WaiterOptions{})
+		if err != nil {
+			pool.Close()
+			return nil, err
+		}
+		client := lease.New(pool)
+		el, err := elector.New(client, elector.Config{
+			Key: key, Identity: id, TTL: ttl,
+			Waiter: elector.LeaseWaiter(w, client),
+			Callbacks: elector.Callbacks{
+				OnStartedLeading: func(ctx context.Context) {
+					c.led <- time.Now()
+					<-ctx.Done()
+				},
+				OnNewLeader: func(identity string, _ int64) { c.observe(identity) },
+			},
+		})
+		if err != nil {
+			w.Close()
+			pool.Close()
+			return nil, err
+		}
+		runCtx, cancel := context.WithCancel(ctx)
+		c.cancel = cancel
+		var crashed atomic.Bool
+		c.crash = func() {
+			crashed.Store(true)
+			pool.Close() // waits for calls in flight; every later call fails
+			w.Close()
+		}
+		go func() {
+			defer close(c.done)
+			_ = el.Run(runCtx)
+			if !crashed.Load() {
+				w.Close()
+				pool.Close()
+			}
+		}()
+		return c, nil
+	}
+}
+
+// ---- client-go's elector over pkg/resourcelock ----
+
+func clientgoPGCandidate(dsn, key string) func(context.Context, string) (*candidate, error) {
+	return func(ctx context.Context, id string) (*candidate, error) {
+		pool, err := pgxpool.New(ctx, dsn)
+		if err != nil {
+			return nil, err
+		}
+		lock, err := pgrl.New(lease.New(pool), key, id, pgrl.WithLeaseDuration(ttl))
+		if err != nil {
+			pool.Close()
+			return nil, err
+		}
+		return runClientGo(ctx, id, lock, pool.Close, func() {})
+	}
+}
+
+// ---- client-go's elector over its LeaseLock on the API server ----
+
+// crashTransport fails every request once crashed is set.
+type crashTransport struct {
+	rt      http.RoundTripper
+	crashed *atomic.Bool
+}
+
+func (t crashTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if t.crashed.Load() {
+		return nil, errors.New("crashed")
+	}
+	return t.rt.RoundTrip(req)
+}
+
+func clientgoK8sCandidate(base *rest.Config) func(context.Context, string) (*candidate, error) {
+	return func(ctx context.Context, id string) (*candidate, error) {
+		cfg := rest.CopyConfig(base)
+		cfg.QPS, cfg.Burst = 1000, 1000
+		cfg.Timeout = 5 * time.Second
+		var crashed atomic.Bool
+		cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return crashTransport{rt: rt, crashed: &crashed} })
+		cs, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return nil, err
+		}
+		lock := &k8slock.LeaseLock{
+			LeaseMeta:  metav1.ObjectMeta{Namespace: "default", Name: "bench-clientgo"},
+			Client:     cs.CoordinationV1(),
+			LockConfig: k8slock.ResourceLockConfig{Identity: id},
+		}
+		return runClientGo(ctx, id, lock, func() {}, func() { crashed.Store(true) })
+	}
+}
+
+func runClientGo(ctx context.Context, id string, lock k8slock.Interface, closeFn, crashFn func()) (*candidate, error) {
+	c := newCandidate(id)
+	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+		Lock: lock, ReleaseOnCancel: true, Name: id,
+		LeaseDuration: ttl, RenewDeadline: *renewDeadline, RetryPeriod: *retryPeriod,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(ctx context.Context) {
+				c.led <- time.Now()
+				<-ctx.Done()
+			},
+			OnStoppedLeading: func() {},
+			OnNewLeader:      c.observe,
+		},
+	})
+	if err != nil {
+		closeFn()
+		return nil, err
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	c.cancel = cancel
+	var crashed atomic.Bool
+	c.crash = func() { crashed.Store(true); crashFn(); closeFn() }
+	go func() {
+		defer close(c.done)
+		le.Run(runCtx)
+		if !crashed.Load() {
+			closeFn()
+		}
+	}()
+	return c, nil
+}
+
+// startControlPlane starts etcd + kube-apiserver through envtest from the
+// binaries hack/build-control-plane.sh builds (cached), on loopback, the way
+// test/e2e's StartControlPlane does (that helper lives in a _test.go file and
+// cannot be imported).
+func startControlPlane() (*rest.Config, func(), error) {
+	outb, err := exec.Command("bash", "hack/build-control-plane.sh").Output()
+	if err != nil {
+		return nil, nil, fmt.Errorf("hack/build-control-plane.sh (run from the repository root): %w", err)
+	}
+	dir := strings.TrimSpace(string(outb))
+	logDir, err := os.MkdirTemp("", "pglease-bench-cp-")
+	if err != nil {
+		return nil, nil, err
+	}
+	logf, err := os.Create(filepath.Join(logDir, "controlplane.log"))
+	if err != nil {
+		return nil, nil, err
+	}
+	no := false
+	env := &envtest.Environment{
+		BinaryAssetsDirectory: dir, UseExistingCluster: &no, DownloadBinaryAssets: false,
+		ControlPlaneStartTimeout: 2 * time.Minute, ControlPlaneStopTimeout: time.Minute,
+		ControlPlane: envtest.ControlPlane{
+			Etcd:      &envtest.Etcd{Path: filepath.Join(dir, "etcd"), Out: logf, Err: logf},
+			APIServer: &envtest.APIServer{Path: filepath.Join(dir, "kube-apiserver"), Out: logf, Err: logf},
+		},
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		_ = env.Stop()
+		return nil, nil, err
+	}
+	if !strings.Contains(cfg.Host, "127.0.0.1") && !strings.Contains(cfg.Host, "localhost") {
+		_ = env.Stop()
+		return nil, nil, fmt.Errorf("control plane serves on %s, want loopback", cfg.Host)
+	}
+	log.Printf("control plane up at %s", cfg.Host)
+	return cfg, func() {
+		if err := env.Stop(); err != nil {
+			log.Printf("stopping control plane: %v", err)
+		}
+		logf.Close()
+		os.RemoveAll(logDir)
+	}, nil
+}

@@ -1,0 +1,406 @@
+// Command pgbench runs the seed's pgbench workloads against pg_lease and
+// bare-SQL baselines of the same shape, in the same run, on throwaway servers:
+//
+//	W1-cycle   acquire + renew + release of a private key (3 commits)
+//	W2-contend one acquire attempt on one of 4 shared keys (TTL 2 ms)
+//	R          one renewal of a private held key
+//
+// each beside <w>_bare (hand-written UPDATEs on a plain table of the same
+// shape) and <w>_select1 (SELECT 1 per statement), at each client count, in
+// durable mode (fsync on) and statement-cost mode (fsync off). Latencies come
+// from pgbench's per-transaction logs (-l). In statement-cost mode it also
+// times scratch variants of lease.renew (scratch.sql) and profiles W1 with
+// pg_stat_statements (track = all).
+//
+//	go run ./bench/pgbench -out bench/results/x -duration 8s
+package main
+
+import (
+	"bufio"
+	"context"
+	"embed"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pglease/pg_lease/bench/internal/benchutil"
+	"github.com/pglease/pg_lease/internal/pgtest"
+)
+
+//go:embed scripts/*.sql scratch.sql
+var files embed.FS
+
+type run struct {
+	Mode     string          `json:"mode"`
+	Workload string          `json:"workload"`
+	Clients  int             `json:"clients"`
+	TPS      float64         `json:"tps"`
+	Lat      benchutil.Stats `json:"latency"`
+	Grants   int64           `json:"grants,omitempty"` // W2: takeovers that happened
+	Load     float64         `json:"load1_after"`
+}
+
+type modeResult struct {
+	Mode    string               `json:"mode"`
+	Server  benchutil.ServerInfo `json:"server"`
+	Runs    []run                `json:"runs"`
+	Profile []profileRow         `json:"profile,omitempty"`
+	Extra   map[string]any       `json:"extra,omitempty"`
+}
+
+type profileRow struct {
+	Query    string  `json:"query"`
+	Toplevel bool    `json:"toplevel"`
+	Calls    int64   `json:"calls"`
+	MeanMs   float64 `json:"mean_ms"`
+	TotalMs  float64 `json:"total_ms"`
+}
+
+var (
+	out      = flag.String("out", "bench/results/pgbench", "results folder")
+	duration = flag.Duration("duration", 8*time.Second, "time per workload and client count (split over -rounds)")
+	rounds   = flag.Int("rounds", 2, "interleaved rounds per cell")
+	clientsF = flag.String("clients", "1,4,16", "client counts")
+	modesF   = flag.String("modes", "durable,stmt", "durable (fsync on) and/or stmt (fsync off)")
+	variants = flag.Bool("variants", true, "time scratch variants of lease.renew and profile W1 (stmt mode)")
+)
+
+func main() {
+	flag.Parse()
+	log.SetFlags(log.Ltime)
+	ctx := context.Background()
+	var clients []int
+	for _, f := range strings.Split(*clientsF, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil {
+			log.Fatalf("-clients: %v", err)
+		}
+		clients = append(clients, n)
+	}
+	tmp, err := os.MkdirTemp("", "pglease-pgbench-")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(tmp)
+	var results []modeResult
+	for _, mode := range strings.Split(*modesF, ",") {
+		r, err := runMode(ctx, mode, clients, tmp)
+		if err != nil {
+			log.Fatalf("%s: %v", mode, err)
+		}
+		results = append(results, r)
+		if err := benchutil.WriteJSON(*out, "pgbench.json", results); err != nil {
+			log.Fatal(err)
+		}
+	}
+	md := report(results)
+	fmt.Print(md)
+	if err := os.WriteFile(filepath.Join(*out, "pgbench.md"), []byte(md), 0o644); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func runMode(ctx context.Context, mode string, clients []int, tmp string) (modeResult, error) {
+	res := modeResult{Mode: mode, Extra: map[string]any{}}
+	settings := map[string]string{
+		"shared_preload_libraries": "pg_stat_statements",
+		"pg_stat_statements.track": "none",
+		"max_connections":          "60",
+	}
+	switch mode {
+	case "durable":
+		settings["fsync"] = "on"
+	case "stmt":
+		settings["fsync"] = "off"
+	default:
+		return res, fmt.Errorf("unknown mode %q", mode)
+	}
+	s, err := benchutil.StartServer(ctx, settings)
+	if err != nil {
+		return res, err
+	}
+	defer s.Close()
+	scratch, _ := files.ReadFile("scratch.sql")
+	dsn, err := benchutil.CreateDB(ctx, s, "bench",
+		`CREATE EXTENSION pg_stat_statements`,
+		`CREATE SCHEMA bench`,
+		`CREATE TABLE bench.bare (key text NOT NULL PRIMARY KEY, owner text, epoch bigint NOT NULL CHECK (epoch >= 1),
+		   expires_at timestamptz NOT NULL, acquired_at timestamptz NOT NULL, lapsed_owner text, lapsed_epoch bigint)
+		   WITH (fillfactor = 50)`,
+		`INSERT INTO bench.bare (key, epoch, expires_at, acquired_at)
+		   SELECT 'w1-' || g, 1, now(), now() FROM generate_series(0, 63) g
+		   UNION ALL SELECT 'w2-' || g, 1, now(), now() FROM generate_series(1, 4) g`,
+		`INSERT INTO bench.bare (key, owner, epoch, expires_at, acquired_at)
+		   SELECT 'r-' || g, 'c' || g, 1, now() + interval '100 h', now() FROM generate_series(0, 63) g`,
+		`SELECT count(*) FROM generate_series(0, 63) g, lease.acquire('r-' || g, 'c' || g, interval '100 h') a WHERE a.acquired AND a.epoch = 1`,
+		string(scratch),
+	)
+	if err != nil {
+		return res, err
+	}
+	if res.Server, err = benchutil.ReadServerInfo(ctx, dsn); err != nil {
+		return res, err
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return res, err
+	}
+	defer conn.Close(ctx)
+	log.Printf("%s: %s fsync=%s", mode, res.Server.Version, res.Server.Fsync)
+
+	// Warm-up: create the W1 and W2 keys of pg_lease and fill the caches.
+	for _, w := range []string{"w1_lease", "w1_bare", "w2_lease", "w2_bare", "r_lease", "r_bare"} {
+		if _, err := pgbench(s, tmp, w, 16, time.Second, nil); err != nil {
+			return res, err
+		}
+	}
+
+	main := []string{"w1_lease", "w1_bare", "w1_select1", "w2_lease", "w2_bare", "w2_select1", "r_lease", "r_bare", "r_select1"}
+	per := *duration / time.Duration(*rounds)
+	for _, c := range clients {
+		lat := map[string][]float64{}
+		tps := map[string]float64{}
+		grants := map[string]int64{}
+		for r := 0; r < *rounds; r++ {
+			for _, w := range main {
+				before := w2Epochs(ctx, conn, w)
+				xs, err := pgbench(s, tmp, w, c, per, nil)
+				if err != nil {
+					return res, err
+				}
+				grants[w] += w2Epochs(ctx, conn, w) - before
+				lat[w] = append(lat[w], xs.lat...)
+				tps[w] += xs.tps / float64(*rounds)
+			}
+		}
+		for _, w := range main {
+			st := benchutil.Summarize(lat[w])
+			res.Runs = append(res.Runs, run{Mode: mode, Workload: w, Clients: c, TPS: tps[w], Lat: st, Grants: grants[w], Load: benchutil.LoadAvg()})
+			log.Printf("%s c=%d %-11s tps=%8.0f p50=%7.0fus p95=%7.0fus p99=%7.0fus grants=%d", mode, c, w, tps[w], st.P50, st.P95, st.P99, grants[w])
+		}
+	}
+
+	if mode == "stmt" && *variants {
+		vs := []string{"r_lease", "r_nosubtx", "r_nosp", "r_noval", "r_nonotify", "r_min", "r_bare", "r_select1"}
+		lat := map[string][]float64{}
+		tps := map[string]float64{}
+		for r := 0; r < *rounds; r++ {
+			for _, w := range vs {
+				xs, err := pgbench(s, tmp, w, 1, per, nil)
+				if err != nil {
+					return res, err
+				}
+				lat[w] = append(lat[w], xs.lat...)
+				tps[w] += xs.tps / float64(*rounds)
+			}
+			// The whole W1 cycle with NOTIFY turned off by the documented setting.
+			xs, err := pgbench(s, tmp, "w1_lease", 1, per, []string{"PGOPTIONS=-c pg_lease.notify=off"})
+			if err != nil {
+				return res, err
+			}
+			lat["w1_lease_notify_off"] = append(lat["w1_lease_notify_off"], xs.lat...)
+			tps["w1_lease_notify_off"] += xs.tps / float64(*rounds)
+		}
+		for _, w := range append(vs, "w1_lease_notify_off") {
+			st := benchutil.Summarize(lat[w])
+			res.Runs = append(res.Runs, run{Mode: mode + "-variants", Workload: w, Clients: 1, TPS: tps[w], Lat: st, Load: benchutil.LoadAvg()})
+			log.Printf("%s variants %-20s tps=%8.0f p50=%7.0fus p99=%7.0fus", mode, w, tps[w], st.P50, st.P99)
+		}
+		prof, err := profile(ctx, s, conn, tmp, per)
+		if err != nil {
+			return res, err
+		}
+		res.Profile = prof
+	}
+	return res, nil
+}
+
+// w2Epochs is the sum of the W2 keys' epochs in the table workload w writes
+// (each takeover adds one), or 0 for other workloads.
+func w2Epochs(ctx context.Context, conn *pgx.Conn, w string) int64 {
+	var q string
+	switch w {
+	case "w2_lease":
+		q = `SELECT coalesce(sum(epoch), 0) FROM lease.leases WHERE key LIKE 'w2-%'`
+	case "w2_bare":
+		q = `SELECT coalesce(sum(epoch), 0) FROM bench.bare WHERE key LIKE 'w2-%'`
+	default:
+		return 0
+	}
+	var n int64
+	if err := conn.QueryRow(ctx, q).Scan(&n); err != nil {
+		log.Printf("w2 epochs: %v", err)
+	}
+	return n
+}
+
+type pgbenchOut struct {
+	tps float64
+	lat []float64
+}
+
+var tpsRe = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
+
+func pgbench(s *pgtest.Server, tmp, workload string, clients int, d time.Duration, env []string) (pgbenchOut, error) {
+	var o pgbenchOut
+	script, err := files.ReadFile("scripts/" + workload + ".sql")
+	if err != nil {
+		return o, err
+	}
+	scriptPath := filepath.Join(tmp, workload+".sql")
+	if err := os.WriteFile(scriptPath, script, 0o644); err != nil {
+		return o, err
+	}
+	logDir, err := os.MkdirTemp(tmp, "log-")
+	if err != nil {
+		return o, err
+	}
+	defer os.RemoveAll(logDir)
+	jobs := 1
+	if clients >= 4 {
+		jobs = 2
+	}
+	secs := int(d.Round(time.Second) / time.Second)
+	if secs < 1 {
+		secs = 1
+	}
+	args := []string{"-n", "-M", "prepared", "-c", strconv.Itoa(clients), "-j", strconv.Itoa(jobs),
+		"-T", strconv.Itoa(secs), "-D", "e=1", "-f", scriptPath, "-l", "--log-prefix", filepath.Join(logDir, "tx"),
+		"-h", s.SocketDir(), "-p", strconv.Itoa(s.Port()), "-U", "postgres", "bench"}
+	cmd := exec.Command(pgbenchBin(s), args...)
+	cmd.Env = append(os.Environ(), env...)
+	outb, err := cmd.CombinedOutput()
+	if err != nil {
+		return o, fmt.Errorf("pgbench %s: %v\n%s", workload, err, outb)
+	}
+	if m := tpsRe.FindSubmatch(outb); m != nil {
+		o.tps, _ = strconv.ParseFloat(string(m[1]), 64)
+	}
+	logs, _ := filepath.Glob(filepath.Join(logDir, "tx.*"))
+	for _, p := range logs {
+		f, err := os.Open(p)
+		if err != nil {
+			return o, err
+		}
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			fs := strings.Fields(sc.Text())
+			if len(fs) < 3 {
+				continue
+			}
+			us, err := strconv.ParseFloat(fs[2], 64)
+			if err == nil {
+				o.lat = append(o.lat, us)
+			}
+		}
+		f.Close()
+	}
+	if len(o.lat) == 0 {
+		return o, fmt.Errorf("pgbench %s: no transactions logged\n%s", workload, outb)
+	}
+	return o, nil
+}
+
+func pgbenchBin(s *pgtest.Server) string {
+	if p := filepath.Join(s.BinDir(), "pgbench"); fileExists(p) {
+		return p
+	}
+	return "pgbench"
+}
+
+func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+// profile runs W1 (1 client) with pg_stat_statements tracking nested
+// statements and returns the statements by total time.
+func profile(ctx context.Context, s *pgtest.Server, conn *pgx.Conn, tmp string, d time.Duration) ([]profileRow, error) {
+	if _, err := conn.Exec(ctx, `ALTER DATABASE bench SET pg_stat_statements.track = 'all'`); err != nil {
+		return nil, err
+	}
+	defer conn.Exec(ctx, `ALTER DATABASE bench RESET pg_stat_statements.track`)
+	if _, err := conn.Exec(ctx, `SELECT pg_stat_statements_reset()`); err != nil {
+		return nil, err
+	}
+	for _, w := range []string{"w1_lease", "w1_bare"} {
+		if _, err := pgbench(s, tmp, w, 1, d, nil); err != nil {
+			return nil, err
+		}
+	}
+	rows, err := conn.Query(ctx, `SELECT regexp_replace(query, '\s+', ' ', 'g'), toplevel, calls, mean_exec_time, total_exec_time
+		FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = 'bench') AND calls > 100
+		ORDER BY total_exec_time DESC LIMIT 30`)
+	if err != nil {
+		return nil, err
+	}
+	var out []profileRow
+	for rows.Next() {
+		var r profileRow
+		if err := rows.Scan(&r.Query, &r.Toplevel, &r.Calls, &r.MeanMs, &r.TotalMs); err != nil {
+			return nil, err
+		}
+		if len(r.Query) > 160 {
+			r.Query = r.Query[:160] + "…"
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+func report(results []modeResult) string {
+	var b strings.Builder
+	for _, m := range results {
+		fmt.Fprintf(&b, "\n### pgbench, %s mode (fsync=%s, synchronous_commit=%s)\n\n", m.Mode, m.Server.Fsync, m.Server.SynchronousCommit)
+		fmt.Fprintf(&b, "| workload | clients | tps | p50 µs | p95 µs | p99 µs | ratio p50 | ratio p95 | ratio p99 | W2 grants |\n|---|---|---|---|---|---|---|---|---|---|\n")
+		base := map[string]run{}
+		for _, r := range m.Runs {
+			base[fmt.Sprintf("%s/%d", r.Workload, r.Clients)] = r
+		}
+		for _, r := range m.Runs {
+			if strings.HasSuffix(r.Mode, "-variants") {
+				continue
+			}
+			ratio := ""
+			if strings.HasSuffix(r.Workload, "_lease") {
+				bw := strings.TrimSuffix(r.Workload, "_lease") + "_bare"
+				if bb, ok := base[fmt.Sprintf("%s/%d", bw, r.Clients)]; ok {
+					ratio = fmt.Sprintf("%.2f× | %.2f× | %.2f×", r.Lat.P50/bb.Lat.P50, r.Lat.P95/bb.Lat.P95, r.Lat.P99/bb.Lat.P99)
+				}
+			}
+			if ratio == "" {
+				ratio = " | | "
+			}
+			g := ""
+			if strings.HasPrefix(r.Workload, "w2_") && !strings.HasSuffix(r.Workload, "select1") {
+				g = fmt.Sprintf("%d (%.0f%%)", r.Grants, 100*float64(r.Grants)/float64(r.Lat.N))
+			}
+			fmt.Fprintf(&b, "| %s | %d | %.0f | %.0f | %.0f | %.0f | %s | %s |\n", r.Workload, r.Clients, r.TPS, r.Lat.P50, r.Lat.P95, r.Lat.P99, ratio, g)
+		}
+		var vr []run
+		for _, r := range m.Runs {
+			if strings.HasSuffix(r.Mode, "-variants") {
+				vr = append(vr, r)
+			}
+		}
+		if len(vr) > 0 {
+			fmt.Fprintf(&b, "\n#### lease.renew timing variants (1 client, %s mode)\n\n| variant | tps | mean µs | p50 µs | p99 µs |\n|---|---|---|---|---|\n", m.Mode)
+			for _, r := range vr {
+				fmt.Fprintf(&b, "| %s | %.0f | %.1f | %.0f | %.0f |\n", r.Workload, r.TPS, r.Lat.Mean, r.Lat.P50, r.Lat.P99)
+			}
+		}
+		if len(m.Profile) > 0 {
+			fmt.Fprintf(&b, "\n#### pg_stat_statements (track = all), W1 lease and bare, 1 client\n\n| toplevel | calls | mean ms | total ms | statement |\n|---|---|---|---|---|\n")
+			for _, p := range m.Profile {
+				fmt.Fprintf(&b, "| %v | %d | %.4f | %.0f | `%s` |\n", p.Toplevel, p.Calls, p.MeanMs, p.TotalMs, strings.ReplaceAll(p.Query, "|", "\\|"))
+			}
+		}
+	}
+	return b.String()
+}

@@ -1,0 +1,157 @@
+-- Timing variants of lease.renew, for finding where its time goes. Loaded
+-- into the benchmark database only (schema scratch), never shipped: each one
+-- drops a guarantee or a check of the real function on purpose.
+--   nosubtx   no BEGIN ... EXCEPTION block (a failed renew would keep its row lock)
+--   nosp      no SET search_path clause (search_path no longer pinned)
+--   noval     no input validation (_raise_invalid and the *_violation helpers)
+--   nonotify  no pg_notify (durability forcing kept)
+--   min       all four removed (durability forcing kept)
+CREATE SCHEMA IF NOT EXISTS scratch;
+
+CREATE OR REPLACE FUNCTION scratch._changed_nonotify(event text, key text, owner text, epoch bigint)
+RETURNS void LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+  IF current_setting('synchronous_commit') = 'off' THEN
+    PERFORM set_config('synchronous_commit', 'local', true);
+  END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION scratch.renew_nosubtx(key text, owner text, epoch bigint, ttl interval,
+                            OUT status text, OUT expires_at timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  v_key text := key; v_owner text := owner; v_epoch bigint := epoch; v_ttl interval; v_now timestamptz;
+  r_owner text; r_epoch bigint; r_expires timestamptz; r_lowner text; r_lepoch bigint;
+BEGIN
+  PERFORM lease._raise_invalid(ARRAY[
+    lease._text_violation('key', v_key), lease._text_violation('owner', v_owner),
+    lease._epoch_violation(v_epoch), lease._duration_violation('ttl', ttl, true)]);
+  v_ttl := lease._seconds(ttl);
+  SELECT l.owner, l.epoch, l.expires_at, l.lapsed_owner, l.lapsed_epoch
+    INTO r_owner, r_epoch, r_expires, r_lowner, r_lepoch
+    FROM lease.leases l WHERE l.key = v_key FOR NO KEY UPDATE;
+  v_now := clock_timestamp();
+  status := lease._holder_status(FOUND, r_owner, r_epoch, r_expires, r_lowner, r_lepoch, v_owner, v_epoch, v_now);
+  IF status <> 'ok' THEN
+    expires_at := NULL;
+    RETURN;
+  END IF;
+  UPDATE lease.leases l SET expires_at = v_now + v_ttl WHERE l.key = v_key RETURNING l.expires_at INTO expires_at;
+  PERFORM lease._changed('renewed', v_key, v_owner, v_epoch);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION scratch.renew_nosp(key text, owner text, epoch bigint, ttl interval,
+                            OUT status text, OUT expires_at timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $$
+DECLARE
+  v_key text := key; v_owner text := owner; v_epoch bigint := epoch; v_ttl interval; v_now timestamptz;
+  r_owner text; r_epoch bigint; r_expires timestamptz; r_lowner text; r_lepoch bigint;
+BEGIN
+  PERFORM lease._raise_invalid(ARRAY[
+    lease._text_violation('key', v_key), lease._text_violation('owner', v_owner),
+    lease._epoch_violation(v_epoch), lease._duration_violation('ttl', ttl, true)]);
+  v_ttl := lease._seconds(ttl);
+  BEGIN
+    SELECT l.owner, l.epoch, l.expires_at, l.lapsed_owner, l.lapsed_epoch
+      INTO r_owner, r_epoch, r_expires, r_lowner, r_lepoch
+      FROM lease.leases l WHERE l.key = v_key FOR NO KEY UPDATE;
+    v_now := clock_timestamp();
+    status := lease._holder_status(FOUND, r_owner, r_epoch, r_expires, r_lowner, r_lepoch, v_owner, v_epoch, v_now);
+    IF status <> 'ok' THEN
+      RAISE EXCEPTION USING ERRCODE = 'LEASE';
+    END IF;
+    UPDATE lease.leases l SET expires_at = v_now + v_ttl WHERE l.key = v_key RETURNING l.expires_at INTO expires_at;
+  EXCEPTION WHEN SQLSTATE 'LEASE' THEN
+    expires_at := NULL;
+    RETURN;
+  END;
+  PERFORM lease._changed('renewed', v_key, v_owner, v_epoch);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION scratch.renew_noval(key text, owner text, epoch bigint, ttl interval,
+                            OUT status text, OUT expires_at timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  v_key text := key; v_owner text := owner; v_epoch bigint := epoch; v_ttl interval; v_now timestamptz;
+  r_owner text; r_epoch bigint; r_expires timestamptz; r_lowner text; r_lepoch bigint;
+BEGIN
+  v_ttl := lease._seconds(ttl);
+  BEGIN
+    SELECT l.owner, l.epoch, l.expires_at, l.lapsed_owner, l.lapsed_epoch
+      INTO r_owner, r_epoch, r_expires, r_lowner, r_lepoch
+      FROM lease.leases l WHERE l.key = v_key FOR NO KEY UPDATE;
+    v_now := clock_timestamp();
+    status := lease._holder_status(FOUND, r_owner, r_epoch, r_expires, r_lowner, r_lepoch, v_owner, v_epoch, v_now);
+    IF status <> 'ok' THEN
+      RAISE EXCEPTION USING ERRCODE = 'LEASE';
+    END IF;
+    UPDATE lease.leases l SET expires_at = v_now + v_ttl WHERE l.key = v_key RETURNING l.expires_at INTO expires_at;
+  EXCEPTION WHEN SQLSTATE 'LEASE' THEN
+    expires_at := NULL;
+    RETURN;
+  END;
+  PERFORM lease._changed('renewed', v_key, v_owner, v_epoch);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION scratch.renew_nonotify(key text, owner text, epoch bigint, ttl interval,
+                            OUT status text, OUT expires_at timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  v_key text := key; v_owner text := owner; v_epoch bigint := epoch; v_ttl interval; v_now timestamptz;
+  r_owner text; r_epoch bigint; r_expires timestamptz; r_lowner text; r_lepoch bigint;
+BEGIN
+  PERFORM lease._raise_invalid(ARRAY[
+    lease._text_violation('key', v_key), lease._text_violation('owner', v_owner),
+    lease._epoch_violation(v_epoch), lease._duration_violation('ttl', ttl, true)]);
+  v_ttl := lease._seconds(ttl);
+  BEGIN
+    SELECT l.owner, l.epoch, l.expires_at, l.lapsed_owner, l.lapsed_epoch
+      INTO r_owner, r_epoch, r_expires, r_lowner, r_lepoch
+      FROM lease.leases l WHERE l.key = v_key FOR NO KEY UPDATE;
+    v_now := clock_timestamp();
+    status := lease._holder_status(FOUND, r_owner, r_epoch, r_expires, r_lowner, r_lepoch, v_owner, v_epoch, v_now);
+    IF status <> 'ok' THEN
+      RAISE EXCEPTION USING ERRCODE = 'LEASE';
+    END IF;
+    UPDATE lease.leases l SET expires_at = v_now + v_ttl WHERE l.key = v_key RETURNING l.expires_at INTO expires_at;
+  EXCEPTION WHEN SQLSTATE 'LEASE' THEN
+    expires_at := NULL;
+    RETURN;
+  END;
+  PERFORM scratch._changed_nonotify('renewed', v_key, v_owner, v_epoch);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION scratch.renew_min(key text, owner text, epoch bigint, ttl interval,
+                            OUT status text, OUT expires_at timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+AS $$
+DECLARE
+  v_key text := key; v_owner text := owner; v_epoch bigint := epoch; v_now timestamptz;
+  r_owner text; r_epoch bigint; r_expires timestamptz; r_lowner text; r_lepoch bigint;
+BEGIN
+  SELECT l.owner, l.epoch, l.expires_at, l.lapsed_owner, l.lapsed_epoch
+    INTO r_owner, r_epoch, r_expires, r_lowner, r_lepoch
+    FROM lease.leases l WHERE l.key = v_key FOR NO KEY UPDATE;
+  v_now := clock_timestamp();
+  status := lease._holder_status(FOUND, r_owner, r_epoch, r_expires, r_lowner, r_lepoch, v_owner, v_epoch, v_now);
+  IF status <> 'ok' THEN
+    expires_at := NULL;
+    RETURN;
+  END IF;
+  UPDATE lease.leases l SET expires_at = v_now + lease._seconds(ttl) WHERE l.key = v_key RETURNING l.expires_at INTO expires_at;
+  PERFORM scratch._changed_nonotify('renewed', v_key, v_owner, v_epoch);
+END
+$$;

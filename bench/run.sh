@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Runs every pg_lease benchmark and records the environment, into
+# bench/results/<UTC timestamp>/ (or $BENCH_OUT):
+#
+#   env.txt        PostgreSQL, pgbench, Go, OS, kernel, CPU, memory, storage, load
+#   pgbench.*      W1-cycle, W2-contend and R (renew) vs bare-SQL baselines
+#   handoff.*      handoff/takeover for pkg/elector, client-go + pkg/resourcelock,
+#                  client-go + LeaseLock on kube-apiserver; handoff.svg (ECDF plot)
+#   scale.*        1k/10k keys renew throughput, size after 1M renewals, HOT
+#                  ratio, lease.cleanup size benefit
+#
+# Usage: bench/run.sh [full|smoke]   (smoke: every benchmark, tiny sizes, < 2 min
+# with a cached control plane). Benchmarks print numbers; nothing asserts a time.
+# Needs: PostgreSQL server binaries + pgbench (apt-get install postgresql),
+# Go, and the control plane from hack/build-control-plane.sh (built on first
+# use, ~15 min on 2 cores, then cached).
+set -euo pipefail
+mode="${1:-full}"
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export PATH="$PATH:/usr/local/go/bin"
+out="${BENCH_OUT:-bench/results/$(date -u +%Y%m%dT%H%M%SZ)${mode:+-$mode}}"
+mkdir -p "$out"
+
+case "$mode" in
+full)
+	pgbench_args=(-duration 8s -rounds 2 -clients 1,4,16)
+	handoff_args=(-trials 60)
+	scale_args=(-duration 20s -rounds 2 -renewals 1000000 -cleanup-keys 100000)
+	;;
+smoke)
+	pgbench_args=(-duration 1s -rounds 1 -clients 1)
+	handoff_args=(-trials 2)
+	scale_args=(-duration 2s -rounds 1 -renewals 20000 -cleanup-keys 2000)
+	;;
+*)
+	echo "usage: $0 [full|smoke]" >&2
+	exit 2
+	;;
+esac
+
+pg_bindir="$(pg_config --bindir 2>/dev/null || ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)"
+{
+	echo "date_utc: $(date -u +%FT%TZ)"
+	echo "mode: $mode"
+	echo "git: $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet 2>/dev/null || echo ' (dirty tree)')"
+	echo "postgres: $("$pg_bindir/postgres" --version)"
+	echo "pgbench: $( ("$pg_bindir/pgbench" --version || pgbench --version) 2>/dev/null)"
+	echo "go: $(go version)"
+	echo "os: $(. /etc/os-release && echo "$PRETTY_NAME")"
+	echo "kernel: $(uname -srm)"
+	echo "cpu_model: $(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)"
+	echo "cpu_count: $(nproc)"
+	echo "memory: $(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)"
+	echo "load_before: $(cut -d' ' -f1-3 /proc/loadavg)"
+	echo "storage (tmp dir of the servers):"
+	df -hT "${TMPDIR:-/tmp}" | sed 's/^/  /'
+	lsblk -d -o NAME,SIZE,ROTA,TYPE,MODEL 2>/dev/null | sed 's/^/  /'
+	echo "server settings: fsync, synchronous_commit, shared_buffers, wal_sync_method per mode are in pgbench.json / scale.json / handoff.json (\"server\")"
+} | tee "$out/env.txt"
+
+step() {
+	local name="$1"
+	shift
+	echo "== $name ($(date -u +%T), load $(cut -d' ' -f1 /proc/loadavg))" | tee -a "$out/env.txt"
+	"$@" 2>&1 | tee "$out/$name.log"
+}
+step pgbench go run ./bench/pgbench -out "$out" "${pgbench_args[@]}"
+step handoff go run ./bench/handoff -out "$out" "${handoff_args[@]}"
+step scale go run ./bench/scale -out "$out" "${scale_args[@]}"
+echo "load_after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/env.txt"
+echo "results in $out"
