@@ -55,6 +55,7 @@ type sizes struct {
 
 type throughput struct {
 	Mode    string          `json:"mode"`
+	Notify  bool            `json:"notify"`
 	Keys    int             `json:"keys"`
 	Renews  int64           `json:"renewals"`
 	Seconds float64         `json:"seconds"`
@@ -133,33 +134,42 @@ func runMode(ctx context.Context, mode string, res *result) error {
 		n, err int64
 		secs   float64
 	}
-	accs := map[int]*acc{1000: {}, 10000: {}}
+	type cell struct {
+		n      int
+		notify bool
+	}
+	cells := []cell{{1000, true}, {10000, true}, {1000, false}, {10000, false}}
+	accs := map[cell]*acc{}
+	for _, c := range cells {
+		accs[c] = &acc{}
+	}
 	per := *duration / time.Duration(*rounds)
 	for r := 0; r < *rounds; r++ {
-		for _, n := range []int{1000, 10000} {
-			lat, cnt, errs, secs, err := renewLoop(ctx, dsns[n], n, per)
+		for _, c := range cells {
+			n := c.n
+			lat, cnt, errs, secs, err := renewLoop(ctx, dsns[n], n, per, c.notify)
 			if err != nil {
 				return err
 			}
-			a := accs[n]
+			a := accs[c]
 			a.lat = append(a.lat, lat...)
 			a.n += cnt
 			a.err += errs
 			a.secs += secs
 		}
 	}
-	for _, n := range []int{1000, 10000} {
-		a := accs[n]
-		t := throughput{Mode: mode, Keys: n, Renews: a.n, Seconds: a.secs, PerSec: float64(a.n) / a.secs, Lat: benchutil.Summarize(a.lat), Errors: a.err}
+	for _, c := range cells {
+		a, n := accs[c], c.n
+		t := throughput{Mode: mode, Notify: c.notify, Keys: n, Renews: a.n, Seconds: a.secs, PerSec: float64(a.n) / a.secs, Lat: benchutil.Summarize(a.lat), Errors: a.err}
 		res.Throughput = append(res.Throughput, t)
-		log.Printf("%s %5d keys: %.0f renewals/s p50 %.0fµs p99 %.0fµs (errors %d, load %.2f)", mode, n, t.PerSec, t.Lat.P50, t.Lat.P99, a.err, benchutil.LoadAvg())
+		log.Printf("%s notify=%v %5d keys: %.0f renewals/s p50 %.0fµs p99 %.0fµs (errors %d, load %.2f)", mode, c.notify, n, t.PerSec, t.Lat.P50, t.Lat.P99, a.err, benchutil.LoadAvg())
 	}
 	if mode != "stmt" {
 		return nil
 	}
 
 	// Size after many renewals of the 10k keys.
-	done := accs[10000].n
+	done := accs[cell{10000, true}].n + accs[cell{10000, false}].n
 	rest := *renewals - done
 	start := time.Now()
 	if rest > 0 {
@@ -233,10 +243,13 @@ func bulkRenew(ctx context.Context, dsn string, keys int, n int64) error {
 
 // renewLoop renews keys k-1..k-n (owner o-i, epoch 1) for d from -workers
 // goroutines through one pool.
-func renewLoop(ctx context.Context, dsn string, n int, d time.Duration) ([]float64, int64, int64, float64, error) {
+func renewLoop(ctx context.Context, dsn string, n int, d time.Duration, notify bool) ([]float64, int64, int64, float64, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, 0, 0, 0, err
+	}
+	if !notify {
+		cfg.ConnConfig.RuntimeParams["pg_lease.notify"] = "off"
 	}
 	cfg.MaxConns, cfg.MinConns = int32(*conns), int32(*conns)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -405,15 +418,22 @@ func cleanupBenefit(ctx context.Context, s *pgtest.Server) (map[string]any, erro
 func report(res result) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n### Renew throughput through a pool (%d goroutines, %d connections)\n\n", res.Workers, res.Conns)
-	fmt.Fprintf(&b, "| mode | keys | renewals | renewals/s | p50 µs | p95 µs | p99 µs | errors |\n|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| mode | NOTIFY | keys | renewals | renewals/s | p50 µs | p95 µs | p99 µs | errors |\n|---|---|---|---|---|---|---|---|---|\n")
 	p99 := map[string]float64{}
 	for _, t := range res.Throughput {
-		fmt.Fprintf(&b, "| %s | %d | %d | %.0f | %.0f | %.0f | %.0f | %d |\n", t.Mode, t.Keys, t.Renews, t.PerSec, t.Lat.P50, t.Lat.P95, t.Lat.P99, t.Errors)
-		p99[fmt.Sprintf("%s/%d", t.Mode, t.Keys)] = t.Lat.P99
+		nt := "on"
+		if !t.Notify {
+			nt = "off"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %d | %d | %.0f | %.0f | %.0f | %.0f | %d |\n", t.Mode, nt, t.Keys, t.Renews, t.PerSec, t.Lat.P50, t.Lat.P95, t.Lat.P99, t.Errors)
+		p99[fmt.Sprintf("%s/%s/%d", t.Mode, nt, t.Keys)] = t.Lat.P99
 	}
+	fmt.Fprintf(&b, "\n")
 	for _, m := range []string{"durable", "stmt"} {
-		if a, ok := p99[m+"/1000"]; ok {
-			fmt.Fprintf(&b, "\np99 growth 1k → 10k keys, %s: %.2f×\n", m, p99[m+"/10000"]/a)
+		for _, nt := range []string{"on", "off"} {
+			if a, ok := p99[m+"/"+nt+"/1000"]; ok {
+				fmt.Fprintf(&b, "p99 growth 1k → 10k keys, %s, NOTIFY %s: %.2f×\n", m, nt, p99[m+"/"+nt+"/10000"]/a)
+			}
 		}
 	}
 	if g := res.Growth; g != nil {
