@@ -22,7 +22,8 @@ func TestOperationTransactionAborted(t *testing.T) {
 	e := newEnv(t, pgtest.Options{})
 	ctx := ctxFor(t, 2*time.Minute)
 	admin := e.connect(t)
-	setup := e.client(t)
+	setupConn := e.connect(t)
+	setup := lease.New(setupConn)
 	holder := e.client(t)
 	other := e.client(t)
 
@@ -33,6 +34,13 @@ func TestOperationTransactionAborted(t *testing.T) {
 	mustRelease(t, setup, mustAcquire(t, setup, "free", "a", time.Hour))
 	mustAcquire(t, setup, "lapsed", "a", 200*time.Millisecond)
 	waitLapsed(t, setup, "lapsed", 30*time.Second)
+	// The setup session ends (and with it anything it kept beyond its
+	// transactions): what follows sees only the table's state.
+	setupPID := setupConn.PgConn().PID()
+	if err := setupConn.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	backendGone(t, admin, setupPID)
 
 	cases := []struct {
 		name string
