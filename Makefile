@@ -5,7 +5,7 @@ export PATH := $(PATH):/usr/local/go/bin
 # the servers run as "nobody", which cannot enter /root: cache outside it.
 export PGLEASE_CACHE ?= $(if $(filter 0,$(shell id -u)),/var/cache/pg_lease,$(HOME)/.cache/pg_lease)
 
-.PHONY: all build test install installcheck demo fmt vet
+.PHONY: all build test install installcheck demo robustness fmt vet
 
 all: build
 
@@ -31,6 +31,11 @@ demo:
 	hack/install-deps.sh
 	$(MAKE) -s -C sql install >/dev/null
 	go run ./cmd/pglease-demo
+
+## robustness: random operations under random faults (server kill, connection cuts,
+## frozen clients, clock jumps), history checked; DURATION=5m SEED=0 (0: from the clock)
+robustness:
+	go run ./cmd/pglease-robustness -duration $(or $(DURATION),5m) -seed $(or $(SEED),0) -clients 8 -procs 4 -keys 3 -faults kill,proxy,stop,clock -out $(or $(OUT),robustness-history.json)
 
 fmt:
 	gofmt -l -w $$(git ls-files '*.go')
