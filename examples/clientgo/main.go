@@ -1,0 +1,132 @@
+// Command clientgo elects a leader with client-go's own
+// leaderelection.RunOrDie, through a pg_lease lock in PostgreSQL: no
+// Kubernetes API server is involved.
+//
+//	go run ./examples/clientgo -dsn "$DSN" -id a &
+//	go run ./examples/clientgo -dsn "$DSN" -id b &
+//
+// Each process is one candidate. The leader prints its fencing token
+// (key/owner@epoch); on SIGINT or SIGTERM it releases the lease
+// (ReleaseOnCancel), so a follower takes over at its next retry instead of
+// waiting for the TTL. Kill the leader with SIGKILL and a follower takes over
+// once the grant lapses, with a greater epoch.
+//
+// Output lines (one event each, timestamped with the wall clock):
+//
+//	<time> epoch-start <key>/<id>@<epoch>   a term began (OnEpochChange)
+//	<time> leading <key>/<id>@<epoch>       client-go called OnStartedLeading
+//	<time> acting <key>/<id>@<epoch>        work under that token starts
+//	<time> epoch-end <key>/<id>@<epoch>     the term ended: stop using the token
+//	<time> stopped-leading                  client-go called OnStoppedLeading
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/resourcelock"
+	"k8s.io/client-go/tools/leaderelection"
+)
+
+func main() {
+	host, _ := os.Hostname()
+	var (
+		dsn           = flag.String("dsn", os.Getenv("PGLEASE_DSN"), "PostgreSQL connection string (default $PGLEASE_DSN, else the PG* environment)")
+		key           = flag.String("key", "example-clientgo", "lease key")
+		id            = flag.String("id", fmt.Sprintf("%s-%d", host, os.Getpid()), "this candidate's unique identity")
+		leaseDuration = flag.Duration("lease-duration", 15*time.Second, "lease TTL, and client-go's LeaseDuration")
+		renewDeadline = flag.Duration("renew-deadline", 10*time.Second, "client-go's RenewDeadline")
+		retryPeriod   = flag.Duration("retry-period", 2*time.Second, "client-go's RetryPeriod")
+		leadFor       = flag.Duration("lead-for", 0, "step down (release) after leading this long; 0: lead until signalled")
+	)
+	flag.Parse()
+	if err := run(*dsn, *key, *id, *leaseDuration, *renewDeadline, *retryPeriod, *leadFor); err != nil {
+		fmt.Fprintln(os.Stderr, "clientgo:", err)
+		os.Exit(1)
+	}
+}
+
+var outMu sync.Mutex
+
+func say(format string, args ...any) {
+	outMu.Lock()
+	defer outMu.Unlock()
+	fmt.Printf("%s %s\n", time.Now().UTC().Format(time.RFC3339Nano), fmt.Sprintf(format, args...))
+}
+
+func run(dsn, key, id string, leaseDuration, renewDeadline, retryPeriod, leadFor time.Duration) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	lock, err := resourcelock.New(lease.New(pool), key, id,
+		resourcelock.WithLeaseDuration(leaseDuration),
+		resourcelock.WithOnEpochChange(func(old, new lease.Token) {
+			if old.Epoch != 0 {
+				say("epoch-end %s", old)
+			}
+			if new.Epoch != 0 {
+				say("epoch-start %s", new)
+			}
+		}))
+	if err != nil {
+		return err
+	}
+
+	leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
+		Lock:            lock,
+		Name:            key,
+		LeaseDuration:   leaseDuration,
+		RenewDeadline:   renewDeadline,
+		RetryPeriod:     retryPeriod,
+		ReleaseOnCancel: true,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(leaderCtx context.Context) {
+				tok, _ := lock.Token()
+				say("leading %s", tok)
+				if leadFor > 0 {
+					time.AfterFunc(leadFor, cancel)
+				}
+				work(leaderCtx, lock, retryPeriod)
+			},
+			OnStoppedLeading: func() { say("stopped-leading") },
+		},
+	})
+	return nil
+}
+
+// work acts under the current epoch until it ends, then under the next one
+// (the lock may re-acquire under a new epoch while client-go keeps leading),
+// until leadership ends.
+func work(leaderCtx context.Context, lock *resourcelock.Lock, retry time.Duration) {
+	for leaderCtx.Err() == nil {
+		ctx, cancel, err := lock.TokenContext(leaderCtx)
+		if err != nil { // between epochs: wait for the elector to re-acquire
+			select {
+			case <-leaderCtx.Done():
+			case <-time.After(retry / 4):
+			}
+			continue
+		}
+		tok, _ := lease.TokenFromContext(ctx)
+		say("acting %s", tok)
+		// Real work would pass ctx (and tok, to fenced writes) along here.
+		<-ctx.Done()
+		cancel()
+	}
+}
