@@ -11,6 +11,7 @@ import (
 
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
+	pgleasesql "github.com/pglease/pg_lease/sql"
 )
 
 func TestInstalled(t *testing.T) {
@@ -258,5 +259,53 @@ func TestSchemaScript(t *testing.T) {
 	}
 	if _, err := lease.SchemaScript(""); !errors.Is(err, lease.ErrInvalidInput) {
 		t.Errorf("empty owner: %v", err)
+	}
+}
+
+// TestInstallUpdatesOlderVersion: both installers take a database that has
+// the base version (0.1.0) to Version through the update scripts, keeping
+// every lease and its epoch.
+func TestInstallUpdatesOlderVersion(t *testing.T) {
+	for _, m := range installModes {
+		t.Run(m.name, func(t *testing.T) {
+			ensureExtensionFiles(t, pgtest.Shared(t))
+			dsn := pgtest.NewDatabase(t)
+			ctx := testCtx(t)
+			conn := connect(t, dsn)
+			switch m.mode {
+			case lease.ModeExtension:
+				if _, err := conn.Exec(ctx, `CREATE EXTENSION pg_lease VERSION '`+pgleasesql.BaseVersion+`'`); err != nil {
+					t.Fatal(err)
+				}
+			case lease.ModeSchema:
+				base := strings.ReplaceAll(pgleasesql.InstallScript(), "@extowner@", "CURRENT_USER")
+				base = base[strings.Index(base, "\\quit")+len("\\quit"):]
+				if _, err := conn.Exec(ctx, base); err != nil {
+					t.Fatal(err)
+				}
+			}
+			c := lease.New(conn)
+			g, ok, err := c.Acquire(ctx, "k", "o", time.Hour)
+			if err != nil || !ok {
+				t.Fatal(ok, err)
+			}
+			if v, _, err := lease.Installed(ctx, conn); err != nil || v != pgleasesql.BaseVersion {
+				t.Fatalf("before: %q %v", v, err)
+			}
+			if err := m.install(ctx, conn); err != nil {
+				t.Fatalf("%s install over %s: %v", m.name, pgleasesql.BaseVersion, err)
+			}
+			if v, mode, err := lease.Installed(ctx, conn); err != nil || v != lease.Version || mode != m.mode {
+				t.Fatalf("after: %q %v %v", v, mode, err)
+			}
+			if s, err := c.Inspect(ctx, "k"); err != nil || !s.Held || s.Epoch != g.Epoch || !s.ExpiresAt.Equal(g.ExpiresAt) {
+				t.Fatalf("lease after the update: %+v %v, grant %+v", s, err, g)
+			}
+			// The updated install has the new version's objects.
+			var removed, floor int64
+			if err := conn.QueryRow(ctx, `SELECT removed, epoch_floor FROM lease.cleanup('0')`).Scan(&removed, &floor); err != nil || removed != 0 {
+				t.Fatalf("cleanup after the update: %d %d %v", removed, floor, err)
+			}
+		})
 	}
 }

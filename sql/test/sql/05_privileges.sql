@@ -24,7 +24,7 @@ CREATE EXTENSION pg_lease;
 -- installer's privileges, not a superuser's.
 SELECT extowner::regrole FROM pg_extension WHERE extname = 'pg_lease';
 SELECT nspowner::regrole FROM pg_namespace WHERE nspname = 'lease';
-SELECT tableowner FROM pg_tables WHERE schemaname = 'lease';
+SELECT tablename, tableowner FROM pg_tables WHERE schemaname = 'lease' ORDER BY 1;
 SELECT DISTINCT proowner::regrole, prosecdef, proconfig
   FROM pg_proc WHERE pronamespace = 'lease'::regnamespace AND proname !~ '^_'
    AND proname <> 'version';

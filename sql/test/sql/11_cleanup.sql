@@ -1,0 +1,53 @@
+-- 11_cleanup (0.2.0): lease.cleanup removes keys free for long enough, never a
+-- held key, and raises the epoch floor so that a removed key that comes back
+-- gets an epoch above every epoch it had (I2, I3). Also the 0.1.0 -> 0.2.0
+-- update path, and cleanup's privileges and invalid input.
+\set VERBOSITY default
+\set SHOW_CONTEXT never
+
+-- The update path: install 0.1.0, use it, update, state kept.
+DROP EXTENSION pg_lease;
+CREATE EXTENSION pg_lease VERSION '0.1.0';
+SELECT lease.version();
+SELECT acquired, epoch FROM lease.acquire('cu-held', 'o1', interval '1h');
+SELECT acquired, epoch FROM lease.acquire('cu-free', 'o1', interval '1h');
+SELECT status FROM lease.release('cu-free', 'o1', 1);
+SELECT acquired, epoch FROM lease.acquire('cu-free', 'o1', interval '1h');
+SELECT status FROM lease.release('cu-free', 'o1', 3);          -- counter 4
+SELECT acquired, epoch FROM lease.acquire('cu-lapsed', 'o2', interval '500ms');
+ALTER EXTENSION pg_lease UPDATE;
+SELECT lease.version();
+SELECT key, held, owner, epoch FROM lease.list();
+SELECT pg_sleep(0.6);
+
+-- Nothing has been free for an hour: nothing removed, floor 0.
+SELECT * FROM lease.cleanup(interval '1h');
+-- Free for at least 0 s: the free and the lapsed key go, the held one stays.
+SELECT * FROM lease.cleanup(interval '0');
+SELECT key, held, owner, epoch FROM lease.list();
+-- Removed keys come back above every epoch they had; so does a new key.
+SELECT acquired, epoch FROM lease.acquire('cu-free', 'o3', interval '1h');
+SELECT acquired, epoch FROM lease.acquire('cu-lapsed', 'o3', interval '1h');
+SELECT acquired, epoch FROM lease.acquire('cu-new', 'o3', interval '1h');
+-- A held key is never removed.
+SELECT * FROM lease.cleanup(interval '0');
+SELECT count(*) AS keys FROM lease.list();
+-- max_rows bounds the work; the oldest free keys go first.
+SELECT status FROM lease.release('cu-free', 'o3', 5);
+SELECT pg_sleep(0.01);
+SELECT status FROM lease.release('cu-new', 'o3', 5);
+SELECT * FROM lease.cleanup(interval '0', 1);
+SELECT key FROM lease.list() WHERE NOT held;
+
+-- Invalid input: 22023 with every violation named, nothing removed.
+SELECT * FROM lease.cleanup(NULL, 0);
+SELECT * FROM lease.cleanup(interval '-1s', NULL);
+SELECT count(*) AS keys FROM lease.list();
+
+-- Operators only: EXECUTE is revoked from PUBLIC.
+CREATE ROLE regress_pglease_cleaner LOGIN;
+SET ROLE regress_pglease_cleaner;
+SELECT * FROM lease.cleanup(interval '0');
+SELECT * FROM lease.epoch_floor;
+RESET ROLE;
+DROP ROLE regress_pglease_cleaner;
