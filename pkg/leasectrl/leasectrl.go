@@ -1,0 +1,144 @@
+// Package leasectrl plugs a pg_lease resourcelock.Lock into a
+// controller-runtime manager and hands each reconcile the fencing token of
+// the epoch it runs under.
+//
+//	lock, _ := resourcelock.New(lease.New(pool), "my-operator", podName)
+//	opts := manager.Options{...}
+//	if err := leasectrl.ConfigureManager(&opts, lock); err != nil { ... }
+//	mgr, _ := manager.New(cfg, opts)
+//	ctrl.NewControllerManagedBy(mgr).For(&v1.Thing{}).Complete(leasectrl.Fenced(lock, &ThingReconciler{}))
+//
+// controller-runtime runs the real client-go elector with the lock
+// (Options.LeaderElectionResourceLockInterface); LeaseDuration, RenewDeadline
+// and RetryPeriod still apply to it. The manager does not hand its leader
+// context to reconcilers, and a lapse followed by re-acquisition under the
+// same identity is, for client-go, one continuous leadership with a new
+// epoch (see package resourcelock). So reconcilers must not take the token
+// once: Fenced gives every Reconcile a context that carries the token of the
+// epoch current when it starts and is cancelled when that epoch ends, and
+// refuses to reconcile (returns an error, so the request is requeued with
+// backoff) when the lock holds no live, unexpired term.
+package leasectrl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/resourcelock"
+	"k8s.io/client-go/tools/leaderelection"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+)
+
+// Timing is client-go's leader election timing.
+type Timing struct {
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+}
+
+// TimingFor returns timings consistent with a lease TTL, in client-go's
+// default proportions (15s/10s/2s for a 15s TTL): LeaseDuration = ttl (how
+// long followers wait for a change before they try; the server decides),
+// RenewDeadline = ttl·2/3, RetryPeriod = ttl·2/15. The elector thus gives up
+// leading after at most RetryPeriod + RenewDeadline = 0.8·ttl without a
+// successful renewal, before the grant can lapse.
+func TimingFor(ttl time.Duration) Timing {
+	return Timing{LeaseDuration: ttl, RenewDeadline: ttl * 2 / 3, RetryPeriod: ttl * 2 / 15}
+}
+
+// Check validates t against client-go's own rules and against the lock's
+// TTL: the elector must stop leading (RetryPeriod + RenewDeadline without a
+// renewal) before the grant lapses (ttl).
+func (t Timing) Check(ttl time.Duration) error {
+	var errs []error
+	if t.RetryPeriod <= 0 {
+		errs = append(errs, fmt.Errorf("RetryPeriod must be positive, got %v", t.RetryPeriod))
+	}
+	if t.RenewDeadline <= time.Duration(leaderelection.JitterFactor*float64(t.RetryPeriod)) {
+		errs = append(errs, fmt.Errorf("RenewDeadline (%v) must be greater than RetryPeriod (%v) × %v",
+			t.RenewDeadline, t.RetryPeriod, leaderelection.JitterFactor))
+	}
+	if t.LeaseDuration <= t.RenewDeadline {
+		errs = append(errs, fmt.Errorf("LeaseDuration (%v) must be greater than RenewDeadline (%v)", t.LeaseDuration, t.RenewDeadline))
+	}
+	if t.LeaseDuration < time.Second {
+		errs = append(errs, fmt.Errorf("LeaseDuration must be at least 1s (client-go counts whole seconds), got %v", t.LeaseDuration))
+	}
+	if t.RenewDeadline+t.RetryPeriod >= ttl {
+		errs = append(errs, fmt.Errorf("RenewDeadline + RetryPeriod (%v) must be below the lock's LeaseDuration (TTL %v)",
+			t.RenewDeadline+t.RetryPeriod, ttl))
+	}
+	return errors.Join(errs...)
+}
+
+// ConfigureManager sets opts to elect the manager's leader through lock:
+// LeaderElection, LeaderElectionResourceLockInterface,
+// LeaderElectionReleaseOnCancel (a stopping leader hands over without making
+// its successor wait for the TTL), LeaderElectionID (the key, when empty)
+// and the timings. Timings left nil come from TimingFor(lock's TTL); all are
+// then checked (Timing.Check), and each error names the field.
+func ConfigureManager(opts *manager.Options, lock *resourcelock.Lock) error {
+	if opts == nil || lock == nil {
+		return errors.New("leasectrl.ConfigureManager: opts and lock must not be nil")
+	}
+	def := TimingFor(lock.LeaseDuration())
+	t := def
+	if opts.LeaseDuration != nil {
+		t.LeaseDuration = *opts.LeaseDuration
+	}
+	if opts.RenewDeadline != nil {
+		t.RenewDeadline = *opts.RenewDeadline
+	}
+	if opts.RetryPeriod != nil {
+		t.RetryPeriod = *opts.RetryPeriod
+	}
+	if err := t.Check(lock.LeaseDuration()); err != nil {
+		return fmt.Errorf("leasectrl.ConfigureManager: manager.Options: %w", err)
+	}
+	opts.LeaderElection = true
+	opts.LeaderElectionResourceLockInterface = lock
+	opts.LeaderElectionReleaseOnCancel = true
+	if opts.LeaderElectionID == "" {
+		opts.LeaderElectionID = lock.Key()
+	}
+	opts.LeaseDuration, opts.RenewDeadline, opts.RetryPeriod = &t.LeaseDuration, &t.RenewDeadline, &t.RetryPeriod
+	return nil
+}
+
+// ErrNoToken is returned by a Fenced reconciler that runs while the lock
+// holds no live, unexpired term (between epochs, or after losing the lease).
+var ErrNoToken = errors.New("leasectrl: no valid fencing token; not reconciling")
+
+// ErrEpochEnded is returned by a Fenced reconciler whose epoch ended while it
+// ran, whatever the wrapped reconciler returned: the request is requeued and
+// runs again under the next epoch.
+var ErrEpochEnded = errors.New("leasectrl: the epoch ended during the reconcile")
+
+// Fenced wraps r so that each Reconcile runs with a context that carries the
+// lock's current fencing token (lease.TokenFromContext) and is cancelled
+// when that epoch ends. Without a live, unexpired term it does not call r
+// and returns an error wrapping ErrNoToken, so the request is requeued.
+func Fenced[request comparable](lock *resourcelock.Lock, r reconcile.TypedReconciler[request]) reconcile.TypedReconciler[request] {
+	return &fenced[request]{lock: lock, r: r}
+}
+
+type fenced[request comparable] struct {
+	lock *resourcelock.Lock
+	r    reconcile.TypedReconciler[request]
+}
+
+func (f *fenced[request]) Reconcile(ctx context.Context, req request) (reconcile.Result, error) {
+	tctx, cancel, err := f.lock.TokenContext(ctx)
+	if err != nil {
+		return reconcile.Result{}, fmt.Errorf("%w: %w", ErrNoToken, err)
+	}
+	defer cancel()
+	res, err := f.r.Reconcile(tctx, req)
+	if ctx.Err() == nil && tctx.Err() != nil {
+		tok, _ := lease.TokenFromContext(tctx)
+		return reconcile.Result{}, errors.Join(fmt.Errorf("%w: %v: %w", ErrEpochEnded, tok, context.Cause(tctx)), err)
+	}
+	return res, err
+}

@@ -1,0 +1,165 @@
+package leasectrl_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leasectrl"
+	"github.com/pglease/pg_lease/pkg/resourcelock"
+	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+var installOnce sync.Once
+
+func newClient(t *testing.T) (*lease.Client, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var err error
+	installOnce.Do(func() { err = pgtest.Shared(t).InstallExtensionFiles(ctx) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsn := pgtest.NewDatabase(t)
+	pool := newPool(t, dsn)
+	if _, err := pool.Exec(ctx, "CREATE EXTENSION pg_lease"); err != nil {
+		t.Fatal(err)
+	}
+	return lease.New(pool), dsn
+}
+
+func newPool(t *testing.T, dsn string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func TestConfigureManager(t *testing.T) {
+	lock, err := resourcelock.New(lease.New(nil), "k", "a", resourcelock.WithLeaseDuration(15*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var opts manager.Options
+	if err := leasectrl.ConfigureManager(&opts, lock); err != nil {
+		t.Fatal(err)
+	}
+	if !opts.LeaderElection || opts.LeaderElectionResourceLockInterface != lock || !opts.LeaderElectionReleaseOnCancel ||
+		opts.LeaderElectionID != "k" || *opts.LeaseDuration != 15*time.Second || *opts.RenewDeadline != 10*time.Second ||
+		*opts.RetryPeriod != 2*time.Second {
+		t.Fatalf("options: %+v LD %v RD %v RP %v", opts, *opts.LeaseDuration, *opts.RenewDeadline, *opts.RetryPeriod)
+	}
+	d := func(v time.Duration) *time.Duration { return &v }
+	for _, tc := range []struct {
+		name string
+		opts manager.Options
+		want string
+	}{
+		{"renew deadline past the TTL", manager.Options{RenewDeadline: d(14 * time.Second)}, "RenewDeadline + RetryPeriod"},
+		{"lease duration not above renew deadline", manager.Options{LeaseDuration: d(5 * time.Second), RenewDeadline: d(6 * time.Second)}, "LeaseDuration (5s) must be greater than RenewDeadline"},
+		{"retry period too long", manager.Options{RetryPeriod: d(9 * time.Second)}, "RenewDeadline (10s) must be greater than RetryPeriod"},
+		{"zero retry", manager.Options{RetryPeriod: d(0)}, "RetryPeriod must be positive"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := leasectrl.ConfigureManager(&tc.opts, lock)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want one naming %q", err, tc.want)
+			}
+			if tc.opts.LeaderElection {
+				t.Fatal("options changed despite the error")
+			}
+		})
+	}
+	for _, ttl := range []time.Duration{1500 * time.Millisecond, 2 * time.Second, 15 * time.Second, time.Minute} {
+		if err := leasectrl.TimingFor(ttl).Check(ttl); err != nil {
+			t.Errorf("TimingFor(%v) fails its own check: %v", ttl, err)
+		}
+	}
+}
+
+type recordingReconciler struct {
+	mu     sync.Mutex
+	tokens []lease.Token
+	block  chan struct{} // when set, Reconcile waits for it or ctx
+}
+
+func (r *recordingReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+	tok, ok := lease.TokenFromContext(ctx)
+	if !ok {
+		return reconcile.Result{}, errors.New("no token in the context")
+	}
+	r.mu.Lock()
+	r.tokens = append(r.tokens, tok)
+	r.mu.Unlock()
+	if r.block != nil {
+		select {
+		case <-r.block:
+		case <-ctx.Done():
+			return reconcile.Result{}, ctx.Err()
+		}
+	}
+	return reconcile.Result{}, nil
+}
+
+func TestFenced(t *testing.T) {
+	client, _ := newClient(t)
+	ctx := context.Background()
+	lock, err := resourcelock.New(client, "k", "a", resourcelock.WithLeaseDuration(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner := &recordingReconciler{}
+	r := leasectrl.Fenced(lock, reconcile.TypedReconciler[reconcile.Request](inner))
+	if _, err := r.Reconcile(ctx, reconcile.Request{}); !errors.Is(err, leasectrl.ErrNoToken) || len(inner.tokens) != 0 {
+		t.Fatalf("without a grant: %v, %d calls", err, len(inner.tokens))
+	}
+	if err := lock.Create(ctx, rl.LeaderElectionRecord{HolderIdentity: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Reconcile(ctx, reconcile.Request{}); err != nil {
+		t.Fatal(err)
+	}
+	if len(inner.tokens) != 1 || inner.tokens[0] != (lease.Token{Key: "k", Owner: "a", Epoch: 1}) {
+		t.Fatalf("tokens %v", inner.tokens)
+	}
+	// The epoch ends during a reconcile: its context is cancelled and the
+	// request fails (requeued), whatever the reconciler says.
+	inner.block = make(chan struct{})
+	errc := make(chan error, 1)
+	go func() {
+		_, err := r.Reconcile(ctx, reconcile.Request{})
+		errc <- err
+	}()
+	for {
+		inner.mu.Lock()
+		n := len(inner.tokens)
+		inner.mu.Unlock()
+		if n == 2 {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := lock.Update(ctx, rl.LeaderElectionRecord{}); err != nil { // release
+		t.Fatal(err)
+	}
+	if err := <-errc; !errors.Is(err, leasectrl.ErrEpochEnded) || !errors.Is(err, resourcelock.ErrReleased) {
+		t.Fatalf("reconcile across the end of its epoch: %v", err)
+	}
+	if _, err := r.Reconcile(ctx, reconcile.Request{}); !errors.Is(err, leasectrl.ErrNoToken) {
+		t.Fatalf("after release: %v", err)
+	}
+}
