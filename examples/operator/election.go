@@ -1,0 +1,158 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
+	"k8s.io/client-go/rest"
+	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leasectrl"
+	"github.com/pglease/pg_lease/pkg/resourcelock"
+)
+
+// election is how the manager elects its leader and where each reconcile
+// gets its fencing token from.
+type election struct {
+	// configure sets the leader election fields of the manager's options
+	// (the timings are already set).
+	configure func(*ctrl.Options) error
+	// fenced wraps the reconciler so that each Reconcile's context carries
+	// the token of the current term.
+	fenced func(reconcile.Reconciler) reconcile.Reconciler
+	epoch  func() int64  // the epoch led under, 0 when none
+	pool   *pgxpool.Pool // the lease database (-lock=pglease), for readiness
+	close  func()
+}
+
+// pgleaseElection: a pg_lease key through pkg/resourcelock, plugged in by
+// pkg/leasectrl. A term ends (and the contexts of the reconciles under it
+// are cancelled) before its grant can expire on the server.
+func pgleaseElection(ctx context.Context, c config) (*election, error) {
+	pool, err := pgxpool.New(ctx, c.leaseDSN)
+	if err != nil {
+		return nil, fmt.Errorf("lease database: %w", err)
+	}
+	lock, err := resourcelock.New(lease.New(pool), c.electionID, c.id,
+		resourcelock.WithLeaseDuration(c.leaseDuration),
+		resourcelock.WithOnEpochChange(func(old, new lease.Token) {
+			if old.Epoch != 0 {
+				emit(event{Event: "epoch-end", Epoch: old.Epoch})
+			}
+			if new.Epoch != 0 {
+				emit(event{Event: "epoch-start", Epoch: new.Epoch})
+			}
+		}))
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return &election{
+		configure: func(o *ctrl.Options) error { return leasectrl.ConfigureManager(o, lock) },
+		fenced: func(r reconcile.Reconciler) reconcile.Reconciler {
+			return leasectrl.Fenced(lock, r)
+		},
+		epoch: lock.Epoch,
+		pool:  pool,
+		close: pool.Close,
+	}, nil
+}
+
+// leaseElection: client-go's own coordination.k8s.io Lease, for comparison.
+// Its epoch is the Lease's leaseTransitions+1, which client-go raises at
+// every change of holder (a release included), so it orders the terms as
+// the Lease's resourceVersions do. Unlike a pg_lease term, nothing ends such
+// a term locally before the Lease expires: a paused leader's token stays in
+// use until the manager gives up (RenewDeadline) and the process exits; the
+// store's guard still rejects its writes once a successor has written.
+func leaseElection(cfg *rest.Config, c config) (*election, error) {
+	cs, err := coordinationv1client.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	l := &leaseTerms{
+		Interface: &rl.LeaseLock{
+			LeaseMeta:  metav1.ObjectMeta{Namespace: c.namespace, Name: c.electionID},
+			Client:     cs,
+			LockConfig: rl.ResourceLockConfig{Identity: c.id},
+		},
+		key: c.namespace + "/" + c.electionID,
+	}
+	return &election{
+		configure: func(o *ctrl.Options) error {
+			o.LeaderElection = true
+			o.LeaderElectionResourceLockInterface = l
+			o.LeaderElectionReleaseOnCancel = true
+			return nil
+		},
+		fenced: func(r reconcile.Reconciler) reconcile.Reconciler {
+			return reconcile.Func(func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+				tok, ok := l.token()
+				if !ok {
+					return reconcile.Result{}, fmt.Errorf("%s: this process holds no term", l.key)
+				}
+				return r.Reconcile(lease.ContextWithToken(ctx, tok), req)
+			})
+		},
+		epoch: func() int64 { tok, _ := l.token(); return tok.Epoch },
+		close: func() {},
+	}, nil
+}
+
+// leaseTerms wraps a client-go lock and follows the terms it obtains: a
+// successful Create or Update with its own identity at a new
+// leaseTransitions starts one, a release ends it.
+type leaseTerms struct {
+	rl.Interface
+	key   string
+	mu    sync.Mutex
+	epoch int64
+}
+
+func (l *leaseTerms) Create(ctx context.Context, ler rl.LeaderElectionRecord) error {
+	err := l.Interface.Create(ctx, ler)
+	if err == nil && ler.HolderIdentity == l.Identity() {
+		l.held(int64(ler.LeaderTransitions) + 1)
+	}
+	return err
+}
+
+func (l *leaseTerms) Update(ctx context.Context, ler rl.LeaderElectionRecord) error {
+	if ler.HolderIdentity == "" {
+		l.held(0) // release: stop handing out the token before the Lease is freed
+	}
+	err := l.Interface.Update(ctx, ler)
+	if err == nil && ler.HolderIdentity == l.Identity() {
+		l.held(int64(ler.LeaderTransitions) + 1)
+	}
+	return err
+}
+
+// held records the epoch now held (0: none) and reports a change.
+func (l *leaseTerms) held(epoch int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if epoch == l.epoch {
+		return
+	}
+	if l.epoch != 0 {
+		emit(event{Event: "epoch-end", Epoch: l.epoch})
+	}
+	l.epoch = epoch
+	if epoch != 0 {
+		emit(event{Event: "epoch-start", Epoch: epoch})
+	}
+}
+
+func (l *leaseTerms) token() (lease.Token, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return lease.Token{Key: l.key, Owner: l.Identity(), Epoch: l.epoch}, l.epoch != 0
+}

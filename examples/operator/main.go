@@ -1,0 +1,306 @@
+// Command operator is a controller-runtime manager whose leader is elected
+// through pg_lease, and whose every external write is fenced by the leader's
+// epoch.
+//
+// It reconciles the ConfigMaps of one namespace that carry a label
+// (-selector, default pglease.example/watch=true): for each, it writes a
+// result row (the ConfigMap's data, a digest of it, its resourceVersion, the
+// writer's identity and epoch) into a table of another PostgreSQL database,
+// the store, through fence.PGGuard with the fencing token that the
+// reconcile's context carries. The store keeps the highest epoch accepted
+// per ConfigMap, so a writer that lost its leadership (paused, partitioned)
+// and writes late with its old epoch is rejected, and an append-only audit
+// table records every accepted write.
+//
+//	go run ./examples/operator -kubeconfig ~/.kube/config \
+//		-lease-dsn "$LEASE_DSN" -store-dsn "$STORE_DSN" -id "$POD_NAME"
+//
+// Run it with replicas: each process is a candidate with a unique identity.
+// The manager's options come from leasectrl.ConfigureManager (the pg_lease
+// lock, release on cancel, client-go timings consistent with the TTL), and
+// the reconciler is wrapped in leasectrl.Fenced, which puts the current
+// epoch's token in each Reconcile's context and cancels it when the epoch
+// ends. -lock=lease elects through client-go's own coordination.k8s.io Lease
+// instead (the epoch is then the Lease's leaseTransitions+1), for
+// comparison.
+//
+// The manager releases the lease when it is stopped (SIGTERM: a successor
+// takes over at its next retry, without waiting for the TTL), and exits
+// with status 1 when it loses the leadership, as controller-runtime expects:
+// the Deployment restarts it as a follower. Probes: /healthz and /readyz
+// (the store and the lease database answer) on -health-probe-bind-address.
+//
+// Standard output is one JSON object a line, an event each (the end-to-end
+// tests read them):
+//
+//	{"time":..., "event":"start", "id":..., "pid":...}
+//	{"event":"epoch-start", "epoch":E}    a term began: tokens of epoch E are handed out
+//	{"event":"epoch-end", "epoch":E}      the term ended: reconciles under E were cancelled
+//	{"event":"leading", "epoch":E}        the manager started its leader-only runnables
+//	{"event":"stall", "resource":..., "epoch":E, "rv":...}  a decided write is held back (test hook)
+//	{"event":"write", "resource":..., "epoch":E, "rv":...}  the store accepted a write
+//	{"event":"stale", "resource":..., "epoch":E, "highest":H}  the store rejected a stale write
+//	{"event":"exit", "code":N, "error":...}
+//
+// Logs (controller-runtime, client-go) go to standard error.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr/funcr"
+	"github.com/jackc/pgx/v5/pgxpool"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/util/workqueue"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/pglease/pg_lease/pkg/leasectrl"
+)
+
+// config is what the flags set.
+type config struct {
+	leaseDSN, storeDSN string
+	id                 string
+	namespace          string
+	selector           string
+	lock               string
+	electionID         string
+	leaseDuration      time.Duration
+	renewDeadline      time.Duration
+	retryPeriod        time.Duration
+	probeAddr          string
+	metricsAddr        string
+}
+
+func main() {
+	host, _ := os.Hostname()
+	defaultID := os.Getenv("POD_NAME")
+	if defaultID == "" {
+		defaultID = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	var c config
+	// -kubeconfig is controller-runtime's own flag (else in-cluster config, $KUBECONFIG, ~/.kube/config).
+	flag.StringVar(&c.leaseDSN, "lease-dsn", os.Getenv("PGLEASE_DSN"), "database holding the pg_lease leases (-lock=pglease; default $PGLEASE_DSN)")
+	flag.StringVar(&c.storeDSN, "store-dsn", os.Getenv("PGLEASE_STORE_DSN"), "database the results are written to (default $PGLEASE_STORE_DSN)")
+	flag.StringVar(&c.id, "id", defaultID, "this candidate's unique identity (default $POD_NAME, else host-pid)")
+	flag.StringVar(&c.namespace, "namespace", "default", "namespace whose ConfigMaps are reconciled (and of the Lease with -lock=lease)")
+	flag.StringVar(&c.selector, "selector", "pglease.example/watch=true", "label selector of the ConfigMaps to reconcile")
+	flag.StringVar(&c.lock, "lock", "pglease", "leader election lock: pglease (a pg_lease key) or lease (a coordination.k8s.io Lease)")
+	flag.StringVar(&c.electionID, "election-id", "pglease-example-operator", "lease key (pglease) or Lease name (lease)")
+	flag.DurationVar(&c.leaseDuration, "lease-duration", 15*time.Second, "lease TTL, and the manager's LeaseDuration")
+	flag.DurationVar(&c.renewDeadline, "renew-deadline", 0, "the manager's RenewDeadline (0: 2/3 of the TTL, leasectrl.TimingFor)")
+	flag.DurationVar(&c.retryPeriod, "retry-period", 0, "the manager's RetryPeriod (0: 2/15 of the TTL, leasectrl.TimingFor)")
+	flag.StringVar(&c.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
+	flag.StringVar(&c.metricsAddr, "metrics-bind-address", "0", `address of /metrics ("0": off)`)
+	flag.Parse()
+	identity = c.id
+
+	err := run(ctrl.SetupSignalHandler(), c)
+	code := 0
+	if err != nil {
+		code = 1
+	}
+	emit(event{Event: "exit", Code: &code, Err: errString(err)})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "operator:", err)
+	}
+	os.Exit(code)
+}
+
+func (c config) validate() error {
+	var errs []error
+	if c.storeDSN == "" {
+		errs = append(errs, errors.New("-store-dsn (or $PGLEASE_STORE_DSN) is required"))
+	}
+	if c.lock != "pglease" && c.lock != "lease" {
+		errs = append(errs, fmt.Errorf("-lock must be pglease or lease, got %q", c.lock))
+	}
+	if c.lock == "pglease" && c.leaseDSN == "" {
+		errs = append(errs, errors.New("-lease-dsn (or $PGLEASE_DSN) is required with -lock=pglease"))
+	}
+	if c.id == "" {
+		errs = append(errs, errors.New("-id must not be empty"))
+	}
+	if _, err := labels.Parse(c.selector); err != nil {
+		errs = append(errs, fmt.Errorf("-selector: %w", err))
+	}
+	if err := c.timing().Check(c.leaseDuration); err != nil {
+		errs = append(errs, fmt.Errorf("-lease-duration, -renew-deadline, -retry-period: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// timing is the manager's leader election timing: the flags, with those
+// left 0 following from the TTL.
+func (c config) timing() leasectrl.Timing {
+	t := leasectrl.TimingFor(c.leaseDuration)
+	if c.renewDeadline != 0 {
+		t.RenewDeadline = c.renewDeadline
+	}
+	if c.retryPeriod != 0 {
+		t.RetryPeriod = c.retryPeriod
+	}
+	return t
+}
+
+func run(ctx context.Context, c config) error {
+	if err := c.validate(); err != nil {
+		return err
+	}
+	sel, _ := labels.Parse(c.selector)
+	logger := funcr.New(func(prefix, args string) {
+		fmt.Fprintf(os.Stderr, "%s %s %s\n", time.Now().UTC().Format(time.RFC3339Nano), prefix, args)
+	}, funcr.Options{})
+	ctrl.SetLogger(logger.WithValues("id", c.id))
+	emit(event{Event: "start", PID: os.Getpid()})
+
+	restCfg, err := ctrl.GetConfig()
+	if err != nil {
+		return err
+	}
+
+	storePool, err := pgxpool.New(ctx, c.storeDSN)
+	if err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	defer storePool.Close()
+	setupCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	st, err := newStore(setupCtx, storePool)
+	cancel()
+	if err != nil {
+		return err
+	}
+
+	var el *election
+	switch c.lock {
+	case "pglease":
+		el, err = pgleaseElection(ctx, c)
+	case "lease":
+		el, err = leaseElection(restCfg, c)
+	}
+	if err != nil {
+		return err
+	}
+	defer el.close()
+
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	timing := c.timing()
+	opts := ctrl.Options{
+		Scheme: scheme,
+		Cache: cache.Options{
+			DefaultNamespaces: map[string]cache.Config{c.namespace: {}},
+			ByObject:          map[client.Object]cache.ByObject{&corev1.ConfigMap{}: {Label: sel}},
+		},
+		Metrics:                 metricsserver.Options{BindAddress: c.metricsAddr},
+		HealthProbeBindAddress:  c.probeAddr,
+		LeaderElectionID:        c.electionID,
+		LeaderElectionNamespace: c.namespace,
+		LeaseDuration:           &timing.LeaseDuration,
+		RenewDeadline:           &timing.RenewDeadline,
+		RetryPeriod:             &timing.RetryPeriod,
+	}
+	if err := el.configure(&opts); err != nil {
+		return err
+	}
+	mgr, err := ctrl.NewManager(restCfg, opts)
+	if err != nil {
+		return err
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("store", pingCheck(storePool)); err != nil {
+		return err
+	}
+	if el.pool != nil {
+		if err := mgr.AddReadyzCheck("lease-db", pingCheck(el.pool)); err != nil {
+			return err
+		}
+	}
+	// A leader-only runnable: started when the manager starts leading.
+	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		emit(event{Event: "leading", Epoch: el.epoch()})
+		<-ctx.Done()
+		return nil
+	})); err != nil {
+		return err
+	}
+
+	r := &reconciler{client: mgr.GetClient(), store: st, id: c.id}
+	err = ctrl.NewControllerManagedBy(mgr).
+		For(&corev1.ConfigMap{}).
+		WithOptions(controller.Options{
+			// Retry soon after a store outage, not after minutes.
+			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](5*time.Millisecond, time.Second),
+		}).
+		Complete(el.fenced(r))
+	if err != nil {
+		return err
+	}
+	// Start returns nil after a signal (having released the lease), and an
+	// error when the leadership was lost.
+	return mgr.Start(ctx)
+}
+
+func pingCheck(pool *pgxpool.Pool) healthz.Checker {
+	return func(req *http.Request) error {
+		ctx, cancel := context.WithTimeout(req.Context(), time.Second)
+		defer cancel()
+		return pool.Ping(ctx)
+	}
+}
+
+// event is one line of standard output.
+type event struct {
+	Time     string `json:"time"`
+	Event    string `json:"event"`
+	ID       string `json:"id"`
+	PID      int    `json:"pid,omitempty"`
+	Epoch    int64  `json:"epoch,omitempty"`
+	Resource string `json:"resource,omitempty"`
+	RV       string `json:"rv,omitempty"`
+	Highest  int64  `json:"highest,omitempty"`
+	Code     *int   `json:"code,omitempty"`
+	Err      string `json:"error,omitempty"`
+}
+
+var (
+	outMu    sync.Mutex
+	identity string // set once in main before anything emits
+)
+
+func emit(e event) {
+	e.Time = time.Now().UTC().Format(time.RFC3339Nano)
+	e.ID = identity
+	b, _ := json.Marshal(e)
+	outMu.Lock()
+	defer outMu.Unlock()
+	os.Stdout.Write(append(b, '\n'))
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
