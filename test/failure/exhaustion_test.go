@@ -29,6 +29,22 @@ func TestResourceExhaustionFailsClosed(t *testing.T) {
 	}
 	appDSN := pgtest.WithUser(e.dsn, "app")
 	admin := e.connect(t) // superuser: a reserved slot is always there for it
+	// appConn connects as app, waiting for a slot: backends of connections
+	// closed by an earlier step free theirs only once they have exited.
+	appConn := func(t *testing.T) *pgx.Conn {
+		t.Helper()
+		var conn *pgx.Conn
+		eventually(t, 10*time.Second, "a free connection slot", func() bool {
+			c, err := pgx.Connect(ctx, appDSN)
+			if err != nil && pgCode(err) != "53300" {
+				t.Fatal(err)
+			}
+			conn = c
+			return err == nil
+		})
+		t.Cleanup(func() { _ = conn.Close(context.Background()) })
+		return conn
+	}
 	unchanged := func(t *testing.T, before []string, what string) {
 		t.Helper()
 		if after := rawRows(t, admin); !slices.Equal(before, after) {
@@ -38,7 +54,7 @@ func TestResourceExhaustionFailsClosed(t *testing.T) {
 	}
 
 	t.Run("connections", func(t *testing.T) {
-		holder := lease.New(connectDSN(t, appDSN))
+		holder := lease.New(appConn(t))
 		g := mustAcquire(t, holder, "k", "holder", time.Hour)
 		// Take every slot left to app.
 		var fillers []*pgx.Conn
@@ -93,26 +109,16 @@ func TestResourceExhaustionFailsClosed(t *testing.T) {
 		_ = fillers[0].Close(ctx)
 		fillers = fillers[1:]
 		backendGone(t, admin, pid)
-		var wconn *pgx.Conn
-		eventually(t, 10*time.Second, "a free connection slot", func() bool { // the exiting backend frees its slot last
-			c, err := pgx.Connect(ctx, appDSN)
-			if err != nil && pgCode(err) != "53300" {
-				t.Fatal(err)
-			}
-			wconn = c
-			return err == nil
-		})
-		defer wconn.Close(context.Background())
-		w := lease.New(wconn)
+		w := lease.New(appConn(t))
 		if g, ok, err := w.Acquire(ctx, "job", "worker", time.Hour); err != nil || !ok || g.Epoch != 1 {
 			t.Fatalf("worker's acquire once a slot is free: %v ok=%t err=%v", g.Token, ok, err)
 		}
 	})
 
 	t.Run("statement_timeout", func(t *testing.T) {
-		holder := lease.New(connectDSN(t, appDSN))
+		holder := lease.New(appConn(t))
 		g := mustAcquire(t, holder, "st", "holder", 1500*time.Millisecond)
-		wconn := connectDSN(t, appDSN)
+		wconn := appConn(t)
 		if _, err := wconn.Exec(ctx, `SET statement_timeout = '300ms'`); err != nil {
 			t.Fatal(err)
 		}
@@ -137,19 +143,19 @@ func TestResourceExhaustionFailsClosed(t *testing.T) {
 		}
 		// The lease's own wait bound is a different error.
 		mustAcquire(t, holder, "st2", "holder", time.Hour)
-		w2 := lease.New(connectDSN(t, appDSN))
+		w2 := lease.New(appConn(t))
 		if _, err := w2.AcquireWait(ctx, "st2", "waiter", time.Minute, 200*time.Millisecond); !errors.Is(err, lease.ErrWaitTimeout) || pgMessage(err) != "timeout" {
 			t.Fatalf("blocking acquire past its wait bound: %v, want the lease's timeout (57014 \"timeout\")", err)
 		}
 	})
 
 	t.Run("lock_timeout", func(t *testing.T) {
-		hconn := connectDSN(t, appDSN)
+		hconn := appConn(t)
 		holder := lease.New(hconn)
 		g := mustAcquire(t, holder, "lk", "holder", time.Hour)
 		// A fenced write of the holder's, still open: it keeps the row
 		// share-locked.
-		fconn := connectDSN(t, appDSN)
+		fconn := appConn(t)
 		tx, err := fconn.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -170,7 +176,7 @@ func TestResourceExhaustionFailsClosed(t *testing.T) {
 		if err := holder.Release(ctx, g.Token); pgCode(err) != "55P03" {
 			t.Fatalf("release behind the fence's row lock: %v, want SQLSTATE 55P03", err)
 		}
-		if _, ok, err := lease.New(connectDSN(t, appDSN)).Acquire(ctx, "lk", "other", time.Minute); err != nil || ok {
+		if _, ok, err := lease.New(appConn(t)).Acquire(ctx, "lk", "other", time.Minute); err != nil || ok {
 			t.Fatalf("another owner's acquire while held: ok=%t err=%v", ok, err)
 		}
 		unchanged(t, before, "operations that hit lock_timeout")

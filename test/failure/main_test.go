@@ -95,7 +95,11 @@ func newEnv(t *testing.T, opts pgtest.Options) *env {
 // break.
 func checkInstalledMatchesRepo(t *testing.T, conn *pgx.Conn) {
 	t.Helper()
-	script := pgleasesql.InstallScript()
+	var all strings.Builder // the base script and every update script
+	for _, b := range pgleasesql.Files() {
+		all.Write(b)
+	}
+	script := all.String()
 	rows, err := conn.Query(ctxFor(t, time.Minute), `SELECT p.proname, p.prosrc FROM pg_proc p
 		JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'lease'`)
 	if err != nil {
