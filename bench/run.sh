@@ -58,14 +58,22 @@ pg_bindir="$(pg_config --bindir 2>/dev/null || ls -d /usr/lib/postgresql/*/bin |
 	echo "server settings: fsync, synchronous_commit, shared_buffers, wal_sync_method per mode are in pgbench.json / scale.json / handoff.json (\"server\")"
 } | tee "$out/env.txt"
 
+failed=()
 step() {
 	local name="$1"
 	shift
 	echo "== $name ($(date -u +%T), load $(cut -d' ' -f1 /proc/loadavg))" | tee -a "$out/env.txt"
-	"$@" 2>&1 | tee "$out/$name.log"
+	if ! "$@" 2>&1 | tee "$out/$name.log"; then
+		echo "== $name FAILED" | tee -a "$out/env.txt"
+		failed+=("$name")
+	fi
 }
 step pgbench go run ./bench/pgbench -out "$out" "${pgbench_args[@]}"
 step handoff go run ./bench/handoff -out "$out" "${handoff_args[@]}"
 step scale go run ./bench/scale -out "$out" "${scale_args[@]}"
 echo "load_after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/env.txt"
 echo "results in $out"
+if ((${#failed[@]})); then
+	echo "failed: ${failed[*]}" >&2
+	exit 1
+fi

@@ -191,7 +191,7 @@ func runMode(ctx context.Context, mode string, clients []int, tmp string) (modeR
 	}
 
 	if mode == "stmt" && *variants {
-		vs := []string{"r_lease", "r_nosubtx", "r_nosp", "r_noval", "r_nonotify", "r_min", "r_bare", "r_select1"}
+		vs := []string{"r_lease", "r_nosubtx", "r_nosp", "r_noval", "r_nonotifyfn", "r_min", "r_bare", "r_select1"}
 		lat := map[string][]float64{}
 		tps := map[string]float64{}
 		for r := 0; r < *rounds; r++ {
