@@ -39,9 +39,11 @@
 //
 // # Operations
 //
-//	Get     lease.inspect. A key never leased: apierrors.IsNotFound.
-//	Create  lease.acquire of a never-leased key (epoch 1). An existing key,
-//	        held or free: apierrors.IsAlreadyExists, nothing changes.
+//	Get     lease.inspect. A key never leased (or removed by lease.cleanup
+//	        once free): apierrors.IsNotFound.
+//	Create  lease.acquire of a key that does not exist (epoch 1, or above
+//	        the epoch floor lease.cleanup keeps). An existing key, held or
+//	        free: apierrors.IsAlreadyExists, nothing changes.
 //	Update  no resourceVersion; conditional on what the Lock holds:
 //	          HolderIdentity ""            → lease.release(key, identity, epoch)
 //	          a live term of epoch e        → lease.renew(key, identity, e, ttl)

@@ -289,6 +289,19 @@ func (l *Lock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error
 		return nil, nil, err
 	}
 	if !s.Exists {
+		// Never leased, or removed by lease.cleanup after it was free: a
+		// grant we held is gone either way.
+		l.mu.Lock()
+		l.obs = rawRecord{}
+		t := l.term
+		lost := l.grant != nil
+		if lost {
+			l.grant, l.term = nil, nil
+		}
+		l.mu.Unlock()
+		if lost && t != nil {
+			t.end(fmt.Errorf("%w (%w): seen by Get: %s no longer exists", lease.ErrNotOwner, lease.ErrLost, l.key))
+		}
 		return nil, nil, apierrors.NewNotFound(GroupResource, l.key)
 	}
 
@@ -356,16 +369,10 @@ func (l *Lock) Create(ctx context.Context, ler rl.LeaderElectionRecord) error {
 	if !ok {
 		return apierrors.NewAlreadyExists(GroupResource, l.key)
 	}
-	if g.Epoch != 1 {
-		// The key was created, and freed, by someone else between the
-		// inspect and the acquire: Create must not take over an existing
-		// lease. Give the grant back (no term ever saw it).
-		if err := l.client.Release(ctx, g.Token); err != nil && !errors.Is(err, lease.ErrLost) {
-			return fmt.Errorf("resourcelock: Create found %s created meanwhile and could not give back epoch %d: %w",
-				l.key, g.Epoch, err)
-		}
-		return apierrors.NewAlreadyExists(GroupResource, l.key)
-	}
+	// The key did not exist when inspected. (Its first grant carries epoch 1,
+	// or, after lease.cleanup removed free keys, one above the database's
+	// epoch floor. If another candidate created and freed it in between,
+	// this is a grant of a free key: still the server's decision.)
 	return l.begin(ctx, g)
 }
 

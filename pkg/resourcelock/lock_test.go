@@ -575,3 +575,30 @@ func TestTokenContext(t *testing.T) {
 		t.Fatalf("after release: cause %v", context.Cause(c2))
 	}
 }
+
+// lease.cleanup removes keys free for long enough: Get then says NotFound
+// (client-go calls Create), a grant the lock still had is dropped, and
+// Create succeeds with an epoch above every earlier one.
+func TestKeyRemovedByCleanup(t *testing.T) {
+	dsn := newDB(t)
+	ctx := context.Background()
+	admin := newPool(t, dsn)
+	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.WithLeaseDuration(300*time.Millisecond))
+	if err := a.Create(ctx, rec("a")); err != nil {
+		t.Fatal(err)
+	}
+	waitLapsed(t, lease.New(admin), "k", time.Minute)
+	var removed, floor int64
+	if err := admin.QueryRow(ctx, `SELECT removed, epoch_floor FROM lease.cleanup('0')`).Scan(&removed, &floor); err != nil || removed != 1 {
+		t.Fatalf("cleanup: removed %d, floor %d, %v", removed, floor, err)
+	}
+	if _, _, err := a.Get(ctx); !apierrors.IsNotFound(err) {
+		t.Fatalf("Get of a removed key: %v, want NotFound", err)
+	}
+	if err := a.Create(ctx, rec("a")); err != nil {
+		t.Fatalf("Create of a removed key: %v", err)
+	}
+	if a.Epoch() <= 1 || a.Epoch() <= floor {
+		t.Fatalf("re-created at epoch %d (floor %d), want above every earlier epoch", a.Epoch(), floor)
+	}
+}
