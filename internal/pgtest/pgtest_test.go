@@ -493,9 +493,9 @@ func TestInstallExtensionFiles(t *testing.T) {
 	}
 	var version string
 	err = connect(t, s.DSN()).QueryRow(ctx,
-		"SELECT version FROM pg_available_extension_versions WHERE name = 'pg_lease'").Scan(&version)
+		"SELECT default_version FROM pg_available_extensions WHERE name = 'pg_lease'").Scan(&version)
 	if err != nil || version != pgleasesql.Version {
-		t.Fatalf("pg_available_extension_versions: %q, %v", version, err)
+		t.Fatalf("pg_available_extensions.default_version: %q, %v", version, err)
 	}
 }
 
