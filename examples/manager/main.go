@@ -38,6 +38,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
@@ -56,10 +57,11 @@ func main() {
 		id            = flag.String("id", fmt.Sprintf("%s-%d", host, os.Getpid()), "this candidate's unique identity")
 		namespace     = flag.String("namespace", "default", "namespace whose ConfigMaps are reconciled")
 		leaseDuration = flag.Duration("lease-duration", 15*time.Second, "lease TTL; client-go's timings follow from it")
+		probeAddr     = flag.String("health-probe-bind-address", ":8081", "address of /healthz (leader election health) and /readyz; \"0\" disables")
 	)
 	// -kubeconfig is registered by controller-runtime (ctrl.GetConfig).
 	flag.Parse()
-	if err := run(*dsn, *key, *id, *namespace, *leaseDuration); err != nil {
+	if err := run(*dsn, *key, *id, *namespace, *leaseDuration, *probeAddr); err != nil {
 		fmt.Fprintln(os.Stderr, "manager:", err)
 		os.Exit(1)
 	}
@@ -73,7 +75,7 @@ func say(format string, args ...any) {
 	fmt.Printf("%s %s\n", time.Now().UTC().Format(time.RFC3339Nano), fmt.Sprintf(format, args...))
 }
 
-func run(dsn, key, id, namespace string, leaseDuration time.Duration) error {
+func run(dsn, key, id, namespace string, leaseDuration time.Duration, probeAddr string) error {
 	ctx := ctrl.SetupSignalHandler()
 	cfg, err := ctrl.GetConfig()
 	if err != nil {
@@ -99,14 +101,23 @@ func run(dsn, key, id, namespace string, leaseDuration time.Duration) error {
 		return err
 	}
 	opts := ctrl.Options{
-		Metrics: metricsserver.Options{BindAddress: "0"},
-		Cache:   cache.Options{DefaultNamespaces: map[string]cache.Config{namespace: {}}},
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: probeAddr,
+		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{namespace: {}}},
 	}
 	if err := leasectrl.ConfigureManager(&opts, lock); err != nil {
 		return err
 	}
 	mgr, err := ctrl.NewManager(cfg, opts)
 	if err != nil {
+		return err
+	}
+	// Liveness fails when the lock holds a grant its elector stopped renewing;
+	// readiness only says the process serves.
+	if err := mgr.AddHealthzCheck("leader-election", lock.Check); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
 	err = ctrl.NewControllerManagedBy(mgr).

@@ -3,6 +3,9 @@ package main_test
 import (
 	"bufio"
 	"context"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -175,8 +178,10 @@ func TestManagerExample(t *testing.T) {
 	lines := make(chan line, 1000)
 	procs := map[string]*proc{}
 	args := []string{"-kubeconfig", kubeconfig, "-dsn", dsn, "-namespace", "default", "-key", "manager-example", "-lease-duration", "2s"}
+	probes := map[string]string{}
 	for _, id := range []string{"m1", "m2"} {
-		procs[id] = startProc(t, bin, id, lines, args...)
+		probes[id] = freeAddr(t)
+		procs[id] = startProc(t, bin, id, lines, append(args, "-health-probe-bind-address", probes[id])...)
 	}
 	var mu sync.Mutex
 	var seen []line
@@ -214,6 +219,20 @@ func TestManagerExample(t *testing.T) {
 	if first.proc == "m1" {
 		other = "m2"
 	}
+	// The probes are wired: /healthz runs the lock's check, /readyz answers.
+	for _, id := range []string{"m1", "m2"} {
+		for _, path := range []string{"/healthz", "/readyz"} {
+			resp, err := http.Get("http://" + probes[id] + path)
+			if err != nil {
+				t.Fatalf("%s %s: %v", id, path, err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("%s %s: %d %s", id, path, resp.StatusCode, body)
+			}
+		}
+	}
 	stopped := time.Now()
 	if err := procs[first.proc].cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -238,4 +257,15 @@ func TestManagerExample(t *testing.T) {
 	if procs[other].err != nil {
 		t.Fatalf("%s exited with %v after SIGTERM", other, procs[other].err)
 	}
+}
+
+// freeAddr returns a loopback address with a port free at the time of the call.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
 }

@@ -108,6 +108,8 @@ type Lock struct {
 	term  *Term        // the term of grant; ended terms stay until the grant goes
 	obs   rawRecord    // last state seen or written: Get's bytes come from it
 
+	lastCall time.Time // last Get, Create or Update (Check)
+
 	hookMu sync.Mutex // OnEpochChange calls never overlap
 }
 
@@ -284,6 +286,7 @@ func (l *Lock) record(r rawRecord) (*rl.LeaderElectionRecord, []byte, error) {
 func (l *Lock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error) {
 	l.op.Lock()
 	defer l.op.Unlock()
+	l.touch()
 	s, err := l.client.Inspect(ctx, l.key)
 	if err != nil {
 		return nil, nil, err
@@ -350,6 +353,7 @@ func (l *Lock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error
 // exists, it returns an error for which apierrors.IsAlreadyExists is true and
 // changes nothing.
 func (l *Lock) Create(ctx context.Context, ler rl.LeaderElectionRecord) error {
+	l.touch()
 	if ler.HolderIdentity != l.identity {
 		return l.foreignHolder("Create", ler.HolderIdentity)
 	}
@@ -386,6 +390,7 @@ func (l *Lock) Create(ctx context.Context, ler rl.LeaderElectionRecord) error {
 // Every answer of the server that the caller does not (or no longer) hold
 // the key is an error for which apierrors.IsConflict is true.
 func (l *Lock) Update(ctx context.Context, ler rl.LeaderElectionRecord) error {
+	l.touch()
 	if ler.HolderIdentity == "" {
 		return l.release(ctx)
 	}

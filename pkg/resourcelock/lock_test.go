@@ -602,3 +602,33 @@ func TestKeyRemovedByCleanup(t *testing.T) {
 		t.Fatalf("re-created at epoch %d (floor %d), want above every earlier epoch", a.Epoch(), floor)
 	}
 }
+
+// Check fails only while the lock holds a grant that its elector stopped
+// calling about for over twice the lease duration.
+func TestCheckDetectsAStuckElector(t *testing.T) {
+	dsn := newDB(t)
+	ctx := context.Background()
+	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.WithLeaseDuration(200*time.Millisecond),
+		resourcelock.WithMargin(20*time.Millisecond))
+	if err := a.Check(nil); err != nil {
+		t.Fatalf("Check with no grant: %v", err)
+	}
+	if err := a.Create(ctx, rec("a")); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Check(nil); err != nil {
+		t.Fatalf("Check right after the grant: %v", err)
+	}
+	time.Sleep(450 * time.Millisecond) // no call: a stuck elector
+	if err := a.Check(nil); err == nil {
+		t.Fatal("Check passed although the elector left a held grant alone for > 2 x lease duration")
+	}
+	// The elector comes back: its Get sees the lapse, the lock drops the
+	// grant, and the check passes again.
+	if _, _, err := a.Get(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Check(nil); err != nil {
+		t.Fatalf("Check after the elector saw the lapse: %v", err)
+	}
+}
