@@ -61,7 +61,7 @@ func pgleaseElection(ctx context.Context, c config) (*election, error) {
 		},
 		epoch: lock.Epoch,
 		pool:  pool,
-		close: pool.Close,
+		close: func() { closeSoon(pool) },
 	}, nil
 }
 

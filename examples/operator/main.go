@@ -180,7 +180,7 @@ func run(ctx context.Context, c config) error {
 	if err != nil {
 		return fmt.Errorf("store: %w", err)
 	}
-	defer storePool.Close()
+	defer closeSoon(storePool)
 	setupCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	st, err := newStore(setupCtx, storePool)
 	cancel()
@@ -246,7 +246,7 @@ func run(ctx context.Context, c config) error {
 		return err
 	}
 
-	r := &reconciler{client: mgr.GetClient(), store: st, id: c.id}
+	r := &reconciler{client: mgr.GetClient(), store: st, id: c.id, writeTimeout: c.leaseDuration}
 	err = ctrl.NewControllerManagedBy(mgr).
 		For(&corev1.ConfigMap{}).
 		WithOptions(controller.Options{
@@ -260,6 +260,18 @@ func run(ctx context.Context, c config) error {
 	// Start returns nil after a signal (having released the lease), and an
 	// error when the leadership was lost.
 	return mgr.Start(ctx)
+}
+
+// closeSoon closes pool, waiting at most a second: connections to an
+// unreachable database (their cancel requests hang) must not hold back the
+// exit after a lost leadership.
+func closeSoon(pool *pgxpool.Pool) {
+	done := make(chan struct{})
+	go func() { pool.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(time.Second):
+	}
 }
 
 func pingCheck(pool *pgxpool.Pool) healthz.Checker {

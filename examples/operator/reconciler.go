@@ -27,15 +27,17 @@ const (
 	stallWriterAnnotation = "pglease.example/stall-writer"
 )
 
-// writeTimeout bounds one write to the store.
-const writeTimeout = 10 * time.Second
-
 // reconciler writes each ConfigMap's result to the store under the fencing
 // token of its context.
 type reconciler struct {
 	client client.Reader
 	store  *store
 	id     string
+	// writeTimeout bounds a write once it is decided (the lease TTL): it
+	// is not cancelled with the term, but a write stuck on an unreachable
+	// store must not hold back the manager's exit after a lost leadership
+	// (the manager waits for running reconciles).
+	writeTimeout time.Duration
 }
 
 func (r *reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
@@ -68,7 +70,7 @@ func (r *reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		emit(event{Event: "stall", Resource: res.Resource, Epoch: tok.Epoch, RV: res.ResourceVersion})
 		time.Sleep(d)
 	}
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.writeTimeout)
 	defer cancel()
 	err := r.store.write(wctx, tok, res)
 	if stale, ok := errors.AsType[*fence.StaleError](err); ok {
