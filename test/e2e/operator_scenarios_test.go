@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pglease/pg_lease/test/robustness"
 )
 
 // TestOperator runs examples/operator as three separate processes against a
@@ -346,18 +348,23 @@ func scenarioRolling(e *env) {
 	e.verify(w)
 }
 
-// (f) The leader is cut off from PostgreSQL by a TCP proxy (its
-// connections closed, new ones blackholed): its term ends before its grant
+// (f) The leader is cut off from PostgreSQL by a loopback TCP proxy (the
+// robustness suite's: its connections closed, new ones blackholed): its term ends before its grant
 // expires on the server, and another process takes over after the expiry.
 func scenarioPartition(e *env) {
 	t := e.t
-	proxy := newTCPProxy(t, "127.0.0.1:"+strconv.Itoa(e.pg.Port()))
 	direct := "127.0.0.1:" + strconv.Itoa(e.pg.Port())
+	proxy, err := robustness.NewProxy(direct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	via := "127.0.0.1:" + strconv.Itoa(proxy.Port())
 	e.dsnFor = func(slot int) (string, string) {
 		if slot != 1 {
 			return e.leaseDSN, e.storeDSN
 		}
-		return strings.Replace(e.leaseDSN, direct, proxy.Addr(), 1), strings.Replace(e.storeDSN, direct, proxy.Addr(), 1)
+		return strings.Replace(e.leaseDSN, direct, via, 1), strings.Replace(e.storeDSN, direct, via, 1)
 	}
 	w := e.startWorkload(5, 150*time.Millisecond)
 	// op1, behind the proxy, starts alone so that it leads.
@@ -374,7 +381,8 @@ func scenarioPartition(e *env) {
 
 	m := e.mark()
 	cut := time.Now()
-	proxy.Cut()
+	proxy.Blackhole() // new connections (and any byte) go nowhere...
+	proxy.Cut()       // ...and the open ones are closed
 	t.Logf("%s cut off from PostgreSQL at %s", l.id, cut.Format("15:04:05.000"))
 	ended := e.awaitTermEnd(m, 3*ttl, l.id, l.epoch)
 	next := e.awaitLeader(m, 3*ttl, l.id)
@@ -405,7 +413,7 @@ func scenarioPartition(e *env) {
 	if old.exitCode != 1 {
 		t.Errorf("%s exited with %d after losing the leadership, want 1", l.id, old.exitCode)
 	}
-	proxy.Heal()
+	proxy.Open()
 	e.awaitReady(30*time.Second, 1, 2, 3)
 	e.verify(w)
 }

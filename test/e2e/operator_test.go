@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -909,7 +910,7 @@ func (e *env) verify(w *workload) {
 		}
 		for res, f := range want {
 			g, ok := got[res]
-			if !ok || g.rv != f.rv || !mapsEqual(g.data, f.data) {
+			if !ok || g.rv != f.rv || !maps.Equal(g.data, f.data) {
 				missing = append(missing, fmt.Sprintf("%s: want rv %s %v, have %v", res, f.rv, f.data, g))
 			}
 		}
@@ -978,18 +979,6 @@ func (e *env) verify(w *workload) {
 		}
 		last = s
 	}
-}
-
-func mapsEqual(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 // timings collects the measured handoffs and takeovers of every scenario.
