@@ -1,0 +1,45 @@
+-- upgrade_03_trusted_update: a non-superuser with only CREATE on a database
+-- installs 0.1.0 and updates it to 0.2.0 itself. What the update adds
+-- (lease.epoch_floor, lease.cleanup) belongs to that role, like everything
+-- else, and is closed to other roles. Database and roles are dropped at the
+-- end.
+\set VERBOSITY default
+\set SHOW_CONTEXT never
+SELECT current_database() AS orig_db, current_user AS orig_user \gset
+
+CREATE ROLE regress_pglease_upgrader LOGIN;
+CREATE ROLE regress_pglease_upother LOGIN;
+CREATE DATABASE regress_pglease_updb;
+REVOKE ALL ON DATABASE regress_pglease_updb FROM PUBLIC;
+GRANT CONNECT ON DATABASE regress_pglease_updb TO regress_pglease_upother;
+GRANT CONNECT, CREATE ON DATABASE regress_pglease_updb TO regress_pglease_upgrader;
+
+\c regress_pglease_updb regress_pglease_upgrader
+SELECT rolsuper FROM pg_roles WHERE rolname = current_user;
+CREATE EXTENSION pg_lease VERSION '0.1.0';
+SELECT acquired, epoch FROM lease.acquire('upt-1', 'u1', interval '1h');
+SELECT status FROM lease.release('upt-1', 'u1', 1);
+ALTER EXTENSION pg_lease UPDATE;
+SELECT extversion, extowner::regrole FROM pg_extension WHERE extname = 'pg_lease';
+SELECT lease.version();
+SELECT tablename, tableowner FROM pg_tables WHERE schemaname = 'lease' ORDER BY 1;
+SELECT count(*) AS functions_not_owned_by_upgrader
+  FROM pg_proc WHERE pronamespace = 'lease'::regnamespace
+   AND proowner <> 'regress_pglease_upgrader'::regrole;
+SELECT prosecdef, proconfig FROM pg_proc
+ WHERE pronamespace = 'lease'::regnamespace AND proname = 'cleanup';
+-- The owner cleans up: the freed key comes back above its epoch.
+SELECT * FROM lease.cleanup(interval '0');
+SELECT acquired, epoch FROM lease.acquire('upt-1', 'u1', interval '1h');
+
+-- Another role uses the API but not cleanup nor the floor table.
+\c regress_pglease_updb regress_pglease_upother
+SELECT acquired, epoch FROM lease.acquire('upt-2', 'o1', interval '1h');
+SELECT * FROM lease.cleanup(interval '0');
+SELECT * FROM lease.epoch_floor;
+UPDATE lease.epoch_floor SET floor = 0;
+
+\c :orig_db :orig_user
+DROP DATABASE regress_pglease_updb;
+DROP ROLE regress_pglease_upgrader;
+DROP ROLE regress_pglease_upother;
