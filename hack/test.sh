@@ -29,4 +29,9 @@ bash hack/build-control-plane.sh >/dev/null
 
 echo "== Go tests" >&2
 go vet ./...
-go test -count=1 -timeout 25m ${GOTESTFLAGS:-} ./...
+# The end-to-end suite (3 operator processes per scenario on a real
+# kube-apiserver) runs alone after the rest, so that its timing-sensitive
+# properties (a cut-off leader stops before its server-side expiry) are not
+# measured on a machine saturated by the other packages' tests.
+go test -count=1 -timeout 25m ${GOTESTFLAGS:-} $(go list ./... | grep -v '/test/e2e$')
+go test -count=1 -timeout 15m ${GOTESTFLAGS:-} ./test/e2e/
