@@ -61,7 +61,7 @@ SELECT * FROM lease.epoch_floor;
 -- with a fresh CREATE EXTENSION: every member object with its definition,
 -- owner, privileges and comment. The row types of the extension's tables and
 -- their array types are left out: they follow from the tables, and only some
--- majors record them as extension members (18 does, 14 does not).
+-- majors record them as extension members (17 and 18 do, 14 to 16 do not).
 CREATE FUNCTION upgrade_catalog() RETURNS TABLE (object text, definition text)
 LANGUAGE sql STABLE AS $$
   SELECT pg_describe_object(d.classid, d.objid, 0),

@@ -1,0 +1,410 @@
+#!/usr/bin/env bash
+# test-matrix.sh [--no-failure] [MAJOR...]      (default: 14 15 16 17 18)
+#
+# The supported-versions matrix (`make test-matrix`). For each PostgreSQL major:
+#
+#   1. fetch      hack/pg-env.sh MAJOR (hack/fetch-postgres.sh: Debian's 15, the
+#                 pinned npm builds for 14 16 17 18)
+#   2. install    hack/install-extension.sh: sql/pg_lease.control and
+#                 sql/pg_lease--*.sql into that installation's own extension dir
+#   3. on a throwaway cluster of that major (initdb into a temporary directory,
+#      run as nobody when this runs as root, Unix socket only, no TCP):
+#      regress    the regression suite, sql/test/sql/*.sql (pg_regress of that
+#                 major, Debian's psql as the client, --load-extension=pg_lease)
+#      isolation  the isolation suite, sql/test/specs/*.spec (that major's
+#                 pg_isolation_regress and isolationtester)
+#      upgrade    the extension update 0.1.0 -> 0.2.0 (see below)
+#      ctlpath    18 only: the same cluster restarted with
+#                 extension_control_path set to a private directory (without
+#                 $system): pg_lease is not available before its files are put
+#                 there, then the whole regression suite passes with the
+#                 extension loaded from there
+#   4. failure    the Go failure suite (test/failure), compiled once with
+#                 `go test -c` and run per major with PGLEASE_PG_BINDIR and
+#                 LD_LIBRARY_PATH of that major; it starts its own servers.
+#                 Before it, internal/pgtest's TestStartConnect (also compiled
+#                 once) must log a server of that major: proof that the Go
+#                 harness runs the binaries of the major under test.
+#
+# then prints a summary table (also written to $OUT/summary.md) and exits
+# non-zero if any step failed on any major.
+#
+# The upgrade check, per major, on the same cluster:
+#   a. pg_regress (no --load-extension) over one schedule:
+#        upgrade_01_install_0_1_0  CREATE EXTENSION pg_lease VERSION '0.1.0'; keys
+#                                  in every state; a snapshot of lease.leases
+#        upgrade_02_update         ALTER EXTENSION pg_lease UPDATE; rows equal to
+#                                  the snapshot, version() = 0.2.0, 0.1.0 grants
+#                                  renew/fence/release with their epochs,
+#                                  takeovers continue the counters, cleanup
+#        upgrade_03_trusted_update a non-superuser installs 0.1.0 and updates it
+#        01_acquire .. 12_versions the regression suite in that same database
+#                                  (01-07 run on the updated extension with the
+#                                  0.1.0 rows still present; 08 and later
+#                                  recreate it)
+#        upgrade_99_catalog        the updated extension's catalog entries equal
+#                                  those of a fresh CREATE EXTENSION
+#      (sql/test/upgrade/{sql,expected}; inputs are merged with sql/test's
+#      through symlinks in $OUT/MAJOR/upgrade-input)
+#   b. the isolation suite with --use-existing on a database whose extension
+#      was created at 0.1.0, given leases, then updated.
+#
+# Logs, results and diffs: $OUT/MAJOR/ (OUT: $PGLEASE_MATRIX_OUT, default
+# /tmp/pg_lease-matrix, emptied at the start). --no-failure skips the Go suite
+# (for iterating on the SQL suites).
+#
+# Needs root for 15 (install-extension.sh writes /usr/share/postgresql/15/
+# extension, as `make -C sql install` does, with the repository's files) and
+# to run the servers as nobody; PGLEASE_CACHE must then be outside /root
+# (default here: /var/cache/pg_lease for root). See hack/POSTGRES-VERSIONS.md.
+set -uo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo" || exit 1
+export PATH="$PATH:/usr/local/go/bin"
+if [[ -z ${PGLEASE_CACHE:-} ]]; then
+	if [[ $(id -u) -eq 0 ]]; then PGLEASE_CACHE=/var/cache/pg_lease; else PGLEASE_CACHE=$HOME/.cache/pg_lease; fi
+fi
+export PGLEASE_CACHE
+
+run_failure=1
+majors=()
+for a in "$@"; do
+	case "$a" in
+	--no-failure) run_failure=0 ;;
+	14 | 15 | 16 | 17 | 18) majors+=("$a") ;;
+	*)
+		echo "usage: $0 [--no-failure] [MAJOR...]   (MAJOR: 14 15 16 17 18)" >&2
+		exit 2
+		;;
+	esac
+done
+[[ ${#majors[@]} -gt 0 ]] || majors=(14 15 16 17 18)
+
+OUT=${PGLEASE_MATRIX_OUT:-/tmp/pg_lease-matrix}
+# Emptied only if it is a directory this script made (marker file).
+if [[ -e $OUT && ! -f $OUT/.pglease-matrix ]]; then
+	echo "test-matrix: $OUT exists and was not made by this script; set PGLEASE_MATRIX_OUT" >&2
+	exit 2
+fi
+rm -rf "$OUT"
+mkdir -p "$OUT"
+touch "$OUT/.pglease-matrix"
+chmod 0755 "$OUT"
+
+log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
+
+as_pg=()
+if [[ $(id -u) -eq 0 ]]; then
+	as_pg=(setpriv --reuid=nobody --regid=nogroup --clear-groups --)
+fi
+
+regress_tests=()
+for f in sql/test/sql/*.sql; do regress_tests+=("$(basename "$f" .sql)"); done
+iso_specs=()
+for f in sql/test/specs/*.spec; do iso_specs+=("$(basename "$f" .spec)"); done
+
+# ---------------------------------------------------------------------------
+# Throwaway clusters. Every data directory started is remembered, so the EXIT
+# trap of the major's subshell stops whatever still runs (SIGQUIT, i.e.
+# immediate shutdown, then SIGKILL of the postmaster named in postmaster.pid).
+# ---------------------------------------------------------------------------
+started=()
+
+stop_cluster() { # DIR
+	local dir=$1 pid
+	[[ -f $dir/data/postmaster.pid ]] || return 0
+	"${as_pg[@]}" "$PGLEASE_PG_BINDIR/pg_ctl" -D "$dir/data" -m fast -w -t 30 stop >/dev/null 2>&1 ||
+		"${as_pg[@]}" "$PGLEASE_PG_BINDIR/pg_ctl" -D "$dir/data" -m immediate -w -t 30 stop >/dev/null 2>&1
+	if [[ -f $dir/data/postmaster.pid ]]; then
+		pid=$(head -n 1 "$dir/data/postmaster.pid")
+		[[ $pid =~ ^[0-9]+$ ]] && kill -KILL "$pid" 2>/dev/null
+		sleep 1
+	fi
+	return 0
+}
+
+stop_all() {
+	local d
+	for d in "${started[@]}"; do
+		[[ -f $d/data/postmaster.pid ]] || continue
+		pid=$(head -n 1 "$d/data/postmaster.pid")
+		if [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null; then
+			kill -QUIT "$pid" 2>/dev/null # immediate shutdown
+			for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+			kill -KILL "$pid" 2>/dev/null
+		fi
+	done
+}
+
+# init_cluster DIR: initdb into DIR/data (owned by nobody when root).
+init_cluster() {
+	local dir=$1
+	mkdir -p "$dir/data" "$dir/sock"
+	chmod 0755 "$dir"
+	[[ $(id -u) -eq 0 ]] && chown nobody:nogroup "$dir" "$dir/data" "$dir/sock"
+	"${as_pg[@]}" "$PGLEASE_PG_BINDIR/initdb" -D "$dir/data" -U postgres -A trust -E UTF8 --locale=C \
+		>"$dir/initdb.log" 2>&1
+}
+
+# start_cluster DIR [-c NAME=VALUE]...: start (or restart) the server of
+# DIR/data on the socket DIR/sock, port 5432 (socket only: no TCP at all, so
+# the port number cannot clash with anything).
+start_cluster() {
+	local dir=$1
+	shift
+	local opts="-k $dir/sock -p 5432 -c listen_addresses= -c fsync=off -c max_connections=60"
+	opts+=" -c log_min_messages=warning $*"
+	started+=("$dir")
+	"${as_pg[@]}" "$PGLEASE_PG_BINDIR/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 -o "$opts" start \
+		>>"$dir/pg_ctl.log" 2>&1
+}
+
+# ---------------------------------------------------------------------------
+# One major, in a subshell (its own environment from pg-env.sh). Each step
+# writes pass/fail/skip to $OUT/MAJOR/<step>.status and its seconds to
+# <step>.secs.
+# ---------------------------------------------------------------------------
+mark() { # STEP STATUS SECS
+	echo "$2" >"$mdir/$1.status"
+	echo "$3" >"$mdir/$1.secs"
+}
+
+# step NAME COMMAND...: runs COMMAND, records its status and time.
+step() {
+	local name=$1 t0=$SECONDS rc
+	shift
+	log "$major: $name"
+	"$@"
+	rc=$?
+	if [[ $rc -eq 0 ]]; then mark "$name" pass $((SECONDS - t0)); else mark "$name" fail $((SECONDS - t0)); fi
+	log "$major: $name $( [[ $rc -eq 0 ]] && echo passed || echo "FAILED (see $mdir)") in $((SECONDS - t0)) s"
+	return $rc
+}
+
+psql_() { # psql as postgres on the running cluster; extra args follow
+	"$PGLEASE_PG_CLIENT_BINDIR/psql" -X -q -v ON_ERROR_STOP=1 -h "$cdir/sock" -p 5432 -U postgres "$@"
+}
+
+conn_opts() { echo "--host=$cdir/sock" "--port=5432" "--user=postgres"; }
+
+run_regress() { # OUTDIR [extra pg_regress options]
+	local out=$1
+	shift
+	mkdir -p "$out"
+	(cd sql && "$PGLEASE_PG_REGRESS" --inputdir=test --outputdir="$out" --bindir="$PGLEASE_PG_CLIENT_BINDIR" \
+		$(conn_opts) --dbname=contrib_regression --load-extension=pg_lease "$@" "${regress_tests[@]}") \
+		>"$out/pg_regress.log" 2>&1
+}
+
+run_isolation() { # OUTDIR [extra options]
+	local out=$1
+	shift
+	mkdir -p "$out"
+	(cd sql && "$PGLEASE_PG_ISOLATION_REGRESS" --inputdir=test --outputdir="$out" \
+		--bindir="$PGLEASE_PG_CLIENT_BINDIR" $(conn_opts) "$@" "${iso_specs[@]}") \
+		>"$out/pg_isolation_regress.log" 2>&1
+}
+
+# The database settings pg_regress gives the databases it creates, for the
+# ones created here for --use-existing.
+create_test_db() { # NAME
+	psql_ -d postgres \
+		-c "CREATE DATABASE \"$1\" TEMPLATE=template0" \
+		-c "ALTER DATABASE \"$1\" SET lc_messages TO 'C'" \
+		-c "ALTER DATABASE \"$1\" SET lc_monetary TO 'C'" \
+		-c "ALTER DATABASE \"$1\" SET lc_numeric TO 'C'" \
+		-c "ALTER DATABASE \"$1\" SET lc_time TO 'C'" \
+		-c "ALTER DATABASE \"$1\" SET bytea_output TO 'hex'" \
+		-c "ALTER DATABASE \"$1\" SET timezone_abbreviations TO 'Default'"
+}
+
+run_upgrade() {
+	local out=$mdir/upgrade in=$mdir/upgrade-input f rc=0
+	mkdir -p "$out" "$in/sql" "$in/expected"
+	for f in sql/test/sql/*.sql sql/test/upgrade/sql/*.sql; do ln -s "$repo/$f" "$in/sql/"; done
+	for f in sql/test/expected/*.out sql/test/upgrade/expected/*.out; do ln -s "$repo/$f" "$in/expected/"; done
+	local ups=() last=()
+	for f in sql/test/upgrade/sql/upgrade_*.sql; do
+		f=$(basename "$f" .sql)
+		if [[ $f == upgrade_99_* ]]; then last+=("$f"); else ups+=("$f"); fi
+	done
+	# a. one pg_regress run: the upgrade scripts, the regression suite in the
+	#    same database, the catalog comparison.
+	(cd sql && "$PGLEASE_PG_REGRESS" --inputdir="$in" --outputdir="$out" --bindir="$PGLEASE_PG_CLIENT_BINDIR" \
+		$(conn_opts) --dbname=contrib_regression "${ups[@]}" "${regress_tests[@]}" "${last[@]}") \
+		>"$out/pg_regress.log" 2>&1 || rc=1
+	# b. the isolation suite on a database whose extension was created at
+	#    0.1.0, given leases, and updated.
+	{
+		psql_ -d postgres -c 'DROP DATABASE IF EXISTS isolation_upgrade' &&
+			create_test_db isolation_upgrade &&
+			psql_ -d isolation_upgrade <<-'SQL'
+				CREATE EXTENSION pg_lease VERSION '0.1.0';
+				SELECT acquired FROM lease.acquire('iu-held', 'o1', interval '1h');
+				SELECT acquired FROM lease.acquire('iu-free', 'o1', interval '1h');
+				SELECT status FROM lease.release('iu-free', 'o1', 1);
+				ALTER EXTENSION pg_lease UPDATE;
+				DO $$ BEGIN
+				  IF lease.version() <> '0.2.0' THEN RAISE EXCEPTION 'version() is %', lease.version(); END IF;
+				END $$;
+			SQL
+	} >"$out/isolation-setup.log" 2>&1 || rc=1
+	if [[ $rc -eq 0 ]]; then
+		run_isolation "$mdir/upgrade-isolation" --use-existing --dbname=isolation_upgrade || rc=1
+	fi
+	return $rc
+}
+
+# 18: extension_control_path. The server is restarted with a private
+# directory as the only path element (no $system); pg_lease must be missing
+# until its files are copied there, then the regression suite must pass.
+run_ctlpath() {
+	local priv=$mdir/ctlpath-share rc=0
+	mkdir -p "$priv/extension"
+	chmod -R 0755 "$priv"
+	stop_cluster "$cdir" && start_cluster "$cdir" -c "extension_control_path=$priv" || return 1
+	(
+		set -e
+		psql_ -d postgres -Atc 'SHOW extension_control_path'
+		psql_ -d postgres -c 'DROP DATABASE IF EXISTS ctlpath' -c 'CREATE DATABASE ctlpath'
+		# Without the files in the private directory: not available.
+		if psql_ -d ctlpath -c 'CREATE EXTENSION pg_lease' 2>&1; then
+			echo "CREATE EXTENSION pg_lease worked without the files in $priv"
+			exit 1
+		fi
+		psql_ -d ctlpath -Atc "SELECT count(*) FROM pg_available_extensions WHERE name = 'pg_lease'" | grep -qx 0 ||
+			{ echo "pg_lease is listed as available"; exit 1; }
+		install -m 0644 sql/pg_lease.control sql/pg_lease--*.sql "$priv/extension/"
+		psql_ -d ctlpath -Atc "SELECT default_version FROM pg_available_extensions WHERE name = 'pg_lease'" |
+			grep -qx 0.2.0 || { echo "pg_lease 0.2.0 is not available from $priv"; exit 1; }
+	) >"$mdir/ctlpath.log" 2>&1 || rc=1
+	[[ $rc -eq 0 ]] && { run_regress "$mdir/ctlpath-regress" || rc=1; }
+	stop_cluster "$cdir"
+	# Back to the default for anything after this step.
+	start_cluster "$cdir" || rc=1
+	return $rc
+}
+
+# First a probe that the Go harness starts this major (internal/pgtest's
+# TestStartConnect logs the `postgres --version` of the server it started),
+# then the suite.
+run_failure_suite() {
+	(cd internal/pgtest && "$OUT/pgtest.test" -test.count=1 -test.run '^TestStartConnect$' -test.v) \
+		>"$mdir/failure-probe.log" 2>&1 || return 1
+	if ! grep -q "(PostgreSQL) $major\." "$mdir/failure-probe.log"; then
+		echo "the Go harness did not start PostgreSQL $major (see $mdir/failure-probe.log)" >&2
+		return 1
+	fi
+	(cd test/failure && "$OUT/failure.test" -test.count=1 -test.timeout=20m -test.v) >"$mdir/failure.log" 2>&1
+}
+
+run_major() {
+	major=$1
+	mdir=$OUT/$major
+	cdir=$mdir/cluster
+	mkdir -p "$mdir"
+	chmod 0755 "$mdir"
+	local t0=$SECONDS env
+
+	for s in regress isolation upgrade ctlpath failure; do mark $s skip 0; done
+	[[ $major == 18 ]] || mark ctlpath n/a 0
+	[[ $run_failure -eq 1 ]] || mark failure skipped 0
+	echo "?" >"$mdir/version"
+
+	if ! env=$(hack/pg-env.sh "$major" 2>"$mdir/fetch.log"); then
+		log "$major: fetch FAILED (see $mdir/fetch.log)"
+		mark fetch fail 0
+		return 1
+	fi
+	eval "$env"
+	mark fetch pass $((SECONDS - t0))
+	if ! hack/install-extension.sh "$PGLEASE_PG_BINDIR" >"$mdir/install.log" 2>&1; then
+		log "$major: install-extension FAILED (see $mdir/install.log)"
+		mark fetch fail $((SECONDS - t0))
+		return 1
+	fi
+	if ! init_cluster "$cdir" || ! start_cluster "$cdir"; then
+		log "$major: cluster start FAILED (see $cdir)"
+		cat "$cdir/initdb.log" "$cdir/pg_ctl.log" "$cdir/server.log" 2>/dev/null | tail -n 20 >&2
+		mark fetch fail $((SECONDS - t0))
+		stop_cluster "$cdir"
+		return 1
+	fi
+	psql_ -d postgres -Atc 'SHOW server_version' >"$mdir/version" 2>>"$mdir/install.log" || echo "?" >"$mdir/version"
+	log "$major: server $(cat "$mdir/version") from $PGLEASE_PG_BINDIR"
+
+	step regress run_regress "$mdir/regress"
+	step isolation run_isolation "$mdir/isolation" --load-extension=pg_lease --dbname=isolation_regression
+	step upgrade run_upgrade
+	[[ $major == 18 ]] && step ctlpath run_ctlpath
+	stop_cluster "$cdir"
+	cp "$cdir/server.log" "$mdir/server.log" 2>/dev/null
+	rm -rf "$cdir"
+
+	[[ $run_failure -eq 1 ]] && step failure run_failure_suite
+	echo $((SECONDS - t0)) >"$mdir/total.secs"
+	return 0
+}
+
+# ---------------------------------------------------------------------------
+t_all=$SECONDS
+if [[ $run_failure -eq 1 ]]; then
+	log "compiling the failure suite and the harness probe (go test -c ./test/failure/ ./internal/pgtest/)"
+	if ! go test -c -o "$OUT/failure.test" ./test/failure/ >"$OUT/go-test-c.log" 2>&1 ||
+		! go test -c -o "$OUT/pgtest.test" ./internal/pgtest/ >>"$OUT/go-test-c.log" 2>&1; then
+		log "go test -c FAILED:"
+		cat "$OUT/go-test-c.log" >&2
+		run_failure=0
+		failure_build=fail
+	fi
+fi
+
+unset PGLEASE_TEST_DSN
+for m in "${majors[@]}"; do
+	(
+		trap stop_all EXIT
+		trap 'exit 130' INT TERM
+		run_major "$m"
+	)
+done
+[[ ${failure_build:-} == fail ]] && for m in "${majors[@]}"; do echo fail >"$OUT/$m/failure.status"; done
+
+# ---------------------------------------------------------------------------
+# Summary
+# ---------------------------------------------------------------------------
+overall=0
+for m in "${majors[@]}"; do
+	[[ -f $OUT/$m/fetch.status ]] || overall=1
+	for s in fetch regress isolation upgrade ctlpath failure; do
+		[[ $(cat "$OUT/$m/$s.status" 2>/dev/null) == fail ]] && overall=1
+	done
+done
+[[ ${failure_build:-} == fail ]] && overall=1
+cell() { # MAJOR STEP
+	local s t
+	s=$(cat "$OUT/$1/$2.status" 2>/dev/null || echo fail)
+	t=$(cat "$OUT/$1/$2.secs" 2>/dev/null || echo 0)
+	case "$s" in
+	pass) echo "pass (${t} s)" ;;
+	fail) echo "**FAIL** (${t} s)" ;;
+	*) echo "$s" ;;
+	esac
+}
+{
+	echo "| major | server version | regress | isolation | failure suite | upgrade check | extension_control_path | total |"
+	echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+	for m in "${majors[@]}"; do
+		printf '| %s | %s | %s | %s | %s | %s | %s | %s s |\n' "$m" "$(cat "$OUT/$m/version" 2>/dev/null)" \
+			"$(cell "$m" regress)" "$(cell "$m" isolation)" "$(cell "$m" failure)" "$(cell "$m" upgrade)" \
+			"$(cell "$m" ctlpath)" "$(cat "$OUT/$m/total.secs" 2>/dev/null || echo '?')"
+	done
+	echo
+	echo "wall time: $((SECONDS - t_all)) s; logs, results and diffs in $OUT/<major>/"
+} | tee "$OUT/summary.md"
+if [[ $overall -ne 0 ]]; then
+	echo "test-matrix: FAILED (regression.diffs under $OUT/<major>/*/)" >&2
+else
+	echo "test-matrix: all passed" >&2
+fi
+exit $overall
