@@ -186,14 +186,13 @@ psql_() { # psql as postgres on the running cluster; extra args follow
 	"$PGLEASE_PG_CLIENT_BINDIR/psql" -X -q -v ON_ERROR_STOP=1 -h "$cdir/sock" -p 5432 -U postgres "$@"
 }
 
-conn_opts() { echo "--host=$cdir/sock" "--port=5432" "--user=postgres"; }
 
 run_regress() { # OUTDIR [extra pg_regress options]
 	local out=$1
 	shift
 	mkdir -p "$out"
 	(cd sql && "$PGLEASE_PG_REGRESS" --inputdir=test --outputdir="$out" --bindir="$PGLEASE_PG_CLIENT_BINDIR" \
-		$(conn_opts) --dbname=contrib_regression --load-extension=pg_lease "$@" "${regress_tests[@]}") \
+		"${conn[@]}" --dbname=contrib_regression --load-extension=pg_lease "$@" "${regress_tests[@]}") \
 		>"$out/pg_regress.log" 2>&1
 }
 
@@ -202,7 +201,7 @@ run_isolation() { # OUTDIR [extra options]
 	shift
 	mkdir -p "$out"
 	(cd sql && "$PGLEASE_PG_ISOLATION_REGRESS" --inputdir=test --outputdir="$out" \
-		--bindir="$PGLEASE_PG_CLIENT_BINDIR" $(conn_opts) "$@" "${iso_specs[@]}") \
+		--bindir="$PGLEASE_PG_CLIENT_BINDIR" "${conn[@]}" "$@" "${iso_specs[@]}") \
 		>"$out/pg_isolation_regress.log" 2>&1
 }
 
@@ -232,7 +231,7 @@ run_upgrade() {
 	# a. one pg_regress run: the upgrade scripts, the regression suite in the
 	#    same database, the catalog comparison.
 	(cd sql && "$PGLEASE_PG_REGRESS" --inputdir="$in" --outputdir="$out" --bindir="$PGLEASE_PG_CLIENT_BINDIR" \
-		$(conn_opts) --dbname=contrib_regression "${ups[@]}" "${regress_tests[@]}" "${last[@]}") \
+		"${conn[@]}" --dbname=contrib_regression "${ups[@]}" "${regress_tests[@]}" "${last[@]}") \
 		>"$out/pg_regress.log" 2>&1 || rc=1
 	# b. the isolation suite on a database whose extension was created at
 	#    0.1.0, given leases, and updated.
@@ -303,6 +302,7 @@ run_major() {
 	major=$1
 	mdir=$OUT/$major
 	cdir=$mdir/cluster
+	conn=("--host=$cdir/sock" --port=5432 --user=postgres) # for pg_regress and pg_isolation_regress
 	mkdir -p "$mdir"
 	chmod 0755 "$mdir"
 	local t0=$SECONDS env
