@@ -5,7 +5,7 @@ export PATH := $(PATH):/usr/local/go/bin
 # the servers run as "nobody", which cannot enter /root: cache outside it.
 export PGLEASE_CACHE ?= $(if $(filter 0,$(shell id -u)),/var/cache/pg_lease,$(HOME)/.cache/pg_lease)
 
-.PHONY: all build test install installcheck demo robustness fmt vet
+.PHONY: all build test test-matrix install installcheck demo robustness fmt vet
 
 all: build
 
@@ -31,6 +31,10 @@ demo:
 	hack/install-deps.sh
 	$(MAKE) -s -C sql install >/dev/null
 	go run ./cmd/pglease-demo
+
+## test-matrix: every suite on PostgreSQL 14-18 (MAJORS="15 17" for a subset); summary table
+test-matrix:
+	hack/test-matrix.sh $(MAJORS)
 
 ## robustness: random operations under random faults (server kill, connection cuts,
 ## frozen clients, clock jumps), history checked; DURATION=5m SEED=0 (0: from the clock)

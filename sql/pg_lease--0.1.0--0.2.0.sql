@@ -79,7 +79,19 @@ RETURNS text LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$ SELECT '0.2.0'::text $$;
 
-ALTER TABLE lease.epoch_floor OWNER TO @extowner@;
-ALTER FUNCTION lease.cleanup(interval, integer) OWNER TO @extowner@;
+-- The new objects belong to whoever owns the rest of pg_lease (the owner of
+-- schema lease), not to the role running this update: a superuser updating a
+-- non-superuser's install must not end up owning lease.cleanup, a SECURITY
+-- DEFINER function that calls helpers the installer owns and could replace.
+DO $$
+DECLARE
+  v_owner text;
+BEGIN
+  SELECT n.nspowner::regrole::text INTO STRICT v_owner
+    FROM pg_catalog.pg_namespace n WHERE n.nspname = 'lease';
+  EXECUTE format('ALTER TABLE lease.epoch_floor OWNER TO %s', v_owner);
+  EXECUTE format('ALTER FUNCTION lease.cleanup(interval, integer) OWNER TO %s', v_owner);
+END
+$$;
 REVOKE ALL ON TABLE lease.epoch_floor FROM PUBLIC;
 REVOKE ALL ON FUNCTION lease.cleanup(interval, integer) FROM PUBLIC;

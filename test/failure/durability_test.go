@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -374,6 +375,17 @@ func TestSyncCommitOffGrantSurvivesCrash(t *testing.T) {
 		conn := e.connect(t)
 		if _, err := conn.Exec(ctx, `SET synchronous_commit = off`); err != nil {
 			t.Fatal(err)
+		}
+		// From PostgreSQL 17 on, the WAL writer flushes an asynchronous
+		// commit almost at once whatever wal_writer_delay says: freeze it, so
+		// that only a commit that flushes its own WAL survives the kill (the
+		// kill below ends the frozen process too).
+		var walwriter int
+		if err := conn.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'`).Scan(&walwriter); err != nil {
+			t.Fatalf("finding the WAL writer: %v", err)
+		}
+		if err := syscall.Kill(walwriter, syscall.SIGSTOP); err != nil {
+			t.Fatalf("freezing the WAL writer (pid %d): %v", walwriter, err)
 		}
 		key := fmt.Sprintf("async-%d", round)
 		g := mustAcquire(t, lease.New(conn), key, "a", time.Hour)
