@@ -39,6 +39,24 @@ SELECT * FROM lease.cleanup(interval '0');
 SELECT * FROM lease.epoch_floor;
 UPDATE lease.epoch_floor SET floor = 0;
 
+-- A superuser runs the update of a non-superuser's install: what the update
+-- adds still belongs to the installer, never to the superuser (lease.cleanup
+-- is SECURITY DEFINER and calls helpers the installer owns and could replace).
+\c :orig_db :orig_user
+CREATE DATABASE regress_pglease_updb2;
+GRANT CONNECT, CREATE ON DATABASE regress_pglease_updb2 TO regress_pglease_upgrader;
+\c regress_pglease_updb2 regress_pglease_upgrader
+CREATE EXTENSION pg_lease VERSION '0.1.0';
+\c regress_pglease_updb2 :orig_user
+SELECT rolsuper FROM pg_roles WHERE rolname = current_user;
+ALTER EXTENSION pg_lease UPDATE;
+SELECT tablename, tableowner FROM pg_tables WHERE schemaname = 'lease' ORDER BY 1;
+SELECT count(*) AS functions_not_owned_by_upgrader
+  FROM pg_proc WHERE pronamespace = 'lease'::regnamespace
+   AND proowner <> 'regress_pglease_upgrader'::regrole;
+\c :orig_db :orig_user
+DROP DATABASE regress_pglease_updb2;
+
 \c :orig_db :orig_user
 DROP DATABASE regress_pglease_updb;
 DROP ROLE regress_pglease_upgrader;
