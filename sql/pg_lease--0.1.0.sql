@@ -189,6 +189,7 @@ DECLARE
   v_deadline timestamptz;
   v_now      timestamptz;
   v_found    boolean;
+  v_first    bigint;
   r_owner    text;
   r_epoch    bigint;
   r_expires  timestamptz;
@@ -229,6 +230,17 @@ BEGIN
         ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING
         RETURNING l.epoch, l.expires_at INTO epoch, expires_at;
       IF FOUND THEN
+        -- The first epoch was read with this INSERT's snapshot, before the
+        -- insertion waited for any concurrent change of the key. A clean-up
+        -- (0.2.0) that removed an older row of this key may have committed
+        -- during that wait, raising the floor past what was read: read it
+        -- again now, and move the new row, still this transaction's own,
+        -- above it. (With 0.1.0's constant first epoch this never fires.)
+        v_first := lease._first_epoch();
+        IF v_first > epoch THEN
+          UPDATE lease.leases l SET epoch = v_first WHERE l.key = v_key
+          RETURNING l.epoch INTO epoch;
+        END IF;
         acquired := true;
         PERFORM lease._changed('acquired', v_key, v_owner, epoch);
         RETURN;
