@@ -12,8 +12,9 @@
 //
 //	handoff   cancels A's context (a graceful resignation: A releases) and
 //	          times until B's OnStartedLeading is called;
-//	takeover  crashes A (its connections fail from that instant, nothing is
-//	          released) and times until B's OnStartedLeading is called.
+//	takeover  crashes A, after a random delay of up to TTL/2 (its connections
+//	          fail from that instant, nothing is released), and times until
+//	          B's OnStartedLeading is called.
 //
 // For the pg_lease electors, takeover trials also record the detection
 // latency on the server's clock: the new grant's acquired_at minus the
@@ -29,6 +30,7 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"os/exec"
@@ -267,6 +269,12 @@ func trial(ctx context.Context, sys *system, scenario string, i int) (trialResul
 		t0 = time.Now()
 		a.cancel()
 	} else {
+		// Crash at a random phase of the holder's renewal cycle (pkg/elector
+		// renews every TTL/3, client-go every RetryPeriod), so that
+		// crash-to-grant spans its whole range: from TTL minus the renewal
+		// interval (crash just before a renewal) to TTL plus the detection
+		// latency (crash just after one).
+		time.Sleep(time.Duration(rand.Int64N(int64(ttl / 2))))
 		t0 = time.Now()
 		a.crash()
 		if sys.pg != nil {

@@ -72,6 +72,7 @@ var (
 	clientsF = flag.String("clients", "1,4,16", "client counts")
 	modesF   = flag.String("modes", "durable,stmt", "durable (fsync on) and/or stmt (fsync off)")
 	variants = flag.Bool("variants", true, "time scratch variants of lease.renew and profile W1 (stmt mode)")
+	only     = flag.String("only", "", "comma-separated workloads of the main matrix to run (default: all); \"none\": only the variants")
 )
 
 func main() {
@@ -166,8 +167,16 @@ func runMode(ctx context.Context, mode string, clients []int, tmp string) (modeR
 
 	main := []string{"w1_lease", "w1_lease_nonotify", "w1_bare", "w1_select1", "w2_lease", "w2_bare", "w2_select1",
 		"r_lease", "r_lease_nonotify", "r_bare", "r_select1"}
+	if *only == "none" {
+		main = nil
+	} else if *only != "" {
+		main = strings.Split(*only, ",")
+	}
 	per := *duration / time.Duration(*rounds)
 	for _, c := range clients {
+		if len(main) == 0 {
+			break
+		}
 		lat := map[string][]float64{}
 		tps := map[string]float64{}
 		grants := map[string]int64{}
@@ -190,8 +199,8 @@ func runMode(ctx context.Context, mode string, clients []int, tmp string) (modeR
 		}
 	}
 
-	if mode == "stmt" && *variants {
-		vs := []string{"r_lease", "r_nosubtx", "r_nosp", "r_noval", "r_nonotifyfn", "r_min", "r_bare", "r_select1"}
+	if *variants && (mode == "stmt" || *only != "") {
+		vs := []string{"r_lease", "r_nosubtx", "r_nosp", "r_noval", "r_nonotifyfn", "r_min", "r_oneupdate", "r_bare", "r_select1"}
 		lat := map[string][]float64{}
 		tps := map[string]float64{}
 		for r := 0; r < *rounds; r++ {

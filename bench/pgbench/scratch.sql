@@ -155,3 +155,50 @@ BEGIN
   PERFORM scratch._changed_nonotify('renewed', v_key, v_owner, v_epoch);
 END
 $$;
+
+-- oneupdate: a candidate restructuring that keeps the guarantees (a sketch
+-- for the lead to judge, not shipped). The renewal is one UPDATE whose WHERE
+-- clause is the holder check, read with clock_timestamp() inside the
+-- statement, so it is re-evaluated on the locked row version if the UPDATE
+-- had to wait (EvalPlanQual); an UPDATE keeps a row lock only on a row it
+-- changes, so a failed renew keeps no lock without a subtransaction.
+-- Validation runs the helpers only when a cheap test says something is
+-- wrong; a failed renew classifies its status with an unlocked read (the
+-- same _holder_status precedence). Durability forcing and NOTIFY are kept
+-- (lease._changed), and search_path stays pinned.
+CREATE OR REPLACE FUNCTION scratch.renew_oneupdate(key text, owner text, epoch bigint, ttl interval,
+                            OUT status text, OUT expires_at timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  v_key text := key; v_owner text := owner; v_epoch bigint := epoch; v_secs double precision;
+  r_owner text; r_epoch bigint; r_expires timestamptz; r_lowner text; r_lepoch bigint;
+BEGIN
+  v_secs := extract(epoch FROM ttl);
+  IF v_key IS NULL OR v_key = '' OR octet_length(v_key) > 1024
+     OR v_owner IS NULL OR v_owner = '' OR octet_length(v_owner) > 1024
+     OR v_epoch IS NULL OR v_epoch < 1
+     OR v_secs IS NULL OR v_secs <= 0 OR NOT isfinite(ttl) OR v_secs > 1e10 THEN
+    PERFORM lease._raise_invalid(ARRAY[
+      lease._text_violation('key', v_key), lease._text_violation('owner', v_owner),
+      lease._epoch_violation(v_epoch), lease._duration_violation('ttl', ttl, true)]);
+  END IF;
+  UPDATE lease.leases l SET expires_at = clock_timestamp() + make_interval(secs => v_secs)
+   WHERE l.key = v_key AND l.owner = v_owner AND l.epoch = v_epoch AND l.expires_at > clock_timestamp()
+  RETURNING l.expires_at INTO expires_at;
+  IF FOUND THEN
+    status := 'ok';
+    PERFORM lease._changed('renewed', v_key, v_owner, v_epoch);
+    RETURN;
+  END IF;
+  SELECT l.owner, l.epoch, l.expires_at, l.lapsed_owner, l.lapsed_epoch
+    INTO r_owner, r_epoch, r_expires, r_lowner, r_lepoch
+    FROM lease.leases l WHERE l.key = v_key;
+  status := lease._holder_status(FOUND, r_owner, r_epoch, r_expires, r_lowner, r_lepoch,
+                                 v_owner, v_epoch, clock_timestamp());
+  IF status = 'ok' THEN
+    status := 'lapsed';  -- it was not renewable when the UPDATE looked; never report ok without renewing
+  END IF;
+END
+$$;
