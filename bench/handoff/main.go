@@ -34,9 +34,11 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -109,7 +111,9 @@ func main() {
 	flag.Parse()
 	log.SetFlags(log.Ltime)
 	klog.SetLogger(logr.Discard())
-	ctx := context.Background()
+	// SIGINT/SIGTERM end the trials early; the servers are still stopped.
+	ctx, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stopSignals()
 
 	s, err := benchutil.StartServer(ctx, map[string]string{"max_connections": "100"})
 	if err != nil {
@@ -151,7 +155,7 @@ func main() {
 
 	var results []trialResult
 	failures := map[string]int{}
-	for i := 0; i < *trials; i++ {
+	for i := 0; i < *trials && ctx.Err() == nil; i++ {
 		for _, scenario := range []string{"handoff", "takeover"} {
 			for _, sys := range systems {
 				r, err := trial(ctx, sys, scenario, i)
