@@ -12,5 +12,6 @@
 // installs, in each test database, the repository's install script with the
 // named break applied (as a plain schema, without touching the server's
 // extension directory). The breaks and the failures they cause are listed in
-// README.md.
+// README.md. PGLEASE_FAILURE_SQL=<file> installs that script instead of the
+// repository's, the same way (hack/defects.sh, docs/defects.md).
 package failure

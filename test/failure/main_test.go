@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -53,7 +54,8 @@ const dbName = "failure"
 // newEnv starts a server (opts), creates database "failure" and installs
 // pg_lease there: CREATE EXTENSION from the repository's files, or, when
 // PGLEASE_FAILURE_BREAK names a break, the install script with that break
-// applied as a plain schema.
+// applied as a plain schema; when PGLEASE_FAILURE_SQL names a file, that
+// script (break applied, if any) as a plain schema.
 func newEnv(t *testing.T, opts pgtest.Options) *env {
 	t.Helper()
 	takeSlot(t)
@@ -66,16 +68,28 @@ func newEnv(t *testing.T, opts pgtest.Options) *env {
 	e := &env{srv: srv, dsn: dsn}
 	conn := e.connect(t)
 	defer conn.Close(ctx)
-	if b := activeBreak(t); b != nil {
-		script, err := lease.SchemaScript(pgtest.Superuser)
-		if err != nil {
-			t.Fatal(err)
+	if b, file := activeBreak(t), os.Getenv(EnvSQL); b != nil || file != "" {
+		var script string
+		if file != "" {
+			script = scriptFile(t, file)
+		} else {
+			var err error
+			if script, err = lease.SchemaScript(pgtest.Superuser); err != nil {
+				t.Fatal(err)
+			}
 		}
-		script = b.apply(t, script)
+		if b != nil {
+			script = b.apply(t, script)
+		}
 		if _, err := conn.Exec(ctx, "BEGIN; "+script+"; COMMIT"); err != nil {
-			t.Fatalf("installing pg_lease with break %s: %v", b.name, err)
+			t.Fatalf("installing pg_lease (%s=%q, %s=%q): %v", EnvSQL, file, EnvBreak, os.Getenv(EnvBreak), err)
 		}
-		t.Logf("BREAK %s installed: %s", b.name, b.what)
+		if b != nil {
+			t.Logf("BREAK %s installed: %s", b.name, b.what)
+		}
+		if file != "" {
+			t.Logf("pg_lease installed from %s", file)
+		}
 		return e
 	}
 	if err := srv.InstallExtensionFiles(ctx); err != nil {
