@@ -1,0 +1,282 @@
+#!/usr/bin/env bash
+# Deliberate-defect run (issue 8, item 4): applies, one at a time, six
+# deliberate defects to pg_lease's SQL and shows that the project's suites
+# (regression, isolation, failure, robustness) fail for every one of them.
+#
+#   hack/defects.sh [DEFECT...]          (default: control and all six; `make defects`)
+#
+#   control                    the repository's SQL, unmodified, through the same mechanisms
+#   1_release_keeps_epoch      release frees the key without incrementing the epoch
+#   2_now_not_clock            expiry decisions read now() (transaction start) instead of
+#                              clock_timestamp() (acquire, renew, release, fence, inspect, list;
+#                              the blocking acquire's wait deadline keeps the clock)
+#   3_no_sync_forcing          no synchronous_commit forcing under synchronous_commit = off
+#   4_lock_while_waiting       the blocking acquire takes the row lock (FOR UPDATE, outside any
+#                              subtransaction) before each sleep and keeps it while it waits
+#   5_renew_no_epoch_check     renew checks the row's epoch instead of the caller's
+#   6_inspect_lapsed_as_held   inspect reports a lapsed holder as held
+#
+# Each defect is an exact text substitution in a copy of the repository's
+# scripts; every substitution asserts how often its pattern occurs, so the
+# script fails loudly rather than test an unmodified copy. The broken copy is
+# then run through:
+#   regression, isolation  PGXS `make installcheck` (each suite on its own) against a throwaway
+#                          cluster started from a private copy of the PostgreSQL installation
+#                          whose extension directory holds the broken scripts (the approach of
+#                          sql/test/prove-breaks.sh; the shared extension dir is never written);
+#   failure                go test ./test/failure with PGLEASE_FAILURE_SQL=<broken base+update>;
+#   robustness             cmd/pglease-robustness -sql <broken base+update>, fixed seed, bounded.
+# A suite "caught" a defect when it failed with at least one failing test (a
+# run that failed for another reason, e.g. the script did not install, is
+# "error", which is not a catch). The control must pass every suite.
+#
+# Environment: DEFECTS_OUT (logs, default /tmp/pg_lease-defects),
+# DEFECTS_SUITES (default "regression isolation failure robustness"),
+# DEFECTS_SEED (robustness seed, default 20260801), DEFECTS_DURATION
+# (robustness duration, default 60s).
+#
+# Exit status: 0 when the control passed every suite run and every defect was
+# caught by at least one suite; 1 otherwise; 2 on a usage or setup error.
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+sqldir="$repo/sql"
+out="${DEFECTS_OUT:-/tmp/pg_lease-defects}"
+suites=(${DEFECTS_SUITES:-regression isolation failure robustness})
+seed="${DEFECTS_SEED:-20260801}"
+duration="${DEFECTS_DURATION:-60s}"
+export PATH="$PATH:/usr/local/go/bin"
+
+all=(control 1_release_keeps_epoch 2_now_not_clock 3_no_sync_forcing 4_lock_while_waiting
+     5_renew_no_epoch_check 6_inspect_lapsed_as_held)
+[ $# -gt 0 ] || set -- "${all[@]}"
+for d in "$@"; do
+  case " ${all[*]} " in *" $d "*) ;; *) echo "defects.sh: unknown defect $d (known: ${all[*]})" >&2; exit 2 ;; esac
+done
+for s in "${suites[@]}"; do
+  case "$s" in regression|isolation|failure|robustness) ;; *) echo "defects.sh: unknown suite $s" >&2; exit 2 ;; esac
+done
+rm -rf "$out"
+mkdir -p "$out"
+
+# --- a private copy of the PostgreSQL installation (as prove-breaks.sh) ---
+pgbin="$(pg_config --bindir)"          # e.g. /usr/lib/postgresql/15/bin
+pgroot="$(dirname "$pgbin")"           # /usr/lib/postgresql/15
+pgshare="$(pg_config --sharedir)"      # /usr/share/postgresql/15
+scratch="$(mktemp -d /tmp/pg_lease-defects.XXXXXX)"
+trap 'rm -rf "$scratch"' EXIT
+mkdir -p "$scratch/lib/postgresql" "$scratch/share/postgresql"
+cp -a "$pgroot" "$scratch/lib/postgresql/"
+cp -a "$pgshare" "$scratch/share/postgresql/"
+chmod -R a+rX "$scratch"
+sbin="$scratch/lib/postgresql/$(basename "$pgroot")/bin"
+extdir="$("$sbin/pg_config" --sharedir)/extension"
+case "$extdir" in "$scratch"/*) ;; *) echo "defects.sh: $extdir is not inside the scratch copy" >&2; exit 2 ;; esac
+work="$scratch/work"   # a copy of sql/: results never collide with the working tree
+mkdir -p "$work"
+cp -a "$sqldir"/Makefile "$sqldir"/pg_lease.control "$sqldir"/pg_lease--*.sql "$sqldir"/test "$work/"
+
+echo "building the robustness runner"
+(cd "$repo" && go build -o "$scratch/pglease-robustness" ./cmd/pglease-robustness)
+
+# --- the defects: exact, asserted substitutions ---
+# make_defect DEFECT DIR: writes DIR/pg_lease--0.1.0.sql and the update
+# scripts (broken), and DIR/plain.sql (base + updates, for plain installs).
+make_defect() {
+  python3 - "$sqldir" "$2" "$1" <<'PY'
+import glob, os, sys
+src, dst, defect = sys.argv[1:4]
+base_name = 'pg_lease--0.1.0.sql'
+s = open(os.path.join(src, base_name)).read()
+orig = s
+updates = sorted(os.path.basename(p) for p in glob.glob(os.path.join(src, 'pg_lease--*--*.sql')))
+upd = {n: open(os.path.join(src, n)).read() for n in updates}
+
+def fn(name):
+    """(start, end) of CREATE FUNCTION lease.<name>( up to the next CREATE FUNCTION."""
+    head = 'CREATE FUNCTION lease.%s(' % name
+    if s.count(head) != 1:
+        sys.exit('defect %s: %r occurs %d times in %s, want 1' % (defect, head, s.count(head), base_name))
+    a = s.index(head)
+    b = s.find('CREATE FUNCTION', a + 1)
+    return a, (b if b >= 0 else len(s))
+
+def sub(name, old, new, count):
+    """Replace the exactly `count` occurrences of old in lease.<name>'s body."""
+    global s
+    for n, u in upd.items():  # an update script redefining it would undo the defect
+        if 'FUNCTION lease.%s(' % name in u:
+            sys.exit('defect %s: %s redefines lease.%s' % (defect, n, name))
+    a, b = fn(name)
+    body = s[a:b]
+    if body.count(old) != count:
+        sys.exit('defect %s: %r occurs %d times in lease.%s, want %d' % (defect, old, body.count(old), name, count))
+    s = s[:a] + body.replace(old, new) + s[b:]
+
+if defect == 'control':
+    pass
+elif defect == '1_release_keeps_epoch':
+    sub('release', 'SET owner = NULL, epoch = l.epoch + 1, expires_at = v_now',
+                   'SET owner = NULL, epoch = l.epoch, expires_at = v_now', 1)
+elif defect == '2_now_not_clock':
+    # every reading of "now" that an expiry is compared with or computed from
+    sub('acquire', 'v_now := clock_timestamp();', 'v_now := now();', 4)
+    # ... except the blocking acquire's own deadline bookkeeping (else a wait
+    # never ends and the suites hang instead of failing)
+    sub('acquire', '    v_now := now();\n    IF v_now >= v_deadline THEN',
+                   '    v_now := clock_timestamp();\n    IF v_now >= v_deadline THEN', 1)
+    sub('renew', 'v_now := clock_timestamp();', 'v_now := now();', 1)
+    sub('release', 'v_now := clock_timestamp();', 'v_now := now();', 1)
+    sub('fence', 'v_owner, v_epoch, clock_timestamp());', 'v_owner, v_epoch, now());', 1)
+    sub('inspect', 'l.expires_at > clock_timestamp() AS h', 'l.expires_at > now() AS h', 1)
+    sub('list', 'l.expires_at > clock_timestamp() AS h', 'l.expires_at > now() AS h', 1)
+elif defect == '3_no_sync_forcing':
+    sub('_changed', "    PERFORM set_config('synchronous_commit', 'local', true);\n", '    NULL;\n', 1)
+elif defect == '4_lock_while_waiting':
+    sub('acquire', '    PERFORM pg_sleep(greatest(0.0005, least(\n',
+        '    PERFORM 1 FROM lease.leases l WHERE l.key = v_key FOR UPDATE;  -- DEFECT: kept while sleeping\n'
+        '    PERFORM pg_sleep(greatest(0.0005, least(\n', 1)
+elif defect == '5_renew_no_epoch_check':
+    sub('renew', 'v_owner, v_epoch, v_now);', 'v_owner, r_epoch, v_now);', 1)
+elif defect == '6_inspect_lapsed_as_held':
+    sub('inspect', 'l.owner IS NOT NULL AND l.expires_at > clock_timestamp() AS h', 'l.owner IS NOT NULL AS h', 1)
+else:
+    sys.exit('unknown defect ' + defect)
+
+if (s == orig) != (defect == 'control'):
+    sys.exit('defect %s: the script is %s' % (defect, 'unchanged' if s == orig else 'changed'))
+os.makedirs(dst, exist_ok=True)
+open(os.path.join(dst, base_name), 'w').write(s)
+plain = s if s.endswith('\n') else s + '\n'
+for n in updates:
+    open(os.path.join(dst, n), 'w').write(upd[n])
+    plain += upd[n] if upd[n].endswith('\n') else upd[n] + '\n'
+open(os.path.join(dst, 'plain.sql'), 'w').write(plain)
+PY
+}
+
+# run_sql_suites DEFECT DIR: regression and isolation against the broken copy.
+run_sql_suites() {
+  local d="$1" dir="$2"
+  cp "$sqldir/pg_lease.control" "$dir"/pg_lease--*.sql "$extdir/"
+  cp "$dir"/pg_lease--*.sql "$work/"
+  rm -rf "$work/results" "$work/output_iso" "$work/regression.diffs" "$work/regression.out"
+  local want=()
+  for s in "${suites[@]}"; do case "$s" in regression|isolation) want+=("$s") ;; esac; done
+  [ ${#want[@]} -gt 0 ] || return 0
+  ( cd "$work" && PGISOLATIONTIMEOUT=30 timeout 1200 "$repo/hack/with-postgres.sh" --bindir "$sbin" -- bash -c '
+      out="$1" d="$2"; shift 2
+      # the broken script must install, or a failing suite would prove nothing
+      if ! psql -X -q -v ON_ERROR_STOP=1 -d postgres -c "CREATE DATABASE defects_probe" \
+             -c "\\c defects_probe" -c "CREATE EXTENSION pg_lease" -c "\\c postgres" \
+             -c "DROP DATABASE defects_probe" >"$out/$d.install.log" 2>&1; then
+        echo install-failed >"$out/$d.install.rc"; exit 0
+      fi
+      for s in "$@"; do
+        start=$(date +%s)
+        case "$s" in
+          regression) make -s installcheck ISOLATION= >"$out/$d.regression.log" 2>&1 && rc=0 || rc=$? ;;
+          isolation)  make -s installcheck REGRESS=   >"$out/$d.isolation.log" 2>&1 && rc=0 || rc=$? ;;
+        esac
+        echo "$rc $(( $(date +%s) - start ))" >"$out/$d.$s.rc"
+      done' _ "$out" "$d" "${want[@]}" ) >"$out/$d.cluster.log" 2>&1 || true
+  cp "$work/regression.diffs" "$out/$d.regression.diffs" 2>/dev/null || true
+  cp "$work/output_iso/regression.diffs" "$out/$d.isolation.diffs" 2>/dev/null || true
+}
+
+declare -A result failing secs
+# verdict DEFECT SUITE RC FAILED-TESTS: caught / missed (defect), pass / FAIL (control), error
+verdict() {
+  local d="$1" s="$2" rc="$3" tests="$4" v
+  if [ "$rc" = 0 ]; then
+    v=$([ "$d" = control ] && echo pass || echo missed)
+  elif [ -n "$tests" ]; then
+    v=$([ "$d" = control ] && echo FAIL || echo caught)
+  else
+    v=error
+  fi
+  result[$d.$s]="$v"; failing[$d.$s]="$tests"
+}
+
+for d in "$@"; do
+  echo "== $d"
+  dir="$scratch/defects/$d"
+  make_defect "$d" "$dir"
+  cp "$dir/plain.sql" "$out/$d.sql"
+  if [ "$d" != control ]; then
+    diff -u "$sqldir/pg_lease--0.1.0.sql" "$dir/pg_lease--0.1.0.sql" >"$out/$d.patch" || true
+  fi
+  run_sql_suites "$d" "$dir"
+  for s in "${suites[@]}"; do
+    start=$(date +%s)
+    case "$s" in
+      regression|isolation)
+        if [ -f "$out/$d.install.rc" ]; then
+          result[$d.$s]=error; failing[$d.$s]="the script did not install (see $d.install.log)"; secs[$d.$s]=0; continue
+        fi
+        if [ ! -f "$out/$d.$s.rc" ]; then
+          result[$d.$s]=error; failing[$d.$s]="no result (see $d.cluster.log)"; secs[$d.$s]=0; continue
+        fi
+        read -r rc "secs[$d.$s]" <"$out/$d.$s.rc"
+        # pg_regress (15): "test 01_acquire ... FAILED"; 16+: "not ok 3 - name"
+        tests=$(sed -nE 's/^(test |not ok [0-9]+ +- +)?[[:space:]]*([A-Za-z0-9_]+) +\.\.\. FAILED.*/\2/p; s/^not ok [0-9]+ +- +([A-Za-z0-9_]+).*/\1/p' \
+                  "$out/$d.$s.log" | sort -u | tr '\n' ' ')
+        verdict "$d" "$s" "$rc" "${tests% }"
+        ;;
+      failure)
+        ( cd "$repo" && PGLEASE_FAILURE_SQL="$out/$d.sql" timeout 1200 go test -count=1 -timeout 15m ./test/failure ) \
+          >"$out/$d.failure.log" 2>&1 && rc=0 || rc=$?
+        secs[$d.$s]=$(( $(date +%s) - start ))
+        if grep -q 'installing pg_lease (' "$out/$d.failure.log"; then
+          result[$d.$s]=error; failing[$d.$s]="the script did not install (see $d.failure.log)"; continue
+        fi
+        tests=$(sed -nE 's/^ *--- FAIL: ([A-Za-z0-9_]+).*/\1/p' "$out/$d.failure.log" | sort -u | tr '\n' ' ')
+        verdict "$d" "$s" "$rc" "${tests% }"
+        ;;
+      robustness)
+        ( cd "$repo" && timeout 1200 "$scratch/pglease-robustness" -sql "$out/$d.sql" -seed "$seed" -duration "$duration" \
+            -clients 8 -procs 4 -keys 3 -faults kill,proxy,stop,clock -out "$out/$d.history.json" ) \
+          >"$out/$d.robustness.log" 2>&1 && rc=0 || rc=$?
+        secs[$d.$s]=$(( $(date +%s) - start ))
+        tests=""
+        if [ "$rc" = 1 ]; then  # 1: violations found; 2: the run itself failed
+          # "violations: N", the rules of the (first ten) reported ones, and porcupine's verdict
+          tests="$(sed -nE 's/^violations: ([0-9]+)$/\1 violations:/p' "$out/$d.robustness.log" | head -n 1)"
+          tests+=" $(sed -nE 's/^VIOLATION ([A-Za-z0-9_]+) .*/\1/p' "$out/$d.robustness.log" | sort -u | tr '\n' ' ')"
+          grep -q 'Illegal' "$out/$d.robustness.log" && tests+="porcupine:$(sed -nE 's/^linearizable \(porcupine, per key\): //p' "$out/$d.robustness.log" | tr ' ' ',')"
+          tests="$(echo $tests)"
+          [ -n "$tests" ] || tests="violations"
+        fi
+        verdict "$d" "$s" "$rc" "${tests% }"
+        ;;
+    esac
+    printf '   %-11s %-7s %4ss  %s\n' "$s" "${result[$d.$s]}" "${secs[$d.$s]}" "${failing[$d.$s]}"
+  done
+done
+
+# --- the table ---
+status=0
+{
+  printf '\n%-26s' "defect"; for s in "${suites[@]}"; do printf ' %-11s' "$s"; done; printf '\n'
+  for d in "$@"; do
+    printf '%-26s' "$d"
+    any=0
+    for s in "${suites[@]}"; do
+      printf ' %-11s' "${result[$d.$s]}"
+      case "${result[$d.$s]}" in caught) any=1 ;; pass) ;; FAIL|error) [ "$d" = control ] && status=1 ;; esac
+    done
+    if [ "$d" != control ] && [ "$any" = 0 ]; then printf '  <- missed by every suite'; status=1; fi
+    printf '\n'
+  done
+  printf '\nfailing tests (per defect and suite; logs in %s):\n' "$out"
+  for d in "$@"; do
+    for s in "${suites[@]}"; do
+      if [ -n "${failing[$d.$s]}" ]; then printf '  %-26s %-11s %s\n' "$d" "$s" "${failing[$d.$s]}"; fi
+    done
+  done
+  printf '\nseconds per suite run:\n'
+  for d in "$@"; do
+    printf '  %-26s' "$d"; for s in "${suites[@]}"; do printf ' %s=%s' "$s" "${secs[$d.$s]}"; done; printf '\n'
+  done
+} | tee "$out/table.txt"
+[ "$status" = 0 ] && echo "defects.sh: OK" || echo "defects.sh: FAILED (a defect missed by every suite, or the control failed)"
+exit "$status"
