@@ -276,8 +276,11 @@ func TestElectorLapseThenReacquireSameIdentity(t *testing.T) {
 	}
 	t.Logf("lapse at %v; re-acquired %v → %v %v later; hook calls %v", first, first, second,
 		time.Since(jumped).Round(time.Millisecond), calls)
-	if !errors.Is(context.Cause(ctx), lease.ErrLapsed) {
-		t.Fatalf("old epoch's context ended with %v, want lapsed", context.Cause(ctx))
+	// The old epoch ends either way the lock can learn of the lapse: the
+	// server answering lapsed to the next renew, or, on a loaded machine
+	// where that renew comes late, the term's local deadline passing first.
+	if cause := context.Cause(ctx); !errors.Is(cause, lease.ErrLapsed) && !errors.Is(cause, resourcelock.ErrLocalDeadline) {
+		t.Fatalf("old epoch's context ended with %v, want lapsed or the local deadline", cause)
 	}
 	if second.Owner != "a" || second.Epoch != first.Epoch+1 {
 		t.Fatalf("re-acquired %v after %v", second, first)
