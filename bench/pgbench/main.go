@@ -19,6 +19,7 @@ import (
 	"bufio"
 	"context"
 	"embed"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"log"
@@ -72,6 +73,7 @@ var (
 	clientsF = flag.String("clients", "1,4,16", "client counts")
 	modesF   = flag.String("modes", "durable,stmt", "durable (fsync on) and/or stmt (fsync off)")
 	variants = flag.Bool("variants", true, "time scratch variants of lease.renew and profile W1 (stmt mode)")
+	reportF  = flag.String("report", "", "only rewrite pgbench.md in -out from this pgbench.json")
 	only     = flag.String("only", "", "comma-separated workloads of the main matrix to run (default: all); \"none\": only the variants")
 )
 
@@ -79,6 +81,20 @@ func main() {
 	flag.Parse()
 	log.SetFlags(log.Ltime)
 	ctx := context.Background()
+	if *reportF != "" {
+		b, err := os.ReadFile(*reportF)
+		if err != nil {
+			log.Fatal(err)
+		}
+		var results []modeResult
+		if err := json.Unmarshal(b, &results); err != nil {
+			log.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(*out, "pgbench.md"), []byte(report(results)), 0o644); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
 	var clients []int
 	for _, f := range strings.Split(*clientsF, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -370,7 +386,9 @@ func report(results []modeResult) string {
 		fmt.Fprintf(&b, "| workload | clients | tps | p50 µs | p95 µs | p99 µs | ratio p50 | ratio p95 | ratio p99 | W2 grants |\n|---|---|---|---|---|---|---|---|---|---|\n")
 		base := map[string]run{}
 		for _, r := range m.Runs {
-			base[fmt.Sprintf("%s/%d", r.Workload, r.Clients)] = r
+			if !strings.HasSuffix(r.Mode, "-variants") {
+				base[fmt.Sprintf("%s/%d", r.Workload, r.Clients)] = r
+			}
 		}
 		for _, r := range m.Runs {
 			if strings.HasSuffix(r.Mode, "-variants") {
