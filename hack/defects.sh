@@ -83,7 +83,7 @@ echo "building the robustness runner"
 # scripts (broken), and DIR/plain.sql (base + updates, for plain installs).
 make_defect() {
   python3 - "$sqldir" "$2" "$1" <<'PY'
-import glob, os, sys
+import glob, os, re, sys
 src, dst, defect = sys.argv[1:4]
 base_name = 'pg_lease--0.1.0.sql'
 s = open(os.path.join(src, base_name)).read()
@@ -130,7 +130,15 @@ elif defect == '2_now_not_clock':
     sub('inspect', 'l.expires_at > clock_timestamp() AS h', 'l.expires_at > now() AS h', 1)
     sub('list', 'l.expires_at > clock_timestamp() AS h', 'l.expires_at > now() AS h', 1)
 elif defect == '3_no_sync_forcing':
-    sub('_changed', "    PERFORM set_config('synchronous_commit', 'local', true);\n", '    NULL;\n', 1)
+    # lease._changed's forcing, and that of any function that does its own
+    pat = "PERFORM set_config('synchronous_commit', 'local', true);"
+    names = re.findall(r'CREATE FUNCTION lease\.(\w+)\(', s)
+    hit = [n for n in names if pat in s[slice(*fn(n))]]
+    if '_changed' not in hit or pat in ''.join(upd.values()):
+        sys.exit('defect %s: forcing found in %s (and the update scripts: %s), want lease._changed among them'
+                 % (defect, hit, pat in ''.join(upd.values())))
+    for n in hit:
+        sub(n, pat, 'NULL;', s[slice(*fn(n))].count(pat))
 elif defect == '4_lock_while_waiting':
     sub('acquire', '    PERFORM pg_sleep(greatest(0.0005, least(\n',
         '    PERFORM 1 FROM lease.leases l WHERE l.key = v_key FOR UPDATE;  -- DEFECT: kept while sleeping\n'
