@@ -158,6 +158,7 @@ $$;
 --  * Notification: NOTIFY on channel pg_lease, delivered only if the
 --    transaction commits, so waiters wake on release instead of polling. A
 --    session, role or database can turn it off with SET pg_lease.notify = off.
+--    Renewals are not announced (lease.renew forces durability only).
 CREATE FUNCTION lease._changed(event text, key text, owner text, epoch bigint)
 RETURNS void LANGUAGE plpgsql VOLATILE
 AS $$
@@ -349,7 +350,13 @@ BEGIN
     expires_at := NULL;  -- status says why; the lock went with the subtransaction
     RETURN;
   END;
-  PERFORM lease._changed('renewed', v_key, v_owner, v_epoch);
+  -- Durability as in lease._changed, but no notification: a renewal wakes
+  -- nobody (waiters wait for a release or an expiry), and every NOTIFY takes
+  -- a server-wide lock until its transaction's commit is flushed, which
+  -- would serialize the hot path of every holder.
+  IF current_setting('synchronous_commit') = 'off' THEN
+    PERFORM set_config('synchronous_commit', 'local', true);
+  END IF;
   RETURN;
 END
 $$;

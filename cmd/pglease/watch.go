@@ -12,10 +12,11 @@ import (
 )
 
 // watch streams what happens to keys (every key when none is named) until
-// interrupted: first the current state, then every grant, takeover, renewal,
-// release and lapse. Grants and releases come from the notifications that
-// pg_lease sends on commit; a lapse sends nothing (expiry is lazy), so watch
-// re-reads a key when its known expiry passes on the server's clock.
+// interrupted: first the current state, then every grant, takeover, release
+// and lapse, and renewals. Grants and releases come from the notifications
+// that pg_lease sends on commit; a lapse sends nothing (expiry is lazy), nor
+// does a renewal, so watch re-reads a key when its known expiry passes on the
+// server's clock and reports either the lapse or the renewal it finds.
 func (c *cli) watch(ctx context.Context, conn *pgx.Conn, keys []string) error {
 	w, err := lease.NewWaiterConfig(ctx, c.cfg.Copy(), lease.WaiterOptions{})
 	if err != nil {
@@ -99,7 +100,7 @@ func (c *cli) watch(ctx context.Context, conn *pgx.Conn, keys []string) error {
 			s := lease.State{Key: ev.Key, Exists: true, Epoch: ev.Epoch}
 			kind := string(ev.Type)
 			switch ev.Type {
-			case lease.EventAcquired, lease.EventRenewed:
+			case lease.EventAcquired:
 				st, err := client.Inspect(ctx, ev.Key)
 				if err != nil {
 					return err
@@ -134,6 +135,10 @@ func (c *cli) watch(ctx context.Context, conn *pgx.Conn, keys []string) error {
 				c.event("lapsed", old)
 				known[nextKey] = old
 			} else {
+				if s.Held && old.Held && s.Epoch == old.Epoch && s.ExpiresAt.After(old.ExpiresAt) {
+					// Renewals send no notification: seen when the old expiry passes.
+					c.event("renewed", s)
+				}
 				known[nextKey] = s
 			}
 		}

@@ -48,8 +48,9 @@
 // LISTENing), runs LISTEN pg_lease on it, and serves every Acquire of every
 // goroutine from one goroutine that owns the connection: attempts run there
 // one after another, between waits for notifications. pg_lease sends a
-// notification on channel pg_lease, at commit, for every acquire, renew,
-// release and force_release, with a JSON payload {event, key, owner, epoch}.
+// notification on channel pg_lease, at commit, for every grant, release and
+// force_release (not for renewals), with a JSON payload {event, key, owner,
+// epoch}.
 //
 // One waiting Acquire goes through these states:
 //

@@ -80,7 +80,6 @@ type EventType string
 
 const (
 	EventAcquired      EventType = "acquired"
-	EventRenewed       EventType = "renewed"
 	EventReleased      EventType = "released"
 	EventForceReleased EventType = "force_released"
 	// EventResync is not a notification: it says that notifications may
