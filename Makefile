@@ -5,7 +5,7 @@ export PATH := $(PATH):/usr/local/go/bin
 # the servers run as "nobody", which cannot enter /root: cache outside it.
 export PGLEASE_CACHE ?= $(if $(filter 0,$(shell id -u)),/var/cache/pg_lease,$(HOME)/.cache/pg_lease)
 
-.PHONY: all build test test-matrix install installcheck demo robustness fmt vet
+.PHONY: all build test test-matrix install installcheck demo robustness bench bench-smoke defects fmt vet
 
 all: build
 
@@ -35,6 +35,19 @@ demo:
 ## test-matrix: every suite on PostgreSQL 14-18 (MAJORS="15 17" for a subset); summary table
 test-matrix:
 	hack/test-matrix.sh $(MAJORS)
+
+## bench: every benchmark (pgbench W1/W2/R vs bare SQL, handoff/takeover, scale, clean-up), ~20-25 min;
+## results in bench/results/<UTC timestamp>-full/ (docs/benchmarks.md)
+bench:
+	bench/run.sh full
+
+## bench-smoke: every benchmark at tiny sizes (< 2 min): proves they still run, numbers mean nothing
+bench-smoke:
+	bench/run.sh smoke
+
+## defects: six deliberate SQL defects, each through the four suites (docs/defects.md); ~15 min
+defects:
+	hack/defects.sh
 
 ## robustness: random operations under random faults (server kill, connection cuts,
 ## frozen clients, clock jumps), history checked; DURATION=5m SEED=0 (0: from the clock)
