@@ -34,24 +34,29 @@ demo:
 
 ## test-matrix: every suite on PostgreSQL 14-18 (MAJORS="15 17" for a subset); summary table
 test-matrix:
+	hack/install-deps.sh
 	hack/test-matrix.sh $(MAJORS)
 
 ## bench: every benchmark (pgbench W1/W2/R vs bare SQL, handoff/takeover, scale, clean-up), ~20-25 min;
 ## results in bench/results/<UTC timestamp>-full/ (docs/benchmarks.md)
 bench:
+	hack/install-deps.sh
 	bench/run.sh full
 
 ## bench-smoke: every benchmark at tiny sizes (< 2 min): proves they still run, numbers mean nothing
 bench-smoke:
+	hack/install-deps.sh
 	bench/run.sh smoke
 
 ## defects: six deliberate SQL defects, each through the four suites (docs/defects.md); ~15 min
 defects:
+	hack/install-deps.sh
 	hack/defects.sh
 
 ## robustness: random operations under random faults (server kill, connection cuts,
 ## frozen clients, clock jumps), history checked; DURATION=5m SEED=0 (0: from the clock)
 robustness:
+	hack/install-deps.sh
 	go run ./cmd/pglease-robustness -duration $(or $(DURATION),5m) -seed $(or $(SEED),0) -clients 8 -procs 4 -keys 3 -faults kill,proxy,stop,clock -out $(or $(OUT),robustness-history.json)
 
 fmt:
