@@ -107,18 +107,31 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	return c.fail(run(ctx, conn, rest))
 }
 
+// checkArgs validates a command's arguments with the same parsers the
+// command uses, before any connection is made.
 func checkArgs(cmd string, args []string) error {
+	var keys []string
 	switch cmd {
 	case "get":
-		if len(nonFlags(args)) != 1 {
-			return fmt.Errorf("%w: get takes exactly one KEY", errUsage)
+		_, key, err := getArgs(args)
+		if err != nil {
+			return err
+		}
+		keys = []string{key}
+	case "list":
+		if _, err := listArgs(args); err != nil {
+			return err
 		}
 	case "release":
-		if len(nonFlags(args)) != 1 {
-			return fmt.Errorf("%w: release takes exactly one KEY", errUsage)
+		key, err := releaseArgs(args)
+		if err != nil {
+			return err
 		}
+		keys = []string{key}
+	case "watch":
+		keys = args
 	}
-	for _, k := range nonFlags(args) {
+	for _, k := range keys {
 		if k == "" || len(k) > 1024 {
 			return fmt.Errorf("%w: invalid key %q: a key is 1 to 1024 bytes", lease.ErrInvalidInput, k)
 		}
@@ -126,20 +139,48 @@ func checkArgs(cmd string, args []string) error {
 	return nil
 }
 
-// nonFlags returns the arguments that are not flags or flag values.
-func nonFlags(args []string) []string {
-	var out []string
-	for i := 0; i < len(args); i++ {
-		a := args[i]
+func getArgs(args []string) (format, key string, err error) {
+	format, rest, err := parseOutput("get", args)
+	if err != nil {
+		return "", "", err
+	}
+	if len(rest) != 1 {
+		return "", "", fmt.Errorf("%w: get takes exactly one KEY", errUsage)
+	}
+	return format, rest[0], nil
+}
+
+func listArgs(args []string) (format string, err error) {
+	format, rest, err := parseOutput("list", args)
+	if err != nil {
+		return "", err
+	}
+	if len(rest) != 0 {
+		return "", fmt.Errorf("%w: list takes no KEY", errUsage)
+	}
+	return format, nil
+}
+
+// releaseArgs takes KEY and --force, which may stand before or after it.
+func releaseArgs(args []string) (key string, err error) {
+	force, keys := false, []string(nil)
+	for _, a := range args {
 		switch {
-		case a == "-o" || a == "--o" || a == "-output" || a == "--output":
-			i++
+		case a == "--force" || a == "-force":
+			force = true
 		case strings.HasPrefix(a, "-"):
+			return "", fmt.Errorf("%w: release: unknown flag %s", errUsage, a)
 		default:
-			out = append(out, a)
+			keys = append(keys, a)
 		}
 	}
-	return out
+	if len(keys) != 1 {
+		return "", fmt.Errorf("%w: release --force KEY", errUsage)
+	}
+	if !force {
+		return "", fmt.Errorf("%w: release needs --force: it frees the key whatever its holder and fences that holder (holders release through their own client)", errUsage)
+	}
+	return keys[0], nil
 }
 
 func (c *cli) logf(format string, args ...any) {
@@ -323,30 +364,24 @@ func (c *cli) print(format string, rows []row, single bool) error {
 }
 
 func (c *cli) get(ctx context.Context, conn *pgx.Conn, args []string) error {
-	format, rest, err := parseOutput("get", args)
+	format, key, err := getArgs(args)
 	if err != nil {
 		return err
 	}
-	if len(rest) != 1 {
-		return fmt.Errorf("%w: get takes exactly one KEY", errUsage)
-	}
-	s, err := lease.New(conn).Inspect(ctx, rest[0])
+	s, err := lease.New(conn).Inspect(ctx, key)
 	if err != nil {
 		return err
 	}
 	if !s.Exists {
-		return fmt.Errorf("%w: %q", errNotFound, rest[0])
+		return fmt.Errorf("%w: %q", errNotFound, key)
 	}
 	return c.print(format, []row{toRow(s)}, true)
 }
 
 func (c *cli) list(ctx context.Context, conn *pgx.Conn, args []string) error {
-	format, rest, err := parseOutput("list", args)
+	format, err := listArgs(args)
 	if err != nil {
 		return err
-	}
-	if len(rest) != 0 {
-		return fmt.Errorf("%w: list takes no KEY", errUsage)
 	}
 	states, err := lease.New(conn).List(ctx)
 	if err != nil {
@@ -360,24 +395,10 @@ func (c *cli) list(ctx context.Context, conn *pgx.Conn, args []string) error {
 }
 
 func (c *cli) release(ctx context.Context, conn *pgx.Conn, args []string) error {
-	force, keys := false, []string(nil)
-	for _, a := range args { // --force may stand before or after KEY
-		switch {
-		case a == "--force" || a == "-force":
-			force = true
-		case strings.HasPrefix(a, "-"):
-			return fmt.Errorf("%w: release: unknown flag %s", errUsage, a)
-		default:
-			keys = append(keys, a)
-		}
+	key, err := releaseArgs(args)
+	if err != nil {
+		return err
 	}
-	if len(keys) != 1 {
-		return fmt.Errorf("%w: release --force KEY", errUsage)
-	}
-	if !force {
-		return fmt.Errorf("%w: release needs --force: it frees the key whatever its holder and fences that holder (holders release through their own client)", errUsage)
-	}
-	key := keys[0]
 	released, prev, epoch, err := lease.New(conn).ForceRelease(ctx, key)
 	if err != nil {
 		return err
