@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"sort"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -61,14 +60,8 @@ func (c *cli) watch(ctx context.Context, conn *pgx.Conn, keys []string) error {
 	for {
 		// Wake at the earliest known expiry, on the local clock.
 		next, nextKey := time.Time{}, ""
-		keysSorted := make([]string, 0, len(known))
-		for k := range known {
-			keysSorted = append(keysSorted, k)
-		}
-		sort.Strings(keysSorted)
 		off := w.ClockOffset()
-		for _, k := range keysSorted {
-			s := known[k]
+		for k, s := range known {
 			if !s.Held || off.IsZero() {
 				continue
 			}
