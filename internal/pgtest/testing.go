@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
 )
 
@@ -132,6 +133,34 @@ func NewDatabase(t testing.TB) string {
 			t.Errorf("pgtest: %v", err)
 		}
 	})
+	return dsn
+}
+
+var sharedFiles struct {
+	once sync.Once
+	err  error
+}
+
+// NewLeaseDatabase is NewDatabase with pg_lease created in the database
+// (CREATE EXTENSION pg_lease). The extension's files are installed into the
+// shared server's installation once per test binary.
+func NewLeaseDatabase(t testing.TB) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sharedFiles.once.Do(func() { sharedFiles.err = Shared(t).InstallExtensionFiles(ctx) })
+	if sharedFiles.err != nil {
+		t.Fatal(sharedFiles.err)
+	}
+	dsn := NewDatabase(t)
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "CREATE EXTENSION pg_lease"); err != nil {
+		t.Fatal(err)
+	}
 	return dsn
 }
 

@@ -20,23 +20,10 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-var installOnce sync.Once
-
 func newClient(t *testing.T) (*lease.Client, string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	var err error
-	installOnce.Do(func() { err = pgtest.Shared(t).InstallExtensionFiles(ctx) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	dsn := pgtest.NewDatabase(t)
-	pool := newPool(t, dsn)
-	if _, err := pool.Exec(ctx, "CREATE EXTENSION pg_lease"); err != nil {
-		t.Fatal(err)
-	}
-	return lease.New(pool), dsn
+	dsn := pgtest.NewLeaseDatabase(t)
+	return lease.New(newPool(t, dsn)), dsn
 }
 
 func newPool(t *testing.T, dsn string) *pgxpool.Pool {

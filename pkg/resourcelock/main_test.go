@@ -2,7 +2,6 @@ package resourcelock_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,26 +12,9 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-var installOnce sync.Once
-
 // newDB returns the DSN of a fresh database on the shared server with
 // pg_lease installed.
-func newDB(t *testing.T) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	var err error
-	installOnce.Do(func() { err = pgtest.Shared(t).InstallExtensionFiles(ctx) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	dsn := pgtest.NewDatabase(t)
-	pool := newPool(t, dsn)
-	if _, err := pool.Exec(ctx, "CREATE EXTENSION pg_lease"); err != nil {
-		t.Fatal(err)
-	}
-	return dsn
-}
+func newDB(t *testing.T) string { return pgtest.NewLeaseDatabase(t) }
 
 func newPool(t *testing.T, dsn string) *pgxpool.Pool {
 	t.Helper()
