@@ -3,6 +3,8 @@
 # bench/results/<UTC timestamp>/ (or $BENCH_OUT):
 #
 #   env.txt        PostgreSQL, pgbench, Go, OS, kernel, CPU, memory, storage, load
+#   physical.*     the limits: pg_test_fsync flush time, SELECT 1 round trip, a bare
+#                  durable one-row UPDATE commit (every figure is also a ratio to them)
 #   pgbench.*      W1-cycle, W2-contend and R (renew) vs bare-SQL baselines
 #   handoff.*      handoff/takeover for pkg/elector, client-go + pkg/resourcelock,
 #                  client-go + LeaseLock on kube-apiserver; handoff.svg (ECDF plot)
@@ -23,11 +25,13 @@ mkdir -p "$out"
 
 case "$mode" in
 full)
+	physical_args=(-samples 5000 -fsync-seconds 2)
 	pgbench_args=(-duration 8s -rounds 2 -clients 1,4,16)
 	handoff_args=(-trials 60)
 	scale_args=(-duration 20s -rounds 2 -renewals 1000000 -cleanup-keys 100000)
 	;;
 smoke)
+	physical_args=(-samples 200 -fsync-seconds 1)
 	pgbench_args=(-duration 1s -rounds 1 -clients 1)
 	handoff_args=(-trials 2)
 	scale_args=(-duration 2s -rounds 1 -renewals 20000 -cleanup-keys 2000)
@@ -68,6 +72,7 @@ step() {
 		failed+=("$name")
 	fi
 }
+step physical go run ./bench/physical -out "$out" "${physical_args[@]}"
 step pgbench go run ./bench/pgbench -out "$out" "${pgbench_args[@]}"
 step handoff go run ./bench/handoff -out "$out" "${handoff_args[@]}"
 step scale go run ./bench/scale -out "$out" "${scale_args[@]}"
