@@ -8,7 +8,7 @@
 #   pgbench.*      W1-cycle, W2-contend and R (renew) vs bare-SQL baselines
 #   handoff.*      handoff/takeover for pkg/elector, client-go + pkg/resourcelock,
 #                  client-go + LeaseLock on kube-apiserver; handoff.svg (ECDF plot)
-#   scale.*        1k/10k keys renew throughput, size after 1M renewals, HOT
+#   scale.*        1k/10k/100k keys renew throughput, size after 10M renewals, HOT
 #                  ratio, lease.cleanup size benefit
 #
 # Usage: bench/run.sh [full|smoke]   (smoke: every benchmark, tiny sizes, < 2 min
@@ -28,13 +28,13 @@ full)
 	physical_args=(-samples 5000 -fsync-seconds 2)
 	pgbench_args=(-duration 8s -rounds 2 -clients 1,4,16)
 	handoff_args=(-trials 60)
-	scale_args=(-duration 20s -rounds 2 -renewals 1000000 -cleanup-keys 100000)
+	scale_args=(-duration 30s -rounds 2 -keys 1000,10000,100000 -renewals 10000000 -cleanup-keys 100000)
 	;;
 smoke)
 	physical_args=(-samples 200 -fsync-seconds 1)
 	pgbench_args=(-duration 1s -rounds 1 -clients 1)
 	handoff_args=(-trials 2)
-	scale_args=(-duration 2s -rounds 1 -renewals 20000 -cleanup-keys 2000)
+	scale_args=(-duration 2s -rounds 1 -keys 100,1000 -renewals 20000 -cleanup-keys 2000)
 	;;
 *)
 	echo "usage: $0 [full|smoke]" >&2

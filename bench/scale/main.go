@@ -1,11 +1,12 @@
 // Command scale measures pg_lease with many keys:
 //
-//   - renew throughput and latency with 1k and 10k held keys, renewed
-//     concurrently by -workers goroutines through one pgxpool of -conns
-//     connections (lease.Client.Renew, closed loop), in durable mode (fsync
-//     on) and statement-cost mode (fsync off);
+//   - renew throughput and latency with -keys held keys (1k, 10k, 100k),
+//     renewed concurrently by -workers goroutines through one pgxpool of
+//     -conns connections (lease.Client.Renew, closed loop), in durable mode
+//     (fsync on) and statement-cost mode (fsync off); p99 growth from each
+//     key count to the next;
 //   - table and index size of lease.leases before and after -renewals
-//     renewals of the 10k keys (the throughput runs plus server-side
+//     renewals of the largest key count (the throughput runs plus server-side
 //     lease.renew calls, one transaction each, statement-cost mode), and the
 //     HOT ratio (n_tup_hot_upd / n_tup_upd);
 //   - the size benefit of lease.cleanup: -cleanup-keys keys acquired and
@@ -22,6 +23,7 @@ import (
 	"log"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -42,7 +44,8 @@ var (
 	rounds      = flag.Int("rounds", 2, "interleaved rounds")
 	workers     = flag.Int("workers", 32, "renewing goroutines")
 	conns       = flag.Int("conns", 8, "pool size")
-	renewals    = flag.Int64("renewals", 1_000_000, "renewals of the 10k keys before the size is measured again (stmt mode)")
+	keysF       = flag.String("keys", "1000,10000,100000", "held key counts, ascending")
+	renewals    = flag.Int64("renewals", 10_000_000, "renewals of the largest key count before the size is measured again (stmt mode)")
 	cleanupKeys = flag.Int("cleanup-keys", 100_000, "keys acquired and released for the clean-up measurement (stmt mode)")
 )
 
@@ -110,9 +113,14 @@ func runMode(ctx context.Context, mode string, res *result) error {
 	defer s.Close()
 	dsns := map[int]string{}
 	before := map[int]sizes{}
-	for _, n := range []int{1000, 10000} {
+	counts, err := parseCounts(*keysF)
+	if err != nil {
+		return err
+	}
+	largest := counts[len(counts)-1]
+	for _, n := range counts {
 		dsn, err := benchutil.CreateDB(ctx, s, fmt.Sprintf("scale%d", n),
-			fmt.Sprintf(`SELECT count(*) FROM generate_series(1, %d) g, lease.acquire('k-' || g, 'o-' || g, interval '100 h') a WHERE a.acquired AND a.epoch = 1`, n),
+			fmt.Sprintf(`SELECT count(*) FROM generate_series(1, %d) g, lease.acquire('k-' || g, 'o-' || g, interval '%s') a WHERE a.acquired AND a.epoch = 1`, n, ttlSQL),
 			renewManySQL)
 		if err != nil {
 			return err
@@ -125,7 +133,7 @@ func runMode(ctx context.Context, mode string, res *result) error {
 			return fmt.Errorf("%d keys wanted, %d rows", n, before[n].Rows)
 		}
 	}
-	if res.Server[mode], err = benchutil.ReadServerInfo(ctx, dsns[1000]); err != nil {
+	if res.Server[mode], err = benchutil.ReadServerInfo(ctx, dsns[counts[0]]); err != nil {
 		return err
 	}
 
@@ -138,7 +146,12 @@ func runMode(ctx context.Context, mode string, res *result) error {
 		n      int
 		notify bool
 	}
-	cells := []cell{{1000, true}, {10000, true}, {1000, false}, {10000, false}}
+	// Renewals send no notification (since the first benchmark run), so the
+	// NOTIFY setting no longer matters to this loop: one cell per key count.
+	var cells []cell
+	for _, n := range counts {
+		cells = append(cells, cell{n, true})
+	}
 	accs := map[cell]*acc{}
 	for _, c := range cells {
 		accs[c] = &acc{}
@@ -168,29 +181,29 @@ func runMode(ctx context.Context, mode string, res *result) error {
 		return nil
 	}
 
-	// Size after many renewals of the 10k keys.
-	done := accs[cell{10000, true}].n + accs[cell{10000, false}].n
+	// Size after many renewals of the largest key count.
+	done := accs[cell{largest, true}].n
 	rest := *renewals - done
 	start := time.Now()
 	if rest > 0 {
-		if err := bulkRenew(ctx, dsns[10000], 10000, rest); err != nil {
+		if err := bulkRenew(ctx, dsns[largest], largest, rest); err != nil {
 			return err
 		}
 	}
 	bulkSecs := time.Since(start).Seconds()
 	time.Sleep(2 * time.Second) // let the backends' statistics reach the cumulative stats
-	after, err := readSizes(ctx, dsns[10000])
+	after, err := readSizes(ctx, dsns[largest])
 	if err != nil {
 		return err
 	}
-	hot, err := readHOT(ctx, dsns[10000])
+	hot, err := readHOT(ctx, dsns[largest])
 	if err != nil {
 		return err
 	}
-	res.Growth = map[string]any{"keys": 10000, "renewals": done + max(rest, 0), "bulk_server_side_renewals": max(rest, 0),
-		"bulk_seconds": bulkSecs, "before": before[10000], "after": after, "stats": hot,
-		"total_growth": float64(after.Total) / float64(before[10000].Total)}
-	log.Printf("sizes 10k keys: before %+v after %+v; %v", before[10000], after, hot)
+	res.Growth = map[string]any{"keys": largest, "renewals": done + max(rest, 0), "bulk_server_side_renewals": max(rest, 0),
+		"bulk_seconds": bulkSecs, "before": before[largest], "after": after, "stats": hot,
+		"total_growth": float64(after.Total) / float64(before[largest].Total)}
+	log.Printf("sizes %d keys: before %+v after %+v; %v", largest, before[largest], after, hot)
 
 	c, err := cleanupBenefit(ctx, s)
 	if err != nil {
@@ -204,7 +217,7 @@ const renewManySQL = `CREATE PROCEDURE renew_many(lo int, hi int, n bigint) LANG
 DECLARE i bigint := 0; k int := lo; st text;
 BEGIN
   WHILE i < n LOOP
-    SELECT status INTO st FROM lease.renew('k-' || k, 'o-' || k, 1, interval '100 h');
+    SELECT status INTO st FROM lease.renew('k-' || k, 'o-' || k, 1, interval '` + ttlSQL + `');
     IF st <> 'ok' THEN RAISE EXCEPTION 'renew k-%: %', k, st; END IF;
     COMMIT;
     i := i + 1; k := k + 1;
@@ -260,7 +273,7 @@ func renewLoop(ctx context.Context, dsn string, n int, d time.Duration, notify b
 	client := lease.New(pool)
 	// Warm the pool and the plans.
 	for i := 1; i <= *conns; i++ {
-		if _, err := client.Renew(ctx, lease.Token{Key: fmt.Sprintf("k-%d", i), Owner: fmt.Sprintf("o-%d", i), Epoch: 1}, 100*time.Hour); err != nil {
+		if _, err := client.Renew(ctx, lease.Token{Key: fmt.Sprintf("k-%d", i), Owner: fmt.Sprintf("o-%d", i), Epoch: 1}, ttl); err != nil {
 			return nil, 0, 0, 0, err
 		}
 	}
@@ -280,7 +293,7 @@ func renewLoop(ctx context.Context, dsn string, n int, d time.Duration, notify b
 				}
 				tok := lease.Token{Key: fmt.Sprintf("k-%d", k), Owner: fmt.Sprintf("o-%d", k), Epoch: 1}
 				t0 := time.Now()
-				_, err := client.Renew(ctx, tok, 100*time.Hour)
+				_, err := client.Renew(ctx, tok, ttl)
 				el := time.Since(t0)
 				if err != nil {
 					errs.Add(1)
@@ -332,7 +345,7 @@ const churnSQL = `CREATE PROCEDURE churn(n int) LANGUAGE plpgsql AS $$
 DECLARE e bigint;
 BEGIN
   FOR g IN 1..n LOOP
-    SELECT a.epoch INTO e FROM lease.acquire('c-' || g, 'o', interval '100 h') a;
+    SELECT a.epoch INTO e FROM lease.acquire('c-' || g, 'o', interval '` + ttlSQL + `') a;
     IF g % 100 <> 0 THEN
       PERFORM lease.release('c-' || g, 'o', e);
     END IF;
@@ -393,7 +406,7 @@ func cleanupBenefit(ctx context.Context, s *pgtest.Server) (map[string]any, erro
 		return nil, err
 	}
 	// Space reuse: as many new keys again as were removed, after VACUUM.
-	if _, err := conn.Exec(ctx, `SELECT count(*) FROM generate_series(1, $1::int) g, lease.acquire('n-' || g, 'o', interval '100 h') a`, removed); err != nil {
+	if _, err := conn.Exec(ctx, `SELECT count(*) FROM generate_series(1, $1::int) g, lease.acquire('n-' || g, 'o', interval '`+ttlSQL+`') a`, removed); err != nil {
 		return nil, err
 	}
 	afterRefill, err := readSizes(ctx, dsn)
@@ -430,15 +443,22 @@ func report(res result) string {
 	}
 	fmt.Fprintf(&b, "\n")
 	for _, m := range []string{"durable", "stmt"} {
-		for _, nt := range []string{"on", "off"} {
-			if a, ok := p99[m+"/"+nt+"/1000"]; ok {
-				fmt.Fprintf(&b, "p99 growth 1k → 10k keys, %s, NOTIFY %s: %.2f×\n", m, nt, p99[m+"/"+nt+"/10000"]/a)
+		var prev *throughput
+		for i := range res.Throughput {
+			t := &res.Throughput[i]
+			if t.Mode != m {
+				continue
 			}
+			if prev != nil {
+				fmt.Fprintf(&b, "p99 growth %d → %d keys, %s: %.2f×\n", prev.Keys, t.Keys, m, t.Lat.P99/prev.Lat.P99)
+			}
+			prev = t
 		}
 	}
 	if g := res.Growth; g != nil {
 		bf, af := g["before"].(sizes), g["after"].(sizes)
-		fmt.Fprintf(&b, "\n### Size of lease.leases, 10k keys, before and after %v renewals\n\n| | total | table | index (leases_pkey) |\n|---|---|---|---|\n", g["renewals"])
+		fmt.Fprintf(&b, "\n### Size of lease.leases, %v keys, before and after %v renewals\n\n", g["keys"], g["renewals"])
+		fmt.Fprintf(&b, "| | total | table | index (leases_pkey) |\n|---|---|---|---|\n")
 		fmt.Fprintf(&b, "| before | %s | %s | %s |\n| after | %s | %s | %s |\n| ratio | %.2f× | %.2f× | %.2f× |\n",
 			kb(bf.Total), kb(bf.Table), kb(bf.Index), kb(af.Total), kb(af.Table), kb(af.Index),
 			float64(af.Total)/float64(bf.Total), float64(af.Table)/float64(bf.Table), float64(af.Index)/float64(bf.Index))
@@ -455,6 +475,25 @@ func report(res result) string {
 		fmt.Fprintf(&b, "\nRemoved %v rows in %v calls of lease.cleanup('0 s', 10000), %.2f s; epoch floor afterwards %v.\n", c["removed"], c["cleanup_calls"], c["cleanup_seconds"], c["epoch_floor"])
 	}
 	return b.String()
+}
+
+// ttl is every grant's and renewal's TTL: long enough that no key lapses
+// during a run, and within pg_lease 0.3.0's default maximum TTL (1 hour).
+const (
+	ttl    = 50 * time.Minute
+	ttlSQL = "50 min"
+)
+
+func parseCounts(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || (len(out) > 0 && n <= out[len(out)-1]) {
+			return nil, fmt.Errorf("-keys %q: want ascending positive counts", s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }
 
 func kb(n int64) string { return fmt.Sprintf("%d kB", n/1024) }
