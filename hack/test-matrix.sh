@@ -13,7 +13,8 @@
 #                 major, Debian's psql as the client, --load-extension=pg_lease)
 #      isolation  the isolation suite, sql/test/specs/*.spec (that major's
 #                 pg_isolation_regress and isolationtester)
-#      upgrade    the extension update 0.1.0 -> 0.2.0 (see below)
+#      upgrade    the extension updates 0.1.0 -> 0.2.0 -> 0.3.0 and 0.2.0 -> 0.3.0
+#                 (see below)
 #      ctlpath    18 only: the same cluster restarted with
 #                 extension_control_path set to a private directory (without
 #                 $system): pg_lease is not available before its files are put
@@ -37,7 +38,15 @@
 #                                  the snapshot, version() = 0.2.0, 0.1.0 grants
 #                                  renew/fence/release with their epochs,
 #                                  takeovers continue the counters, cleanup
+#                                  (UPDATE TO '0.2.0')
 #        upgrade_03_trusted_update a non-superuser installs 0.1.0 and updates it
+#        upgrade_04_update_0_3_0   ALTER EXTENSION pg_lease UPDATE on to 0.3.0:
+#                                  rows (0.1.0's and 0.2.0's, every state) kept,
+#                                  grants work, counters continue, timeline
+#                                  recorded; the catalog snapshot
+#        upgrade_05_install_0_2_0  CREATE EXTENSION VERSION '0.2.0' with a floor
+#                                  and leaking default privileges; the update
+#                                  keeps rows and floor and resets every ACL
 #        01_acquire .. 12_versions the regression suite in that same database
 #                                  (01-07 run on the updated extension with the
 #                                  0.1.0 rows still present; 08 and later
@@ -47,7 +56,10 @@
 #      (sql/test/upgrade/{sql,expected}; inputs are merged with sql/test's
 #      through symlinks in $OUT/MAJOR/upgrade-input)
 #   b. the isolation suite with --use-existing on a database whose extension
-#      was created at 0.1.0, given leases, then updated.
+#      was created at 0.1.0, given leases, updated to 0.2.0, given leases,
+#      then updated to the default version.
+#   c. sql/test/dump/dump_restore.sh: pg_dump and pg_restore (plain and custom
+#      format) keep every lease row, the floor and the settings.
 #
 # Logs, results and diffs: $OUT/MAJOR/ (OUT: $PGLEASE_MATRIX_OUT, default
 # /tmp/pg_lease-matrix, emptied at the start). --no-failure skips the Go suite
@@ -219,6 +231,8 @@ create_test_db() { # NAME
 }
 
 run_upgrade() {
+	local default_version
+	default_version=$(sed -n "s/^default_version = '\(.*\)'$/\1/p" sql/pg_lease.control)
 	local out=$mdir/upgrade in=$mdir/upgrade-input f rc=0
 	mkdir -p "$out" "$in/sql" "$in/expected"
 	for f in sql/test/sql/*.sql sql/test/upgrade/sql/*.sql; do ln -s "$repo/$f" "$in/sql/"; done
@@ -238,20 +252,31 @@ run_upgrade() {
 	{
 		psql_ -d postgres -c 'DROP DATABASE IF EXISTS isolation_upgrade' &&
 			create_test_db isolation_upgrade &&
-			psql_ -d isolation_upgrade <<-'SQL'
+			psql_ -d isolation_upgrade -v "want=$default_version" <<-'SQL'
 				CREATE EXTENSION pg_lease VERSION '0.1.0';
 				SELECT acquired FROM lease.acquire('iu-held', 'o1', interval '1h');
 				SELECT acquired FROM lease.acquire('iu-free', 'o1', interval '1h');
 				SELECT status FROM lease.release('iu-free', 'o1', 1);
+				ALTER EXTENSION pg_lease UPDATE TO '0.2.0';
+				SELECT acquired FROM lease.acquire('iu-held2', 'o2', interval '1h');
+				SELECT acquired FROM lease.acquire('iu-lapsed2', 'o2', interval '1ms');
 				ALTER EXTENSION pg_lease UPDATE;
-				DO $$ BEGIN
-				  IF lease.version() <> '0.2.0' THEN RAISE EXCEPTION 'version() is %', lease.version(); END IF;
-				END $$;
+				SELECT lease.version() = :'want' AS updated \gset
+				\if :updated
+				\else
+				  \echo 'lease.version() is not' :'want'
+				  SELECT 1/0;
+				\endif
 			SQL
 	} >"$out/isolation-setup.log" 2>&1 || rc=1
 	if [[ $rc -eq 0 ]]; then
 		run_isolation "$mdir/upgrade-isolation" --use-existing --dbname=isolation_upgrade || rc=1
 	fi
+	# c. pg_dump and restore keep every lease, the floor and the settings.
+	PGHOST=$cdir/sock PGPORT=5432 PGUSER=postgres sql/test/dump/dump_restore.sh >"$out/dump-restore.log" 2>&1 || {
+		echo "dump_restore.sh failed (see $out/dump-restore.log)" >&2
+		rc=1
+	}
 	return $rc
 }
 
@@ -318,6 +343,11 @@ run_major() {
 		return 1
 	fi
 	eval "$env"
+	# PGLEASE_MATRIX_PG15_BINDIR: a private copy of Debian's 15 (its own
+	# extension dir), so that this run does not install into the system one.
+	if [[ $major == 15 && -n ${PGLEASE_MATRIX_PG15_BINDIR:-} ]]; then
+		export PGLEASE_PG_BINDIR=$PGLEASE_MATRIX_PG15_BINDIR
+	fi
 	mark fetch pass $((SECONDS - t0))
 	if ! hack/install-extension.sh "$PGLEASE_PG_BINDIR" >"$mdir/install.log" 2>&1; then
 		log "$major: install-extension FAILED (see $mdir/install.log)"

@@ -387,8 +387,14 @@ BEGIN
             END IF;
           ELSE
             -- Free or lapsed when read: lock, read the clock, decide again.
-            SELECT l.owner, l.epoch, l.expires_at INTO r_owner, r_epoch, r_expires
-              FROM lease.leases l WHERE l.key = v_key FOR NO KEY UPDATE;
+            -- (wait 0: NOWAIT, so no lock wait at all.)
+            IF v_deadline IS NULL THEN
+              SELECT l.owner, l.epoch, l.expires_at INTO r_owner, r_epoch, r_expires
+                FROM lease.leases l WHERE l.key = v_key FOR NO KEY UPDATE NOWAIT;
+            ELSE
+              SELECT l.owner, l.epoch, l.expires_at INTO r_owner, r_epoch, r_expires
+                FROM lease.leases l WHERE l.key = v_key FOR NO KEY UPDATE;
+            END IF;
             IF NOT FOUND THEN
               RAISE EXCEPTION USING ERRCODE = 'LEASE';  -- row removed: start over
             END IF;
