@@ -158,8 +158,8 @@ BEGIN
   RAISE EXCEPTION 'read_only'
     USING ERRCODE = '25006',
           DETAIL = CASE WHEN pg_catalog.pg_is_in_recovery()
-                        THEN format('%s changes leases; this server is a standby (recovery is in progress)', fn)
-                        ELSE format('%s changes leases; this transaction is read-only', fn) END,
+                        THEN format('%s needs a read-write primary; this server is a standby (recovery is in progress)', fn)
+                        ELSE format('%s needs a read-write transaction; this transaction is read-only', fn) END,
           HINT = 'Connect to the primary (for example with target_session_attrs=read-write).';
 END
 $$;
@@ -331,13 +331,21 @@ BEGIN
       IF r_owner = v_owner AND lease._may_act(r_role) THEN
         -- Idempotent: the caller already holds it. Same epoch, same expiry.
         -- Under REPEATABLE READ / SERIALIZABLE the row read is the snapshot's:
-        -- a locked read (then released) raises 40001 if it changed since.
+        -- a locked read (FOR SHARE conflicts with every change of the row;
+        -- the lock is released at once) raises 40001 if it changed since. A
+        -- row locked right now by another transaction is not waited for
+        -- (wait is 0 at these levels): that is 40001 too.
         IF NOT v_rc THEN
           BEGIN
-            PERFORM FROM lease.leases l WHERE l.key = v_key FOR KEY SHARE;
+            PERFORM FROM lease.leases l WHERE l.key = v_key FOR SHARE NOWAIT;
             RAISE EXCEPTION USING ERRCODE = 'LEASE';
-          EXCEPTION WHEN SQLSTATE 'LEASE' THEN
-            NULL;
+          EXCEPTION
+            WHEN SQLSTATE 'LEASE' THEN
+              NULL;
+            WHEN lock_not_available THEN
+              RAISE EXCEPTION 'could not serialize access: key %L is being changed by another transaction', v_key
+                USING ERRCODE = '40001',
+                      HINT = 'Retry the transaction.';
           END;
         END IF;
         acquired := true; epoch := r_epoch; expires_at := r_expires;
@@ -447,8 +455,8 @@ BEGIN
       IF v_in_grace THEN
         RAISE EXCEPTION 'timeout'
           USING ERRCODE = '57014',
-                DETAIL = format('no new grant of key %L before %s (grace after a timeline change), past the wait of %s',
-                                v_key, v_grace, wait);
+                DETAIL = format('no new grant of key %L during the grace after a timeline change (promotion), which outlasts the wait of %s; lease.status() shows grace_until',
+                                v_key, wait);
       END IF;
       RAISE EXCEPTION 'timeout'
         USING ERRCODE = '57014',
