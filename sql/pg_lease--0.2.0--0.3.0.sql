@@ -577,10 +577,10 @@ BEGIN
 END
 $$;
 
--- fence: as in 0.1.0, plus the role check, and a failed fence keeps no lock:
--- the FOR SHARE lock is taken in a subtransaction that a failure rolls back
--- before the error is raised, so a transaction left open after a failed fence
--- (another role's, or a lapsed holder's) never makes the holder's renewals wait.
+-- fence: as in 0.1.0, plus the role check: another role presenting the
+-- holder's owner string and epoch is refused (55000 not_owner), so it cannot
+-- hold a fence open and make the holder's renewals wait. (A failed fence keeps
+-- no lock: its error aborts the caller's transaction, which releases it.)
 CREATE OR REPLACE FUNCTION lease.fence(key text, owner text, epoch bigint)
 RETURNS timestamptz
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -605,24 +605,20 @@ BEGIN
   IF current_setting('transaction_read_only') = 'on' THEN
     PERFORM lease._raise_read_only('lease.fence');
   END IF;
-  BEGIN
-    SELECT l.owner, l.epoch, l.expires_at, l.lapsed_owner, l.lapsed_epoch, l.holder_role
-      INTO r_owner, r_epoch, r_expires, r_lowner, r_lepoch, r_role
-      FROM lease.leases l WHERE l.key = v_key FOR SHARE;
-    v_status := lease._holder_status(FOUND, r_owner, r_epoch, r_expires, r_lowner, r_lepoch,
-                                     v_owner, v_epoch, clock_timestamp());
-    IF v_status = 'ok' AND NOT lease._may_act(r_role) THEN
-      v_status := 'not_owner';
-    END IF;
-    IF v_status <> 'ok' THEN
-      RAISE EXCEPTION USING ERRCODE = 'LEASE';
-    END IF;
-  EXCEPTION WHEN SQLSTATE 'LEASE' THEN
+  SELECT l.owner, l.epoch, l.expires_at, l.lapsed_owner, l.lapsed_epoch, l.holder_role
+    INTO r_owner, r_epoch, r_expires, r_lowner, r_lepoch, r_role
+    FROM lease.leases l WHERE l.key = v_key FOR SHARE;
+  v_status := lease._holder_status(FOUND, r_owner, r_epoch, r_expires, r_lowner, r_lepoch,
+                                   v_owner, v_epoch, clock_timestamp());
+  IF v_status = 'ok' AND NOT lease._may_act(r_role) THEN
+    v_status := 'not_owner';
+  END IF;
+  IF v_status <> 'ok' THEN
     RAISE EXCEPTION '%', v_status
       USING ERRCODE = '55000',
             DETAIL = format('key %L: owner %L with epoch %s is not the current holder (current epoch %s)',
                             v_key, v_owner, v_epoch, coalesce(r_epoch::text, 'none'));
-  END;
+  END IF;
   RETURN r_expires;
 END
 $$;

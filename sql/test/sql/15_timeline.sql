@@ -68,6 +68,10 @@ SELECT acquired, epoch FROM lease.acquire('tl-1', 'n', interval '1 s');
 SELECT pg_sleep(1.1);
 SELECT acquired, epoch FROM lease.acquire('tl-2', 'n', interval '1 s');
 SELECT timeline, era FROM lease.status();
+-- a first grant under REPEATABLE READ (no floor re-read there) is in the era too
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT acquired, epoch = (1::bigint << 40) + 1 AS first_of_era_1 FROM lease.acquire('tl-rr', 'n', interval '1 s');
+COMMIT;
 
 -- The recorded timeline is newer than the server's (a dump restored into
 -- another cluster): one more era, and a grace again.
