@@ -13,7 +13,8 @@
 #                 major, Debian's psql as the client, --load-extension=pg_lease)
 #      isolation  the isolation suite, sql/test/specs/*.spec (that major's
 #                 pg_isolation_regress and isolationtester)
-#      upgrade    the extension update 0.1.0 -> 0.2.0 (see below)
+#      upgrade    the extension updates 0.1.0 -> 0.2.0 -> 0.3.0 and 0.2.0 -> 0.3.0
+#                 (see below)
 #      ctlpath    18 only: the same cluster restarted with
 #                 extension_control_path set to a private directory (without
 #                 $system): pg_lease is not available before its files are put
@@ -37,7 +38,15 @@
 #                                  the snapshot, version() = 0.2.0, 0.1.0 grants
 #                                  renew/fence/release with their epochs,
 #                                  takeovers continue the counters, cleanup
+#                                  (UPDATE TO '0.2.0')
 #        upgrade_03_trusted_update a non-superuser installs 0.1.0 and updates it
+#        upgrade_04_update_0_3_0   ALTER EXTENSION pg_lease UPDATE on to 0.3.0:
+#                                  rows (0.1.0's and 0.2.0's, every state) kept,
+#                                  grants work, counters continue, timeline
+#                                  recorded; the catalog snapshot
+#        upgrade_05_install_0_2_0  CREATE EXTENSION VERSION '0.2.0' with a floor
+#                                  and leaking default privileges; the update
+#                                  keeps rows and floor and resets every ACL
 #        01_acquire .. 12_versions the regression suite in that same database
 #                                  (01-07 run on the updated extension with the
 #                                  0.1.0 rows still present; 08 and later
@@ -47,7 +56,11 @@
 #      (sql/test/upgrade/{sql,expected}; inputs are merged with sql/test's
 #      through symlinks in $OUT/MAJOR/upgrade-input)
 #   b. the isolation suite with --use-existing on a database whose extension
-#      was created at 0.1.0, given leases, then updated.
+#      was created at 0.1.0, given leases, updated to 0.2.0, given leases,
+#      then updated to the default version.
+# Then the dump step: sql/test/dump/dump_restore.sh (pg_dump and pg_restore,
+# plain and custom format, keep every lease row, the floor and the settings),
+# where that major's pg_dump exists (15 only today: "n/a" elsewhere).
 #
 # Logs, results and diffs: $OUT/MAJOR/ (OUT: $PGLEASE_MATRIX_OUT, default
 # /tmp/pg_lease-matrix, emptied at the start). --no-failure skips the Go suite
@@ -219,6 +232,8 @@ create_test_db() { # NAME
 }
 
 run_upgrade() {
+	local default_version
+	default_version=$(sed -n "s/^default_version = '\(.*\)'$/\1/p" sql/pg_lease.control)
 	local out=$mdir/upgrade in=$mdir/upgrade-input f rc=0
 	mkdir -p "$out" "$in/sql" "$in/expected"
 	for f in sql/test/sql/*.sql sql/test/upgrade/sql/*.sql; do ln -s "$repo/$f" "$in/sql/"; done
@@ -238,21 +253,36 @@ run_upgrade() {
 	{
 		psql_ -d postgres -c 'DROP DATABASE IF EXISTS isolation_upgrade' &&
 			create_test_db isolation_upgrade &&
-			psql_ -d isolation_upgrade <<-'SQL'
+			psql_ -d isolation_upgrade -v "want=$default_version" <<-'SQL'
 				CREATE EXTENSION pg_lease VERSION '0.1.0';
 				SELECT acquired FROM lease.acquire('iu-held', 'o1', interval '1h');
 				SELECT acquired FROM lease.acquire('iu-free', 'o1', interval '1h');
 				SELECT status FROM lease.release('iu-free', 'o1', 1);
+				ALTER EXTENSION pg_lease UPDATE TO '0.2.0';
+				SELECT acquired FROM lease.acquire('iu-held2', 'o2', interval '1h');
+				SELECT acquired FROM lease.acquire('iu-lapsed2', 'o2', interval '1ms');
 				ALTER EXTENSION pg_lease UPDATE;
-				DO $$ BEGIN
-				  IF lease.version() <> '0.2.0' THEN RAISE EXCEPTION 'version() is %', lease.version(); END IF;
-				END $$;
+				SELECT lease.version() = :'want' AS updated \gset
+				\if :updated
+				\else
+				  \echo 'lease.version() is not' :'want'
+				  SELECT 1/0;
+				\endif
 			SQL
 	} >"$out/isolation-setup.log" 2>&1 || rc=1
 	if [[ $rc -eq 0 ]]; then
 		run_isolation "$mdir/upgrade-isolation" --use-existing --dbname=isolation_upgrade || rc=1
 	fi
 	return $rc
+}
+
+# pg_dump and restore keep every lease, the floor and the settings
+# (sql/test/dump/dump_restore.sh). Needs that major's pg_dump and pg_restore
+# (an older pg_dump refuses a newer server): Debian's 15 has them, the npm
+# builds of 14, 16, 17 and 18 ship only initdb, pg_ctl and postgres, so there
+# the step is "n/a (no pg_dump)" in the table, never a pass.
+run_dump() {
+	PGHOST=$cdir/sock PGPORT=5432 PGUSER=postgres sql/test/dump/dump_restore.sh >"$mdir/dump-restore.log" 2>&1
 }
 
 # 18: extension_control_path. The server is restarted with a private
@@ -276,7 +306,8 @@ run_ctlpath() {
 			{ echo "pg_lease is listed as available"; exit 1; }
 		install -m 0644 sql/pg_lease.control sql/pg_lease--*.sql "$priv/extension/"
 		psql_ -d ctlpath -Atc "SELECT default_version FROM pg_available_extensions WHERE name = 'pg_lease'" |
-			grep -qx 0.2.0 || { echo "pg_lease 0.2.0 is not available from $priv"; exit 1; }
+			grep -qx "$(sed -n "s/^default_version = '\(.*\)'$/\1/p" sql/pg_lease.control)" ||
+			{ echo "pg_lease's default version is not available from $priv"; exit 1; }
 	) >"$mdir/ctlpath.log" 2>&1 || rc=1
 	[[ $rc -eq 0 ]] && { run_regress "$mdir/ctlpath-regress" || rc=1; }
 	stop_cluster "$cdir"
@@ -307,7 +338,7 @@ run_major() {
 	chmod 0755 "$mdir"
 	local t0=$SECONDS env
 
-	for s in regress isolation upgrade ctlpath failure; do mark $s skip 0; done
+	for s in regress isolation upgrade dump ctlpath failure; do mark $s skip 0; done
 	[[ $major == 18 ]] || mark ctlpath n/a 0
 	[[ $run_failure -eq 1 ]] || mark failure skipped 0
 	echo "?" >"$mdir/version"
@@ -318,6 +349,11 @@ run_major() {
 		return 1
 	fi
 	eval "$env"
+	# PGLEASE_MATRIX_PG15_BINDIR: a private copy of Debian's 15 (its own
+	# extension dir), so that this run does not install into the system one.
+	if [[ $major == 15 && -n ${PGLEASE_MATRIX_PG15_BINDIR:-} ]]; then
+		export PGLEASE_PG_BINDIR=$PGLEASE_MATRIX_PG15_BINDIR
+	fi
 	mark fetch pass $((SECONDS - t0))
 	if ! hack/install-extension.sh "$PGLEASE_PG_BINDIR" >"$mdir/install.log" 2>&1; then
 		log "$major: install-extension FAILED (see $mdir/install.log)"
@@ -337,6 +373,11 @@ run_major() {
 	step regress run_regress "$mdir/regress"
 	step isolation run_isolation "$mdir/isolation" --load-extension=pg_lease --dbname=isolation_regression
 	step upgrade run_upgrade
+	if [[ -x $PGLEASE_PG_BINDIR/pg_dump && -x $PGLEASE_PG_BINDIR/pg_restore ]]; then
+		step dump run_dump
+	else
+		mark dump "n/a (no pg_dump)" 0
+	fi
 	[[ $major == 18 ]] && step ctlpath run_ctlpath
 	stop_cluster "$cdir"
 	cp "$cdir/server.log" "$mdir/server.log" 2>/dev/null
@@ -376,7 +417,7 @@ done
 overall=0
 for m in "${majors[@]}"; do
 	[[ -f $OUT/$m/fetch.status ]] || overall=1
-	for s in fetch regress isolation upgrade ctlpath failure; do
+	for s in fetch regress isolation upgrade dump ctlpath failure; do
 		[[ $(cat "$OUT/$m/$s.status" 2>/dev/null) == fail ]] && overall=1
 	done
 done
@@ -392,12 +433,12 @@ cell() { # MAJOR STEP
 	esac
 }
 {
-	echo "| major | server version | regress | isolation | failure suite | upgrade check | extension_control_path | total |"
-	echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+	echo "| major | server version | regress | isolation | failure suite | upgrade check | dump/restore | extension_control_path | total |"
+	echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 	for m in "${majors[@]}"; do
-		printf '| %s | %s | %s | %s | %s | %s | %s | %s s |\n' "$m" "$(cat "$OUT/$m/version" 2>/dev/null)" \
+		printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s s |\n' "$m" "$(cat "$OUT/$m/version" 2>/dev/null)" \
 			"$(cell "$m" regress)" "$(cell "$m" isolation)" "$(cell "$m" failure)" "$(cell "$m" upgrade)" \
-			"$(cell "$m" ctlpath)" "$(cat "$OUT/$m/total.secs" 2>/dev/null || echo '?')"
+			"$(cell "$m" dump)" "$(cell "$m" ctlpath)" "$(cat "$OUT/$m/total.secs" 2>/dev/null || echo '?')"
 	done
 	echo
 	echo "wall time: $((SECONDS - t_all)) s; logs, results and diffs in $OUT/<major>/"

@@ -13,7 +13,7 @@ import (
 
 // Version is the extension version this module ships (default_version in
 // pg_lease.control).
-const Version = "0.2.0"
+const Version = "0.3.0"
 
 //go:embed pg_lease.control pg_lease--*.sql
 var files embed.FS

@@ -99,15 +99,22 @@ SELECT acquired, epoch FROM lease.acquire('acq-8', 'o1', interval '30s');
 COMMIT;
 SELECT held, owner, epoch FROM lease.inspect('acq-7');
 
--- TTL is a number of seconds: a month counts 30 days and a day 24 hours,
--- whatever the session's time zone (America/New_York has 23- and 25-hour days).
+-- TTL is a number of seconds (extract(epoch FROM ttl)): a month counts 30
+-- days, a year 365.25 days (so '12 mons', which PostgreSQL stores as one
+-- year, is 365.25 days, not 360) and a day 24 hours, whatever the session's
+-- time zone (America/New_York has 23- and 25-hour days). (0.3.0: ttls above
+-- an hour need a higher max_ttl; the row of lease.settings is removed after.)
+SELECT configured_max_ttl FROM lease.configure(max_ttl => interval '2 years');
 SET TimeZone = 'America/New_York';
 SELECT acquired, epoch FROM lease.acquire('acq-9', 'o1', interval '1 mon');
 SELECT acquired, epoch FROM lease.acquire('acq-10', 'o1', interval '1 day');
 SELECT acquired, epoch FROM lease.acquire('acq-11', 'o1', interval '1 mon 1 day 1 hour 0.5 s');
+SELECT acquired, epoch FROM lease.acquire('acq-13', 'o1', interval '12 mons');
+SELECT acquired, epoch FROM lease.acquire('acq-14', 'o1', interval '13 mons');
 SELECT key, extract(epoch FROM expires_at) - extract(epoch FROM acquired_at) AS ttl_seconds
-  FROM lease.list() WHERE key IN ('acq-9', 'acq-10', 'acq-11') ORDER BY key;
+  FROM lease.list() WHERE key IN ('acq-9', 'acq-10', 'acq-11', 'acq-13', 'acq-14') ORDER BY key;
 RESET TimeZone;
+DELETE FROM lease.settings;
 -- a fraction of a second is a valid ttl
 SELECT acquired, epoch,
        expires_at <= clock_timestamp() + interval '0.5s' AS expiry_within_half_second

@@ -1,7 +1,9 @@
 -- 07_durability: a call that changes a lease makes its transaction's commit
--- durable: with synchronous_commit = off it raises the setting to 'local' for
--- that transaction only. Calls that change nothing leave it alone, and a
--- setting that already flushes (on, remote_apply, ...) is never changed.
+-- durable: with synchronous_commit = off or local it raises the setting to
+-- 'on' (0.3.0; 'local' in 0.1.0/0.2.0) for that transaction only, so the
+-- commit also waits for the configured synchronous standbys. Calls that
+-- change nothing leave it alone, and on, remote_write and remote_apply are
+-- never changed.
 -- (Crash behaviour itself is tested by the Go failure suite.)
 \set VERBOSITY default
 \set SHOW_CONTEXT never
@@ -65,7 +67,9 @@ SELECT (lease.acquire('dur-2', 'o1', interval '30s')).acquired,
 SHOW synchronous_commit;
 RESET synchronous_commit;
 
--- a setting that already flushes locally is left as it is
+-- a setting that already waits for synchronous standbys (on, remote_write,
+-- remote_apply) is left as it is; local (flushes locally, waits for no
+-- standby) is raised to on (0.3.0)
 BEGIN;
 SET LOCAL synchronous_commit = remote_apply;
 SELECT status FROM lease.renew('dur-2', 'o1', 1, interval '30s');
@@ -86,3 +90,16 @@ SET LOCAL synchronous_commit = local;
 SELECT status FROM lease.release('dur-2', 'o1', 3);
 SELECT current_setting('synchronous_commit');
 COMMIT;
+
+-- 0.3.0: local is raised to on too (local never waits for a synchronous
+-- standby); a later SET LOCAL in the same transaction wins: the caller that
+-- lowers the setting after a change owns that choice (documented, SEMANTICS
+-- section 11), pg_lease cannot see it.
+BEGIN;
+SET LOCAL synchronous_commit = local;
+SELECT acquired FROM lease.acquire('dur-local', 'o1', interval '30s');
+SELECT current_setting('synchronous_commit') AS after_acquire;
+SET LOCAL synchronous_commit = off;
+SELECT current_setting('synchronous_commit') AS after_a_later_set_local;
+COMMIT;
+SELECT status FROM lease.release('dur-local', 'o1', 1);

@@ -1,6 +1,7 @@
 -- upgrade_03_trusted_update: a non-superuser with only CREATE on a database
--- installs 0.1.0 and updates it to 0.2.0 itself. What the update adds
--- (lease.epoch_floor, lease.cleanup) belongs to that role, like everything
+-- installs 0.1.0 and updates it (0.1.0 -> 0.2.0 -> 0.3.0) itself. What the
+-- updates add (lease.epoch_floor, lease.cleanup; 0.3.0's lease.timeline_state,
+-- lease.settings, lease.configure) belongs to that role, like everything
 -- else, and is closed to other roles. Database and roles are dropped at the
 -- end.
 \set VERBOSITY default

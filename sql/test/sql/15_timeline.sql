@@ -1,0 +1,136 @@
+-- 15_timeline (0.3.0): epochs across promotions, the grace after one, the
+-- enforced max_ttl, and read-only sessions. A single server cannot be
+-- promoted, so a promotion is simulated the way the SQL sees one: the
+-- timeline recorded in lease.timeline_state differs from the server's current
+-- one (read with pg_walfile_name(pg_current_wal_lsn()), which nothing here can
+-- fake). Real promotions are tested by the Go harness (test/failover).
+\set VERBOSITY default
+\set SHOW_CONTEXT never
+
+-- A cluster that never failed over: timeline 1, era 0, epochs 1, 2, 3.
+SELECT lease._timeline() AS server_timeline;
+SELECT timeline, era, grace_until FROM lease.status();
+SELECT acquired, epoch FROM lease.acquire('tl-1', 'h', interval '30s');
+SELECT status FROM lease.release('tl-1', 'h', 1);
+SELECT acquired, epoch FROM lease.acquire('tl-1', 'h', interval '30s');
+SELECT acquired, epoch FROM lease.acquire('tl-2', 'h', interval '30s');
+
+-- max_ttl: the default is 1 hour; a longer ttl is invalid input (acquire and
+-- renew), nothing changes.
+SELECT max_ttl, promotion_grace FROM lease.status();
+SELECT * FROM lease.acquire('tl-long', 'h', interval '1 hour 1 second');
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM lease.renew('tl-1', 'h', 3, interval '2 hours');
+\echo :LAST_ERROR_SQLSTATE
+SELECT acquired FROM lease.acquire('tl-long', 'h', interval '1 hour');
+SELECT status FROM lease.release('tl-long', 'h', 1);
+-- configure validates, and a lower max_ttl keeps the old one as the grace for
+-- the old one's duration (grants made under it may still be believed); a
+-- higher one applies at once.
+SELECT * FROM lease.configure(max_ttl => interval '0');
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM lease.configure(max_ttl => interval '-1s');
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM lease.configure(max_ttl => interval '101 years');
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM lease.configure();
+SELECT * FROM lease.configure(max_ttl => interval '10 s');
+SELECT * FROM lease.acquire('tl-long', 'h', interval '11 s');
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM lease.configure(max_ttl => interval '2 hours');
+SELECT * FROM lease.configure(max_ttl => interval '1 day 1 hour');
+SELECT * FROM lease.configure(max_ttl => interval '1 hour');
+
+-- A promotion: the recorded timeline (0 here) is older than the server's.
+-- An operator configured max_ttl = 1 s long ago (the settings row written
+-- directly, so no higher earlier max_ttl is still in force).
+DELETE FROM lease.settings;
+INSERT INTO lease.settings (max_ttl) VALUES (interval '1 s');
+UPDATE lease.timeline_state SET timeline = 0;
+-- The holder of tl-2 (replicated) renews and re-acquires during the grace;
+-- nothing else is granted before it ends: a free key, a new key, a lapsed one.
+SELECT status FROM lease.renew('tl-2', 'h', 1, interval '1 s');
+SELECT acquired, epoch FROM lease.acquire('tl-2', 'h', interval '1 s');
+SELECT acquired, epoch FROM lease.acquire('tl-new', 'n', interval '1 s');
+SELECT timeline, era, grace_until > clock_timestamp() AS in_grace,
+       grace_until <= clock_timestamp() + interval '1 s' AS grace_at_most_max_ttl
+  FROM lease.status();
+SELECT status FROM lease.release('tl-1', 'h', 3);
+SELECT acquired, epoch FROM lease.acquire('tl-1', 'n', interval '1 s');
+-- a blocking acquire whose wait ends first times out, naming the grace
+SELECT * FROM lease.acquire('tl-new', 'n', interval '1 s', wait => interval '0.1 s');
+\echo :LAST_ERROR_SQLSTATE
+-- one that waits longer gets the key when the grace ends, in the new era:
+-- above 2^40, so above anything the old timeline could have handed out
+SELECT acquired, epoch, epoch = (1::bigint << 40) + 1 AS first_of_era_1
+  FROM lease.acquire('tl-new', 'n', interval '1 s', wait => interval '3 s');
+SELECT acquired, epoch FROM lease.acquire('tl-1', 'n', interval '1 s');
+SELECT pg_sleep(1.1);
+SELECT acquired, epoch FROM lease.acquire('tl-2', 'n', interval '1 s');
+SELECT timeline, era FROM lease.status();
+-- a first grant under REPEATABLE READ (no floor re-read there) is in the era too
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT acquired, epoch = (1::bigint << 40) + 1 AS first_of_era_1 FROM lease.acquire('tl-rr', 'n', interval '1 s');
+COMMIT;
+
+-- The recorded timeline is newer than the server's (a dump restored into
+-- another cluster): one more era, and a grace again.
+UPDATE lease.timeline_state SET timeline = 5;
+SELECT acquired FROM lease.acquire('tl-3', 'n', interval '1 s');
+SELECT timeline, era, grace_until > clock_timestamp() AS in_grace FROM lease.status();
+SELECT pg_sleep(1.1);
+SELECT acquired, epoch, epoch = (2::bigint << 40) + 1 AS first_of_era_2
+  FROM lease.acquire('tl-3', 'n', interval '1 s');
+-- Two timelines at once (1 -> 2 -> 3 seen as 1 -> 3: the state of the grant
+-- made on timeline 2 never replicated): the era grows by 2, so it cannot be
+-- the era timeline 2 used. Simulated by recording timeline -1 (2 below 1).
+UPDATE lease.timeline_state SET timeline = -1;
+SELECT acquired FROM lease.acquire('tl-4', 'n', interval '1 s');
+SELECT timeline, era FROM lease.status();
+
+-- A timeline change seen by an acquire whose transaction rolls back is seen
+-- again by the next one: the grace starts later (the safe direction).
+SELECT pg_sleep(1.1);
+UPDATE lease.timeline_state SET timeline = 0;
+SELECT era AS era_before FROM lease.status() \gset
+BEGIN;
+SELECT acquired FROM lease.acquire('tl-5', 'n', interval '1 s');
+SELECT era = :era_before + 1 AS moved FROM lease.status();
+ROLLBACK;
+SELECT timeline, era = :era_before AS unchanged FROM lease.status();
+SELECT acquired FROM lease.acquire('tl-5', 'n', interval '1 s');
+SELECT timeline, era = :era_before + 1 AS moved, grace_until > clock_timestamp() AS in_grace FROM lease.status();
+
+-- Read-only: on a standby and in a read-only transaction every changing call
+-- raises 25006 read_only at once; reads answer.
+SELECT pg_sleep(1.1);
+SET default_transaction_read_only = on;
+SELECT * FROM lease.acquire('tl-ro', 'n', interval '1 s');
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM lease.acquire('tl-ro', 'n', interval '1 s', wait => interval '10 s');
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM lease.renew('tl-5', 'n', 1, interval '1 s');
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM lease.release('tl-5', 'n', 1);
+\echo :LAST_ERROR_SQLSTATE
+SELECT lease.fence('tl-5', 'n', 1);
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM lease.force_release('tl-5');
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM lease.cleanup(interval '1 day');
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM lease.configure(max_ttl => interval '1 hour');
+\echo :LAST_ERROR_SQLSTATE
+SELECT held FROM lease.inspect('tl-5');
+SELECT count(*) > 0 AS listed FROM lease.list();
+SELECT max_ttl FROM lease.status();
+RESET default_transaction_read_only;
+BEGIN READ ONLY;
+SELECT * FROM lease.acquire('tl-ro', 'n', interval '1 s');
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+
+DELETE FROM lease.settings;
+DELETE FROM lease.leases WHERE key LIKE 'tl-%';
+DELETE FROM lease.timeline_state;
+INSERT INTO lease.timeline_state (timeline, era) VALUES (lease._timeline(), 0);
