@@ -30,7 +30,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/internal/pgserver"
 	"github.com/pglease/pg_lease/pkg/fence"
 	"github.com/pglease/pg_lease/pkg/lease"
 )
@@ -74,7 +74,7 @@ func demo(ctx context.Context, out io.Writer) error {
 	}
 
 	say("starting a throwaway PostgreSQL (initdb into a temporary directory)")
-	srv, err := pgtest.Start(ctx, pgtest.Options{})
+	srv, err := pgserver.Start(ctx, pgserver.Options{})
 	if err != nil {
 		return err
 	}
