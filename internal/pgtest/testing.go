@@ -129,6 +129,7 @@ func NewLeaseDatabase(t testing.TB) string {
 // leaked (goleak; opts add ignores). It exits with the tests' status.
 func Main(m *testing.M, opts ...goleak.Option) {
 	code := m.Run()
+	removeBuilt()
 	if err := CloseShared(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		if code == 0 {
