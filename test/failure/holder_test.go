@@ -28,7 +28,7 @@ func TestHolderSessionTerminated(t *testing.T) {
 	admin := e.connect(t)
 	for _, how := range []string{"pg_terminate_backend", "disconnect"} {
 		t.Run(how, func(t *testing.T) {
-			ctx := ctxFor(t, time.Minute)
+			ctx := pgtest.Context(t, time.Minute)
 			key := "k-" + how
 			holderConn := e.connect(t)
 			g := mustAcquire(t, lease.New(holderConn), key, "holder", time.Second)
@@ -203,7 +203,7 @@ func procState(pid int) byte {
 func TestHolderHungProcess(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, pgtest.Options{})
-	ctx := ctxFor(t, 2*time.Minute)
+	ctx := pgtest.Context(t, 2*time.Minute)
 	admin := e.connect(t)
 	if _, err := admin.Exec(ctx, `
 		CREATE TABLE guard (resource text PRIMARY KEY, epoch bigint NOT NULL);
