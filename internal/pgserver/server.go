@@ -123,6 +123,10 @@ type Server struct {
 	shm       shmSeg // of the last postmaster that started
 	logOffset int64  // size of the log when the current postmaster started
 
+	primaryPort     int    // a standby's primary
+	primaryConninfo string // a standby's primary_conninfo as pg_basebackup -R wrote it
+	standbyName     string
+
 	external    bool
 	shared      bool
 	externalDSN string
@@ -171,6 +175,21 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 }
 
 func (s *Server) create(ctx context.Context) error {
+	if err := s.makeRoot(); err != nil {
+		return err
+	}
+	if err := s.initdb(ctx); err != nil {
+		return err
+	}
+	if err := s.writeConf(); err != nil {
+		return err
+	}
+	return s.firstStart(ctx)
+}
+
+// makeRoot creates the server's temporary directory, its owner stamp, the
+// socket directory and (FakeClock) the clock file.
+func (s *Server) makeRoot() error {
 	root, err := os.MkdirTemp(s.opts.Dir, dirPrefix)
 	if err != nil {
 		return fmt.Errorf("pgserver: %w", err)
@@ -198,14 +217,14 @@ func (s *Server) create(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := s.initdb(ctx); err != nil {
-		return err
-	}
-	if err := s.writeConf(); err != nil {
-		return err
-	}
+	return nil
+}
+
+// firstStart picks a free port and starts the postmaster on it.
+func (s *Server) firstStart(ctx context.Context) error {
 	// A free port can be taken between choosing it and the bind: retry.
 	for attempt := 0; ; attempt++ {
+		var err error
 		if s.port, err = freePort(); err != nil {
 			return err
 		}
