@@ -40,7 +40,9 @@ type StandbyOptions struct {
 
 // StartStandby makes a standby of s: a base backup of the running primary
 // (pg_basebackup -R -X stream -c fast, which writes standby.signal and
-// primary_conninfo) into a new temporary directory, started on a free port
+// primary_conninfo; without pg_basebackup in the installation, a copy of
+// the cleanly stopped primary's data directory with the same two settings:
+// the primary restarts once) into a new temporary directory, started on a free port
 // and waited for until it accepts connections and streams from s. The
 // standby is a Server of its own (Close it too); its control methods work
 // as on any throwaway server.
@@ -63,6 +65,7 @@ func (s *Server) StartStandby(ctx context.Context, o StandbyOptions) (*Server, e
 	if o.Name == "" {
 		o.Name = "standby" + strconv.FormatInt(standbySeq.Add(1), 10)
 	}
+	var err error
 	st := &Server{opts: opts, shm: shmSeg{id: -1}, user: Superuser, binDir: s.binDir, version: s.version,
 		major: s.major, cred: s.cred, libFaketime: s.libFaketime, primaryPort: s.port}
 	primaryPort := s.port
@@ -72,7 +75,12 @@ func (s *Server) StartStandby(ctx context.Context, o StandbyOptions) (*Server, e
 		_ = st.Close()
 		return nil, err
 	}
-	if err := st.baseBackup(ctx, primaryPort, o.Name); err != nil {
+	if fileExists(filepath.Join(st.binDir, "pg_basebackup")) {
+		err = st.baseBackup(ctx, primaryPort, o.Name)
+	} else {
+		err = s.coldCopy(ctx, st, o.Name)
+	}
+	if err != nil {
 		_ = st.Close()
 		return nil, err
 	}
@@ -113,6 +121,55 @@ func (st *Server) baseBackup(ctx context.Context, primaryPort int, name string) 
 		return fmt.Errorf("pgserver: pg_basebackup: %v:\n%s", err, out.String())
 	}
 	st.primaryConninfo = st.conninfo(name)
+	return nil
+}
+
+// coldCopy makes st a standby of s without pg_basebackup (installations
+// that ship only initdb, pg_ctl and postgres, like the npm-packaged servers
+// of the version matrix): s is shut down cleanly, its data directory copied
+// (cp -a), standby.signal and primary_conninfo written as pg_basebackup -R
+// would, and s started again.
+func (s *Server) coldCopy(ctx context.Context, st *Server, name string) error {
+	st.primaryPort = s.port
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.stopLocked(); err != nil {
+		return err
+	}
+	cp := exec.CommandContext(ctx, "cp", "-a", s.dataDir, st.dataDir)
+	out, cerr := cp.CombinedOutput()
+	serr := s.startLocked(ctx)
+	if cerr != nil {
+		return fmt.Errorf("pgserver: copying the primary's data directory: %v: %s", cerr, out)
+	}
+	if serr != nil {
+		return serr
+	}
+	for _, f := range []string{"postmaster.pid", "postmaster.opts"} {
+		_ = os.Remove(filepath.Join(st.dataDir, f))
+	}
+	st.primaryConninfo = st.conninfo(name)
+	if err := os.WriteFile(filepath.Join(st.dataDir, "standby.signal"), nil, 0o600); err != nil {
+		return fmt.Errorf("pgserver: %w", err)
+	}
+	f, err := os.OpenFile(filepath.Join(st.dataDir, "postgresql.auto.conf"), os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("pgserver: %w", err)
+	}
+	_, err = fmt.Fprintf(f, "primary_conninfo = %s\n", quoteSetting(st.primaryConninfo))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil && st.cred != nil {
+		for _, p := range []string{filepath.Join(st.dataDir, "standby.signal"), filepath.Join(st.dataDir, "postgresql.auto.conf")} {
+			if err = os.Chown(p, int(st.cred.Uid), int(st.cred.Gid)); err != nil {
+				break
+			}
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("pgserver: writing the standby's configuration: %w", err)
+	}
 	return nil
 }
 

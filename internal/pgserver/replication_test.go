@@ -2,6 +2,8 @@ package pgserver
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -109,5 +111,47 @@ func TestReplication(t *testing.T) {
 	}
 	if _, err := connect(t, st2.DSN()).Exec(ctx, "INSERT INTO t VALUES (8)"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestReplicationWithoutBasebackup: an installation with only initdb,
+// pg_ctl and postgres (the npm-packaged servers) gets its standby from a
+// copy of the stopped primary.
+func TestReplicationWithoutBasebackup(t *testing.T) {
+	real, err := FindBinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := t.TempDir()
+	if os.Geteuid() == 0 {
+		for _, d := range []string{bin, filepath.Dir(bin)} {
+			if err := os.Chmod(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, name := range []string{"initdb", "postgres", "pg_ctl"} {
+		if err := os.Symlink(filepath.Join(real, name), filepath.Join(bin, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := ctxFor(t)
+	p := newServer(t, Options{BinDir: bin})
+	exec1(t, connect(t, p.DSN()), "CREATE TABLE t (x int)")
+	st, err := p.StartStandby(ctx, StandbyOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	exec1(t, connect(t, p.DSN()), "INSERT INTO t VALUES (1)")
+	if err := p.WaitReplayed(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Promote(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := connect(t, st.DSN()).QueryRow(ctx, "SELECT count(*) FROM t").Scan(&n); err != nil || n != 1 {
+		t.Fatalf("promoted copy: %d rows, %v", n, err)
 	}
 }
