@@ -25,8 +25,13 @@
 //	s := pgtest.New(t, pgtest.Options{FakeClock: true, Settings: map[string]string{"fsync": "off"}})
 //	s.Kill(); s.Start(ctx); s.Freeze(); s.Thaw(); s.SetClockOffset(d)
 //
-// Streaming replication (a primary and standbys on loopback) is in
-// replication.go: NewCluster.
+// Streaming replication on loopback: NewStandby(t, primary, opts) makes a
+// standby with pg_basebackup -R; then primary.SetSynchronousStandbyNames,
+// standby.StopStreaming (its WAL is cut off: what the primary writes next
+// is never replayed), primary.WaitReplayed(ctx, standby), primary.Kill(),
+// standby.Promote(ctx) (pg_ctl promote) or PromoteSQL (pg_promote()), and
+// MultiHostDSN(db, servers...) for clients that follow the primary
+// (target_session_attrs=read-write). test/failover uses them.
 //
 // Server, Options, Start and the other supervisor names are aliases of
 // internal/pgserver's; see that package for what a throwaway server is.

@@ -67,6 +67,7 @@ func newCluster(t *testing.T, o clusterOptions) *cluster {
 	if err := lease.InstallExtension(ctx, conn); err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("%s, pg_lease %s", p.Version(), installed(t, conn))
 	c := &cluster{primary: p}
 	if o.maxTTL > 0 {
 		c.configure(t, conn, o.maxTTL)
