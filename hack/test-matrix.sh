@@ -23,9 +23,11 @@
 #   4. failure    the Go failure suite (test/failure), compiled once with
 #                 `go test -c` and run per major with PGLEASE_PG_BINDIR and
 #                 LD_LIBRARY_PATH of that major; it starts its own servers.
-#                 Before it, internal/pgtest's TestStartConnect (also compiled
+#                 Before it, internal/pgserver's TestStartConnect (also compiled
 #                 once) must log a server of that major: proof that the Go
-#                 harness runs the binaries of the major under test.
+#                 harness runs the binaries of the major under test. After
+#                 it, the failover suite (test/failover: streaming standbys,
+#                 promotion, split brain), the same way.
 #
 # then prints a summary table (also written to $OUT/summary.md) and exits
 # non-zero if any step failed on any major.
@@ -316,17 +318,18 @@ run_ctlpath() {
 	return $rc
 }
 
-# First a probe that the Go harness starts this major (internal/pgtest's
+# First a probe that the Go harness starts this major (internal/pgserver's
 # TestStartConnect logs the `postgres --version` of the server it started),
-# then the suite.
+# then the suites.
 run_failure_suite() {
-	(cd internal/pgtest && "$OUT/pgtest.test" -test.count=1 -test.run '^TestStartConnect$' -test.v) \
+	(cd internal/pgserver && "$OUT/pgtest.test" -test.count=1 -test.run '^TestStartConnect$' -test.v) \
 		>"$mdir/failure-probe.log" 2>&1 || return 1
 	if ! grep -q "(PostgreSQL) $major\." "$mdir/failure-probe.log"; then
 		echo "the Go harness did not start PostgreSQL $major (see $mdir/failure-probe.log)" >&2
 		return 1
 	fi
-	(cd test/failure && "$OUT/failure.test" -test.count=1 -test.timeout=20m -test.v) >"$mdir/failure.log" 2>&1
+	(cd test/failure && "$OUT/failure.test" -test.count=1 -test.timeout=20m -test.v) >"$mdir/failure.log" 2>&1 || return 1
+	(cd test/failover && "$OUT/failover.test" -test.count=1 -test.timeout=20m -test.v) >"$mdir/failover.log" 2>&1
 }
 
 run_major() {
@@ -391,9 +394,10 @@ run_major() {
 # ---------------------------------------------------------------------------
 t_all=$SECONDS
 if [[ $run_failure -eq 1 ]]; then
-	log "compiling the failure suite and the harness probe (go test -c ./test/failure/ ./internal/pgtest/)"
+	log "compiling the failure and failover suites and the harness probe (go test -c ./test/failure/ ./test/failover/ ./internal/pgserver/)"
 	if ! go test -c -o "$OUT/failure.test" ./test/failure/ >"$OUT/go-test-c.log" 2>&1 ||
-		! go test -c -o "$OUT/pgtest.test" ./internal/pgtest/ >>"$OUT/go-test-c.log" 2>&1; then
+		! go test -c -o "$OUT/failover.test" ./test/failover/ >>"$OUT/go-test-c.log" 2>&1 ||
+		! go test -c -o "$OUT/pgtest.test" ./internal/pgserver/ >>"$OUT/go-test-c.log" 2>&1; then
 		log "go test -c FAILED:"
 		cat "$OUT/go-test-c.log" >&2
 		run_failure=0

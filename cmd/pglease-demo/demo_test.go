@@ -8,13 +8,16 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/pglease/pg_lease/internal/testprog"
+	tc "github.com/pglease/pg_lease/internal/testprog/candidate"
 )
 
 // TestMain lets the test binary play the candidates: demo re-executes
 // os.Executable(), which here is this binary.
 func TestMain(m *testing.M) {
-	if os.Getenv(roleEnv) == "candidate" {
-		os.Exit(candidateMain())
+	if os.Getenv(testprog.EnvVar) != "" {
+		tc.Main() // exits
 	}
 	os.Exit(m.Run())
 }

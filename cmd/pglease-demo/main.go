@@ -11,39 +11,40 @@
 //     it;
 //  4. everything is stopped and removed.
 //
-// The candidates are this same program, started with PGLEASE_DEMO_ROLE=candidate.
+// The candidates are this same program re-executed as the test suites'
+// candidate (internal/testprog/candidate, with PGLEASE_TESTCANDIDATE set).
 package main
 
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
-	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/internal/pgserver"
+	"github.com/pglease/pg_lease/internal/testprog"
+	tc "github.com/pglease/pg_lease/internal/testprog/candidate"
 	"github.com/pglease/pg_lease/pkg/fence"
 	"github.com/pglease/pg_lease/pkg/lease"
 )
 
 const (
-	roleEnv = "PGLEASE_DEMO_ROLE"
-	key     = "demo-leader"
-	ttl     = 2 * time.Second
+	key = "demo-leader"
+	ttl = 2 * time.Second
 )
 
 func main() {
-	if os.Getenv(roleEnv) == "candidate" {
-		os.Exit(candidateMain())
+	if os.Getenv(testprog.EnvVar) != "" {
+		tc.Main() // exits
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -74,7 +75,7 @@ func demo(ctx context.Context, out io.Writer) error {
 	}
 
 	say("starting a throwaway PostgreSQL (initdb into a temporary directory)")
-	srv, err := pgtest.Start(ctx, pgtest.Options{})
+	srv, err := pgserver.Start(ctx, pgserver.Options{})
 	if err != nil {
 		return err
 	}
@@ -111,6 +112,9 @@ func demo(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	if err := guard.EnsureTable(ctx); err != nil {
+		return err
+	}
+	if _, err := store.Exec(ctx, "CREATE TABLE writes (epoch bigint, owner text)"); err != nil {
 		return err
 	}
 	say("PostgreSQL %d on 127.0.0.1, pg_lease %s installed; the store is another database, guarded by the highest epoch it accepted", srv.MajorVersion(), lease.Version)
@@ -152,11 +156,13 @@ func demo(ctx context.Context, out io.Writer) error {
 		return nil
 	}
 	// await reads candidate lines until one satisfies ok, echoing the
-	// interesting ones.
+	// interesting ones; seen keeps them all.
+	var seen []line
 	await := func(what string, ok func(line) bool) (line, error) {
 		for {
 			select {
 			case l := <-lines:
+				seen = append(seen, l)
 				switch l.kind {
 				case "LEADING":
 					say("  %-7s leads with epoch %d", l.who, l.epoch)
@@ -226,8 +232,15 @@ func demo(ctx context.Context, out io.Writer) error {
 	if stale.kind != "WRITE-REJECTED" {
 		return errors.New("the stale write was accepted: fencing failed")
 	}
-	if _, err := await("the old leader to stop", func(l line) bool { return l.kind == "STOPPED" && l.who == second.who }); err != nil {
-		return err
+	stoppedSecond := func(l line) bool { return l.kind == "STOPPED" && l.who == second.who }
+	already := false
+	for _, l := range seen {
+		already = already || stoppedSecond(l)
+	}
+	if !already {
+		if _, err := await("the old leader to stop", stoppedSecond); err != nil {
+			return err
+		}
 	}
 
 	var st lease.State
@@ -242,8 +255,9 @@ func demo(ctx context.Context, out io.Writer) error {
 
 func startCandidate(self, name, dsn, storeDSN string, lines chan<- line) (*candidate, error) {
 	cmd := exec.Command(self)
-	cmd.Env = append(os.Environ(), roleEnv+"=candidate", "PGLEASE_DEMO_NAME="+name,
-		"PGLEASE_DEMO_DSN="+dsn, "PGLEASE_DEMO_STORE_DSN="+storeDSN)
+	cmd.Env = append(os.Environ(), testprog.EnvVar+"=1", "PGLEASE_TC_ID="+name, "PGLEASE_TC_KEY="+key,
+		"PGLEASE_TC_DSN="+dsn, "PGLEASE_TC_STORE_DSN="+storeDSN, "PGLEASE_TC_TTL="+ttl.String(),
+		"PGLEASE_TC_WAITER=1", "PGLEASE_TC_WRITE=300ms")
 	cmd.Stderr = os.Stderr
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -259,13 +273,31 @@ func startCandidate(self, name, dsn, storeDSN string, lines chan<- line) (*candi
 		defer wg.Done()
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
-			f := strings.SplitN(sc.Text(), " ", 3)
-			l := line{who: name, kind: f[0]}
-			if len(f) > 1 {
-				l.epoch, _ = strconv.ParseInt(f[1], 10, 64)
+			var e testprog.Event
+			if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+				continue
 			}
-			if len(f) > 2 {
-				l.detail = f[2]
+			l := line{who: name, epoch: e.Epoch}
+			switch e.Ev {
+			case "started":
+				l.kind = "LEADING"
+			case "working":
+				l.kind = "WORKING"
+			case "write":
+				switch {
+				case e.Stale:
+					l.kind, l.detail = "WRITE-REJECTED", e.Err
+				case e.Err != "":
+					l.kind, l.detail = "WRITE-FAILED", e.Err
+				default:
+					l.kind = "WRITE-OK"
+				}
+			case "cancelled":
+				l.kind, l.detail = "STOPPED", e.Cause
+			case "error":
+				l.kind, l.detail = "ERROR", e.Err
+			default:
+				continue
 			}
 			select {
 			case lines <- l:

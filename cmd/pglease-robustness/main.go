@@ -21,7 +21,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/pglease/pg_lease/test/robustness"
+	"github.com/pglease/pg_lease/internal/robustness"
 )
 
 func main() {

@@ -10,9 +10,12 @@
 // (lease.TokenFromContext, see pkg/elector); here two lease clients play
 // the writers so that the interleaving is exact.
 //
-//	go run ./examples/fenced-writer                     # throwaway PostgreSQL
-//	go run ./examples/fenced-writer -dsn "$DSN"          # pg_lease installed there
+//	go run ./examples/fenced-writer -dsn "$DSN"          # creates pg_lease there if absent
+//	PGLEASE_DSN="$DSN" go run ./examples/fenced-writer
 //	go run ./examples/fenced-writer -dsn "$DSN" -store-dsn "$OTHER"
+//
+// It depends on nothing internal to this module: copy it out as it is. Its
+// test starts a throwaway server.
 package main
 
 import (
@@ -27,13 +30,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/fence"
 	"github.com/pglease/pg_lease/pkg/lease"
 )
 
 func main() {
-	dsn := flag.String("dsn", os.Getenv("PGLEASE_DSN"), "database with pg_lease installed (empty: start a throwaway server)")
+	dsn := flag.String("dsn", os.Getenv("PGLEASE_DSN"), "database for the lease (pg_lease is created there if absent; default $PGLEASE_DSN)")
 	storeDSN := flag.String("store-dsn", "", "database playing the external store (default: the lease database)")
 	flag.Parse()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -46,32 +48,19 @@ func main() {
 
 func mainErr(ctx context.Context, dsn, storeDSN string) error {
 	if dsn == "" {
-		s, err := pgtest.Start(ctx, pgtest.Options{})
-		if err != nil {
-			return err
-		}
-		defer s.Close()
-		if err := s.InstallExtensionFiles(ctx); err != nil {
-			return err
-		}
-		if dsn, err = s.CreateDatabase(ctx, "leases"); err != nil {
-			return err
-		}
-		if storeDSN, err = s.CreateDatabase(ctx, "store"); err != nil {
-			return err
-		}
-		conn, err := pgx.Connect(ctx, dsn)
-		if err != nil {
-			return err
-		}
-		_, err = conn.Exec(ctx, "CREATE EXTENSION pg_lease")
-		conn.Close(ctx)
-		if err != nil {
-			return err
-		}
+		return errors.New("no database: pass -dsn or set PGLEASE_DSN to a PostgreSQL database the role may " +
+			"CREATE EXTENSION pg_lease in (the server needs the extension's files: make -C sql install)")
 	}
 	if storeDSN == "" {
 		storeDSN = dsn
+	}
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := lease.InstallExtension(ctx, pool); err != nil {
+		return err
 	}
 	return run(ctx, os.Stdout, dsn, storeDSN, "report")
 }

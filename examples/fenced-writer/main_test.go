@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pglease/pg_lease/internal/pgtest"
 )
 
@@ -18,18 +16,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 func TestStaleWriterRejected(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := pgtest.Shared(t).InstallExtensionFiles(ctx); err != nil {
-		t.Fatal(err)
-	}
-	dsn, storeDSN := pgtest.NewDatabase(t), pgtest.NewDatabase(t)
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Exec(ctx, "CREATE EXTENSION pg_lease"); err != nil {
-		t.Fatal(err)
-	}
-	conn.Close(ctx)
+	dsn, storeDSN := pgtest.NewLeaseDatabase(t), pgtest.NewDatabase(t)
 
 	var out strings.Builder
 	if err := run(ctx, &out, dsn, storeDSN, "report"); err != nil {
@@ -46,5 +33,13 @@ the store holds report written by B@2
 `
 	if got := out.String(); got != want {
 		t.Errorf("output:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// TestNoDSN: without a database the example says what to pass.
+func TestNoDSN(t *testing.T) {
+	err := mainErr(context.Background(), "", "")
+	if err == nil || !strings.Contains(err.Error(), "-dsn") {
+		t.Fatalf("mainErr without a DSN: %v", err)
 	}
 }

@@ -1,7 +1,7 @@
-// Package pgtest runs throwaway PostgreSQL servers for tests, benchmarks and
-// demos: real servers (initdb into a temporary directory), never mocks.
-//
-// # Getting a server
+// Package pgtest is the testing layer over internal/pgserver (which runs the
+// throwaway PostgreSQL servers and links no testing): servers and databases
+// bound to a test's lifetime, Main with a goroutine-leak check, and the
+// helpers the suites share.
 //
 // In a test that needs a database of its own but no control over the
 // server, take a fresh database on the test binary's shared server:
@@ -9,8 +9,8 @@
 //	func TestMain(m *testing.M) { pgtest.Main(m) } // closes the shared server, runs goleak
 //
 //	func TestSomething(t *testing.T) {
-//		dsn := pgtest.NewDatabase(t) // dropped at cleanup
-//		pool, err := pgxpool.New(ctx, dsn)
+//		pool := pgtest.NewLeasePool(t) // fresh database with pg_lease, dropped at cleanup
+//		ctx := pgtest.Context(t, time.Minute)
 //		...
 //	}
 //
@@ -19,92 +19,20 @@
 //
 // A test that crashes, stops, freezes the server or moves its clock starts
 // one of its own, closed at cleanup (New fails the test, never skips, when
-// no server can be started):
+// no server can be started; when the test failed, the end of the server log
+// is logged):
 //
 //	s := pgtest.New(t, pgtest.Options{FakeClock: true, Settings: map[string]string{"fsync": "off"}})
-//	s.Kill()                 // SIGKILL postmaster and every backend, reap
-//	s.Start(ctx)             // again on the same data directory: crash recovery
-//	s.Stop(); s.Restart(ctx) // fast shutdown; stop and start
-//	s.Freeze(); s.Thaw()     // SIGSTOP / SIGCONT every server process
-//	s.SetClockOffset(30 * time.Second) // the server's wall clock, live
+//	s.Kill(); s.Start(ctx); s.Freeze(); s.Thaw(); s.SetClockOffset(d)
 //
-// Programs (the demo) use Start and Close:
+// Streaming replication on loopback: NewStandby(t, primary, opts) makes a
+// standby with pg_basebackup -R; then primary.SetSynchronousStandbyNames,
+// standby.StopStreaming (its WAL is cut off: what the primary writes next
+// is never replayed), primary.WaitReplayed(ctx, standby), primary.Kill(),
+// standby.Promote(ctx) (pg_ctl promote) or PromoteSQL (pg_promote()), and
+// MultiHostDSN(db, servers...) for clients that follow the primary
+// (target_session_attrs=read-write). test/failover uses them.
 //
-//	s, err := pgtest.Start(ctx, pgtest.Options{})
-//	if err != nil { ... }
-//	defer s.Close()
-//	if err := s.InstallExtensionFiles(ctx); err != nil { ... }
-//	dsn, err := s.NewDatabase(ctx) // or CreateDatabase(ctx, "demo")
-//
-// Control methods on the shared or an external server return an error
-// wrapping ErrNeedsThrowaway that says so.
-//
-// # What a throwaway server is
-//
-// Binaries: Options.BinDir, else $PGLEASE_PG_BINDIR (the caller sets
-// LD_LIBRARY_PATH for binaries that need it), else `pg_config --bindir`,
-// else the newest /usr/lib/postgresql/*/bin, else PATH. Without any, the
-// error says to run `apt-get install postgresql`.
-//
-// PostgreSQL refuses to run as root, so when this process is root initdb and
-// postgres run as nobody:nogroup, and the temporary directory belongs to
-// that user. The binaries (and every directory above them) must then be
-// readable by that user: a cache under /root (mode 0700) is not; Start says
-// so. Options.Dir must be searchable by that user too.
-//
-// The cluster is created with `initdb -E UTF8 --locale=C -U postgres -A trust`
-// (no password; Superuser is "postgres"), and listens on 127.0.0.1 at a free
-// port and on a private socket directory (SocketDSN). Defaults written to
-// postgresql.conf: shared_buffers=32MB, dynamic_shared_memory_type=mmap (so
-// a killed server leaves nothing in /dev/shm), timezone=UTC; fsync and
-// everything else keep PostgreSQL's defaults. Options.Settings override them.
-// The server log is LogPath(); New logs its tail when a test fails.
-//
-// The temporary directory holds:
-//
-//	pgtest-XXXX/owner        pid and start time of the process that owns it
-//	pgtest-XXXX/data/        the cluster
-//	pgtest-XXXX/sock/        the Unix socket
-//	pgtest-XXXX/postgres.log server output, every start appended
-//	pgtest-XXXX/faketime     the clock offset libfaketime reads (FakeClock)
-//
-// # Processes and crashes
-//
-// The postmaster is a child of this process in a process group of its own,
-// with a parent-death signal (SIGKILL), and a goroutine waits on it, so a
-// killed postmaster is reaped at once and never lingers as a zombie whose pid
-// keeps postmaster.pid "in use". Backends are children of the postmaster but
-// each leads its own session, so Kill and Freeze find them through /proc
-// (parent pid): Kill stops the postmaster (so it forks nothing and starts no
-// recovery), SIGKILLs it and all its children at once, and waits until they
-// are gone, so nothing is written after the kill and the next Start finds the
-// shared-memory segment detached.
-//
-// Close kills whatever runs, removes the System V shared-memory segments the
-// server used (their ids are read from postmaster.pid, which a killed
-// postmaster leaves behind) and the directory. If the test process itself
-// dies without cleanup (test timeout, SIGKILL), the kernel kills the
-// postmaster (its backends follow), and the next Start in that directory's
-// parent finds the directory whose owner is dead and removes it with its
-// segment. (The parent-death signal follows the OS thread that started the
-// postmaster; Go keeps threads alive unless a goroutine exits while locked
-// to one with runtime.LockOSThread, so do not start servers from such a
-// goroutine.)
-//
-// # Fake clock
-//
-// Options.FakeClock runs the server with LD_PRELOAD=libfaketime.so.1
-// (`apt-get install faketime`; or set PGLEASE_LIBFAKETIME),
-// FAKETIME_TIMESTAMP_FILE pointing at the faketime file, FAKETIME_NO_CACHE=1
-// (every clock call re-reads the file) and FAKETIME_DONT_FAKE_MONOTONIC=1
-// (timeouts and sleeps stay real). SetClockOffset replaces the file
-// atomically with a relative offset ("+30", "-10.5": seconds from real time),
-// which every backend sees on its next clock reading.
-//
-// # Extension files
-//
-// InstallExtensionFiles copies pgleasesql.Files() into the installation's
-// extension directory (pg_config --sharedir next to the binaries, else the
-// server's pg_config view), rewriting only files that differ, each with an
-// atomic rename. It needs write access there, which root has.
+// Server, Options, Start and the other supervisor names are aliases of
+// internal/pgserver's; see that package for what a throwaway server is.
 package pgtest

@@ -11,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
+
+	"github.com/pglease/pg_lease/internal/pgserver"
 )
 
 // New starts a throwaway server for the test (at most one Options), closes
@@ -57,61 +59,19 @@ func lastBytes(s string, n int) string {
 	return s
 }
 
-var shared struct {
-	mu  sync.Mutex
-	srv *Server
-	err error
-}
-
-// Shared returns the server shared by the tests of this test binary: the
-// external server of PGLEASE_TEST_DSN when that is set, otherwise a
-// throwaway server started on first use (and closed by Main). Its control
-// methods (Kill, Freeze, ...) refuse with ErrNeedsThrowaway. Tests on it
-// should use a database of their own: see NewDatabase.
+// Shared returns the server shared by the tests of this test binary
+// (pgserver.Shared: the external server of PGLEASE_TEST_DSN when that is
+// set, otherwise a throwaway server started on first use and closed by
+// Main). Its control methods (Kill, Freeze, ...) refuse with
+// ErrNeedsThrowaway. Tests on it should use a database of their own: see
+// NewDatabase.
 func Shared(t testing.TB) *Server {
 	t.Helper()
-	s, err := sharedServer()
+	s, err := pgserver.Shared(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
 	return s
-}
-
-func sharedServer() (*Server, error) {
-	shared.mu.Lock()
-	defer shared.mu.Unlock()
-	if shared.srv != nil || shared.err != nil {
-		return shared.srv, shared.err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	var s *Server
-	var err error
-	if dsn := os.Getenv(EnvTestDSN); dsn != "" {
-		s, err = External(ctx, dsn)
-	} else {
-		s, err = Start(ctx, Options{})
-	}
-	if err != nil {
-		shared.err = fmt.Errorf("pgtest: shared server: %w", err)
-		return nil, shared.err
-	}
-	s.shared = !s.external
-	shared.srv = s
-	return s, nil
-}
-
-// CloseShared closes the shared server if one was started. Main calls it;
-// programs and TestMain functions that do not use Main should.
-func CloseShared() error {
-	shared.mu.Lock()
-	defer shared.mu.Unlock()
-	s := shared.srv
-	shared.srv, shared.err = nil, nil
-	if s == nil {
-		return nil
-	}
-	return s.Close()
 }
 
 // NewDatabase creates a database of the test's own on the shared server
@@ -122,7 +82,7 @@ func NewDatabase(t testing.TB) string {
 	s := Shared(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	name, dsn, err := s.newDatabase(ctx)
+	name, dsn, err := s.NewDatabaseNamed(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,6 +129,7 @@ func NewLeaseDatabase(t testing.TB) string {
 // leaked (goleak; opts add ignores). It exits with the tests' status.
 func Main(m *testing.M, opts ...goleak.Option) {
 	code := m.Run()
+	removeBuilt()
 	if err := CloseShared(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		if code == 0 {

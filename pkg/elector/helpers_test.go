@@ -2,7 +2,6 @@ package elector_test
 
 import (
 	"context"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -14,17 +13,10 @@ import (
 
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/elector"
-	"github.com/pglease/pg_lease/pkg/elector/internal/testcandidate"
 	"github.com/pglease/pg_lease/pkg/lease"
 )
 
-func TestMain(m *testing.M) {
-	if os.Getenv(testcandidate.EnvVar) != "" {
-		testcandidate.Main()
-		return
-	}
-	pgtest.Main(m)
-}
+func TestMain(m *testing.M) { pgtest.Main(m) }
 
 func testCtx(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

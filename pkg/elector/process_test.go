@@ -12,11 +12,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglease/pg_lease/pkg/elector/internal/testcandidate"
+	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/internal/testprog"
 )
 
-// proc is a candidate running as a separate OS process: the test binary
-// re-executed with testcandidate.EnvVar set.
+// proc is a candidate running as a separate OS process (the program
+// internal/testprog/cmd/pglease-candidate).
 type proc struct {
 	id     string
 	cmd    *exec.Cmd
@@ -29,24 +30,20 @@ type proc struct {
 type cluster struct {
 	t      *testing.T
 	mu     sync.Mutex
-	events []testcandidate.Event
-	ch     chan testcandidate.Event
+	events []testprog.Event
+	ch     chan testprog.Event
 	procs  map[string]*proc
 }
 
 func newCluster(t *testing.T) *cluster {
-	return &cluster{t: t, ch: make(chan testcandidate.Event, 10000), procs: map[string]*proc{}}
+	return &cluster{t: t, ch: make(chan testprog.Event, 10000), procs: map[string]*proc{}}
 }
 
 func (c *cluster) start(id string, env ...string) *proc {
 	t := c.t
 	t.Helper()
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(self, "-test.run=^$")
-	cmd.Env = append(os.Environ(), testcandidate.EnvVar+"=1", "PGLEASE_TC_ID="+id)
+	cmd := exec.Command(pgtest.BuildProgram(t, testprog.CandidatePkg))
+	cmd.Env = append(os.Environ(), "PGLEASE_TC_ID="+id)
 	cmd.Env = append(cmd.Env, env...)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
@@ -63,7 +60,7 @@ func (c *cluster) start(id string, env ...string) *proc {
 	go func() {
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
-			var e testcandidate.Event
+			var e testprog.Event
 			if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
 				t.Errorf("%s: bad event %q: %v", id, sc.Text(), err)
 				continue
@@ -88,7 +85,7 @@ func (c *cluster) start(id string, env ...string) *proc {
 }
 
 // await returns the first event (from now on) that matches, or fails.
-func (c *cluster) await(within time.Duration, what string, match func(testcandidate.Event) bool) testcandidate.Event {
+func (c *cluster) await(within time.Duration, what string, match func(testprog.Event) bool) testprog.Event {
 	c.t.Helper()
 	timeout := time.After(within)
 	for {
@@ -103,14 +100,14 @@ func (c *cluster) await(within time.Duration, what string, match func(testcandid
 	}
 }
 
-func (c *cluster) all() []testcandidate.Event {
+func (c *cluster) all() []testprog.Event {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return append([]testcandidate.Event(nil), c.events...)
+	return append([]testprog.Event(nil), c.events...)
 }
 
-func ev(kind string) func(testcandidate.Event) bool {
-	return func(e testcandidate.Event) bool { return e.Ev == kind }
+func ev(kind string) func(testprog.Event) bool {
+	return func(e testprog.Event) bool { return e.Ev == kind }
 }
 
 // checkTerms verifies the terms of every process on the server's timeline:
@@ -200,7 +197,7 @@ func (c *cluster) checkTerms(halted map[string]time.Time, localOffset time.Durat
 }
 
 // all0 is all with c.mu held.
-func (c *cluster) all0() []testcandidate.Event { return c.events }
+func (c *cluster) all0() []testprog.Event { return c.events }
 
 // TestProcessesKillAndRelease: three candidate processes. SIGKILL of the
 // leader: another takes over within the TTL plus a bound, with a higher
@@ -301,7 +298,7 @@ func TestProcessesFrozenLeader(t *testing.T) {
 		"PGLEASE_TC_RETRY=100ms", "PGLEASE_TC_WRITE=100ms"}
 	c.start("a", env...)
 	first := c.await(30*time.Second, "first leader", ev("started"))
-	c.await(10*time.Second, "first write", func(e testcandidate.Event) bool { return e.Ev == "write" && e.ID == "a" })
+	c.await(10*time.Second, "first write", func(e testprog.Event) bool { return e.Ev == "write" && e.ID == "a" })
 	c.start("b", env...)
 	time.Sleep(ttl / 2)
 
@@ -316,7 +313,7 @@ func TestProcessesFrozenLeader(t *testing.T) {
 	if second.ID != "b" || second.Epoch <= first.Epoch {
 		t.Fatalf("takeover by %s@%d after %s@%d", second.ID, second.Epoch, first.ID, first.Epoch)
 	}
-	c.await(10*time.Second, "b's first write", func(e testcandidate.Event) bool {
+	c.await(10*time.Second, "b's first write", func(e testprog.Event) bool {
 		return e.Ev == "write" && e.ID == "b" && e.Err == ""
 	})
 	t.Logf("a frozen: b took over with epoch %d after %v", second.Epoch,
@@ -326,7 +323,7 @@ func TestProcessesFrozenLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	var cancelled, stale, stopped bool
-	c.await(10*time.Second, "a's cancellation, rejected write and end of term", func(e testcandidate.Event) bool {
+	c.await(10*time.Second, "a's cancellation, rejected write and end of term", func(e testprog.Event) bool {
 		if e.ID != "a" {
 			return false
 		}

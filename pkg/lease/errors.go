@@ -43,6 +43,9 @@ var (
 	ErrModeMismatch = errors.New("lease: pg_lease is installed in the other mode")
 	// ErrWaiterClosed: the Waiter was closed while or before the call waited.
 	ErrWaiterClosed = errors.New("lease: waiter closed")
+	// ErrReadOnly: the server cannot write (a standby, or a read-only
+	// session): SQLSTATE 25006, or 55000 "recovery is in progress".
+	ErrReadOnly = errors.New("lease: server is read-only or a standby")
 )
 
 // statusError is the error for a renew, release or fence whose status was
@@ -120,6 +123,8 @@ func mapError(op string, t Token, err error) error {
 		se := statusErr(op, t, pg.Message).(*statusError)
 		se.pg = pg
 		return se
+	case pg.Code == "25006" || (pg.Code == "55000" && strings.Contains(pg.Message, "recovery is in progress")):
+		return &serverError{op: op, kind: ErrReadOnly, pg: pg}
 	case pg.Code == "3F000" || (pg.Code == "42883" && isLeaseFunction(pg.Message)):
 		// invalid_schema_name / undefined_function lease.*
 		return &serverError{op: op, kind: ErrNotInstalled, pg: pg}

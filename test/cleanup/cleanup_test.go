@@ -28,38 +28,12 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-var extFilesOnce sync.Once
-var extFilesErr error
-
-func testCtx(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-// newDB returns a pool on a fresh database with pg_lease at 0.2.0 or later.
+// newDB returns a pool on a fresh database with pg_lease at 0.2.0 or later
+// (NewLeaseDatabase creates the default version; an older one is updated).
 func newDB(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	ctx := testCtx(t)
-	s := pgtest.Shared(t)
-	extFilesOnce.Do(func() { extFilesErr = s.InstallExtensionFiles(ctx) })
-	if extFilesErr != nil {
-		t.Fatal(extFilesErr)
-	}
-	dsn := pgtest.NewDatabase(t)
-	cfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 16
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	if _, err := pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_lease`); err != nil {
-		t.Fatal(err)
-	}
+	ctx := pgtest.Context(t, 0)
+	pool := pgtest.NewLeasePool(t, pgtest.MaxConns(16))
 	var has bool
 	if err := pool.QueryRow(ctx, `SELECT to_regprocedure('lease.cleanup(interval,integer)') IS NOT NULL`).Scan(&has); err != nil {
 		t.Fatal(err)
@@ -82,7 +56,7 @@ func cleanup(ctx context.Context, q lease.Querier, freeFor string, maxRows int) 
 
 func mustCleanup(t *testing.T, q lease.Querier, freeFor string, maxRows int) cleanupResult {
 	t.Helper()
-	r, err := cleanup(testCtx(t), q, freeFor, maxRows)
+	r, err := cleanup(pgtest.Context(t, 0), q, freeFor, maxRows)
 	if err != nil {
 		t.Fatalf("lease.cleanup(%s, %d): %v", freeFor, maxRows, err)
 	}
@@ -93,7 +67,7 @@ func mustCleanup(t *testing.T, q lease.Querier, freeFor string, maxRows int) cle
 func rowEpoch(t *testing.T, q lease.Querier, key string) int64 {
 	t.Helper()
 	var e int64
-	err := q.QueryRow(testCtx(t), `SELECT coalesce((SELECT epoch FROM lease.inspect($1)), 0)`, key).Scan(&e)
+	err := q.QueryRow(pgtest.Context(t, 0), `SELECT coalesce((SELECT epoch FROM lease.inspect($1)), 0)`, key).Scan(&e)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +76,7 @@ func rowEpoch(t *testing.T, q lease.Querier, key string) int64 {
 
 func mustAcquire(t *testing.T, c *lease.Client, key, owner string, ttl time.Duration) lease.Grant {
 	t.Helper()
-	g, ok, err := c.Acquire(testCtx(t), key, owner, ttl)
+	g, ok, err := c.Acquire(pgtest.Context(t, 0), key, owner, ttl)
 	if err != nil || !ok {
 		t.Fatalf("acquire %s for %s: ok=%v err=%v", key, owner, ok, err)
 	}
@@ -116,7 +90,7 @@ func mustAcquire(t *testing.T, c *lease.Client, key, owner string, ttl time.Dura
 func TestReacquiredAfterCleanupEpochAboveEvery(t *testing.T) {
 	pool := newDB(t)
 	c := lease.New(pool)
-	ctx := testCtx(t)
+	ctx := pgtest.Context(t, 0)
 
 	highest := map[string]int64{} // every epoch each key ever had (grants and counters)
 	note := func(key string, e int64) {
@@ -186,7 +160,7 @@ func TestReacquiredAfterCleanupEpochAboveEvery(t *testing.T) {
 func TestCleanupNeverRemovesHeldKey(t *testing.T) {
 	pool := newDB(t)
 	c := lease.New(pool)
-	ctx := testCtx(t)
+	ctx := pgtest.Context(t, 0)
 
 	held := map[string]lease.Grant{}
 	for i := 0; i < 50; i++ {
@@ -261,7 +235,7 @@ type grantRec struct {
 func TestConcurrentCleanupAndAcquire(t *testing.T) {
 	pool := newDB(t)
 	c := lease.New(pool)
-	ctx := testCtx(t)
+	ctx := pgtest.Context(t, 0)
 
 	const (
 		workers  = 10
@@ -393,7 +367,7 @@ func TestConcurrentCleanupAndAcquire(t *testing.T) {
 func TestCleanupInvalidInput(t *testing.T) {
 	pool := newDB(t)
 	c := lease.New(pool)
-	ctx := testCtx(t)
+	ctx := pgtest.Context(t, 0)
 	g := mustAcquire(t, c, "free", "x", time.Hour)
 	if err := c.Release(ctx, g.Token); err != nil {
 		t.Fatal(err)

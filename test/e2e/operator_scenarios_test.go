@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglease/pg_lease/test/robustness"
+	"github.com/pglease/pg_lease/internal/robustness"
 )
 
 // TestOperator runs examples/operator as three separate processes against a

@@ -20,7 +20,7 @@ import (
 func TestOperationTransactionAborted(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, pgtest.Options{})
-	ctx := ctxFor(t, 2*time.Minute)
+	ctx := pgtest.Context(t, 2*time.Minute)
 	admin := e.connect(t)
 	setupConn := e.connect(t)
 	setup := lease.New(setupConn)
@@ -65,7 +65,7 @@ func TestOperationTransactionAborted(t *testing.T) {
 			}
 			// What was free or lapsed is still acquirable, by another session.
 			for k, want := range map[string]int64{"never": 1, "free": 3, "lapsed": 2} {
-				g, ok, err := other.Acquire(ctxFor(t, time.Minute), k, "y", time.Hour)
+				g, ok, err := other.Acquire(pgtest.Context(t, time.Minute), k, "y", time.Hour)
 				if err != nil || !ok || g.Epoch != want {
 					t.Fatalf("acquire of %s by another session after the rollback: %v ok=%t err=%v, want epoch %d",
 						k, g.Token, ok, err, want)
@@ -75,7 +75,7 @@ func TestOperationTransactionAborted(t *testing.T) {
 	}, {
 		name: "renew/rollback",
 		ops: func(t *testing.T, tx pgx.Tx) {
-			if _, err := lease.New(tx).Renew(ctxFor(t, time.Minute), held["h-renew"].Token, 2*time.Hour); err != nil {
+			if _, err := lease.New(tx).Renew(pgtest.Context(t, time.Minute), held["h-renew"].Token, 2*time.Hour); err != nil {
 				t.Fatal(err)
 			}
 		},
@@ -91,10 +91,10 @@ func TestOperationTransactionAborted(t *testing.T) {
 		},
 		end: "rollback",
 		then: func(t *testing.T) {
-			if _, ok, err := other.Acquire(ctxFor(t, time.Minute), "h-release", "y", time.Hour); err != nil || ok {
+			if _, ok, err := other.Acquire(pgtest.Context(t, time.Minute), "h-release", "y", time.Hour); err != nil || ok {
 				t.Fatalf("another owner acquired h-release after the rolled-back release: ok=%t err=%v", ok, err)
 			}
-			if _, err := holder.Renew(ctxFor(t, time.Minute), held["h-release"].Token, time.Hour); err != nil {
+			if _, err := holder.Renew(pgtest.Context(t, time.Minute), held["h-release"].Token, time.Hour); err != nil {
 				t.Fatalf("holder's renew after the rolled-back release: %v", err)
 			}
 		},
@@ -104,7 +104,7 @@ func TestOperationTransactionAborted(t *testing.T) {
 			c := lease.New(tx)
 			mustAcquire(t, c, "never-err", "x", time.Hour)
 			mustRelease(t, c, held["h-error"])
-			if _, err := tx.Exec(ctxFor(t, time.Minute), `SELECT 1/0`); pgCode(err) != "22012" {
+			if _, err := tx.Exec(pgtest.Context(t, time.Minute), `SELECT 1/0`); pgCode(err) != "22012" {
 				t.Fatalf("SELECT 1/0: %v", err)
 			}
 		},
@@ -119,7 +119,7 @@ func TestOperationTransactionAborted(t *testing.T) {
 		ops: func(t *testing.T, tx pgx.Tx) {
 			c := lease.New(tx)
 			mustAcquire(t, c, "never-crash", "x", time.Hour)
-			if _, err := c.Renew(ctxFor(t, time.Minute), held["h-crash"].Token, 2*time.Hour); err != nil {
+			if _, err := c.Renew(pgtest.Context(t, time.Minute), held["h-crash"].Token, 2*time.Hour); err != nil {
 				t.Fatal(err)
 			}
 		},

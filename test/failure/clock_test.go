@@ -22,7 +22,7 @@ import (
 func TestServerClockJumps(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, pgtest.Options{FakeClock: true})
-	ctx := ctxFor(t, 2*time.Minute)
+	ctx := pgtest.Context(t, 2*time.Minute)
 	admin := e.connect(t)
 	cl := map[string]*lease.Client{}
 	for _, o := range []string{"a", "b", "c", "d", "e", "f", "g"} {

@@ -29,7 +29,7 @@ type call struct {
 func TestServerDownWhilePoolHolderRenews(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, pgtest.Options{})
-	ctx := ctxFor(t, 2*time.Minute)
+	ctx := pgtest.Context(t, 2*time.Minute)
 	pool := e.pool(t, 2)
 	c := lease.New(pool)
 	const longTTL, shortTTL = time.Minute, time.Second

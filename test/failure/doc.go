@@ -2,7 +2,7 @@
 // failure model (specs/FAILURE-MODEL.md), each on real throwaway PostgreSQL
 // servers of its own (internal/pgtest) that it stops, crashes, freezes,
 // exhausts or moves the clock of. The package has no code outside its tests
-// and the hung-holder helper (internal/holder).
+// (its hung holder is the candidate program of internal/testprog/candidate).
 //
 // Every test can be run against a deliberately broken pg_lease, to show that
 // it fails when the property it claims is broken:

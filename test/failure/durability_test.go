@@ -20,7 +20,7 @@ import (
 func TestD1CleanRestartKeepsState(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, pgtest.Options{})
-	ctx := ctxFor(t, 2*time.Minute)
+	ctx := pgtest.Context(t, 2*time.Minute)
 	c := e.client(t)
 
 	// held: epoch 1, an hour left.
@@ -91,7 +91,7 @@ func TestD1CleanRestartKeepsState(t *testing.T) {
 func TestD2CrashKeepsCommittedEpochs(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, pgtest.Options{})
-	ctx := ctxFor(t, 2*time.Minute)
+	ctx := pgtest.Context(t, 2*time.Minute)
 	setup := e.client(t)
 
 	// An uncommitted takeover needs a lapsed key.
@@ -215,7 +215,7 @@ func TestD2CrashKeepsCommittedEpochs(t *testing.T) {
 
 func mustList(t testing.TB, c *lease.Client) []lease.State {
 	t.Helper()
-	ss, err := c.List(ctxFor(t, time.Minute))
+	ss, err := c.List(pgtest.Context(t, time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,7 +231,7 @@ func TestD3DowntimeNeverExtendsOwnership(t *testing.T) {
 	e := newEnv(t, pgtest.Options{})
 	for _, mode := range []string{"clean", "crash"} {
 		t.Run(mode, func(t *testing.T) {
-			ctx := ctxFor(t, 2*time.Minute)
+			ctx := pgtest.Context(t, 2*time.Minute)
 			a := e.client(t)
 			short := mustAcquire(t, a, "short-"+mode, "a", time.Second)
 			long := mustAcquire(t, a, "long-"+mode, "a", time.Minute)
@@ -294,7 +294,7 @@ func TestD3DowntimeNeverExtendsOwnership(t *testing.T) {
 func TestR2R3RecoveryWithoutRepair(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, pgtest.Options{})
-	ctx := ctxFor(t, 2*time.Minute)
+	ctx := pgtest.Context(t, 2*time.Minute)
 	c := e.client(t)
 	k1 := mustAcquire(t, c, "k1", "a", time.Minute)           // survives the downtime
 	k2 := mustAcquire(t, c, "k2", "b", time.Second)           // expires during it
@@ -364,7 +364,7 @@ func TestSyncCommitOffGrantSurvivesCrash(t *testing.T) {
 		"autovacuum":             "off",
 		"checkpoint_timeout":     "30min",
 	}})
-	ctx := ctxFor(t, 2*time.Minute)
+	ctx := pgtest.Context(t, 2*time.Minute)
 	admin := e.connect(t)
 	if _, err := admin.Exec(ctx, `CREATE TABLE scratch (round int)`); err != nil {
 		t.Fatal(err)

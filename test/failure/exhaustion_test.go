@@ -23,7 +23,7 @@ func TestResourceExhaustionFailsClosed(t *testing.T) {
 		"max_connections":                "6",
 		"superuser_reserved_connections": "2",
 	}})
-	ctx := ctxFor(t, 2*time.Minute)
+	ctx := pgtest.Context(t, 2*time.Minute)
 	if err := e.srv.CreateRole(ctx, "app", "LOGIN NOSUPERUSER"); err != nil {
 		t.Fatal(err)
 	}

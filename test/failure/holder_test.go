@@ -2,11 +2,11 @@ package failure
 
 import (
 	"bufio"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/internal/testprog"
 	"github.com/pglease/pg_lease/pkg/lease"
 )
 
@@ -27,7 +28,7 @@ func TestHolderSessionTerminated(t *testing.T) {
 	admin := e.connect(t)
 	for _, how := range []string{"pg_terminate_backend", "disconnect"} {
 		t.Run(how, func(t *testing.T) {
-			ctx := ctxFor(t, time.Minute)
+			ctx := pgtest.Context(t, time.Minute)
 			key := "k-" + how
 			holderConn := e.connect(t)
 			g := mustAcquire(t, lease.New(holderConn), key, "holder", time.Second)
@@ -78,34 +79,47 @@ func TestHolderSessionTerminated(t *testing.T) {
 	}
 }
 
-// buildHolder builds the helper program (internal/holder) into dir.
-func buildHolder(t *testing.T) string {
-	t.Helper()
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = filepath.Join(os.Getenv("GOROOT"), "bin", "go")
-		if _, err := os.Stat(goBin); err != nil {
-			goBin = "/usr/local/go/bin/go"
-		}
-	}
-	out := filepath.Join(t.TempDir(), "holder")
-	cmd := exec.Command(goBin, "build", "-o", out, "./internal/holder")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building the holder helper: %v\n%s", err, b)
-	}
-	return out
-}
-
-// proc is a running helper process and the lines it printed.
+// proc is a running holder process (the candidate program in holder mode,
+// internal/testprog/candidate) and the lines it printed, each event
+// rendered as "acquired 1", "renew ok 1", "renew lapsed", "write 1
+// accepted", "fence 1 lapsed", "done".
 type proc struct {
 	cmd   *exec.Cmd
 	lines chan string
 	seen  []string
 }
 
-func startHolder(t *testing.T, bin string, args ...string) *proc {
+func render(e testprog.Event) string {
+	switch e.Ev {
+	case "acquired":
+		return fmt.Sprintf("acquired %d", e.Epoch)
+	case "renew":
+		if e.Status == "ok" {
+			return fmt.Sprintf("renew ok %d", e.Epoch)
+		}
+		if e.Status == "error" {
+			return "renew error " + e.Err
+		}
+		return "renew " + e.Status
+	case "write", "fence":
+		l := fmt.Sprintf("%s %d %s", e.Ev, e.Epoch, e.Status)
+		if e.Err != "" {
+			l += " " + e.Err
+		}
+		return l
+	case "error":
+		return "error " + e.Err
+	}
+	return e.Ev
+}
+
+// startHolder starts a holder on key "res" of dsn; guard is strict or
+// broken.
+func startHolder(t *testing.T, dsn, owner, ttl, every, guard string) *proc {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
+	cmd := exec.Command(pgtest.BuildProgram(t, testprog.CandidatePkg))
+	cmd.Env = append(os.Environ(), "PGLEASE_TC_MODE=holder", "PGLEASE_TC_DSN="+dsn, "PGLEASE_TC_KEY=res",
+		"PGLEASE_TC_ID="+owner, "PGLEASE_TC_TTL="+ttl, "PGLEASE_TC_EVERY="+every, "PGLEASE_TC_GUARD="+guard)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -118,7 +132,12 @@ func startHolder(t *testing.T, bin string, args ...string) *proc {
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
-			p.lines <- sc.Text()
+			var e testprog.Event
+			if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+				p.lines <- "unparsed " + sc.Text()
+				continue
+			}
+			p.lines <- render(e)
 		}
 		close(p.lines)
 	}()
@@ -183,9 +202,8 @@ func procState(pid int) byte {
 // lease.fence: no write under the old epoch lands after the successor's.
 func TestHolderHungProcess(t *testing.T) {
 	t.Parallel()
-	bin := buildHolder(t)
 	e := newEnv(t, pgtest.Options{})
-	ctx := ctxFor(t, 2*time.Minute)
+	ctx := pgtest.Context(t, 2*time.Minute)
 	admin := e.connect(t)
 	if _, err := admin.Exec(ctx, `
 		CREATE TABLE guard (resource text PRIMARY KEY, epoch bigint NOT NULL);
@@ -199,7 +217,7 @@ func TestHolderHungProcess(t *testing.T) {
 	if brokenGuard {
 		guardMode = "broken"
 	}
-	p := startHolder(t, bin, "-dsn", e.dsn, "-key", "res", "-owner", "hung", "-ttl", "1s", "-every", "200ms", "-guard", guardMode)
+	p := startHolder(t, e.dsn, "hung", "1s", "200ms", guardMode)
 	p.until(t, "acquired 1", 30*time.Second)
 	p.until(t, "write 1 accepted", 10*time.Second)
 	p.until(t, "write 1 accepted", 10*time.Second)

@@ -36,12 +36,6 @@ func takeSlot(t *testing.T) {
 	t.Cleanup(func() { <-slots })
 }
 
-func ctxFor(t testing.TB, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // env is a throwaway server of the test's own with pg_lease installed in
 // database "failure".
 type env struct {
@@ -60,7 +54,7 @@ func newEnv(t *testing.T, opts pgtest.Options) *env {
 	t.Helper()
 	takeSlot(t)
 	srv := pgtest.New(t, opts)
-	ctx := ctxFor(t, 2*time.Minute)
+	ctx := pgtest.Context(t, 2*time.Minute)
 	dsn, err := srv.CreateDatabase(ctx, dbName)
 	if err != nil {
 		t.Fatal(err)
@@ -114,7 +108,7 @@ func checkInstalledMatchesRepo(t *testing.T, conn *pgx.Conn) {
 		all.Write(b)
 	}
 	script := all.String()
-	rows, err := conn.Query(ctxFor(t, time.Minute), `SELECT p.proname, p.prosrc FROM pg_proc p
+	rows, err := conn.Query(pgtest.Context(t, time.Minute), `SELECT p.proname, p.prosrc FROM pg_proc p
 		JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'lease'`)
 	if err != nil {
 		t.Fatal(err)
@@ -150,7 +144,7 @@ func connectDSN(t testing.TB, dsn string) *pgx.Conn {
 		t.Fatal(err)
 	}
 	cfg.ConnectTimeout = 5 * time.Second
-	conn, err := pgx.ConnectConfig(ctxFor(t, time.Minute), cfg)
+	conn, err := pgx.ConnectConfig(pgtest.Context(t, time.Minute), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +166,7 @@ func (e *env) pool(t testing.TB, maxConns int32) *pgxpool.Pool {
 	}
 	cfg.MaxConns = maxConns
 	cfg.ConnConfig.ConnectTimeout = time.Second
-	pool, err := pgxpool.NewWithConfig(ctxFor(t, time.Minute), cfg)
+	pool, err := pgxpool.NewWithConfig(pgtest.Context(t, time.Minute), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +201,7 @@ func (r row) String() string {
 
 func rawRows(t testing.TB, q lease.Querier) []string {
 	t.Helper()
-	rows, err := q.Query(ctxFor(t, time.Minute), `SELECT key, owner, epoch, expires_at, acquired_at, lapsed_owner, lapsed_epoch
+	rows, err := q.Query(pgtest.Context(t, time.Minute), `SELECT key, owner, epoch, expires_at, acquired_at, lapsed_owner, lapsed_epoch
 		FROM lease.leases ORDER BY key`)
 	if err != nil {
 		t.Fatal(err)
@@ -226,7 +220,7 @@ func rawRows(t testing.TB, q lease.Querier) []string {
 func rawRow(t testing.TB, q lease.Querier, key string) (row, bool) {
 	t.Helper()
 	var x row
-	err := q.QueryRow(ctxFor(t, time.Minute), `SELECT key, owner, epoch, expires_at, acquired_at, lapsed_owner, lapsed_epoch
+	err := q.QueryRow(pgtest.Context(t, time.Minute), `SELECT key, owner, epoch, expires_at, acquired_at, lapsed_owner, lapsed_epoch
 		FROM lease.leases WHERE key = $1`, key).
 		Scan(&x.Key, &x.Owner, &x.Epoch, &x.ExpiresAt, &x.AcquiredAt, &x.LapsedOwner, &x.LapsedEpoch)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -254,7 +248,7 @@ func stateString(s lease.State) string {
 
 func listStates(t testing.TB, c *lease.Client) []string {
 	t.Helper()
-	ss, err := c.List(ctxFor(t, time.Minute))
+	ss, err := c.List(pgtest.Context(t, time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,7 +261,7 @@ func listStates(t testing.TB, c *lease.Client) []string {
 
 func inspect(t testing.TB, c *lease.Client, key string) lease.State {
 	t.Helper()
-	s, err := c.Inspect(ctxFor(t, time.Minute), key)
+	s, err := c.Inspect(pgtest.Context(t, time.Minute), key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +270,7 @@ func inspect(t testing.TB, c *lease.Client, key string) lease.State {
 
 func mustAcquire(t testing.TB, c *lease.Client, key, owner string, ttl time.Duration) lease.Grant {
 	t.Helper()
-	g, ok, err := c.Acquire(ctxFor(t, time.Minute), key, owner, ttl)
+	g, ok, err := c.Acquire(pgtest.Context(t, time.Minute), key, owner, ttl)
 	if err != nil || !ok {
 		t.Fatalf("acquire %s by %s: ok=%t err=%v", key, owner, ok, err)
 	}
@@ -285,7 +279,7 @@ func mustAcquire(t testing.TB, c *lease.Client, key, owner string, ttl time.Dura
 
 func mustRelease(t testing.TB, c *lease.Client, g lease.Grant) {
 	t.Helper()
-	if err := c.Release(ctxFor(t, time.Minute), g.Token); err != nil {
+	if err := c.Release(pgtest.Context(t, time.Minute), g.Token); err != nil {
 		t.Fatalf("release %v: %v", g.Token, err)
 	}
 }
@@ -294,7 +288,7 @@ func mustRelease(t testing.TB, c *lease.Client, g lease.Grant) {
 // the server (sequencing on the server's own clock, not a local sleep).
 func waitServerPast(t testing.TB, q lease.Querier, ts time.Time) {
 	t.Helper()
-	ctx := ctxFor(t, time.Minute)
+	ctx := pgtest.Context(t, time.Minute)
 	for {
 		var past bool
 		if err := q.QueryRow(ctx, `SELECT clock_timestamp() > $1::timestamptz`, ts).Scan(&past); err != nil {
@@ -353,7 +347,7 @@ func backendGone(t testing.TB, q lease.Querier, pid uint32) {
 	t.Helper()
 	eventually(t, 30*time.Second, fmt.Sprintf("backend %d to exit", pid), func() bool {
 		var n int
-		if err := q.QueryRow(ctxFor(t, time.Minute), `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, int64(pid)).Scan(&n); err != nil {
+		if err := q.QueryRow(pgtest.Context(t, time.Minute), `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, int64(pid)).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n == 0

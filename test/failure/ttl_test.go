@@ -16,7 +16,7 @@ import (
 func TestTTLShorterThanWork(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, pgtest.Options{})
-	ctx := ctxFor(t, time.Minute)
+	ctx := pgtest.Context(t, time.Minute)
 	a, b := e.client(t), e.client(t)
 	admin := e.connect(t)
 	const ttl, work = 50 * time.Millisecond, 200 * time.Millisecond

@@ -19,7 +19,7 @@ import (
 func TestWaitersNeverBlockHolder(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, pgtest.Options{})
-	ctx := ctxFor(t, time.Minute)
+	ctx := pgtest.Context(t, time.Minute)
 	admin := e.connect(t)
 	hconn := e.connect(t)
 	if _, err := hconn.Exec(ctx, `SET lock_timeout = '200ms'`); err != nil {

@@ -1,4 +1,4 @@
-package robustness
+package robustness_test
 
 import (
 	"bytes"
@@ -10,10 +10,11 @@ import (
 	"time"
 
 	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/internal/robustness"
 )
 
 func TestMain(m *testing.M) {
-	MaybeRunWorker() // the test binary is also the worker process
+	robustness.MaybeRunWorker() // the test binary is also the worker process
 	pgtest.Main(m)
 }
 
@@ -44,16 +45,16 @@ func TestRobustness(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), d+90*time.Second)
 	defer cancel()
-	h, err := Run(ctx, Config{Seed: seed, Duration: d, Clients: 6, Procs: 3, Keys: 3, Faults: AllFaults, Logf: t.Logf})
+	h, err := robustness.Run(ctx, robustness.Config{Seed: seed, Duration: d, Clients: 6, Procs: 3, Keys: 3, Faults: robustness.AllFaults, Logf: t.Logf})
 	if err != nil {
 		t.Errorf("run: %v", err)
 	}
 	if h == nil || len(h.Ops) == 0 {
 		t.Fatal("no history")
 	}
-	res := Check(h, CheckOptions{LinTimeout: 20 * time.Second})
+	res := robustness.Check(h, robustness.CheckOptions{LinTimeout: 20 * time.Second})
 	var buf bytes.Buffer
-	Summary(&buf, h, res)
+	robustness.Summary(&buf, h, res)
 	t.Log("\n" + buf.String())
 
 	out := os.Getenv("PGLEASE_ROBUSTNESS_OUT")
@@ -61,7 +62,7 @@ func TestRobustness(t *testing.T) {
 		out = filepath.Join(os.TempDir(), "pglease-robustness-"+strconv.FormatInt(seed, 10)+".json")
 	}
 	if out != "" {
-		if err := WriteHistoryFile(out, h); err != nil {
+		if err := robustness.WriteHistoryFile(out, h); err != nil {
 			t.Error(err)
 		} else {
 			t.Logf("history written to %s (check again: go run ./cmd/pglease-robustness -check %s)", out, out)
@@ -69,16 +70,16 @@ func TestRobustness(t *testing.T) {
 	}
 	if len(res.Violations) > 0 {
 		buf.Reset()
-		Report(&buf, h, res, 10)
+		robustness.Report(&buf, h, res, 10)
 		t.Errorf("seed %d: %d violations\n%s", seed, len(res.Violations), buf.String())
 	}
 	// The run must have exercised what it claims to.
-	for _, k := range AllFaults {
+	for _, k := range robustness.AllFaults {
 		if res.FaultsByKind[k] == 0 && d >= 30*time.Second {
 			t.Errorf("no %s fault was injected", k)
 		}
 	}
-	if res.OpsByKind[KAcquire][SGranted] == 0 || res.OpsByKind[KRenew][SOk] == 0 || res.OpsByKind[KGuard][SAccepted] == 0 {
+	if res.OpsByKind[robustness.KAcquire][robustness.SGranted] == 0 || res.OpsByKind[robustness.KRenew][robustness.SOk] == 0 || res.OpsByKind[robustness.KGuard][robustness.SAccepted] == 0 {
 		t.Errorf("the workload made no progress: %v", res.OpsByKind)
 	}
 }

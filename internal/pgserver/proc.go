@@ -1,4 +1,4 @@
-package pgtest
+package pgserver
 
 import (
 	"bytes"
@@ -97,7 +97,7 @@ func waitGone(pids []int, timeout time.Duration) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("pgtest: processes %v still alive after %v", left, timeout)
+			return fmt.Errorf("pgserver: processes %v still alive after %v", left, timeout)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -211,7 +211,7 @@ func removeShm(seg shmSeg) error {
 		if errno == syscall.EINVAL || errno == syscall.EIDRM {
 			return nil
 		}
-		return fmt.Errorf("pgtest: removing shared-memory segment %d: %w", seg.id, errno)
+		return fmt.Errorf("pgserver: removing shared-memory segment %d: %w", seg.id, errno)
 	}
 	return nil
 }
@@ -300,7 +300,7 @@ func cleanupDir(root string) error {
 		errs = append(errs, removeShm(pf.shm))
 	}
 	if err := os.RemoveAll(root); err != nil {
-		errs = append(errs, fmt.Errorf("pgtest: removing %s: %w", root, err))
+		errs = append(errs, fmt.Errorf("pgserver: removing %s: %w", root, err))
 	}
 	return errors.Join(errs...)
 }

@@ -1,4 +1,4 @@
-package pgtest
+package pgserver
 
 import (
 	"bytes"
@@ -39,7 +39,7 @@ func (s *Server) ExtensionDir(ctx context.Context) (string, error) {
 		return c.QueryRow(ctx, "SELECT setting FROM pg_config WHERE name = 'SHAREDIR'").Scan(&dir)
 	})
 	if err != nil {
-		return "", fmt.Errorf("pgtest: finding the extension directory (no pg_config in %s; the server must be running): %w",
+		return "", fmt.Errorf("pgserver: finding the extension directory (no pg_config in %s; the server must be running): %w",
 			s.binDir, err)
 	}
 	return filepath.Join(dir, "extension"), nil
@@ -67,7 +67,7 @@ func (s *Server) InstallExtensionFiles(ctx context.Context) error {
 				pgleasesql.Version).Scan(&ok)
 		})
 		if err != nil {
-			return fmt.Errorf("pgtest: InstallExtensionFiles: %w", err)
+			return fmt.Errorf("pgserver: InstallExtensionFiles: %w", err)
 		}
 		if !ok {
 			return fmt.Errorf("%w: the external server of %s does not offer pg_lease %s; install the files of sql/ on it (make -C sql install)",
@@ -89,7 +89,7 @@ func InstallFiles(dir string, files map[string][]byte) error {
 	names := make([]string, 0, len(files))
 	for n := range files {
 		if n != filepath.Base(n) || n == "." || n == ".." {
-			return fmt.Errorf("pgtest: InstallFiles: %q is not a base name", n)
+			return fmt.Errorf("pgserver: InstallFiles: %q is not a base name", n)
 		}
 		names = append(names, n)
 	}
@@ -101,10 +101,10 @@ func InstallFiles(dir string, files map[string][]byte) error {
 		}
 		if err := writeAtomic(dst, files[n]); err != nil {
 			if errors.Is(err, fs.ErrPermission) {
-				return fmt.Errorf("pgtest: installing extension files needs write access to %s "+
+				return fmt.Errorf("pgserver: installing extension files needs write access to %s "+
 					"(run the tests as root, or install them once with `make -C sql install` as root): %w", dir, err)
 			}
-			return fmt.Errorf("pgtest: installing %s: %w", dst, err)
+			return fmt.Errorf("pgserver: installing %s: %w", dst, err)
 		}
 	}
 	return nil

@@ -1,4 +1,4 @@
-package pgtest
+package pgserver
 
 import (
 	"bytes"
@@ -29,7 +29,7 @@ const Superuser = "postgres"
 // ErrNeedsThrowaway is returned (wrapped, with the operation named) by the
 // control methods of a server this process does not own: the external server
 // of PGLEASE_TEST_DSN, or the per-binary shared server.
-var ErrNeedsThrowaway = errors.New("pgtest: needs a throwaway server of its own")
+var ErrNeedsThrowaway = errors.New("pgserver: needs a throwaway server of its own")
 
 // Options configure a throwaway server. The zero value is ready to use.
 type Options struct {
@@ -66,17 +66,17 @@ var settingNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_.]*$`)
 func (o *Options) validate() error {
 	for k, v := range o.Settings {
 		if !settingNameRE.MatchString(k) {
-			return fmt.Errorf("pgtest: Options.Settings: invalid setting name %q", k)
+			return fmt.Errorf("pgserver: Options.Settings: invalid setting name %q", k)
 		}
 		if ownedSettings[strings.ToLower(k)] {
-			return fmt.Errorf("pgtest: Options.Settings: %s is set by the harness and cannot be overridden", k)
+			return fmt.Errorf("pgserver: Options.Settings: %s is set by the harness and cannot be overridden", k)
 		}
 		if strings.ContainsAny(v, "\n\r\x00") {
-			return fmt.Errorf("pgtest: Options.Settings[%q]: value contains a line break or NUL", k)
+			return fmt.Errorf("pgserver: Options.Settings[%q]: value contains a line break or NUL", k)
 		}
 	}
 	if o.StartTimeout < 0 {
-		return fmt.Errorf("pgtest: Options.StartTimeout: negative (%v)", o.StartTimeout)
+		return fmt.Errorf("pgserver: Options.StartTimeout: negative (%v)", o.StartTimeout)
 	}
 	if o.StartTimeout == 0 {
 		o.StartTimeout = 2 * time.Minute
@@ -123,6 +123,10 @@ type Server struct {
 	shm       shmSeg // of the last postmaster that started
 	logOffset int64  // size of the log when the current postmaster started
 
+	primaryPort     int    // a standby's primary
+	primaryConninfo string // a standby's primary_conninfo as pg_basebackup -R wrote it
+	standbyName     string
+
 	external    bool
 	shared      bool
 	externalDSN string
@@ -150,7 +154,7 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 			return nil, err
 		}
 	} else if err := hasServerBinaries(s.binDir); err != nil {
-		return nil, fmt.Errorf("pgtest: Options.BinDir: %w", err)
+		return nil, fmt.Errorf("pgserver: Options.BinDir: %w", err)
 	}
 	if s.cred, err = unprivilegedCredential(); err != nil {
 		return nil, err
@@ -171,25 +175,40 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 }
 
 func (s *Server) create(ctx context.Context) error {
+	if err := s.makeRoot(); err != nil {
+		return err
+	}
+	if err := s.initdb(ctx); err != nil {
+		return err
+	}
+	if err := s.writeConf(); err != nil {
+		return err
+	}
+	return s.firstStart(ctx)
+}
+
+// makeRoot creates the server's temporary directory, its owner stamp, the
+// socket directory and (FakeClock) the clock file.
+func (s *Server) makeRoot() error {
 	root, err := os.MkdirTemp(s.opts.Dir, dirPrefix)
 	if err != nil {
-		return fmt.Errorf("pgtest: %w", err)
+		return fmt.Errorf("pgserver: %w", err)
 	}
 	s.root = root
 	if err := os.WriteFile(filepath.Join(root, ownerFile), []byte(ownerStamp()), 0o644); err != nil {
-		return fmt.Errorf("pgtest: %w", err)
+		return fmt.Errorf("pgserver: %w", err)
 	}
 	s.dataDir = filepath.Join(root, "data")
 	s.sockDir = filepath.Join(root, "sock")
 	s.logPath = filepath.Join(root, "postgres.log")
 	s.clockFile = filepath.Join(root, "faketime")
 	if err := os.Mkdir(s.sockDir, 0o700); err != nil {
-		return fmt.Errorf("pgtest: %w", err)
+		return fmt.Errorf("pgserver: %w", err)
 	}
 	if s.cred != nil {
 		for _, p := range []string{root, s.sockDir} {
 			if err := os.Chown(p, int(s.cred.Uid), int(s.cred.Gid)); err != nil {
-				return fmt.Errorf("pgtest: %w", err)
+				return fmt.Errorf("pgserver: %w", err)
 			}
 		}
 	}
@@ -198,14 +217,14 @@ func (s *Server) create(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := s.initdb(ctx); err != nil {
-		return err
-	}
-	if err := s.writeConf(); err != nil {
-		return err
-	}
+	return nil
+}
+
+// firstStart picks a free port and starts the postmaster on it.
+func (s *Server) firstStart(ctx context.Context) error {
 	// A free port can be taken between choosing it and the bind: retry.
 	for attempt := 0; ; attempt++ {
+		var err error
 		if s.port, err = freePort(); err != nil {
 			return err
 		}
@@ -233,7 +252,7 @@ func (s *Server) initdb(ctx context.Context) error {
 			hint = fmt.Sprintf("\n(initdb runs as uid %d because this process is root: every directory above %s must be searchable by that user)",
 				s.cred.Uid, s.root)
 		}
-		return fmt.Errorf("pgtest: initdb: %v:\n%s%s", err, out.String(), hint)
+		return fmt.Errorf("pgserver: initdb: %v:\n%s%s", err, out.String(), hint)
 	}
 	return nil
 }
@@ -254,14 +273,14 @@ func (s *Server) writeConf() error {
 	}
 	f, err := os.OpenFile(filepath.Join(s.dataDir, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
-		return fmt.Errorf("pgtest: %w", err)
+		return fmt.Errorf("pgserver: %w", err)
 	}
 	_, err = f.WriteString(b.String())
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		return fmt.Errorf("pgtest: writing postgresql.conf: %w", err)
+		return fmt.Errorf("pgserver: writing postgresql.conf: %w", err)
 	}
 	return nil
 }
@@ -273,7 +292,7 @@ func quoteSetting(v string) string {
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return 0, fmt.Errorf("pgtest: choosing a port: %w", err)
+		return 0, fmt.Errorf("pgserver: choosing a port: %w", err)
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
@@ -283,11 +302,11 @@ func freePort() (int, error) {
 // waits until it accepts connections.
 func (s *Server) startLocked(ctx context.Context) error {
 	if s.cmd != nil {
-		return errors.New("pgtest: Start: the server is already running")
+		return errors.New("pgserver: Start: the server is already running")
 	}
 	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
-		return fmt.Errorf("pgtest: %w", err)
+		return fmt.Errorf("pgserver: %w", err)
 	}
 	defer logf.Close()
 	if fi, err := logf.Stat(); err == nil {
@@ -316,7 +335,7 @@ func (s *Server) startLocked(ctx context.Context) error {
 	// the unprivileged user when root.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: s.cred}
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("pgtest: starting postgres: %w", err)
+		return fmt.Errorf("pgserver: starting postgres: %w", err)
 	}
 	done := make(chan struct{})
 	s.cmd, s.done, s.frozen = cmd, done, false
@@ -347,7 +366,7 @@ func (s *Server) waitReady(ctx context.Context) error {
 	for {
 		select {
 		case <-s.done:
-			return fmt.Errorf("pgtest: postgres exited during startup (%v); log:\n%s", s.waitErr, s.logTail())
+			return fmt.Errorf("pgserver: postgres exited during startup (%v); log:\n%s", s.waitErr, s.logTail())
 		default:
 		}
 		conn, err := pgx.ConnectConfig(ctx, cfg)
@@ -358,9 +377,9 @@ func (s *Server) waitReady(ctx context.Context) error {
 		lastErr = err
 		select {
 		case <-s.done:
-			return fmt.Errorf("pgtest: postgres exited during startup (%v); log:\n%s", s.waitErr, s.logTail())
+			return fmt.Errorf("pgserver: postgres exited during startup (%v); log:\n%s", s.waitErr, s.logTail())
 		case <-ctx.Done():
-			return fmt.Errorf("pgtest: postgres not ready: %v (last: %v); log:\n%s", ctx.Err(), lastErr, s.logTail())
+			return fmt.Errorf("pgserver: postgres not ready: %v (last: %v); log:\n%s", ctx.Err(), lastErr, s.logTail())
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
@@ -396,12 +415,12 @@ func (s *Server) controllable(op string) error {
 	switch {
 	case s.external:
 		return fmt.Errorf("%w: %s is impossible on the external server of %s; "+
-			"use pgtest.New(t) or pgtest.Start for a server this test controls", ErrNeedsThrowaway, op, EnvTestDSN)
+			"use pgtest.New(t) or pgserver.Start for a server this test controls", ErrNeedsThrowaway, op, EnvTestDSN)
 	case s.shared:
 		return fmt.Errorf("%w: %s on the shared server would disturb every test using it; "+
-			"use pgtest.New(t) or pgtest.Start for a server this test controls", ErrNeedsThrowaway, op)
+			"use pgtest.New(t) or pgserver.Start for a server this test controls", ErrNeedsThrowaway, op)
 	case s.closed:
-		return fmt.Errorf("pgtest: %s: server is closed", op)
+		return fmt.Errorf("pgserver: %s: server is closed", op)
 	}
 	return nil
 }
@@ -462,7 +481,7 @@ func (s *Server) stopLocked() error {
 		return nil
 	case <-time.After(time.Minute):
 		err := s.killLocked()
-		return errors.Join(errors.New("pgtest: Stop: fast shutdown took over a minute; killed"), err)
+		return errors.Join(errors.New("pgserver: Stop: fast shutdown took over a minute; killed"), err)
 	}
 }
 
@@ -500,13 +519,13 @@ func (s *Server) Freeze() error {
 		return err
 	}
 	if s.cmd == nil {
-		return errors.New("pgtest: Freeze: the server is not running")
+		return errors.New("pgserver: Freeze: the server is not running")
 	}
 	if s.frozen {
 		return nil
 	}
 	if err := signalTree(s.cmd.Process.Pid, syscall.SIGSTOP); err != nil {
-		return fmt.Errorf("pgtest: Freeze: %w", err)
+		return fmt.Errorf("pgserver: Freeze: %w", err)
 	}
 	s.frozen = true
 	return nil
@@ -523,7 +542,7 @@ func (s *Server) Thaw() error {
 		return nil
 	}
 	if err := signalTree(s.cmd.Process.Pid, syscall.SIGCONT); err != nil {
-		return fmt.Errorf("pgtest: Thaw: %w", err)
+		return fmt.Errorf("pgserver: Thaw: %w", err)
 	}
 	s.frozen = false
 	return nil
@@ -541,7 +560,7 @@ func (s *Server) SetClockOffset(d time.Duration) error {
 		return err
 	}
 	if !s.opts.FakeClock {
-		return errors.New("pgtest: SetClockOffset needs a server started with Options.FakeClock")
+		return errors.New("pgserver: SetClockOffset needs a server started with Options.FakeClock")
 	}
 	return s.writeClock(formatOffset(d))
 }
@@ -566,10 +585,10 @@ func formatOffset(d time.Duration) string {
 func (s *Server) writeClock(spec string) error {
 	tmp := s.clockFile + ".tmp"
 	if err := os.WriteFile(tmp, []byte(spec+"\n"), 0o644); err != nil {
-		return fmt.Errorf("pgtest: writing clock offset: %w", err)
+		return fmt.Errorf("pgserver: writing clock offset: %w", err)
 	}
 	if err := os.Rename(tmp, s.clockFile); err != nil {
-		return fmt.Errorf("pgtest: writing clock offset: %w", err)
+		return fmt.Errorf("pgserver: writing clock offset: %w", err)
 	}
 	return nil
 }
@@ -598,7 +617,7 @@ func (s *Server) Close() error {
 	}
 	if s.root != "" {
 		if err := os.RemoveAll(s.root); err != nil {
-			errs = append(errs, fmt.Errorf("pgtest: %w", err))
+			errs = append(errs, fmt.Errorf("pgserver: %w", err))
 		}
 	}
 	return errors.Join(errs...)

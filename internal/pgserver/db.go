@@ -1,4 +1,4 @@
-package pgtest
+package pgserver
 
 import (
 	"context"
@@ -29,14 +29,14 @@ func External(ctx context.Context, dsn string) (*Server, error) {
 	defer cancel()
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
-		return nil, fmt.Errorf("pgtest: connecting to the external server (%s): %w", EnvTestDSN, err)
+		return nil, fmt.Errorf("pgserver: connecting to the external server (%s): %w", EnvTestDSN, err)
 	}
 	defer conn.Close(context.Background())
 	s := &Server{external: true, externalDSN: dsn}
 	var num string
 	if err := conn.QueryRow(ctx, "SELECT current_user, current_setting('server_version'), current_setting('server_version_num')").
 		Scan(&s.user, &s.version, &num); err != nil {
-		return nil, fmt.Errorf("pgtest: external server: %w", err)
+		return nil, fmt.Errorf("pgserver: external server: %w", err)
 	}
 	if n, err := strconv.Atoi(num); err == nil {
 		s.major = n / 10000
@@ -110,7 +110,7 @@ func WithUser(dsn, user string) string {
 func (s *Server) admin(ctx context.Context, f func(*pgx.Conn) error) error {
 	conn, err := pgx.Connect(ctx, s.DSN())
 	if err != nil {
-		return fmt.Errorf("pgtest: connecting to %s: %w", s.redacted(), err)
+		return fmt.Errorf("pgserver: connecting to %s: %w", s.redacted(), err)
 	}
 	defer conn.Close(context.Background())
 	return f(conn)
@@ -130,14 +130,14 @@ func (s *Server) redacted() string {
 // DSN.
 func (s *Server) CreateDatabase(ctx context.Context, name string) (string, error) {
 	if name == "" {
-		return "", errors.New("pgtest: CreateDatabase: empty name")
+		return "", errors.New("pgserver: CreateDatabase: empty name")
 	}
 	err := s.admin(ctx, func(c *pgx.Conn) error {
 		_, err := c.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE template0")
 		return err
 	})
 	if err != nil {
-		return "", fmt.Errorf("pgtest: CreateDatabase %q: %w", name, err)
+		return "", fmt.Errorf("pgserver: CreateDatabase %q: %w", name, err)
 	}
 	if s.external {
 		s.mu.Lock()
@@ -178,7 +178,7 @@ func (s *Server) DropDatabase(ctx context.Context, name string) error {
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("pgtest: DropDatabase %q: %w", name, err)
+		return fmt.Errorf("pgserver: DropDatabase %q: %w", name, err)
 	}
 	s.mu.Lock()
 	for i, n := range s.created {
@@ -214,13 +214,13 @@ func (s *Server) dropCreatedLocked() error {
 // server, give them names unique to the test.
 func (s *Server) CreateRole(ctx context.Context, name, attributes string) error {
 	if name == "" {
-		return errors.New("pgtest: CreateRole: empty name")
+		return errors.New("pgserver: CreateRole: empty name")
 	}
 	id := pgx.Identifier{name}.Sanitize()
 	return s.admin(ctx, func(c *pgx.Conn) error {
 		var exists bool
 		if err := c.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)", name).Scan(&exists); err != nil {
-			return fmt.Errorf("pgtest: CreateRole %q: %w", name, err)
+			return fmt.Errorf("pgserver: CreateRole %q: %w", name, err)
 		}
 		sql := "CREATE ROLE " + id + " " + attributes
 		if exists {
@@ -230,7 +230,7 @@ func (s *Server) CreateRole(ctx context.Context, name, attributes string) error 
 			sql = "ALTER ROLE " + id + " " + attributes
 		}
 		if _, err := c.Exec(ctx, sql); err != nil {
-			return fmt.Errorf("pgtest: CreateRole %q: %w", name, err)
+			return fmt.Errorf("pgserver: CreateRole %q: %w", name, err)
 		}
 		return nil
 	})

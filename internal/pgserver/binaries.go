@@ -1,4 +1,4 @@
-package pgtest
+package pgserver
 
 import (
 	"bytes"
@@ -28,7 +28,7 @@ const EnvBinDir = "PGLEASE_PG_BINDIR"
 const EnvLibFaketime = "PGLEASE_LIBFAKETIME"
 
 // errNoBinaries is wrapped by FindBinDir when no installation is found.
-var errNoBinaries = errors.New("pgtest: no PostgreSQL server binaries (initdb, postgres) found")
+var errNoBinaries = errors.New("pgserver: no PostgreSQL server binaries (initdb, postgres) found")
 
 // FindBinDir returns the directory of the PostgreSQL server binaries the
 // harness uses, searching in this order: $PGLEASE_PG_BINDIR; `pg_config
@@ -36,7 +36,7 @@ var errNoBinaries = errors.New("pgtest: no PostgreSQL server binaries (initdb, p
 func FindBinDir() (string, error) {
 	if dir := os.Getenv(EnvBinDir); dir != "" {
 		if err := hasServerBinaries(dir); err != nil {
-			return "", fmt.Errorf("pgtest: %s=%s: %w", EnvBinDir, dir, err)
+			return "", fmt.Errorf("pgserver: %s=%s: %w", EnvBinDir, dir, err)
 		}
 		return dir, nil
 	}
@@ -127,12 +127,12 @@ func serverVersion(ctx context.Context, binDir string, cred *syscall.Credential)
 		if msg != "" {
 			msg = ": " + msg
 		}
-		return "", 0, fmt.Errorf("pgtest: %s --version: %v%s%s", filepath.Join(binDir, "postgres"), err, msg, hint)
+		return "", 0, fmt.Errorf("pgserver: %s --version: %v%s%s", filepath.Join(binDir, "postgres"), err, msg, hint)
 	}
 	line := strings.TrimSpace(out.String())
 	m := versionRE.FindStringSubmatch(line)
 	if m == nil {
-		return "", 0, fmt.Errorf("pgtest: cannot parse server version from %q", line)
+		return "", 0, fmt.Errorf("pgserver: cannot parse server version from %q", line)
 	}
 	major, _ := strconv.Atoi(m[1])
 	return line, major, nil
@@ -169,7 +169,7 @@ func unprivilegedCredential() (*syscall.Credential, error) {
 func FindLibFaketime() (string, error) {
 	if p := os.Getenv(EnvLibFaketime); p != "" {
 		if _, err := os.Stat(p); err != nil {
-			return "", fmt.Errorf("pgtest: %s=%s: %w", EnvLibFaketime, p, err)
+			return "", fmt.Errorf("pgserver: %s=%s: %w", EnvLibFaketime, p, err)
 		}
 		return p, nil
 	}
@@ -189,6 +189,6 @@ func FindLibFaketime() (string, error) {
 			return c, nil
 		}
 	}
-	return "", fmt.Errorf("pgtest: FakeClock needs libfaketime, which is not installed: run `apt-get install faketime` "+
+	return "", fmt.Errorf("pgserver: FakeClock needs libfaketime, which is not installed: run `apt-get install faketime` "+
 		"(or set %s to libfaketime.so.1)", EnvLibFaketime)
 }

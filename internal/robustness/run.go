@@ -17,7 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/internal/pgserver"
 )
 
 // EnvWorker, when set in a process's environment, makes MaybeRunWorker run
@@ -144,7 +144,7 @@ func installSQL(ctx context.Context, conn *pgx.Conn, path string) error {
 		}
 		sb.WriteString(l)
 	}
-	script := strings.ReplaceAll(sb.String(), "@extowner@", pgtest.Superuser)
+	script := strings.ReplaceAll(sb.String(), "@extowner@", pgserver.Superuser)
 	_, err = conn.Exec(ctx, script)
 	return err
 }
@@ -160,7 +160,7 @@ func Run(ctx context.Context, cfg Config) (h *History, err error) {
 		h.Meta.Keys = append(h.Meta.Keys, fmt.Sprintf("k%d", i))
 	}
 
-	srv, err := pgtest.Start(ctx, pgtest.Options{
+	srv, err := pgserver.Start(ctx, pgserver.Options{
 		FakeClock: has(cfg.Faults, FaultClock),
 		Settings:  map[string]string{"max_connections": "100", "log_min_messages": "fatal"},
 	})
@@ -186,7 +186,7 @@ func Run(ctx context.Context, cfg Config) (h *History, err error) {
 		return h, err
 	}
 	defer proxy.Close()
-	clientDSN := fmt.Sprintf("postgres://%s@127.0.0.1:%d/robust?sslmode=disable", pgtest.Superuser, proxy.Port())
+	clientDSN := fmt.Sprintf("postgres://%s@127.0.0.1:%d/robust?sslmode=disable", pgserver.Superuser, proxy.Port())
 
 	var (
 		mu  sync.Mutex
@@ -295,7 +295,7 @@ func Run(ctx context.Context, cfg Config) (h *History, err error) {
 	return h, err
 }
 
-func setup(ctx context.Context, srv *pgtest.Server, dsn, sqlFile string, keys []string) error {
+func setup(ctx context.Context, srv *pgserver.Server, dsn, sqlFile string, keys []string) error {
 	if sqlFile == "" {
 		if err := srv.InstallExtensionFiles(ctx); err != nil {
 			return err

@@ -1,0 +1,143 @@
+// Package failover tests pg_lease across a promotion: throwaway primaries
+// with streaming standbys on loopback (internal/pgtest, pg_basebackup -R),
+// the primary killed or left running (split brain), a standby promoted, and
+// clients on the old and the new primary. See README.md for what each test
+// proves and the deliberate break it fails under.
+package failover
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/pkg/lease"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+const dbName = "failover"
+
+// slots bounds how many clusters run at once (two cores, other packages'
+// servers beside them).
+var slots = make(chan struct{}, 2)
+
+func takeSlot(t *testing.T) {
+	t.Helper()
+	select {
+	case slots <- struct{}{}:
+	case <-time.After(5 * time.Minute):
+		t.Fatal("no cluster slot in 5 minutes")
+	}
+	t.Cleanup(func() { <-slots })
+}
+
+// cluster is a throwaway primary with pg_lease in database "failover" and
+// its standbys.
+type cluster struct {
+	primary  *pgtest.Server
+	standbys []*pgtest.Server
+	maxTTL   time.Duration // 0: the SQL has no lease.configure (before 0.3.0)
+}
+
+type clusterOptions struct {
+	standbys int
+	// maxTTL is configured with lease.configure before any grant (when the
+	// installed pg_lease has it): the TTL bound and the promotion grace.
+	maxTTL time.Duration
+}
+
+func newCluster(t *testing.T, o clusterOptions) *cluster {
+	t.Helper()
+	takeSlot(t)
+	ctx := pgtest.Context(t, 2*time.Minute)
+	p := pgtest.New(t, pgtest.Options{Settings: map[string]string{"wal_sender_timeout": "5s", "wal_receiver_status_interval": "1s"}})
+	if err := p.InstallExtensionFiles(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dsn, err := p.CreateDatabase(ctx, dbName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := pgtest.Connect(t, dsn)
+	if err := lease.InstallExtension(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s, pg_lease %s", p.Version(), installed(t, conn))
+	c := &cluster{primary: p}
+	if o.maxTTL > 0 {
+		c.configure(t, conn, o.maxTTL)
+	}
+	for i := range o.standbys {
+		c.standbys = append(c.standbys, pgtest.NewStandby(t, p, pgtest.StandbyOptions{Name: fmt.Sprintf("s%d", i+1)}))
+	}
+	for _, st := range c.standbys {
+		if err := p.WaitReplayed(ctx, st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c
+}
+
+// configure sets max_ttl with lease.configure (pg_lease 0.3.0). On a fresh
+// database no grant was ever made under the default max_ttl (1 hour), so no
+// belief formed under it can exist: the test drops the grace pg_lease keeps
+// for such beliefs after max_ttl is lowered (lease.settings.prev_*), which
+// would otherwise make the promotion grace an hour long.
+func (c *cluster) configure(t *testing.T, conn *pgx.Conn, maxTTL time.Duration) {
+	t.Helper()
+	ctx := pgtest.Context(t, time.Minute)
+	var has bool
+	if err := conn.QueryRow(ctx, "SELECT to_regprocedure('lease.configure(interval)') IS NOT NULL").Scan(&has); err != nil {
+		t.Fatal(err)
+	}
+	if !has {
+		t.Logf("pg_lease %s has no lease.configure: no TTL bound, no promotion grace", installed(t, conn))
+		return
+	}
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM lease.leases").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("configure on a database with %d lease rows (%v)", n, err)
+	}
+	if _, err := conn.Exec(ctx, "SELECT lease.configure(max_ttl => $1::interval)", fmt.Sprintf("%d milliseconds", maxTTL.Milliseconds())); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "UPDATE lease.settings SET prev_max_ttl = NULL, prev_until = NULL"); err != nil {
+		t.Fatal(err)
+	}
+	var grace time.Duration
+	if err := conn.QueryRow(ctx, "SELECT promotion_grace FROM lease.status()").Scan(&grace); err != nil {
+		t.Fatal(err)
+	}
+	if grace != maxTTL {
+		t.Fatalf("promotion grace %v after configuring max_ttl %v", grace, maxTTL)
+	}
+	c.maxTTL = maxTTL
+}
+
+func installed(t *testing.T, conn *pgx.Conn) string {
+	v, _, err := lease.Installed(pgtest.Context(t, time.Minute), conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// dsn is the DSN of database "failover" on s.
+func dsn(s *pgtest.Server) string { return s.DatabaseDSN(dbName) }
+
+// pool opens a pool on dsn with short connect timeouts (a dead primary
+// must not stall a client for long).
+func pool(t *testing.T, dsn string) *pgxpool.Pool {
+	return pgtest.NewPool(t, dsn, pgtest.ConnectTimeout(2*time.Second), pgtest.MaxConns(8))
+}
+
+// opCtx bounds one call: a call that hangs (a synchronous commit whose
+// standby is gone, a dead server) counts as unacknowledged.
+func opCtx(d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), d)
+}
