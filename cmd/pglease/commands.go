@@ -292,4 +292,3 @@ func cleanupKeys(ctx context.Context, conn *pgx.Conn, freeFor time.Duration, max
 	}
 	return 0, 0, fmt.Errorf("cleanup: %w", err)
 }
-

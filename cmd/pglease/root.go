@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"runtime"
 	"runtime/debug"
 	"strings"
@@ -258,14 +259,24 @@ func (a *app) user() string {
 	if a.cfg == nil {
 		return "this role"
 	}
-	return pgx.Identifier{a.cfg.User}.Sanitize()
+	return quoteIdent(a.cfg.User)
+}
+
+var plainIdent = regexp.MustCompile(`^[a-z_][a-z0-9_$]*$`)
+
+// quoteIdent quotes a role or database name for SQL only where needed.
+func quoteIdent(s string) string {
+	if plainIdent.MatchString(s) {
+		return s
+	}
+	return pgx.Identifier{s}.Sanitize()
 }
 
 func (a *app) database() string {
 	if a.cfg == nil || a.cfg.Database == "" {
 		return "the database"
 	}
-	return pgx.Identifier{a.cfg.Database}.Sanitize()
+	return quoteIdent(a.cfg.Database)
 }
 
 // exit prints err (one line, redacted, with a hint where one helps) and maps
