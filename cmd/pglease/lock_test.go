@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
 )
 
@@ -88,19 +89,7 @@ func TestLockStopsTheCommandWhenTheLeaseIsLost(t *testing.T) {
 			if !strings.Contains(p.err.String(), "lease lost") {
 				t.Fatalf("stderr %q does not say the lease was lost", p.err.String())
 			}
-			// SIGKILL is delivered asynchronously: allow the kernel a moment.
-			for _, pid := range pids {
-				deadline := time.Now().Add(10 * time.Second)
-				for syscall.Kill(pid, 0) == nil && !zombie(pid) {
-					if time.Now().After(deadline) {
-						b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-						t.Errorf("process %d of the command still runs after the lease was lost: %s\nstderr: %s", pid, b, p.err.String())
-						_ = syscall.Kill(pid, syscall.SIGKILL)
-						break
-					}
-					time.Sleep(10 * time.Millisecond)
-				}
-			}
+			waitGone(t, pids, p)
 		})
 	}
 }
@@ -156,4 +145,53 @@ func buildBinaryOrEnv(t *testing.T) string {
 		return p
 	}
 	return buildBinary(t)
+}
+
+// When renewals cannot reach the server, the command is stopped by the end
+// of the grant's certain validity (SIGTERM --grace before it), so it never
+// runs while another owner could hold the key; pglease exits 7.
+func TestLockStopsTheCommandWhenTheServerIsUnreachable(t *testing.T) {
+	ctx := testCtx(t)
+	srv := pgtest.New(t)
+	if err := srv.InstallExtensionFiles(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dsn, err := srv.NewDatabase(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, ctx, dsnEnv(dsn), "install")
+	p := start(t, ctx, dsnEnv(dsn), "lock", "job-42", "--ttl", "3s", "--grace", "1s", "--",
+		"sh", "-c", `echo "pid=$$"; sleep 600 & echo "child=$!"; wait`)
+	p.waitFor(t, "child=", false)
+	pids := pidsIn(t, p.out.String())
+	if err := srv.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Thaw() })
+	if code := p.wait(t); code != exitLost {
+		t.Fatalf("lock with a frozen server: exit %d, want %d\nstderr: %s", code, exitLost, p.err.String())
+	}
+	if !strings.Contains(p.err.String(), "could not renew before the grant's certain validity ran out") {
+		t.Fatalf("stderr %q does not say why the command was stopped", p.err.String())
+	}
+	waitGone(t, pids, p)
+}
+
+// waitGone fails the test if a process of the command outlives pglease
+// (SIGKILL is delivered asynchronously: the kernel gets a moment).
+func waitGone(t *testing.T, pids []int, p *proc) {
+	t.Helper()
+	for _, pid := range pids {
+		deadline := time.Now().Add(10 * time.Second)
+		for syscall.Kill(pid, 0) == nil && !zombie(pid) {
+			if time.Now().After(deadline) {
+				b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+				t.Errorf("process %d of the command still runs after pglease stopped it: %s\nstderr: %s", pid, b, p.err.String())
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
 }
