@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"sigs.k8s.io/yaml"
 
 	"github.com/pglease/pg_lease/internal/pgtest"
@@ -347,6 +349,40 @@ func TestNotInstalledAndVersionSkew(t *testing.T) {
 		t.Fatalf("install over 0.1.0: %q", out)
 	}
 	mustRun(t, ctx, e, "cleanup", "--free-for", "1h")
+
+	// A newer version than this pglease ships is refused: exit 6.
+	newer := dsnEnv(freshDB(t))
+	nconn, _ := connect(t, ctx, newer["PGLEASE_DSN"])
+	if _, err := nconn.Exec(ctx, `CREATE SCHEMA lease; CREATE FUNCTION lease.version() RETURNS text LANGUAGE sql AS $$ SELECT '9.9.9'::text $$`); err != nil {
+		t.Fatal(err)
+	}
+	_, errs = wantExit(t, ctx, newer, exitIncompatible, "install", "--schema-only")
+	if !strings.Contains(errs, "9.9.9") || !strings.Contains(errs, "hint: this pglease ships pg_lease "+lease.Version) {
+		t.Errorf("install over a newer version: %q", errs)
+	}
+}
+
+// The argument parsing is reachable without a server (the fuzz target's
+// entry point): connectFn is the only way out.
+func TestArgumentParsingReachesNoServer(t *testing.T) {
+	errNoServer := errors.New("no server in this test")
+	for _, args := range [][]string{{}, {"get", "k", "-o", "wide"}, {"list", "--no-headers"}, {"watch", "-o", "json", "a", "b"}, {"lock", "k", "--", "true"}, {"cleanup", "--free-for", "1h"}, {"get", "--bogus"}} {
+		var out, errb syncBuffer
+		root, a := newRootCmd(&out, &errb, func(string) string { return "" })
+		dialed := false
+		a.connectFn = func(context.Context, *pgx.ConnConfig) (*pgx.Conn, error) { dialed = true; return nil, errNoServer }
+		root.SetArgs(args)
+		cmd, err := root.ExecuteContextC(t.Context())
+		code := a.exit(cmd, err)
+		switch {
+		case len(args) == 0 && (code != exitOK || !strings.Contains(out.String(), "Usage:")):
+			t.Errorf("pglease without arguments: exit %d, %q: want the help, exit 0", code, out.String())
+		case len(args) > 0 && args[len(args)-1] == "--bogus" && (code != exitUsage || dialed):
+			t.Errorf("%q: exit %d, dialed %v", args, code, dialed)
+		case len(args) > 0 && args[len(args)-1] != "--bogus" && (code != exitError || !dialed || !errors.Is(err, errNoServer)):
+			t.Errorf("%q: exit %d, dialed %v, err %v: want the connection refused through connectFn", args, code, dialed, err)
+		}
+	}
 }
 
 func TestInstallBothModes(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -150,7 +151,7 @@ func (a *app) getCmd() *cobra.Command {
 					}
 				}
 				if len(missing) > 0 {
-					return fmt.Errorf("%w: %v", errNotFound, missing)
+					return fmt.Errorf("%w: %s", errNotFound, strings.Join(missing, ", "))
 				}
 				return nil
 			})
