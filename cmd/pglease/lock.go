@@ -113,7 +113,7 @@ func (a *app) lock(ctx context.Context, o lockOpts) error {
 	}
 	if !ok {
 		a.logf("lock: %s is held by another owner; waiting", quoteField(o.key))
-		if g, err = a.waitFor(ctx, o); err != nil {
+		if g, err = a.waitFor(ctx, sess, o); err != nil {
 			return err
 		}
 	}
@@ -228,9 +228,12 @@ func (a *app) lock(ctx context.Context, o lockOpts) error {
 	}
 }
 
-// waitFor waits for the key through a listener (a notification or the
-// holder's expiry wakes it), up to o.timeout.
-func (a *app) waitFor(ctx context.Context, o lockOpts) (lease.Grant, error) {
+// waitFor waits for the key, up to o.timeout: it tries again when a
+// notification about the key arrives (a release), when the holder's grant
+// expires (on the server's clock, carried over to the local one from the
+// read), and every second in case a notification was missed. (With core's
+// lease.(*Waiter).Await this loop becomes one call.)
+func (a *app) waitFor(ctx context.Context, sess *session, o lockOpts) (lease.Grant, error) {
 	w, err := lease.NewWaiterConfig(ctx, a.cfg.Copy(), lease.WaiterOptions{})
 	if err != nil {
 		return lease.Grant{}, err
@@ -242,16 +245,48 @@ func (a *app) waitFor(ctx context.Context, o lockOpts) (lease.Grant, error) {
 		wctx, cancel = context.WithTimeout(ctx, o.timeout)
 		defer cancel()
 	}
-	g, err := w.Acquire(wctx, o.key, o.owner, o.ttl)
-	switch {
-	case err == nil:
-		return g, nil
-	case ctx.Err() != nil:
-		return lease.Grant{}, &codedError{code: exitError, msg: fmt.Sprintf("lock %s: interrupted while waiting for the key", quoteField(o.key))}
-	case wctx.Err() != nil:
-		return lease.Grant{}, &codedError{code: exitHeld, msg: fmt.Sprintf("lock %s: held by another owner for the whole --timeout %v", quoteField(o.key), o.timeout)}
+	events := w.Watch(wctx, o.key) // subscribe before trying: no release is missed
+	for {
+		conn, err := sess.get(wctx)
+		var g lease.Grant
+		ok := false
+		wake := time.Second
+		if err == nil {
+			c := lease.New(conn)
+			g, ok, err = c.Acquire(wctx, o.key, o.owner, o.ttl)
+			if err == nil && ok {
+				return g, nil
+			}
+			if err == nil {
+				var s lease.State
+				readAt := time.Now()
+				if s, err = c.Inspect(wctx, o.key); err == nil && s.Held {
+					wake = min(wake, max(s.ExpiresAt.Sub(s.ServerNow)-time.Since(readAt)+time.Millisecond, 0))
+				}
+			}
+		}
+		switch {
+		case ctx.Err() != nil:
+			return lease.Grant{}, &codedError{code: exitError, msg: fmt.Sprintf("lock %s: interrupted while waiting for the key", quoteField(o.key))}
+		case wctx.Err() != nil:
+			return lease.Grant{}, &codedError{code: exitHeld, msg: fmt.Sprintf("lock %s: held by another owner for the whole --timeout %v", quoteField(o.key), o.timeout)}
+		case err != nil && !connLost(sess.conn, err):
+			return lease.Grant{}, err
+		case err != nil:
+			a.logf("lock: waiting: %s", connLostReason(err))
+			sess.drop()
+		}
+		t := time.NewTimer(wake)
+		select {
+		case <-wctx.Done():
+		case _, ok := <-events:
+			if !ok {
+				events = nil
+			}
+		case <-t.C:
+		}
+		t.Stop()
 	}
-	return lease.Grant{}, err
 }
 
 func renewOnce(ctx context.Context, sess *session, tok lease.Token, ttl time.Duration) (lease.Grant, error) {

@@ -61,6 +61,12 @@ func TestLockWaitsForTheKey(t *testing.T) {
 	if code := p.wait(t); code != 0 || p.out.String() != "ran epoch=3\n" {
 		t.Fatalf("lock after the release: exit %d, %q %q", code, p.out.String(), p.err.String())
 	}
+	// A holder that lets its grant lapse: the lock runs after the expiry.
+	acquire(t, ctx, c, "job-42", "other", 500*time.Millisecond)
+	out, _ := wantExit(t, ctx, dsnEnv(dsn), 0, "lock", "job-42", "--", "sh", "-c", `echo "ran epoch=$PGLEASE_EPOCH"`)
+	if out != "ran epoch=6\n" {
+		t.Fatalf("lock after a lapse: %q", out)
+	}
 }
 
 // When the lease is lost the command's whole process group is stopped
