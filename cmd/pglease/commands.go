@@ -141,9 +141,14 @@ func (a *app) getCmd() *cobra.Command {
 				for _, k := range keys {
 					if s, ok := byKey[k]; ok {
 						found = append(found, s)
-					} else {
-						missing = append(missing, quoteField(k))
+						continue
 					}
+					// Not found: ask lease.inspect, which also says when the
+					// server refuses the key itself (22023: exit 2).
+					if _, err := lease.New(conn).Inspect(cmd.Context(), k); err != nil {
+						return err
+					}
+					missing = append(missing, quoteField(k))
 				}
 				if len(found) > 0 {
 					if err := printStates(a.stdout, p, found, len(keys) == 1); err != nil {
