@@ -31,6 +31,10 @@ func TestWatchShowsALeaseMovingBetweenHolders(t *testing.T) {
 	p.waitFor(t, "lapsed         job-42  holder=worker-b2 epoch=3", false)
 	acquire(t, ctx, c, "job-42", "worker-a1", time.Minute)
 	p.waitFor(t, "takeover       job-42  holder=worker-a1 epoch=4", false)
+	if _, _, _, err := c.ForceRelease(ctx, "job-42"); err != nil {
+		t.Fatal(err)
+	}
+	p.waitFor(t, "force_released job-42  holder=worker-a1 epoch=4", false)
 	// Another key is not shown.
 	acquire(t, ctx, c, "job-43", "worker-a1", time.Minute)
 	time.Sleep(200 * time.Millisecond)
@@ -112,4 +116,24 @@ func TestWatchSurvivesServerRestart(t *testing.T) {
 		t.Errorf("watch stderr: %d lines, want 2 (lost, reconnected):\n%s", n, p.err.String())
 	}
 	_ = context.Background
+}
+
+// A role that cannot read lease.leases: watch derives the lapse (same epoch,
+// no longer held) and keeps the holder it saw.
+func TestWatchDerivesTheLapseWithoutTheRow(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := leaseDB(t)
+	_, c := connect(t, ctx, dsn)
+	viewer := role(t, ctx, "pglease_watcher")
+	p := start(t, ctx, dsnEnv(pgtest.WithUser(dsn, viewer)), "-v", "watch", "job-42")
+	p.waitFor(t, "cannot read lease.leases", true) // the first read: watch is subscribed
+	acquire(t, ctx, c, "job-42", "worker-b2", 300*time.Millisecond)
+	p.waitFor(t, "acquired       job-42  holder=worker-b2 epoch=1", false)
+	p.waitFor(t, "lapsed         job-42  holder=worker-b2 epoch=1", false)
+	acquire(t, ctx, c, "job-42", "worker-a1", time.Minute)
+	p.waitFor(t, "takeover       job-42  holder=worker-a1 epoch=2", false)
+	p.stop()
+	if code := p.wait(t); code != exitOK {
+		t.Fatalf("watch exit %d: %s", code, p.err.String())
+	}
 }
