@@ -455,3 +455,16 @@ func TestConnectionErrorsAreOneLine(t *testing.T) {
 		}
 	}
 }
+
+// Messages quote server text (a DETAIL naming a key); they stay one line.
+func TestSafeLine(t *testing.T) {
+	for in, want := range map[string]string{
+		"plain text, ключ":        "plain text, ключ",
+		"key \"a\tb\"\nnext":      `key "a\tb"\nnext`,
+		"esc \x1b[2J bidi \u202e": `esc \x1b[2J bidi \u202e`,
+	} {
+		if got := safeLine(in); got != want {
+			t.Errorf("safeLine(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -170,3 +170,18 @@ func quoteField(s string) string {
 	}
 	return s
 }
+
+// safeLine makes a message (which may quote server text: a key in a DETAIL)
+// one terminal line: control and invisible format characters are escaped.
+func safeLine(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if r == utf8.RuneError || (r != ' ' && (unicode.IsControl(r) || unicode.Is(unicode.Cf, r))) {
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}

@@ -239,13 +239,13 @@ func (a *app) withConn(ctx context.Context, f func(*pgx.Conn) error) error {
 
 func (a *app) logf(format string, args ...any) {
 	if a.verbose {
-		fmt.Fprintln(a.stderr, a.redact("pglease: "+fmt.Sprintf(format, args...)))
+		fmt.Fprintln(a.stderr, a.redact("pglease: "+safeLine(fmt.Sprintf(format, args...))))
 	}
 }
 
 // warnf prints a line on stderr, redacted.
 func (a *app) warnf(format string, args ...any) {
-	fmt.Fprintln(a.stderr, a.redact("pglease: "+fmt.Sprintf(format, args...)))
+	fmt.Fprintln(a.stderr, a.redact("pglease: "+safeLine(fmt.Sprintf(format, args...))))
 }
 
 func (a *app) redact(s string) string {
@@ -292,9 +292,9 @@ func (a *app) exit(cmd *cobra.Command, err error) int {
 	if code == exitOK {
 		return a.exitCode
 	}
-	fmt.Fprintln(a.stderr, a.redact("pglease: "+msg))
+	fmt.Fprintln(a.stderr, a.redact("pglease: "+safeLine(msg)))
 	if hint != "" {
-		fmt.Fprintln(a.stderr, a.redact("hint: "+hint))
+		fmt.Fprintln(a.stderr, a.redact("hint: "+safeLine(hint)))
 	}
 	if code == exitUsage && cmd != nil {
 		fmt.Fprintf(a.stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
