@@ -157,12 +157,6 @@ func wantExit(t *testing.T, ctx context.Context, e env, want int, args ...string
 	return out, errs
 }
 
-var built struct {
-	once sync.Once
-	path string
-	err  error
-}
-
 // binary is the pglease binary the tests run, "" for in-process.
 func binary(t *testing.T) string {
 	if p := os.Getenv(envBinary); p != "" {
@@ -171,36 +165,45 @@ func binary(t *testing.T) string {
 	return ""
 }
 
-// buildBinary builds this command (once per test binary) and returns its path.
+var built struct {
+	mu    sync.Mutex
+	paths map[string]string // by test
+}
+
+// buildBinary builds this command into the test's temporary directory
+// (once per test; the build cache makes it a link) and returns its path.
 func buildBinary(t *testing.T) string {
 	t.Helper()
 	if p := os.Getenv(envBinary); p != "" {
 		return p
 	}
-	built.once.Do(func() {
-		goTool, err := exec.LookPath("go")
-		if err != nil {
-			goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
-		}
-		if _, err := os.Stat(goTool); err != nil {
-			built.err = fmt.Errorf("the go tool is needed to build pglease (install Go or put it on PATH): %v", err)
-			return
-		}
-		dir, err := os.MkdirTemp("", "pglease-test-bin-")
-		if err != nil {
-			built.err = err
-			return
-		}
-		built.path = filepath.Join(dir, "pglease")
-		out, err := exec.Command(goTool, "build", "-o", built.path, ".").CombinedOutput()
-		if err != nil {
-			built.err = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if built.err != nil {
-		t.Fatal(built.err)
+	built.mu.Lock()
+	defer built.mu.Unlock()
+	if p, ok := built.paths[t.Name()]; ok {
+		return p
 	}
-	return built.path
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	if _, err := os.Stat(goTool); err != nil {
+		t.Fatalf("the go tool is needed to build pglease (install Go or put it on PATH): %v", err)
+	}
+	path := filepath.Join(t.TempDir(), "pglease")
+	if out, err := exec.Command(goTool, "build", "-o", path, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	if built.paths == nil {
+		built.paths = map[string]string{}
+	}
+	built.paths[t.Name()] = path
+	name := t.Name()
+	t.Cleanup(func() {
+		built.mu.Lock()
+		delete(built.paths, name)
+		built.mu.Unlock()
+	})
+	return path
 }
 
 // runBinary runs the built binary with exactly the environment e (plus PATH).
