@@ -302,7 +302,9 @@ func (wt *watcher) notified(ctx context.Context, conn *pgx.Conn, ev lease.Event)
 		s := keyState{State: lease.State{Key: ev.Key, Exists: true, Epoch: ev.Epoch}, Status: "acquired"}
 		wt.print("acquired", s, ev.Owner)
 		if len(states) == 1 {
-			wt.known[ev.Key] = states[0]
+			// Then what became of that grant (lapsed, released, taken over).
+			s.Held, s.Holder, s.Status = true, ev.Owner, statusHeld
+			wt.known[ev.Key] = wt.diff(s, true, states[0])
 		}
 	case lease.EventReleased, lease.EventForceReleased:
 		if seen && !o.Held && o.Epoch == ev.Epoch+1 {

@@ -137,3 +137,18 @@ func TestWatchDerivesTheLapseWithoutTheRow(t *testing.T) {
 		t.Fatalf("watch exit %d: %s", code, p.err.String())
 	}
 }
+
+// A grant so short that it lapsed before watch read it still shows as
+// acquired, then lapsed.
+func TestWatchShowsAGrantThatLapsedBeforeItWasRead(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := leaseDB(t)
+	_, c := connect(t, ctx, dsn)
+	p := start(t, ctx, dsnEnv(dsn), "-v", "watch")
+	p.waitFor(t, "reading lease.leases directly", true) // the first read: watch is subscribed
+	acquire(t, ctx, c, "job-42", "worker-b2", time.Millisecond)
+	p.waitFor(t, "acquired       job-42  holder=worker-b2 epoch=1", false)
+	p.waitFor(t, "lapsed         job-42  holder=worker-b2 epoch=1", false)
+	p.stop()
+	p.wait(t)
+}
