@@ -1,12 +1,13 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net"
+	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,304 +18,453 @@ import (
 	"github.com/pglease/pg_lease/pkg/lease"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+var commands = []string{"install", "version", "get", "list", "watch", "lock", "release", "cleanup"}
 
-// syncBuffer is a bytes.Buffer safe for one writer and one reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-// freshDB returns a DSN of a new database on the shared server, with the
-// extension's files installed on that server but nothing in the database.
-func freshDB(t *testing.T) string {
-	t.Helper()
+// Issue 16: `pglease --help` exited 2, `pglease get --help` said unknown
+// flag --help, there was no --version.
+func TestHelpOnEveryCommandExitsZero(t *testing.T) {
 	ctx := testCtx(t)
-	if err := pgtest.Shared(t).InstallExtensionFiles(ctx); err != nil {
+	none := env{}
+	out, _ := wantExit(t, ctx, none, exitOK, "--help")
+	for _, c := range commands {
+		if !strings.Contains(out, c) {
+			t.Errorf("pglease --help does not list %s:\n%s", c, out)
+		}
+	}
+	if !strings.Contains(out, "Exit codes") {
+		t.Errorf("pglease --help has no exit-code table:\n%s", out)
+	}
+	for _, c := range commands {
+		for _, args := range [][]string{{c, "--help"}, {c, "-h"}, {"help", c}} {
+			out, _ := wantExit(t, ctx, none, exitOK, args...)
+			if !strings.Contains(out, "Usage:") || !strings.Contains(out, "pglease "+c) {
+				t.Errorf("pglease %q: no usage of %s:\n%s", args, c, out)
+			}
+		}
+	}
+	out, _ = wantExit(t, ctx, none, exitOK, "--version")
+	if !strings.Contains(out, "pglease ") || !strings.Contains(out, "pg_lease SQL "+lease.Version) {
+		t.Errorf("--version: %q, want the module version and SQL %s", out, lease.Version)
+	}
+	out, _ = wantExit(t, ctx, none, exitOK, "version", "--client")
+	if !strings.Contains(out, "ships:   pg_lease SQL "+lease.Version) {
+		t.Errorf("version --client: %q", out)
+	}
+}
+
+// Wrong flags, arguments and values are usage errors (exit 2), with no
+// connection made (no DSN at all here: a connection attempt would fail with 1).
+func TestUsageErrorsExitTwoWithoutConnecting(t *testing.T) {
+	ctx := testCtx(t)
+	bad := env{"PGLEASE_DSN": "host=127.0.0.1 port=1 connect_timeout=1"}
+	for _, args := range [][]string{
+		{"frobnicate"},
+		{"get"},
+		{"get", "k", "--bogus"},
+		{"get", "k", "-o", "xml"},
+		{"get", ""},
+		{"get", strings.Repeat("k", 1025)},
+		{"list", "extra"},
+		{"list", "-o"},
+		{"watch", "-o", "wide"},
+		{"watch", "k", "--poll", "-1s"},
+		{"release", "k"},
+		{"release", "--force"},
+		{"install", "extra"},
+		{"cleanup"},
+		{"cleanup", "--free-for", "1h", "--max-rows", "0"},
+		{"cleanup", "--free-for", "soon"},
+		{"lock", "k"},
+		{"lock", "--", "true"},
+		{"lock", "k", "--ttl", "10s", "--grace", "7s", "--", "true"},
+		{"lock", "k", "--ttl", "100ms", "--", "true"},
+		{"--dsn-file", "/nonexistent/pglease-dsn", "list"},
+	} {
+		_, errs := wantExit(t, ctx, bad, exitUsage, args...)
+		if strings.Contains(errs, "cannot connect") {
+			t.Errorf("pglease %q connected before rejecting its arguments: %s", args, errs)
+		}
+	}
+}
+
+// Issue 16: `get k --dsn …` said unknown flag --dsn; watch took -o json and
+// --help as key names.
+func TestFlagsAnywhere(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := leaseDB(t)
+	_, c := connect(t, ctx, dsn)
+	acquire(t, ctx, c, "job-42", "worker-a1", time.Minute)
+
+	var one row
+	out := mustRun(t, ctx, env{}, "get", "job-42", "--dsn", dsn, "-o", "json")
+	if err := json.Unmarshal([]byte(out), &one); err != nil || one.Holder != "worker-a1" {
+		t.Fatalf("get KEY --dsn DSN -o json: %q (%v)", out, err)
+	}
+	out = mustRun(t, ctx, env{}, "-o", "name", "list", "--dsn="+dsn)
+	if out != "job-42\n" {
+		t.Fatalf("-o name list --dsn=DSN: %q", out)
+	}
+
+	// watch -o json KEY: JSON lines about KEY, never a key named "-o".
+	p := start(t, ctx, dsnEnv(dsn), "watch", "-o", "json", "job-42")
+	p.waitFor(t, `"key":"job-42"`, false)
+	p.stop()
+	if code := p.wait(t); code != exitOK {
+		t.Fatalf("watch exit %d: %s", code, p.err.String())
+	}
+	for _, l := range strings.Split(strings.TrimSpace(p.out.String()), "\n") {
+		var e event
+		if err := json.Unmarshal([]byte(l), &e); err != nil || e.Key != "job-42" {
+			t.Fatalf("watch -o json line %q: %+v %v", l, e, err)
+		}
+	}
+}
+
+// Issue 16: -o wide refused; REMAINING printed 71h59m58.225s; no AGE.
+func TestGetListFormats(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := leaseDB(t)
+	e := dsnEnv(dsn)
+	_, c := connect(t, ctx, dsn)
+	g := acquire(t, ctx, c, "job-42", "worker-a1", 50*time.Minute) // below 0.3.0's default max_ttl (1 hour)
+	acquire(t, ctx, c, "job-43", "worker-b2", time.Minute)
+	if err := c.Release(ctx, lease.Token{Key: "job-43", Owner: "worker-b2", Epoch: 1}); err != nil {
 		t.Fatal(err)
 	}
-	return pgtest.NewDatabase(t)
-}
 
-// pglease runs the command in-process with --dsn and returns its exit code,
-// stdout and stderr.
-func pglease(t *testing.T, ctx context.Context, dsn string, args ...string) (int, string, string) {
-	t.Helper()
-	var out, errb syncBuffer
-	code := run(ctx, append([]string{"--dsn", dsn}, args...), &out, &errb, func(string) string { return "" })
-	return code, out.String(), errb.String()
-}
-
-func mustRun(t *testing.T, ctx context.Context, dsn string, args ...string) string {
-	t.Helper()
-	code, out, errs := pglease(t, ctx, dsn, args...)
-	if code != exitOK {
-		t.Fatalf("pglease %v: exit %d\nstdout: %s\nstderr: %s", args, code, out, errs)
+	rows := tableRows(mustRun(t, ctx, e, "get", "job-42"))
+	if len(rows) != 2 || strings.Join(rows[0], " ") != "KEY HOLDER STATUS EPOCH REMAINING AGE" {
+		t.Fatalf("get table: %q", rows)
 	}
-	return out
-}
+	if r := rows[1]; len(r) != 6 || r[0] != "job-42" || r[1] != "worker-a1" || r[2] != "held" || r[3] != "1" || r[4] != "49m" || !regexp.MustCompile(`^\d+s$`).MatchString(r[5]) {
+		t.Fatalf("get row %q: want job-42 worker-a1 held 1 49m <seconds>", r)
+	}
 
-func connect(t *testing.T, ctx context.Context, dsn string) *lease.Client {
-	t.Helper()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
+	rows = tableRows(mustRun(t, ctx, e, "list", "-o", "wide"))
+	if strings.Join(rows[0], " ") != "KEY HOLDER STATUS EPOCH REMAINING AGE SINCE EXPIRES" || len(rows) != 3 {
+		t.Fatalf("list -o wide: %q", rows)
+	}
+	if r := rows[1]; r[7] != g.ExpiresAt.UTC().Format("2006-01-02T15:04:05.000Z") {
+		t.Fatalf("wide EXPIRES %q, grant expires %v", r[7], g.ExpiresAt)
+	}
+	if r := rows[2]; r[0] != "job-43" || r[1] != "<none>" || r[2] != "released" || r[3] != "2" || r[4] != "-" || r[7] != "-" {
+		t.Fatalf("list -o wide released row: %q", r)
+	}
+	rows = tableRows(mustRun(t, ctx, e, "list", "--no-headers"))
+	if len(rows) != 2 || rows[0][0] != "job-42" {
+		t.Fatalf("list --no-headers: %q", rows)
+	}
+	if out := mustRun(t, ctx, e, "list", "-o", "name"); out != "job-42\njob-43\n" {
+		t.Fatalf("list -o name: %q", out)
+	}
+
+	var one row
+	if err := json.Unmarshal([]byte(mustRun(t, ctx, e, "get", "job-42", "-o", "json")), &one); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	return lease.New(conn)
+	if one.Status != "held" || !one.Held || one.Holder != "worker-a1" || one.Epoch != g.Epoch || one.ExpiresAt == nil || !one.ExpiresAt.Equal(g.ExpiresAt) || one.AcquiredAt == nil {
+		t.Fatalf("get -o json: %+v, grant %+v", one, g)
+	}
+	var all []row
+	if err := yaml.Unmarshal([]byte(mustRun(t, ctx, e, "list", "-o", "yaml")), &all); err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != 2 || all[1].Key != "job-43" || all[1].Status != "released" || all[1].Held || all[1].Epoch != 2 || all[1].Holder != "" {
+		t.Fatalf("list -o yaml: %+v", all)
+	}
+	// Several keys: a list; one never leased: the others printed, exit 5.
+	out, errs := wantExit(t, ctx, e, exitNotFound, "get", "job-42", "nope", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &all); err != nil || len(all) != 1 || !strings.Contains(errs, "never leased") {
+		t.Fatalf("get job-42 nope: %q %q %v", out, errs, err)
+	}
 }
 
-func TestInstallBothModesAndVersion(t *testing.T) {
+// Issue 16: a lapsed key lost its holder (`lapsed <none> 1 - -`).
+func TestLapsedKeyKeepsItsHolder(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := leaseDB(t)
+	_, c := connect(t, ctx, dsn)
+	acquire(t, ctx, c, "job-42", "worker-a1", 200*time.Millisecond)
+	waitLapsed(t, ctx, c, "job-42")
+
+	rows := tableRows(mustRun(t, ctx, dsnEnv(dsn), "get", "job-42"))
+	if r := rows[1]; r[1] != "worker-a1" || r[2] != "lapsed" || r[3] != "1" || r[4] != "-" || r[5] == "-" {
+		t.Fatalf("lapsed row %q: want holder worker-a1, lapsed, epoch 1, no REMAINING, an AGE", r)
+	}
+	var one row
+	if err := json.Unmarshal([]byte(mustRun(t, ctx, dsnEnv(dsn), "get", "job-42", "-o", "json")), &one); err != nil {
+		t.Fatal(err)
+	}
+	if one.Status != "lapsed" || one.Held || one.Holder != "worker-a1" || one.Since == nil || one.ExpiresAt == nil {
+		t.Fatalf("lapsed -o json: %+v", one)
+	}
+
+	// A role that may not read lease.leases sees what the functions say:
+	// not held, reason unknown.
+	viewer := role(t, ctx, "pglease_viewer")
+	rows = tableRows(mustRun(t, ctx, dsnEnv(pgtest.WithUser(dsn, viewer)), "get", "job-42"))
+	if r := rows[1]; r[1] != "<unknown>" || r[2] != "free" || r[3] != "1" {
+		t.Fatalf("lapsed row for a role without SELECT on lease.leases: %q", r)
+	}
+}
+
+// Issue 16: a key with a tab broke the table. Any key and owner prints on
+// one line and one cell, and survives json exactly.
+func TestAnyKeyPrintsSafely(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := leaseDB(t)
+	_, c := connect(t, ctx, dsn)
+	keys := map[string]string{
+		"tab\tkey":           `"tab\tkey"`,
+		"new\nline":          `"new\nline"`,
+		"\x1b[31mred\x1b[0m": `"\x1b[31mred\x1b[0m"`,
+		"bidi\u202ekey":      `"bidi\u202ekey"`,
+		`"quoted"`:           `"\"quoted\""`,
+		"two words":          `"two words"`,
+		"plain-ключ":         "plain-ключ",
+	}
+	// pg_lease 0.2.0 takes any text; a later version may refuse control
+	// characters (22023): a refused key is then one pglease never prints,
+	// and get of it is a usage error.
+	owner, quotedOwner := "owner\twith tab", `"owner\twith tab"`
+	if _, _, err := c.Acquire(ctx, "probe", owner, time.Minute); errors.Is(err, lease.ErrInvalidInput) {
+		owner, quotedOwner = "owner with space", `"owner with space"`
+		t.Logf("the server refuses owners with a tab: using %q", owner)
+		acquire(t, ctx, c, "probe", owner, time.Minute)
+	}
+	for k := range keys {
+		if _, _, err := c.Acquire(ctx, k, owner, time.Minute); errors.Is(err, lease.ErrInvalidInput) {
+			t.Logf("the server refuses key %q: %v", k, err)
+			wantExit(t, ctx, dsnEnv(dsn), exitUsage, "get", k)
+			delete(keys, k)
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+	keys["probe"] = "probe"
+	if len(keys) < 4 {
+		t.Fatalf("the server took only %d of the keys", len(keys))
+	}
+	out := mustRun(t, ctx, dsnEnv(dsn), "list")
+	if strings.ContainsAny(out, "\t\x1b\u202e") || strings.Count(out, "\n") != len(keys)+1 {
+		t.Fatalf("list printed raw control characters or broke lines:\n%q", out)
+	}
+	for _, r := range tableRows(out)[1:] {
+		if len(r) != 6 || r[1] != quotedOwner {
+			t.Fatalf("row %q: want 6 cells, the owner quoted", r)
+		}
+	}
+	for k, quoted := range keys {
+		if !strings.Contains(out, quoted+"   ") {
+			t.Errorf("key %q not printed as %s:\n%s", k, quoted, out)
+		}
+		var one row
+		if err := json.Unmarshal([]byte(mustRun(t, ctx, dsnEnv(dsn), "get", k, "-o", "json")), &one); err != nil || one.Key != k {
+			t.Errorf("get %q -o json: %+v %v", k, one, err)
+		}
+	}
+}
+
+// Issue 16: `release --force` of a never-leased key exited 0 while get exits 5.
+func TestReleaseForce(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := leaseDB(t)
+	e := dsnEnv(dsn)
+	_, c := connect(t, ctx, dsn)
+	acquire(t, ctx, c, "job-42", "worker-a1", time.Minute)
+
+	wantExit(t, ctx, e, exitNotFound, "get", "never")
+	_, errs := wantExit(t, ctx, e, exitNotFound, "release", "--force", "never")
+	if !strings.Contains(errs, "never leased") {
+		t.Fatalf("release --force never: %q", errs)
+	}
+	out := mustRun(t, ctx, e, "release", "job-42", "--force")
+	if !strings.Contains(out, "released (was held by worker-a1)") || !strings.Contains(out, "epoch counter now 2") {
+		t.Fatalf("release --force: %q", out)
+	}
+	if _, err := c.Renew(ctx, lease.Token{Key: "job-42", Owner: "worker-a1", Epoch: 1}, time.Minute); err == nil {
+		t.Fatal("the fenced holder could still renew")
+	}
+	if out := mustRun(t, ctx, e, "release", "--force", "job-42"); !strings.Contains(out, "not held") {
+		t.Fatalf("second release --force: %q", out)
+	}
+}
+
+// Issue 16: every 42501 hinted GRANT EXECUTE ON FUNCTION lease.force_release,
+// install's included.
+func TestPermissionHintPerOperation(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := leaseDB(t)
+	app := role(t, ctx, "pglease_app")
+	ae := dsnEnv(pgtest.WithUser(dsn, app))
+	_, c := connect(t, ctx, dsn)
+	acquire(t, ctx, c, "job-42", "worker-a1", time.Minute)
+
+	_, errs := wantExit(t, ctx, ae, exitDenied, "release", "--force", "job-42")
+	if !strings.Contains(errs, "permission denied") || !strings.Contains(errs, "GRANT EXECUTE ON FUNCTION lease.force_release(text) TO "+app) {
+		t.Errorf("release --force without the grant: %q", errs)
+	}
+	_, errs = wantExit(t, ctx, ae, exitDenied, "cleanup", "--free-for", "1h")
+	if !strings.Contains(errs, "GRANT EXECUTE ON FUNCTION lease.cleanup(interval, integer) TO "+app) || strings.Contains(errs, "force_release") {
+		t.Errorf("cleanup without the grant: %q", errs)
+	}
+	// install in a database where the role may not create: the install hint.
+	// (PUBLIC has no CREATE on a database.)
+	fresh := freshDB(t)
+	_, errs = wantExit(t, ctx, dsnEnv(pgtest.WithUser(fresh, app)), exitDenied, "install", "--schema-only")
+	if !strings.Contains(errs, "CREATE ON DATABASE") || strings.Contains(errs, "force_release") {
+		t.Errorf("install without CREATE: %q", errs)
+	}
+	// The role still reads: get works, the key shown held.
+	if rows := tableRows(mustRun(t, ctx, ae, "get", "job-42")); rows[1][2] != "held" {
+		t.Errorf("get as app: %q", rows)
+	}
+}
+
+func TestNotInstalledAndVersionSkew(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := freshDB(t)
+	e := dsnEnv(dsn)
+	for _, args := range [][]string{{"list"}, {"get", "k"}, {"release", "--force", "k"}, {"cleanup", "--free-for", "1h"}, {"lock", "k", "--", "true"}} {
+		_, errs := wantExit(t, ctx, e, exitNotInstalled, args...)
+		if !strings.Contains(errs, "not installed") || !strings.Contains(errs, "hint: run `pglease install`") {
+			t.Errorf("%q before install: %q", args, errs)
+		}
+	}
+	out := mustRun(t, ctx, e, "version")
+	if !strings.Contains(out, "sql:     not installed") {
+		t.Fatalf("version before install: %q", out)
+	}
+	conn, _ := connect(t, ctx, dsn)
+	if _, err := conn.Exec(ctx, "CREATE EXTENSION pg_lease VERSION '0.1.0'"); err != nil {
+		t.Fatal(err)
+	}
+	if out := mustRun(t, ctx, e, "version"); !strings.Contains(out, "0.1.0 (extension)  (differs from the "+lease.Version) {
+		t.Fatalf("version with 0.1.0 installed: %q", out)
+	}
+	_, errs := wantExit(t, ctx, e, exitIncompatible, "cleanup", "--free-for", "1h")
+	if !strings.Contains(errs, "0.1.0 has no lease.cleanup") || !strings.Contains(errs, "hint: update it with `pglease install`") {
+		t.Fatalf("cleanup on 0.1.0: %q", errs)
+	}
+	if out := mustRun(t, ctx, e, "install"); !strings.Contains(out, "pg_lease "+lease.Version+" installed (extension)") {
+		t.Fatalf("install over 0.1.0: %q", out)
+	}
+	mustRun(t, ctx, e, "cleanup", "--free-for", "1h")
+
+	// A newer version than this pglease ships is refused: exit 6.
+	newer := dsnEnv(freshDB(t))
+	nconn, _ := connect(t, ctx, newer["PGLEASE_DSN"])
+	if _, err := nconn.Exec(ctx, `CREATE SCHEMA lease; CREATE FUNCTION lease.version() RETURNS text LANGUAGE sql AS $$ SELECT '9.9.9'::text $$`); err != nil {
+		t.Fatal(err)
+	}
+	_, errs = wantExit(t, ctx, newer, exitIncompatible, "install", "--schema-only")
+	if !strings.Contains(errs, "9.9.9") || !strings.Contains(errs, "hint: this pglease ships pg_lease "+lease.Version) {
+		t.Errorf("install over a newer version: %q", errs)
+	}
+}
+
+// The argument parsing is reachable without a server (the fuzz target's
+// entry point): connectFn is the only way out.
+func TestArgumentParsingReachesNoServer(t *testing.T) {
+	errNoServer := errors.New("no server in this test")
+	for _, args := range [][]string{{}, {"get", "k", "-o", "wide"}, {"list", "--no-headers"}, {"watch", "-o", "json", "a", "b"}, {"lock", "k", "--", "true"}, {"cleanup", "--free-for", "1h"}, {"get", "--bogus"}} {
+		var out, errb syncBuffer
+		root, a := newRootCmd(&out, &errb, func(string) string { return "" })
+		dialed := false
+		a.connectFn = func(context.Context, *pgx.ConnConfig) (*pgx.Conn, error) { dialed = true; return nil, errNoServer }
+		root.SetArgs(args)
+		cmd, err := root.ExecuteContextC(t.Context())
+		code := a.exit(cmd, err)
+		switch {
+		case len(args) == 0 && (code != exitOK || !strings.Contains(out.String(), "Usage:")):
+			t.Errorf("pglease without arguments: exit %d, %q: want the help, exit 0", code, out.String())
+		case len(args) > 0 && args[len(args)-1] == "--bogus" && (code != exitUsage || dialed):
+			t.Errorf("%q: exit %d, dialed %v", args, code, dialed)
+		case len(args) > 0 && args[len(args)-1] != "--bogus" && (code != exitError || !dialed || !errors.Is(err, errNoServer)):
+			t.Errorf("%q: exit %d, dialed %v, err %v: want the connection refused through connectFn", args, code, dialed, err)
+		}
+	}
+}
+
+func TestInstallBothModes(t *testing.T) {
 	for _, mode := range []struct {
 		args []string
 		want string
 	}{{[]string{"install"}, "(extension)"}, {[]string{"install", "--schema-only"}, "(schema)"}} {
 		t.Run(strings.Join(mode.args, " "), func(t *testing.T) {
 			ctx := testCtx(t)
-			dsn := freshDB(t)
-			// Before install: a clear error and its own exit code.
-			code, _, errs := pglease(t, ctx, dsn, "list")
-			if code != exitNotInstalled || !strings.Contains(errs, "not installed") || !strings.Contains(errs, "pglease install") {
-				t.Fatalf("list before install: exit %d, stderr %q; want exit %d naming the fix", code, errs, exitNotInstalled)
-			}
-			out := mustRun(t, ctx, dsn, mode.args...)
+			e := dsnEnv(freshDB(t))
+			out := mustRun(t, ctx, e, mode.args...)
 			if !strings.Contains(out, "pg_lease "+lease.Version+" installed "+mode.want) {
 				t.Fatalf("install output %q", out)
 			}
-			// Idempotent.
-			mustRun(t, ctx, dsn, mode.args...)
-			out = mustRun(t, ctx, dsn, "version")
-			for _, want := range []string{"client:  " + lease.Version, "sql:     " + lease.Version + " " + mode.want, "server:  PostgreSQL "} {
-				if !strings.Contains(out, want) {
-					t.Fatalf("version output %q lacks %q", out, want)
-				}
+			mustRun(t, ctx, e, mode.args...) // idempotent
+			out = mustRun(t, ctx, e, "version")
+			if !strings.Contains(out, "sql:     "+lease.Version+" "+mode.want) || !strings.Contains(out, "server:  PostgreSQL ") {
+				t.Fatalf("version output %q", out)
 			}
 		})
 	}
 }
 
-func TestGetListFormats(t *testing.T) {
+func TestCleanup(t *testing.T) {
 	ctx := testCtx(t)
-	dsn := freshDB(t)
-	mustRun(t, ctx, dsn, "install")
-	c := connect(t, ctx, dsn)
-	g, ok, err := c.Acquire(ctx, "job-42", "worker-a1", time.Minute)
-	if err != nil || !ok {
-		t.Fatalf("acquire: %v %v", ok, err)
-	}
-	if _, ok, err := c.Acquire(ctx, "job-43", "worker-b2", time.Minute); err != nil || !ok {
-		t.Fatalf("acquire: %v %v", ok, err)
-	}
-	if err := c.Release(ctx, lease.Token{Key: "job-43", Owner: "worker-b2", Epoch: 1}); err != nil {
-		t.Fatal(err)
-	}
-
-	out := mustRun(t, ctx, dsn, "get", "job-42")
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) != 2 || !strings.HasPrefix(lines[0], "KEY") || !strings.Contains(lines[0], "REMAINING") {
-		t.Fatalf("get table: %q", out)
-	}
-	if f := strings.Fields(lines[1]); f[0] != "job-42" || f[1] != "worker-a1" || f[2] != "1" {
-		t.Fatalf("get row: %q", lines[1])
-	}
-
-	var one row
-	if err := json.Unmarshal([]byte(mustRun(t, ctx, dsn, "get", "job-42", "-o", "json")), &one); err != nil {
-		t.Fatal(err)
-	}
-	if !one.Held || one.Holder != "worker-a1" || one.Epoch != g.Epoch || one.ExpiresAt == nil || !one.ExpiresAt.Equal(g.ExpiresAt) {
-		t.Fatalf("get -o json: %+v, grant %+v", one, g)
-	}
-
-	var all []row
-	if err := yaml.Unmarshal([]byte(mustRun(t, ctx, dsn, "list", "-o", "yaml")), &all); err != nil {
-		t.Fatal(err)
-	}
-	if len(all) != 2 || all[0].Key != "job-42" || !all[0].Held || all[1].Key != "job-43" || all[1].Held || all[1].Epoch != 2 || all[1].Holder != "" {
-		t.Fatalf("list -o yaml: %+v", all)
-	}
-	out = mustRun(t, ctx, dsn, "list")
-	if !strings.Contains(out, "job-43") || !strings.Contains(out, "<none>") {
-		t.Fatalf("list table: %q", out)
-	}
-
-	// A never-leased key, a bad key, a bad format: distinct exit codes.
-	if code, _, errs := pglease(t, ctx, dsn, "get", "nope"); code != exitNotFound || !strings.Contains(errs, "never leased") {
-		t.Fatalf("get never-leased: exit %d %q", code, errs)
-	}
-	if code, _, errs := pglease(t, ctx, dsn, "get", ""); code != exitUsage || !strings.Contains(errs, "invalid key") {
-		t.Fatalf("get empty key: exit %d %q", code, errs)
-	}
-	if code, _, errs := pglease(t, ctx, dsn, "get", strings.Repeat("k", 1025)); code != exitUsage || !strings.Contains(errs, "invalid key") {
-		t.Fatalf("get long key: exit %d %q", code, errs)
-	}
-	if code, _, _ := pglease(t, ctx, dsn, "list", "-o", "xml"); code != exitUsage {
-		t.Fatalf("list -o xml: exit %d", code)
-	}
-	if code, _, _ := pglease(t, ctx, dsn, "frobnicate"); code != exitUsage {
-		t.Fatalf("unknown command: exit %d", code)
-	}
-}
-
-func TestForceReleaseGrantedAndRefused(t *testing.T) {
-	ctx := testCtx(t)
-	dsn := freshDB(t)
-	mustRun(t, ctx, dsn, "install")
-	srv := pgtest.Shared(t)
-	suffix := fmt.Sprintf("%d", time.Now().UnixNano())
-	operator, other := "pglease_operator_"+suffix, "pglease_other_"+suffix
-	for _, r := range []string{operator, other} {
-		if err := srv.CreateRole(ctx, r, "LOGIN NOSUPERUSER"); err != nil {
+	dsn := leaseDB(t)
+	e := dsnEnv(dsn)
+	_, c := connect(t, ctx, dsn)
+	for i := range 3 {
+		k := fmt.Sprintf("job-%d", i)
+		acquire(t, ctx, c, k, "w", time.Minute)
+		if err := c.Release(ctx, lease.Token{Key: k, Owner: "w", Epoch: 1}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	admin, err := pgx.Connect(ctx, dsn)
+	acquire(t, ctx, c, "held", "w", time.Minute)
+	out := mustRun(t, ctx, e, "cleanup", "--free-for", "0s", "--max-rows", "2")
+	if !strings.Contains(out, "removed 2 key(s)") || !strings.Contains(out, "epoch floor 2") {
+		t.Fatalf("cleanup: %q", out)
+	}
+	if out := mustRun(t, ctx, e, "cleanup", "--free-for", "0s"); !strings.Contains(out, "removed 1 key(s)") {
+		t.Fatalf("second cleanup: %q", out)
+	}
+	if out := mustRun(t, ctx, e, "list", "-o", "name"); out != "held\n" {
+		t.Fatalf("after cleanup: %q", out)
+	}
+}
+
+// Issue 16: every connection error started with `tls error: server refused
+// TLS connection`, and a refused connection said it twice.
+func TestConnectionErrorsAreOneLine(t *testing.T) {
+	ctx := testCtx(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "GRANT EXECUTE ON FUNCTION lease.force_release(text) TO "+operator); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		c, err := pgx.Connect(context.Background(), dsn)
-		if err == nil {
-			c.Exec(context.Background(), "REVOKE ALL ON FUNCTION lease.force_release(text) FROM "+operator)
-			c.Close(context.Background())
-		}
-	})
-	c := lease.New(admin)
-	if _, ok, err := c.Acquire(ctx, "job-42", "worker-a1", time.Minute); err != nil || !ok {
-		t.Fatalf("acquire: %v %v", ok, err)
-	}
-
-	// Without --force: refused, nothing changed.
-	if code, _, errs := pglease(t, ctx, pgtest.WithUser(dsn, operator), "release", "job-42"); code != exitUsage || !strings.Contains(errs, "--force") {
-		t.Fatalf("release without --force: exit %d %q", code, errs)
-	}
-	// A role without the grant: permission denied, its own exit code, nothing changed.
-	code, _, errs := pglease(t, ctx, pgtest.WithUser(dsn, other), "release", "--force", "job-42")
-	if code != exitDenied || !strings.Contains(errs, "permission denied") || !strings.Contains(errs, "GRANT EXECUTE") {
-		t.Fatalf("release --force as %s: exit %d %q", other, code, errs)
-	}
-	if s, err := c.Inspect(ctx, "job-42"); err != nil || !s.Held || s.Epoch != 1 {
-		t.Fatalf("after refused release: %+v %v", s, err)
-	}
-	// The granted role frees it and fences the holder.
-	out := mustRun(t, ctx, pgtest.WithUser(dsn, operator), "release", "--force", "job-42")
-	if !strings.Contains(out, "released (was held by worker-a1)") || !strings.Contains(out, "epoch counter now 2") {
-		t.Fatalf("release --force output %q", out)
-	}
-	if _, err := c.Renew(ctx, lease.Token{Key: "job-42", Owner: "worker-a1", Epoch: 1}, time.Minute); err == nil {
-		t.Fatal("the fenced holder could still renew")
-	}
-	out = mustRun(t, ctx, pgtest.WithUser(dsn, operator), "release", "job-42", "--force")
-	if !strings.Contains(out, "not held") {
-		t.Fatalf("second release --force: %q", out)
-	}
-}
-
-func TestWatchShowsALeaseMovingBetweenHolders(t *testing.T) {
-	ctx := testCtx(t)
-	dsn := freshDB(t)
-	mustRun(t, ctx, dsn, "install")
-	c := connect(t, ctx, dsn)
-	if _, ok, err := c.Acquire(ctx, "job-42", "worker-a1", time.Minute); err != nil || !ok {
-		t.Fatalf("acquire: %v %v", ok, err)
-	}
-
-	wctx, stop := context.WithCancel(ctx)
-	var out, errb syncBuffer
-	done := make(chan int, 1)
-	go func() {
-		done <- run(wctx, []string{"--dsn", dsn, "watch", "job-42"}, &out, &errb, func(string) string { return "" })
-	}()
-	waitFor := func(what string) {
-		t.Helper()
-		deadline := time.Now().Add(20 * time.Second)
-		for !strings.Contains(out.String(), what) {
-			if time.Now().After(deadline) {
-				t.Fatalf("watch output never showed %q:\n%s\nstderr: %s", what, out.String(), errb.String())
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
-	waitFor("held           job-42  holder=worker-a1 epoch=1")
-
-	// a1 releases, b2 acquires with a short TTL and lets it lapse, a1 takes over.
-	if err := c.Release(ctx, lease.Token{Key: "job-42", Owner: "worker-a1", Epoch: 1}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor("released       job-42  holder=worker-a1 epoch=1")
-	if _, ok, err := c.Acquire(ctx, "job-42", "worker-b2", 500*time.Millisecond); err != nil || !ok {
-		t.Fatalf("acquire b2: %v %v", ok, err)
-	}
-	waitFor("acquired       job-42  holder=worker-b2 epoch=3")
-	waitFor("lapsed         job-42  holder=worker-b2 epoch=3")
-	if _, ok, err := c.Acquire(ctx, "job-42", "worker-a1", time.Minute); err != nil || !ok {
-		t.Fatalf("takeover by a1: %v %v", ok, err)
-	}
-	waitFor("takeover       job-42  holder=worker-a1 epoch=4")
-	// Another key is not shown.
-	if _, ok, err := c.Acquire(ctx, "job-43", "worker-a1", time.Minute); err != nil || !ok {
-		t.Fatal(ok, err)
-	}
-	time.Sleep(200 * time.Millisecond)
-	stop()
-	if code := <-done; code != exitOK {
-		t.Fatalf("watch exit %d: %s", code, errb.String())
-	}
-	if strings.Contains(out.String(), "job-43") {
-		t.Fatalf("watch job-42 showed job-43:\n%s", out.String())
-	}
-}
-
-func TestPasswordNeverPrinted(t *testing.T) {
-	ctx := testCtx(t)
-	const secret = "s3cr3t-Pa55w0rd"
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close() // nothing listens there now
 	srv := pgtest.Shared(t)
-	// A database that does not exist: the connection error must not leak the password.
-	dsn := fmt.Sprintf("postgres://postgres:%s@127.0.0.1:%d/no_such_db_%d?sslmode=disable", secret, srvPort(t, srv), time.Now().UnixNano())
-	code, out, errs := pglease(t, ctx, dsn, "-v", "list")
-	if code == exitOK {
-		t.Fatalf("list against a missing database succeeded: %s", out)
-	}
-	if strings.Contains(out+errs, secret) {
-		t.Fatalf("password printed:\nstdout: %s\nstderr: %s", out, errs)
-	}
-	if !strings.Contains(errs, "connecting to host=127.0.0.1") {
-		t.Fatalf("-v did not say where it connects: %q", errs)
-	}
-	// A malformed connection string with a password: usage error, no password.
-	code, out, errs = pglease(t, ctx, "postgres://u:"+secret+"@host:notaport/db", "list")
-	if code != exitUsage || strings.Contains(out+errs, secret) {
-		t.Fatalf("malformed dsn: exit %d, output %q %q", code, out, errs)
+	for _, tc := range []struct {
+		dsn, want string
+	}{
+		{fmt.Sprintf("postgres://u@127.0.0.1:%d/db?connect_timeout=5", port), "connection refused"},
+		{fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=no_such_db_%d", srv.Port(), time.Now().UnixNano()), "does not exist (SQLSTATE 3D000)"},
+	} {
+		_, errs := wantExit(t, ctx, dsnEnv(tc.dsn), exitError, "list")
+		if strings.Count(errs, "\n") != 1 || strings.Contains(errs, "tls error") || strings.Count(errs, tc.want) != 1 || !strings.HasPrefix(errs, "pglease: cannot connect: ") {
+			t.Errorf("connection error for %s: %q: want one line, no tls error, %q once", tc.dsn, errs, tc.want)
+		}
 	}
 }
 
-func srvPort(t *testing.T, s *pgtest.Server) uint16 {
-	t.Helper()
-	cfg, err := pgx.ParseConfig(s.DSN())
-	if err != nil {
-		t.Fatal(err)
+// Messages quote server text (a DETAIL naming a key); they stay one line.
+func TestSafeLine(t *testing.T) {
+	for in, want := range map[string]string{
+		"plain text, ключ":        "plain text, ключ",
+		"key \"a\tb\"\nnext":      `key "a\tb"\nnext`,
+		"esc \x1b[2J bidi \u202e": `esc \x1b[2J bidi \u202e`,
+	} {
+		if got := safeLine(in); got != want {
+			t.Errorf("safeLine(%q) = %q, want %q", in, got, want)
+		}
 	}
-	return cfg.Port
 }

@@ -2,152 +2,361 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/spf13/cobra"
+	"sigs.k8s.io/yaml"
 
 	"github.com/pglease/pg_lease/pkg/lease"
 )
 
-// watch streams what happens to keys (every key when none is named) until
-// interrupted: first the current state, then every grant, takeover, release
-// and lapse, and renewals. Grants and releases come from the notifications
-// that pg_lease sends on commit; a lapse sends nothing (expiry is lazy), nor
-// does a renewal, so watch re-reads a key when its known expiry passes on the
-// server's clock and reports either the lapse or the renewal it finds.
-func (c *cli) watch(ctx context.Context, conn *pgx.Conn, keys []string) error {
-	w, err := lease.NewWaiterConfig(ctx, c.cfg.Copy(), lease.WaiterOptions{})
+var watchFormats = []string{"table", "json", "yaml"}
+
+func (a *app) watchCmd() *cobra.Command {
+	var (
+		output string
+		poll   time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "watch [KEY...]",
+		Short: "Stream grants, takeovers, renewals, releases and lapses as they happen",
+		Long: `Print the current state of the keys (every key when none is named), then one line
+per change until interrupted: acquired, takeover (a grant after a lapse), renewed,
+released, force_released, lapsed.
+
+Grants and releases come from pg_lease's notifications (channel pg_lease) as they
+commit. Renewals and lapses send none: watch re-reads the keys every --poll (one
+query) and at each known expiry, so a renewal shows within --poll and a lapse at
+its expiry. When the server goes away (restart, failover) watch says so on
+stderr, reconnects with backoff, says so again, and shows what changed meanwhile.
+
+-o json prints one JSON object per line, -o yaml one document per event.`,
+		Example: `  pglease watch job-42 job-43
+  pglease watch -o json | jq .`,
+		Args: args(0, -1, "KEY..."),
+		RunE: a.runE("watch", func(cmd *cobra.Command, keys []string) error {
+			if !slices.Contains(watchFormats, output) {
+				return usagef("-o %s: want one of %s", quoteField(output), strings.Join(watchFormats, ", "))
+			}
+			for _, k := range keys {
+				if err := checkKey(k); err != nil {
+					return err
+				}
+			}
+			if poll < 0 {
+				return usagef("--poll %v: must not be negative", poll)
+			}
+			if len(keys) == 0 {
+				keys = nil
+			}
+			return a.watch(cmd.Context(), keys, output, poll)
+		}),
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: "+strings.Join(watchFormats, "|"))
+	cmd.Flags().DurationVar(&poll, "poll", time.Second, "re-read the keys this often to show renewals (0: only at each expiry)")
+	return cmd
+}
+
+// session is a connection that is re-opened after it is lost.
+type session struct {
+	a    *app
+	conn *pgx.Conn
+}
+
+func (s *session) get(ctx context.Context) (*pgx.Conn, error) {
+	if s.conn != nil && !s.conn.IsClosed() {
+		return s.conn, nil
+	}
+	s.drop()
+	c, err := s.a.connect(ctx)
 	if err != nil {
+		return nil, err
+	}
+	s.conn = c
+	return c, nil
+}
+
+func (s *session) drop() {
+	if s.conn != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = s.conn.Close(ctx)
+		cancel()
+		s.conn = nil
+	}
+}
+
+// connLost says whether err ended the connection (rather than being a
+// server's answer on a working one).
+func connLost(conn *pgx.Conn, err error) bool {
+	var ce *connectError
+	code := sqlState(err)
+	return conn == nil || conn.IsClosed() || errors.As(err, &ce) ||
+		strings.HasPrefix(code, "08") || strings.HasPrefix(code, "57P") || (code == "" && pgconn.SafeToRetry(err))
+}
+
+func connLostReason(err error) string {
+	var ce *connectError
+	if errors.As(err, &ce) {
+		return connectReason(ce.err)
+	}
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		return pg.Severity + ": " + pg.Message + " (SQLSTATE " + pg.Code + ")"
+	}
+	return oneLine(err.Error())
+}
+
+// watcher is one watch: what it knows of each key and how it prints.
+type watcher struct {
+	a      *app
+	format string
+	keys   []string // nil: every key
+	known  map[string]keyState
+	r      *reader
+	sess   *session
+}
+
+func (a *app) watch(ctx context.Context, keys []string, format string, poll time.Duration) error {
+	wt := &watcher{a: a, format: format, keys: keys, known: map[string]keyState{}, r: &reader{a: a}, sess: &session{a: a}}
+	defer wt.sess.drop()
+	if _, err := wt.sess.get(ctx); err != nil {
+		return err
+	}
+	w, err := lease.NewWaiterConfig(ctx, a.cfg.Copy(), lease.WaiterOptions{})
+	if err != nil {
+		var pce *pgconn.ConnectError
+		if errors.As(err, &pce) {
+			return &connectError{err: pce}
+		}
 		return err
 	}
 	defer w.Close()
-	events := w.Watch(ctx, keys...) // subscribe before reading the state: nothing is missed in between
-	client := lease.New(conn)
-	wanted := map[string]bool{}
-	for _, k := range keys {
-		wanted[k] = true
-	}
-
-	known := map[string]lease.State{}
-	resync := func() error {
-		states, err := client.List(ctx)
-		if err != nil {
-			return err
-		}
-		for _, s := range states {
-			if len(wanted) > 0 && !wanted[s.Key] {
-				continue
-			}
-			old, seen := known[s.Key]
-			if !seen || old.Held != s.Held || old.Epoch != s.Epoch || old.Owner != s.Owner {
-				kind := "free"
-				if s.Held {
-					kind = "held"
-				}
-				c.event(kind, s)
-			}
-			known[s.Key] = s
-		}
-		return nil
-	}
-	if err := resync(); err != nil {
-		return err
-	}
+	// Subscribe before reading the state: nothing is missed in between.
+	events := w.Watch(ctx, keys...)
 
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	resync := true
 	for {
-		// Wake at the earliest known expiry, on the local clock.
-		next, nextKey := time.Time{}, ""
-		off := w.ClockOffset()
-		for k, s := range known {
-			if !s.Held || off.IsZero() {
-				continue
+		if resync {
+			if err := wt.step(ctx, func(conn *pgx.Conn) error { return wt.resync(ctx, conn) }); err != nil {
+				return err
 			}
-			at := off.ToLocal(s.ExpiresAt).Add(off.RTT/2 + time.Millisecond)
-			if next.IsZero() || at.Before(next) {
-				next, nextKey = at, k
+			resync = false
+		}
+		// Wake at the next poll or the earliest expiry, whichever first.
+		wake := time.Hour
+		if poll > 0 {
+			wake = poll
+		}
+		for _, s := range wt.known {
+			if s.Held {
+				at := s.ReadAt.Add(s.ExpiresAt.Sub(s.ServerNow) + time.Millisecond)
+				wake = min(wake, time.Until(at))
 			}
 		}
-		wait := time.Hour
-		if !next.IsZero() {
-			wait = time.Until(next)
-		}
-		timer.Reset(max(wait, 0))
-
+		timer.Reset(max(wake, 0))
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-timer.C:
+			resync = true
 		case ev, ok := <-events:
 			if !ok {
 				return ctx.Err()
 			}
 			if ev.Type == lease.EventResync {
-				if err := resync(); err != nil {
-					return err
-				}
+				resync = true
 				continue
 			}
-			old := known[ev.Key]
-			s := lease.State{Key: ev.Key, Exists: true, Epoch: ev.Epoch}
-			kind := string(ev.Type)
-			switch ev.Type {
-			case lease.EventAcquired:
-				st, err := client.Inspect(ctx, ev.Key)
-				if err != nil {
-					return err
-				}
-				s = st
-				// A grant whose predecessor was never released (it lapsed,
-				// seen or not) is a takeover.
-				if ev.Type == lease.EventAcquired && old.Owner != "" {
-					kind = "takeover"
-				}
-				s.Owner = ev.Owner
-			case lease.EventReleased, lease.EventForceReleased:
-				s.Owner = ev.Owner
-				s.Epoch = ev.Epoch
-			}
-			c.event(kind, s)
-			if ev.Type == lease.EventReleased || ev.Type == lease.EventForceReleased {
-				s.Held, s.Owner = false, ""
-			}
-			known[ev.Key] = s
-		case <-timer.C:
-			if nextKey == "" {
-				continue
-			}
-			s, err := client.Inspect(ctx, nextKey)
-			if err != nil {
+			if err := wt.step(ctx, func(conn *pgx.Conn) error { return wt.notified(ctx, conn, ev) }); err != nil {
 				return err
-			}
-			old := known[nextKey]
-			if !s.Held && old.Held && s.Epoch == old.Epoch {
-				old.Held = false // keep Owner: the next grant is a takeover
-				c.event("lapsed", old)
-				known[nextKey] = old
-			} else {
-				if s.Held && old.Held && s.Epoch == old.Epoch && s.ExpiresAt.After(old.ExpiresAt) {
-					// Renewals send no notification: seen when the old expiry passes.
-					c.event("renewed", s)
-				}
-				known[nextKey] = s
 			}
 		}
 	}
 }
 
-// event prints one line: local time, what happened, key, holder, epoch and,
-// for a held key, its server-time expiry.
-func (c *cli) event(kind string, s lease.State) {
-	holder := s.Owner
-	if holder == "" {
-		holder = "<none>"
+// step runs f on the session's connection; when the connection is lost it
+// says so, reconnects (with backoff, until ctx ends), says so, and re-reads
+// the state.
+func (wt *watcher) step(ctx context.Context, f func(*pgx.Conn) error) error {
+	conn, err := wt.sess.get(ctx)
+	if err == nil {
+		err = f(conn)
 	}
-	line := fmt.Sprintf("%s  %-14s %s  holder=%s epoch=%d", time.Now().UTC().Format("15:04:05.000"), kind, s.Key, holder, s.Epoch)
+	if err == nil || ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if !connLost(conn, err) {
+		return err
+	}
+	wt.a.warnf("watch: connection lost (%s); reconnecting", connLostReason(err))
+	backoff := 100 * time.Millisecond
+	for {
+		wt.sess.drop()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+		conn, err := wt.sess.get(ctx)
+		if err != nil {
+			wt.a.logf("watch: reconnecting: %s", connLostReason(err))
+			continue
+		}
+		wt.r.rowsOK = nil // probe again: the server may be another one
+		if err := wt.resync(ctx, conn); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if connLost(conn, err) {
+				continue
+			}
+			return err
+		}
+		wt.a.warnf("watch: reconnected; state re-read (changes while disconnected are shown as found)")
+		return nil
+	}
+}
+
+// resync reads the watched keys and prints what changed since last known.
+func (wt *watcher) resync(ctx context.Context, conn *pgx.Conn) error {
+	states, err := wt.r.readKeys(ctx, conn, wt.keys)
+	if err != nil {
+		return err
+	}
+	for _, n := range states {
+		o, seen := wt.known[n.Key]
+		wt.known[n.Key] = wt.diff(o, seen, n)
+	}
+	return nil
+}
+
+// diff prints the change from o to n and returns what to remember.
+func (wt *watcher) diff(o keyState, seen bool, n keyState) keyState {
+	switch {
+	case !seen:
+		wt.print(n.Status, n, n.Holder)
+	case n.Held && o.Held && n.Epoch == o.Epoch:
+		if n.ExpiresAt.After(o.ExpiresAt) {
+			wt.print("renewed", n, n.Holder)
+		}
+	case n.Held:
+		kind := "acquired"
+		if o.Held || o.Status == statusLapsed {
+			kind = "takeover" // the previous grant ended without a release
+		}
+		wt.print(kind, n, n.Holder)
+	case o.Held && n.Epoch == o.Epoch:
+		// Same epoch, not held: the grant lapsed. The row may not be
+		// readable: the holder is the one watch saw.
+		n.Status, n.Holder = statusLapsed, o.Holder
+		if n.Since.IsZero() {
+			n.Since = o.ExpiresAt
+		}
+		wt.print("lapsed", n, o.Holder)
+	case o.Held:
+		// Released while no notification reached watch.
+		if n.Status == statusFree {
+			n.Status = statusReleased
+		}
+		wt.print("released", n, o.Holder)
+	case n.Epoch == o.Epoch && n.Status == statusFree:
+		// Nothing changed; keep what watch derived (lapsed, its holder).
+		o.ServerNow, o.ReadAt = n.ServerNow, n.ReadAt
+		return o
+	}
+	return n
+}
+
+// notified handles one notification: acquired (read the grant's expiry),
+// released or force_released (the notification names the holder).
+func (wt *watcher) notified(ctx context.Context, conn *pgx.Conn, ev lease.Event) error {
+	o, seen := wt.known[ev.Key]
+	if seen && o.Epoch > ev.Epoch {
+		return nil // older than what watch has already read
+	}
+	switch ev.Type {
+	case lease.EventAcquired:
+		if seen && o.Held && o.Epoch == ev.Epoch {
+			return nil // already read by a poll
+		}
+		states, err := wt.r.readKeys(ctx, conn, []string{ev.Key})
+		if err != nil {
+			return err
+		}
+		if len(states) == 1 && states[0].Held && states[0].Epoch == ev.Epoch {
+			wt.known[ev.Key] = wt.diff(o, true, states[0])
+			return nil
+		}
+		// Already gone again: print the grant from the notification, and
+		// the state found.
+		s := keyState{State: lease.State{Key: ev.Key, Exists: true, Epoch: ev.Epoch}, Status: "acquired"}
+		wt.print("acquired", s, ev.Owner)
+		if len(states) == 1 {
+			// Then what became of that grant (lapsed, released, taken over).
+			s.Held, s.Holder, s.Status = true, ev.Owner, statusHeld
+			wt.known[ev.Key] = wt.diff(s, true, states[0])
+		}
+	case lease.EventReleased, lease.EventForceReleased:
+		if seen && !o.Held && o.Epoch == ev.Epoch+1 {
+			return nil // a poll already saw the release
+		}
+		s := keyState{State: lease.State{Key: ev.Key, Exists: true, Epoch: ev.Epoch}, Status: statusReleased}
+		wt.print(string(ev.Type), s, ev.Owner)
+		s.Epoch = ev.Epoch + 1 // the release moved the counter past the grant
+		wt.known[ev.Key] = s
+	}
+	return nil
+}
+
+// event is one watch line in json and yaml.
+type event struct {
+	Time      time.Time  `json:"time"`
+	Event     string     `json:"event"`
+	Key       string     `json:"key"`
+	Holder    string     `json:"holder,omitempty"`
+	Epoch     int64      `json:"epoch"`
+	ExpiresAt *time.Time `json:"expiresAt,omitempty"`
+}
+
+func (wt *watcher) print(kind string, s keyState, holder string) {
+	now := time.Now().UTC()
+	switch wt.format {
+	case "json", "yaml":
+		e := event{Time: now, Event: kind, Key: s.Key, Holder: holder, Epoch: s.Epoch}
+		if s.Held {
+			e.ExpiresAt = tp(s.ExpiresAt)
+		}
+		var b []byte
+		if wt.format == "json" {
+			b, _ = json.Marshal(e)
+			b = append(b, '\n')
+		} else {
+			y, _ := yaml.Marshal(e)
+			b = append([]byte("---\n"), y...)
+		}
+		_, _ = wt.a.stdout.Write(b)
+		return
+	}
+	h := "<none>"
+	switch {
+	case holder != "":
+		h = quoteField(holder)
+	case s.Status == statusFree:
+		h = "<unknown>"
+	}
+	line := fmt.Sprintf("%s  %-14s %s  holder=%s epoch=%d", now.Format("15:04:05.000"), kind, quoteField(s.Key), h, s.Epoch)
 	if s.Held {
-		line += "  expires=" + s.ExpiresAt.UTC().Format(time.RFC3339Nano)
+		line += "  expires=" + stamp(s.ExpiresAt)
 	}
-	fmt.Fprintln(c.out, c.redact(line))
+	fmt.Fprintln(wt.a.stdout, line)
 }

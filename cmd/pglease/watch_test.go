@@ -1,0 +1,154 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/pkg/lease"
+)
+
+func TestWatchShowsALeaseMovingBetweenHolders(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := leaseDB(t)
+	_, c := connect(t, ctx, dsn)
+	acquire(t, ctx, c, "job-42", "worker-a1", time.Minute)
+
+	p := start(t, ctx, dsnEnv(dsn), "watch", "job-42")
+	p.waitFor(t, "held           job-42  holder=worker-a1 epoch=1", false)
+
+	// a1 releases, b2 acquires with a short TTL and lets it lapse, a1 takes over.
+	if err := c.Release(ctx, lease.Token{Key: "job-42", Owner: "worker-a1", Epoch: 1}); err != nil {
+		t.Fatal(err)
+	}
+	p.waitFor(t, "released       job-42  holder=worker-a1 epoch=1", false)
+	acquire(t, ctx, c, "job-42", "worker-b2", 500*time.Millisecond)
+	p.waitFor(t, "acquired       job-42  holder=worker-b2 epoch=3", false)
+	p.waitFor(t, "lapsed         job-42  holder=worker-b2 epoch=3", false)
+	acquire(t, ctx, c, "job-42", "worker-a1", time.Minute)
+	p.waitFor(t, "takeover       job-42  holder=worker-a1 epoch=4", false)
+	if _, _, _, err := c.ForceRelease(ctx, "job-42"); err != nil {
+		t.Fatal(err)
+	}
+	p.waitFor(t, "force_released job-42  holder=worker-a1 epoch=4", false)
+	// Another key is not shown.
+	acquire(t, ctx, c, "job-43", "worker-a1", time.Minute)
+	time.Sleep(200 * time.Millisecond)
+	p.stop()
+	if code := p.wait(t); code != exitOK {
+		t.Fatalf("watch exit %d: %s", code, p.err.String())
+	}
+	if strings.Contains(p.out.String(), "job-43") {
+		t.Fatalf("watch job-42 showed job-43:\n%s", p.out.String())
+	}
+}
+
+// Issue 16: watch showed a renewal only when the old expiry passed (renewals
+// send no notification). The grant here lasts 10 minutes: the renewal must
+// show long before.
+func TestWatchShowsRenewalsWhenTheyHappen(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := leaseDB(t)
+	_, c := connect(t, ctx, dsn)
+	g := acquire(t, ctx, c, "job-42", "worker-a1", 10*time.Minute)
+
+	p := start(t, ctx, dsnEnv(dsn), "watch", "--poll", "200ms")
+	p.waitFor(t, "held           job-42  holder=worker-a1 epoch=1", false)
+	if _, err := c.Renew(ctx, g.Token, 20*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	p.waitFor(t, "renewed        job-42  holder=worker-a1 epoch=1", false)
+	p.stop()
+	p.wait(t)
+}
+
+// Issue 16: watch exited when PostgreSQL restarted (FATAL: terminating
+// connection … 57P01, rc 1). It says so, reconnects, says so, and goes on.
+func TestWatchSurvivesServerRestart(t *testing.T) {
+	ctx := testCtx(t)
+	srv := pgtest.New(t)
+	if err := srv.InstallExtensionFiles(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dsn, err := srv.NewDatabase(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, ctx, dsnEnv(dsn), "install")
+	func() {
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		acquire(t, ctx, lease.New(conn), "job-42", "worker-a1", time.Minute)
+	}()
+
+	p := start(t, ctx, dsnEnv(dsn), "watch", "job-42")
+	p.waitFor(t, "held           job-42  holder=worker-a1 epoch=1", false)
+	if err := srv.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p.waitFor(t, "watch: connection lost", true)
+	p.waitFor(t, "watch: reconnected", true)
+
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	c := lease.New(conn)
+	if err := c.Release(ctx, lease.Token{Key: "job-42", Owner: "worker-a1", Epoch: 1}); err != nil {
+		t.Fatal(err)
+	}
+	p.waitFor(t, "job-42  holder=worker-a1 epoch=1", false)
+	acquire(t, ctx, c, "job-42", "worker-b2", time.Minute)
+	p.waitFor(t, "acquired       job-42  holder=worker-b2 epoch=3", false)
+	p.stop()
+	if code := p.wait(t); code != exitOK {
+		t.Fatalf("watch exit %d after the restart: %s", code, p.err.String())
+	}
+	if n := strings.Count(p.err.String(), "\n"); n != 2 {
+		t.Errorf("watch stderr: %d lines, want 2 (lost, reconnected):\n%s", n, p.err.String())
+	}
+	_ = context.Background
+}
+
+// A role that cannot read lease.leases: watch derives the lapse (same epoch,
+// no longer held) and keeps the holder it saw.
+func TestWatchDerivesTheLapseWithoutTheRow(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := leaseDB(t)
+	_, c := connect(t, ctx, dsn)
+	viewer := role(t, ctx, "pglease_watcher")
+	p := start(t, ctx, dsnEnv(pgtest.WithUser(dsn, viewer)), "-v", "watch", "job-42")
+	p.waitFor(t, "cannot read lease.leases", true) // the first read: watch is subscribed
+	acquire(t, ctx, c, "job-42", "worker-b2", 300*time.Millisecond)
+	p.waitFor(t, "acquired       job-42  holder=worker-b2 epoch=1", false)
+	p.waitFor(t, "lapsed         job-42  holder=worker-b2 epoch=1", false)
+	acquire(t, ctx, c, "job-42", "worker-a1", time.Minute)
+	p.waitFor(t, "takeover       job-42  holder=worker-a1 epoch=2", false)
+	p.stop()
+	if code := p.wait(t); code != exitOK {
+		t.Fatalf("watch exit %d: %s", code, p.err.String())
+	}
+}
+
+// A grant so short that it lapsed before watch read it still shows as
+// acquired, then lapsed.
+func TestWatchShowsAGrantThatLapsedBeforeItWasRead(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := leaseDB(t)
+	_, c := connect(t, ctx, dsn)
+	p := start(t, ctx, dsnEnv(dsn), "-v", "watch")
+	p.waitFor(t, "reading lease.leases directly", true) // the first read: watch is subscribed
+	acquire(t, ctx, c, "job-42", "worker-b2", time.Millisecond)
+	p.waitFor(t, "acquired       job-42  holder=worker-b2 epoch=1", false)
+	p.waitFor(t, "lapsed         job-42  holder=worker-b2 epoch=1", false)
+	p.stop()
+	p.wait(t)
+}
