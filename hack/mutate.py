@@ -76,6 +76,7 @@ EQUIV_FILE = os.path.join(REPO, 'hack', 'mutate-equivalent.txt')
 ALL_OPS = ['cmp', 'logic', 'not', 'int', 'bool', 'lock', 'clock', 'minmax', 'str',
            'inlist', 'stmt', 'attr', 'acl']
 ALL_SUITES = ['regression', 'isolation', 'go']
+SUITE_TIMEOUT = 240  # seconds; the unmodified suites take about 10-25 s each
 
 
 def die(msg, code=2):
@@ -524,8 +525,9 @@ def inner(args):
     env = dict(os.environ)
     env['PGISOLATIONTIMEOUT'] = '60'
     # a mutant that loops forever is ended by the server (the suites' own
-    # SETs still win), never hangs the run
-    env['PGOPTIONS'] = '-c statement_timeout=120s'
+    # SETs still win; no statement of theirs runs for 15 s), never hangs the
+    # run; a suite that still runs past SUITE_TIMEOUT counts as caught
+    env['PGOPTIONS'] = '-c statement_timeout=15s'
     results = []
     t_all = time.time()
     started = time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())
@@ -560,13 +562,13 @@ def inner(args):
                 log = os.path.join(out, '%s.%s.log' % (mid, s))
                 if s == 'regression':
                     rc = sh(['make', '-s', 'installcheck', 'ISOLATION=', 'PG_CONFIG=' + plan['pg_config']],
-                            log, env=env, timeout=900, cwd=work)
+                            log, env=env, timeout=SUITE_TIMEOUT, cwd=work)
                     for d in ('regression.diffs',):
                         if os.path.exists(os.path.join(work, d)):
                             shutil.copy(os.path.join(work, d), os.path.join(out, '%s.%s.diffs' % (mid, s)))
                 elif s == 'isolation':
                     rc = sh(['make', '-s', 'installcheck', 'REGRESS=', 'PG_CONFIG=' + plan['pg_config']],
-                            log, env=env, timeout=900, cwd=work)
+                            log, env=env, timeout=SUITE_TIMEOUT, cwd=work)
                     d = os.path.join(work, 'output_iso', 'regression.diffs')
                     if os.path.exists(d):
                         shutil.copy(d, os.path.join(out, '%s.%s.diffs' % (mid, s)))
@@ -575,8 +577,10 @@ def inner(args):
                     genv.pop('PGOPTIONS', None)
                     genv['PGLEASE_FUZZ_SQL'] = os.path.join(out, '%s.plain.sql' % mid)
                     rc = sh(['go', 'test', '-count=1', '-timeout', '10m', plan['go_pkg']], log,
-                            env=genv, timeout=900, cwd=REPO)
+                            env=genv, timeout=SUITE_TIMEOUT, cwd=REPO)
                 tests = failing_tests(log)
+                if rc == 124:
+                    tests = ['TIMEOUT(%ds)' % SUITE_TIMEOUT] + tests
                 r['suites'][s] = {'rc': rc, 'failed': tests, 'secs': round(time.time() - ts, 1)}
                 if rc != 0:
                     r['verdict'] = 'caught' if tests else 'error'
@@ -587,19 +591,21 @@ def inner(args):
                 r['verdict'] = 'pass'
         r['secs'] = round(time.time() - t0, 1)
         results.append(r)
+        if mid == 'control':
+            results += plan.get('prev', [])
         sdesc = ' '.join('%s=%s%s' % (k, 'fail' if v['rc'] else 'pass',
                                       '(%s)' % ','.join(v['failed'][:4]) if v['failed'] else '')
                          for k, v in r['suites'].items())
         print('[%d/%d] %-9s %-34s %5.0fs  %s  %s' % (i + 1, len(plan['mutants']), r['verdict'], mid, r['secs'],
                                                       m['what'][:60], sdesc), flush=True)
         json.dump({'results': results, 'secs': round(time.time() - t_all), 'started': started,
-                   'planned': len(plan['mutants']) - 1, 'seed': plan.get('seed'), 'max': plan.get('max')},
+                   'planned': len(plan['mutants']) - 1 + len(plan.get('prev', [])), 'seed': plan.get('seed'), 'max': plan.get('max')},
                   open(os.path.join(out, 'results.partial.json'), 'w'), indent=1)
         if mid == 'control' and r['verdict'] != 'pass':
             print('mutate: the control (unmodified SQL) did not pass: see %s/control.*.log' % out, flush=True)
             break
     json.dump({'results': results, 'secs': round(time.time() - t_all), 'started': started,
-               'planned': len(plan['mutants']) - 1, 'seed': plan.get('seed'), 'max': plan.get('max')},
+               'planned': len(plan['mutants']) - 1 + len(plan.get('prev', [])), 'seed': plan.get('seed'), 'max': plan.get('max')},
               open(os.path.join(out, 'results.inner.json'), 'w'), indent=1)
 
 
@@ -633,6 +639,10 @@ def main():
     ap.add_argument('--out', default=os.environ.get('MUTATE_OUT', '/tmp/pg_lease-mutate'))
     ap.add_argument('--bindir', default=os.environ.get('PGLEASE_PG_BINDIR', ''))
     ap.add_argument('--go-pkg', default='./test/fuzz')
+    ap.add_argument('--shuffle', action='store_true',
+                    help='run the selection in an order drawn with --seed (a run stopped early is then a sample)')
+    ap.add_argument('--resume', default='',
+                    help='results.partial.json of an earlier run: its mutants are not run again, their results kept')
     ap.add_argument('--report-only', action='store_true',
                     help='no run: the table of the (possibly unfinished) run in --out (results.partial.json)')
     ap.add_argument('--inner', action='store_true', help=argparse.SUPPRESS)
@@ -710,6 +720,21 @@ def main():
         selected = [m for m in mutants if m['id'] in keep]
         print('mutate: sampled %d of %d with --seed %d' % (len(selected), len(mutants), seed))
         args.seed = seed
+    prev = []
+    if args.resume:
+        try:
+            prev = [r for r in json.load(open(args.resume))['results'] if r['id'] != 'control']
+        except (OSError, ValueError, KeyError) as e:
+            die('--resume %s: %s' % (args.resume, e))
+        done = {r['id'] for r in prev}
+        prev = [r for r in prev if r['id'] in {m['id'] for m in selected}]
+        selected = [m for m in selected if m['id'] not in done]
+        print('mutate: --resume: %d results kept, %d mutants to run' % (len(prev), len(selected)))
+    if args.shuffle:
+        if args.seed is None:
+            args.seed = int(time.time())
+        random.Random(args.seed).shuffle(selected)
+        print('mutate: order shuffled with --seed %d' % args.seed)
     print('mutate: selection: ' + ','.join(m['id'] for m in selected), flush=True)
 
     # --- a private copy of the PostgreSQL installation ---
@@ -777,7 +802,7 @@ def main():
             plan_mutants.append({'id': m['id'], 'op': op, 'what': what, 'script': script, 'line': line,
                                  'unit': unit, 'files': files})
         base = order[0][len('pg_lease--'):-len('.sql')]
-        plan = {'seed': args.seed, 'max': args.max, 'out': args.out, 'extdir': extdir, 'work': work, 'bindir': sbin, 'pg_config': spgconfig,
+        plan = {'prev': prev, 'seed': args.seed, 'max': args.max, 'out': args.out, 'extdir': extdir, 'work': work, 'bindir': sbin, 'pg_config': spgconfig,
                 'suites': suites, 'go_pkg': args.go_pkg, 'control_files': control, 'mutants': plan_mutants,
                 'base': base}
         planfile = os.path.join(scratch, 'plan.json')

@@ -22,8 +22,17 @@ type rules struct {
 	maxTTLSeconds float64
 	// hasCleanup: lease.cleanup exists (0.2.0+).
 	hasCleanup bool
+	// publicFunctions: what every role may execute; operatorFunctions:
+	// what only the owner (and roles granted it) may. Functions named _*
+	// are internal: closed too.
+	publicFunctions, operatorFunctions []string
 
 	// Known deviations, accepted (and counted in the log) until fixed:
+	//
+	// defaultPrivilegesLeak (issue 15 item 3): default privileges that the
+	// installing role set for another role (not PUBLIC) apply to the
+	// extension's objects: the scripts revoke only from PUBLIC.
+	defaultPrivilegesLeak bool
 	//
 	// payloadOverflow (issue 15 item 6): a grant, release or force-release
 	// whose NOTIFY payload would reach 8000 bytes fails with 22023 "payload
@@ -35,19 +44,25 @@ type rules struct {
 	cleanupUnderflow bool
 }
 
+// api: the functions every role may call (0.1.0-0.3.0).
+var api = []string{"acquire", "renew", "release", "fence", "inspect", "list", "version"}
+
 // rulesFor returns the rules of the installed version (lease.version()).
 func rulesFor(version string) (rules, error) {
 	switch version {
 	case "0.1.0":
-		return rules{maxTextBytes: 1024, payloadOverflow: true}, nil
+		return rules{maxTextBytes: 1024, payloadOverflow: true, defaultPrivilegesLeak: true,
+			publicFunctions: api, operatorFunctions: []string{"force_release"}}, nil
 	case "0.2.0":
-		return rules{maxTextBytes: 1024, hasCleanup: true, payloadOverflow: true, cleanupUnderflow: true}, nil
+		return rules{maxTextBytes: 1024, hasCleanup: true, payloadOverflow: true, cleanupUnderflow: true, defaultPrivilegesLeak: true,
+			publicFunctions: api, operatorFunctions: []string{"force_release", "cleanup"}}, nil
 	case "0.3.0":
 		// From the 0.3.0 contract (/work/plan/ROUND.md): keys and owners that
 		// could overflow the payload are made impossible; ttl above the
 		// configured max_ttl (default 1 hour) is invalid input. Check against
 		// the sql branch's SQL-0.3.0 notes when it lands.
-		return rules{maxTextBytes: 1024, rejectControl: true, maxTTLSeconds: 3600, hasCleanup: true}, nil
+		return rules{maxTextBytes: 1024, rejectControl: true, maxTTLSeconds: 3600, hasCleanup: true,
+			publicFunctions: api, operatorFunctions: []string{"force_release", "cleanup", "configure"}}, nil
 	}
 	return rules{}, fmt.Errorf("no fuzz expectations for pg_lease %q: add its rules to test/fuzz/expect_test.go", version)
 }

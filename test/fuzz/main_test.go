@@ -31,13 +31,31 @@ type harness struct {
 	version string
 }
 
-func newHarness(tb testing.TB) *harness {
+func newHarness(tb testing.TB) *harness { return newHarnessWith(tb, "") }
+
+// newHarnessWith runs pre (SQL, as the superuser that then installs) in the
+// new database before pg_lease is installed there.
+func newHarnessWith(tb testing.TB, pre string) *harness {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var dsn string
+	runPre := func() {
+		if pre == "" {
+			return
+		}
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, pre); err != nil {
+			tb.Fatalf("before the install: %v", err)
+		}
+	}
 	if file := os.Getenv(EnvSQL); file != "" {
 		dsn = pgtest.NewDatabase(tb)
+		runPre()
 		b, err := os.ReadFile(file)
 		if err != nil {
 			tb.Fatalf("%s: %v", EnvSQL, err)
@@ -59,8 +77,23 @@ func newHarness(tb testing.TB) *harness {
 			tb.Fatalf("installing %s=%s as a plain schema: %v", EnvSQL, file, err)
 		}
 		tb.Logf("pg_lease installed from %s", file)
-	} else {
+	} else if pre == "" {
 		dsn = pgtest.NewLeaseDatabase(tb)
+	} else {
+		if err := pgtest.Shared(tb).InstallExtensionFiles(ctx); err != nil {
+			tb.Fatal(err)
+		}
+		dsn = pgtest.NewDatabase(tb)
+		runPre()
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		_, err = conn.Exec(ctx, "CREATE EXTENSION pg_lease")
+		conn.Close(ctx)
+		if err != nil {
+			tb.Fatal(err)
+		}
 	}
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
