@@ -259,3 +259,95 @@ func checkOtherRoles(t *testing.T, h *harness, role string) {
 		t.Errorf("schema lease: USAGE %v (want true), CREATE %v (want false) for a role with no grants", usage, create)
 	}
 }
+
+// TestConcurrentCleanupsKeepTheHighestFloor: two clean-ups at once, each
+// removing a different key, leave the epoch floor at the highest epoch
+// either removed, whichever commits last. The floor row's lock serializes
+// them; without it (cleanup.lock.8, cleanup's FOR UPDATE on lease.epoch_floor
+// removed) the second one, having read the floor before the first
+// committed, writes its own lower maximum over the first's, and a key the
+// first removed could be granted an epoch it already had.
+func TestConcurrentCleanupsKeepTheHighestFloor(t *testing.T) {
+	h := newHarness(t)
+	if !h.rules.hasCleanup {
+		t.Skipf("pg_lease %s has no lease.cleanup", h.version)
+	}
+	ctx := ctxFor(t)
+	c := h.client
+	cycle := func(key string, n int) { // n grants and releases
+		for i := 0; i < n; i++ {
+			g, ok, err := c.Acquire(ctx, key, "o", time.Hour)
+			if err != nil || !ok {
+				t.Fatal(ok, err)
+			}
+			if err := c.Release(ctx, g.Token); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	cycle("floor-a", 5) // free, counter 10
+	gb, ok, err := c.Acquire(ctx, "floor-b", "o", time.Hour)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	t1, err := h.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer t1.Rollback(context.Background())
+	var removed, floor int64
+	if err := t1.QueryRow(ctx, "SELECT removed, epoch_floor FROM lease.cleanup('0')").Scan(&removed, &floor); err != nil {
+		t.Fatal(err)
+	}
+	if removed != 1 || floor != 10 {
+		t.Fatalf("first clean-up: removed %d, floor %d; want 1, 10", removed, floor)
+	}
+	if err := c.Release(ctx, gb.Token); err != nil { // floor-b free now, counter 2
+		t.Fatal(err)
+	}
+	conn2, err := h.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn2.Release()
+	var pid int
+	if err := conn2.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := conn2.Exec(ctx, "SELECT lease.cleanup('0')")
+		done <- err
+	}()
+	for { // the second clean-up waits for the first (on the floor row)
+		var waiting bool
+		if err := h.pool.QueryRow(ctx, "SELECT wait_event_type IS NOT DISTINCT FROM 'Lock' FROM pg_stat_activity WHERE pid = $1",
+			pid).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("the second clean-up did not wait for the first: %v", err)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	if err := t1.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := h.pool.QueryRow(ctx, "SELECT floor FROM lease.epoch_floor").Scan(&floor); err != nil {
+		t.Fatal(err)
+	}
+	if floor != 10 {
+		t.Fatalf("floor after both clean-ups: %d, want 10 (the highest epoch removed)", floor)
+	}
+	g, ok, err := c.Acquire(ctx, "floor-a", "o", time.Hour)
+	if err != nil || !ok || g.Epoch <= 10 {
+		t.Fatalf("floor-a after clean-up: %v %v %v, want an epoch above 10", g.Token, ok, err)
+	}
+}
