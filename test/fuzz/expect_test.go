@@ -22,6 +22,10 @@ type rules struct {
 	maxTTLSeconds float64
 	// hasCleanup: lease.cleanup exists (0.2.0+).
 	hasCleanup bool
+	// ttlPlusWait: acquire refuses a ttl + wait that would overflow
+	// timestamptz from now (0.3.0+); freeForLowerBound: cleanup refuses a
+	// free_for reaching before timestamptz's lower bound from now (0.3.0+).
+	ttlPlusWait, freeForLowerBound bool
 	// publicFunctions: what every role may execute; operatorFunctions:
 	// what only the owner (and roles granted it) may. Functions named _*
 	// are internal: closed too.
@@ -57,12 +61,15 @@ func rulesFor(version string) (rules, error) {
 		return rules{maxTextBytes: 1024, hasCleanup: true, payloadOverflow: true, cleanupUnderflow: true, defaultPrivilegesLeak: true,
 			publicFunctions: api, operatorFunctions: []string{"force_release", "cleanup"}}, nil
 	case "0.3.0":
-		// From the 0.3.0 contract (/work/plan/ROUND.md): keys and owners that
-		// could overflow the payload are made impossible; ttl above the
-		// configured max_ttl (default 1 hour) is invalid input. Check against
-		// the sql branch's SQL-0.3.0 notes when it lands.
+		// The sql branch's 0.3.0 notes: control characters (U+0001-U+001F,
+		// U+007F) in key or owner, ttl above max_ttl (default 1 hour), ttl +
+		// wait past timestamptz, and a free_for reaching before its lower
+		// bound are invalid input; lease.status is new for every role,
+		// lease.configure for operators.
 		return rules{maxTextBytes: 1024, rejectControl: true, maxTTLSeconds: 3600, hasCleanup: true,
-			publicFunctions: api, operatorFunctions: []string{"force_release", "cleanup", "configure"}}, nil
+			ttlPlusWait: true, freeForLowerBound: true,
+			publicFunctions:   append([]string{"status"}, api...),
+			operatorFunctions: []string{"force_release", "cleanup", "configure"}}, nil
 	}
 	return rules{}, fmt.Errorf("no fuzz expectations for pg_lease %q: add its rules to test/fuzz/expect_test.go", version)
 }
@@ -159,6 +166,17 @@ func (r rules) durationViolation(what string, v interval, positive bool) (string
 		return what + " is above max_ttl", invalid
 	}
 	return "", valid
+}
+
+// bound: the verdict of a value d seconds beyond a moving bound.
+func bound(d float64) verdict {
+	switch {
+	case d >= fuzzy:
+		return invalid
+	case d > -fuzzy:
+		return either
+	}
+	return valid
 }
 
 // violations collects the argument violations of one call: the names of the

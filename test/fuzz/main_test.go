@@ -29,6 +29,8 @@ type harness struct {
 	client  *lease.Client
 	rules   rules
 	version string
+	// snapshotSQL reads every table of schema lease (built on first use)
+	snapshotSQL string
 }
 
 func newHarness(tb testing.TB) *harness { return newHarnessWith(tb, "") }
@@ -121,15 +123,27 @@ func ctxFor(t *testing.T) context.Context {
 	return ctx
 }
 
-// snapshot is the whole persistent state: every lease row and the floor.
+// snapshot is the whole persistent state: every row of every table of
+// schema lease (leases, the epoch floor, and whatever state a later version
+// keeps), each table's rows in a fixed order.
 func (h *harness) snapshot(t *testing.T) string {
 	t.Helper()
-	var s string
-	q := `SELECT coalesce((SELECT string_agg(l::text, E'\n' ORDER BY l.key COLLATE "C") FROM lease.leases l), '')`
-	if h.rules.hasCleanup {
-		q += ` || E'\nfloor ' || (SELECT f.floor FROM lease.epoch_floor f)`
+	ctx := ctxFor(t)
+	if h.snapshotSQL == "" {
+		rows, err := h.pool.Query(ctx, `SELECT format($f$SELECT %L || E':\n' || coalesce(string_agg(t::text, E'\n' ORDER BY t::text COLLATE "C"), '') FROM %s t$f$,
+			c.oid::regclass::text, c.oid::regclass)
+			FROM pg_class c WHERE c.relnamespace = 'lease'::regnamespace AND c.relkind IN ('r', 'p') ORDER BY c.relname`)
+		if err != nil {
+			t.Fatalf("snapshot: %v", err)
+		}
+		parts, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil || len(parts) == 0 {
+			t.Fatalf("snapshot: %d tables, %v", len(parts), err)
+		}
+		h.snapshotSQL = "SELECT (" + strings.Join(parts, `) || E'\n' || (`) + ")"
 	}
-	if err := h.pool.QueryRow(ctxFor(t), q).Scan(&s); err != nil {
+	var s string
+	if err := h.pool.QueryRow(ctx, h.snapshotSQL).Scan(&s); err != nil {
 		t.Fatalf("snapshot: %v", err)
 	}
 	return s

@@ -188,6 +188,9 @@ func (h *harness) fuzzSQL(t *testing.T, fn, nulls, pre uint8, key, owner string,
 	switch {
 	case fn == fnCleanup:
 		vs.duration(r, "free_for", ttl, false)
+		if r.freeForLowerBound && !ttl.null && ttl.finite {
+			vs.add("free_for", "free_for is too large (lower bound)", bound(ttl.secs-ttl.lower))
+		}
 		if pm == nil {
 			vs.add("max_rows", "max_rows must not be NULL", invalid)
 		} else if *pm < 1 {
@@ -198,6 +201,9 @@ func (h *harness) fuzzSQL(t *testing.T, fn, nulls, pre uint8, key, owner string,
 	}
 	if takesWait {
 		vs.duration(r, "wait", wait, false)
+		if r.ttlPlusWait && vs.verdict == valid && !ttl.null && !wait.null {
+			vs.add("ttl", "ttl + wait would overflow", bound(ttl.secs+wait.secs-ttl.upper))
+		}
 	}
 
 	// The starting state, through pkg/lease (only for a valid key and owner).
