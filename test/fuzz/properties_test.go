@@ -359,3 +359,89 @@ func TestConcurrentCleanupsKeepTheHighestFloor(t *testing.T) {
 		t.Fatalf("floor-a after clean-up: %v %v %v, want an epoch above 10", g.Token, ok, err)
 	}
 }
+
+// TestFirstGrantAboveAFloorRaisedWhileItWaited: a first grant that waited
+// for another session's uncommitted first grant of the same key (which then
+// rolled back) carries an epoch above the epoch floor as it is when the
+// grant is made, not as it was when its INSERT began: a clean-up of another
+// key committed during the wait raised it. Kills acquire.stmt.7 (the
+// re-read of the floor after the INSERT, and the UPDATE above it, removed).
+func TestFirstGrantAboveAFloorRaisedWhileItWaited(t *testing.T) {
+	h := newHarness(t)
+	if !h.rules.hasCleanup {
+		t.Skipf("pg_lease %s has no lease.cleanup", h.version)
+	}
+	ctx := ctxFor(t)
+	c := h.client
+	for i := 0; i < 10; i++ { // key z: free, counter 20
+		g, ok, err := c.Acquire(ctx, "floor-z", "o", time.Hour)
+		if err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		if err := c.Release(ctx, g.Token); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tx, err := h.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	var first int64
+	if err := tx.QueryRow(ctx, "SELECT epoch FROM lease.acquire('floor-k', 'x', '1 hour')").Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := h.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	var pid int
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	type res struct {
+		ok    bool
+		epoch *int64
+		err   error
+	}
+	done := make(chan res, 1)
+	go func() {
+		var r res
+		// a blocking acquire: from 0.3.0 a wait-0 one no longer waits for
+		// an uncommitted first grant
+		r.err = conn.QueryRow(ctx, "SELECT acquired, epoch FROM lease.acquire('floor-k', 'a', '1 hour', '30 s')").Scan(&r.ok, &r.epoch)
+		done <- r
+	}()
+	for { // the second first grant waits for the uncommitted one (on its lock, or polling)
+		var waiting bool
+		if err := h.pool.QueryRow(ctx, `SELECT wait_event_type IS NOT DISTINCT FROM 'Lock' OR wait_event IS NOT DISTINCT FROM 'PgSleep'
+			FROM pg_stat_activity WHERE pid = $1`,
+			pid).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		select {
+		case r := <-done:
+			t.Fatalf("the second first grant did not wait for the uncommitted one: %+v", r)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	var floor int64
+	if err := h.pool.QueryRow(ctx, "SELECT epoch_floor FROM lease.cleanup('0')").Scan(&floor); err != nil {
+		t.Fatal(err)
+	}
+	if floor < 20 {
+		t.Fatalf("floor after removing floor-z: %d, want at least 20", floor)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || !r.ok || r.epoch == nil || *r.epoch <= floor {
+		t.Fatalf("first grant after the floor rose to %d during its wait: acquired=%v epoch=%s err=%v; want an epoch above the floor",
+			floor, r.ok, showInt(r.epoch), r.err)
+	}
+}
