@@ -651,6 +651,8 @@ def main():
                     help='run the selection in an order drawn with --seed (a run stopped early is then a sample)')
     ap.add_argument('--resume', default='',
                     help='results.partial.json of an earlier run: its mutants are not run again, their results kept')
+    ap.add_argument('--rerun-survivors', action='store_true',
+                    help='with --resume: run the earlier survivors again (after new tests were written)')
     ap.add_argument('--report-only', action='store_true',
                     help='no run: the table of the (possibly unfinished) run in --out (results.partial.json)')
     ap.add_argument('--inner', action='store_true', help=argparse.SUPPRESS)
@@ -731,12 +733,12 @@ def main():
     prev = []
     if args.resume:
         try:
+            again = ('error', 'stillborn') + (('survived', 'equivalent') if args.rerun_survivors else ())
             prev = [r for r in json.load(open(args.resume))['results']
-                    if r['id'] != 'control' and r['verdict'] not in ('error', 'stillborn')]  # those run again
+                    if r['id'] != 'control' and r['verdict'] not in again]  # those run again
         except (OSError, ValueError, KeyError) as e:
             die('--resume %s: %s' % (args.resume, e))
         done = {r['id'] for r in prev}
-        prev = [r for r in prev if r['id'] in {m['id'] for m in selected}]
         selected = [m for m in selected if m['id'] not in done]
         print('mutate: --resume: %d results kept, %d mutants to run' % (len(prev), len(selected)))
     if args.shuffle:
