@@ -5,7 +5,7 @@ export PATH := $(PATH):/usr/local/go/bin
 # the servers run as "nobody", which cannot enter /root: cache outside it.
 export PGLEASE_CACHE ?= $(if $(filter 0,$(shell id -u)),/var/cache/pg_lease,$(HOME)/.cache/pg_lease)
 
-.PHONY: all build test test-matrix install installcheck demo robustness bench bench-smoke defects fmt vet
+.PHONY: all build test test-matrix install installcheck demo robustness bench bench-smoke defects fuzz mutate fmt vet
 
 all: build
 
@@ -52,6 +52,18 @@ bench-smoke:
 defects:
 	hack/install-deps.sh
 	hack/defects.sh
+
+## fuzz: every Go fuzz target (SQL API through pkg/lease, raw SQL with NULLs, the CLI's arguments),
+## FUZZTIME each (default 10m), one worker each; a failing input lands in testdata/fuzz/
+fuzz:
+	hack/install-deps.sh
+	hack/fuzz.sh $(or $(FUZZTIME),10m)
+
+## mutate: mutation testing of the SQL: every small mutant of the installed scripts through the
+## regression and isolation suites (docs/defects.md); MUTATE_ARGS="--max 60 --seed 1" to sample
+mutate:
+	hack/install-deps.sh
+	hack/mutate.py $(MUTATE_ARGS)
 
 ## robustness: random operations under random faults (server kill, connection cuts,
 ## frozen clients, clock jumps), history checked; DURATION=5m SEED=0 (0: from the clock)

@@ -17,8 +17,11 @@
 #   6_inspect_lapsed_as_held   inspect reports a lapsed holder as held
 #
 # Each defect is an exact text substitution in a copy of the repository's
-# scripts; every substitution asserts how often its pattern occurs, so the
-# script fails loudly rather than test an unmodified copy. The broken copy is
+# scripts, in the named function's final definition (the last script on the
+# install path that creates it, so that a later update script does not undo
+# it); every substitution asserts how often its pattern occurs, so the
+# script fails loudly rather than test an unmodified copy. hack/mutate.py
+# (`make mutate`) applies hundreds of generated mutants the same way. The broken copy is
 # then run through:
 #   regression, isolation  PGXS `make installcheck` (each suite on its own) against a throwaway
 #                          cluster started from a private copy of the PostgreSQL installation
@@ -86,31 +89,57 @@ make_defect() {
 import glob, os, re, sys
 src, dst, defect = sys.argv[1:4]
 base_name = 'pg_lease--0.1.0.sql'
-s = open(os.path.join(src, base_name)).read()
-orig = s
-updates = sorted(os.path.basename(p) for p in glob.glob(os.path.join(src, 'pg_lease--*--*.sql')))
-upd = {n: open(os.path.join(src, n)).read() for n in updates}
+updates = sorted((os.path.basename(p) for p in glob.glob(os.path.join(src, 'pg_lease--*--*.sql'))),
+                 key=lambda n: [int(x) for x in re.findall(r'\d+', n)])
+order = [base_name] + updates          # the scripts, in the order an install runs them
+texts = {n: open(os.path.join(src, n)).read() for n in order}
+orig = dict(texts)
+HEAD = r'CREATE (?:OR REPLACE )?FUNCTION lease\.%s\('
+
+def where(name):
+    """The script holding lease.<name>'s final definition (the last one on the
+    install path that creates it): a defect in an older definition would be
+    undone by the update that replaces it."""
+    hits = [n for n in order if re.search(HEAD % re.escape(name), texts[n])]
+    if not hits:
+        sys.exit('defect %s: no script defines lease.%s' % (defect, name))
+    return hits[-1]
 
 def fn(name):
-    """(start, end) of CREATE FUNCTION lease.<name>( up to the next CREATE FUNCTION."""
-    head = 'CREATE FUNCTION lease.%s(' % name
-    if s.count(head) != 1:
-        sys.exit('defect %s: %r occurs %d times in %s, want 1' % (defect, head, s.count(head), base_name))
-    a = s.index(head)
-    b = s.find('CREATE FUNCTION', a + 1)
-    return a, (b if b >= 0 else len(s))
+    """(script, start, end) of lease.<name>'s final definition: from its CREATE
+    [OR REPLACE] FUNCTION up to the next one."""
+    n = where(name)
+    t = texts[n]
+    heads = list(re.finditer(HEAD % re.escape(name), t))
+    if len(heads) != 1:
+        sys.exit('defect %s: lease.%s is created %d times in %s, want 1' % (defect, name, len(heads), n))
+    a = heads[0].start()
+    m = re.compile(r'CREATE (?:OR REPLACE )?FUNCTION').search(t, a + 1)
+    return n, a, (m.start() if m else len(t))
+
+def body(name):
+    n, a, b = fn(name)
+    return texts[n][a:b]
 
 def sub(name, old, new, count):
-    """Replace the exactly `count` occurrences of old in lease.<name>'s body."""
-    global s
-    for n, u in upd.items():  # an update script redefining it would undo the defect
-        if 'FUNCTION lease.%s(' % name in u:
-            sys.exit('defect %s: %s redefines lease.%s' % (defect, n, name))
-    a, b = fn(name)
-    body = s[a:b]
-    if body.count(old) != count:
-        sys.exit('defect %s: %r occurs %d times in lease.%s, want %d' % (defect, old, body.count(old), name, count))
-    s = s[:a] + body.replace(old, new) + s[b:]
+    """Replace the exactly `count` occurrences of old in lease.<name>'s final
+    definition."""
+    n, a, b = fn(name)
+    t = texts[n]
+    part = t[a:b]
+    if part.count(old) != count:
+        sys.exit('defect %s: %r occurs %d times in lease.%s (%s), want %d'
+                 % (defect, old, part.count(old), name, n, count))
+    texts[n] = t[:a] + part.replace(old, new) + t[b:]
+
+def names():
+    """Every function of schema lease, by name, once."""
+    out = []
+    for n in order:
+        for m in re.finditer(r'CREATE (?:OR REPLACE )?FUNCTION lease\.(\w+)\(', texts[n]):
+            if m.group(1) not in out:
+                out.append(m.group(1))
+    return out
 
 if defect == 'control':
     pass
@@ -132,13 +161,11 @@ elif defect == '2_now_not_clock':
 elif defect == '3_no_sync_forcing':
     # lease._changed's forcing, and that of any function that does its own
     pat = "PERFORM set_config('synchronous_commit', 'local', true);"
-    names = re.findall(r'CREATE FUNCTION lease\.(\w+)\(', s)
-    hit = [n for n in names if pat in s[slice(*fn(n))]]
-    if '_changed' not in hit or pat in ''.join(upd.values()):
-        sys.exit('defect %s: forcing found in %s (and the update scripts: %s), want lease._changed among them'
-                 % (defect, hit, pat in ''.join(upd.values())))
+    hit = [n for n in names() if pat in body(n)]
+    if '_changed' not in hit:
+        sys.exit('defect %s: forcing found in %s, want lease._changed among them' % (defect, hit))
     for n in hit:
-        sub(n, pat, 'NULL;', s[slice(*fn(n))].count(pat))
+        sub(n, pat, 'NULL;', body(n).count(pat))
 elif defect == '4_lock_while_waiting':
     sub('acquire', '    PERFORM pg_sleep(greatest(0.0005, least(\n',
         '    PERFORM 1 FROM lease.leases l WHERE l.key = v_key FOR UPDATE;  -- DEFECT: kept while sleeping\n'
@@ -150,14 +177,13 @@ elif defect == '6_inspect_lapsed_as_held':
 else:
     sys.exit('unknown defect ' + defect)
 
-if (s == orig) != (defect == 'control'):
-    sys.exit('defect %s: the script is %s' % (defect, 'unchanged' if s == orig else 'changed'))
+if (texts == orig) != (defect == 'control'):
+    sys.exit('defect %s: the scripts are %s' % (defect, 'unchanged' if texts == orig else 'changed'))
 os.makedirs(dst, exist_ok=True)
-open(os.path.join(dst, base_name), 'w').write(s)
-plain = s if s.endswith('\n') else s + '\n'
-for n in updates:
-    open(os.path.join(dst, n), 'w').write(upd[n])
-    plain += upd[n] if upd[n].endswith('\n') else upd[n] + '\n'
+plain = ''
+for n in order:
+    open(os.path.join(dst, n), 'w').write(texts[n])
+    plain += texts[n] if texts[n].endswith('\n') else texts[n] + '\n'
 open(os.path.join(dst, 'plain.sql'), 'w').write(plain)
 PY
 }
@@ -211,7 +237,10 @@ for d in "$@"; do
   make_defect "$d" "$dir"
   cp "$dir/plain.sql" "$out/$d.sql"
   if [ "$d" != control ]; then
-    diff -u "$sqldir/pg_lease--0.1.0.sql" "$dir/pg_lease--0.1.0.sql" >"$out/$d.patch" || true
+    : >"$out/$d.patch"
+    for f in "$dir"/pg_lease--*.sql; do
+      diff -u "$sqldir/$(basename "$f")" "$f" >>"$out/$d.patch" || true
+    done
   fi
   run_sql_suites "$d" "$dir"
   for s in "${suites[@]}"; do

@@ -6,6 +6,8 @@
 #   3. regression + isolation suites against a throwaway cluster
 #   4. every Go test (unit, integration, failure suite, end-to-end), each
 #      package starting its own throwaway servers
+#   5. a short run of every fuzz target (FUZZTIME each, default 15s; the
+#      long run is `make fuzz`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
@@ -35,3 +37,6 @@ go vet ./...
 # measured on a machine saturated by the other packages' tests.
 go test -count=1 -timeout 25m ${GOTESTFLAGS:-} $(go list ./... | grep -v '/test/e2e$')
 go test -count=1 -timeout 15m ${GOTESTFLAGS:-} ./test/e2e/
+
+echo "== fuzzing: ${FUZZTIME:-15s} per target (make fuzz runs them longer)" >&2
+hack/fuzz.sh "${FUZZTIME:-15s}"

@@ -3,6 +3,7 @@ package fence_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -255,7 +256,11 @@ func TestPGGuardOwnRows(t *testing.T) {
 
 func TestPGGuardOptionsValidation(t *testing.T) {
 	for _, o := range []fence.PGGuardOptions{
-		{Table: "a;drop"}, {Table: "a.b.c"}, {ResourceColumn: "x y"}, {EpochColumn: `"e"`},
+		{Table: "a;drop"}, {Table: "a.b.c"}, {ResourceColumn: "x y"}, {EpochColumn: `"e`},
+		{Table: `""`}, {Table: "a..b"}, {Table: "a."}, {Table: ".a"}, {Table: `"a"b`}, {Table: `"a"."b".c`},
+		{Table: "1abc"}, {Table: "$a"}, {Table: "jöbs"}, {Table: `"a` + "\x00" + `"`},
+		{ResourceColumn: "t.c"}, {EpochColumn: `"t"."c"`},
+		{Table: strings.Repeat("a", 64)}, {Table: `"` + strings.Repeat("A", 64) + `"`},
 	} {
 		if _, err := fence.NewPGGuard(&pgxpool.Pool{}, o); err == nil {
 			t.Errorf("NewPGGuard(%+v) accepted", o)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -13,10 +14,20 @@ import (
 )
 
 // PGGuardOptions lay out the table a PGGuard keeps epochs in.
+//
+// Table, ResourceColumn and EpochColumn are SQL identifiers written as in a
+// SQL statement, and mean what they would mean there: an unquoted name is
+// folded to lower case as PostgreSQL folds it (Jobs, JOBS and jobs all name
+// the table created by CREATE TABLE Jobs), a double-quoted one is taken
+// exactly ("Jobs" names only the table created as "Jobs"; "" inside stands
+// for one "). An unquoted name is ASCII letters, digits, _ and $, not
+// starting with a digit or $; a quoted one is any non-empty text without a
+// NUL byte. Either is at most 63 bytes (PostgreSQL's NAMEDATALEN - 1: a
+// longer one is refused rather than truncated). Table may be qualified by
+// a schema, with a dot outside quotes (app.jobs, "My App"."Jobs").
 type PGGuardOptions struct {
-	// Table holding one row per guarded resource. Default "fence_epochs"
-	// (created by EnsureTable). A schema-qualified name is allowed
-	// ("app.jobs").
+	// Table holding one row per guarded resource. Default fence_epochs
+	// (created by EnsureTable).
 	Table string
 	// ResourceColumn is the table's unique (primary key) text column naming
 	// the resource. Default "resource".
@@ -54,7 +65,7 @@ type PGGuard struct {
 	claimSQL, readSQL     string
 }
 
-var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]*$`)
+var unquotedRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]*$`)
 
 // NewPGGuard returns a guard that runs its transactions on db.
 func NewPGGuard(db Beginner, opts PGGuardOptions) (*PGGuard, error) {
@@ -70,17 +81,20 @@ func NewPGGuard(db Beginner, opts PGGuardOptions) (*PGGuard, error) {
 	if opts.EpochColumn == "" {
 		opts.EpochColumn = "epoch"
 	}
-	table, err := qualified(opts.Table)
+	table, err := parseIdentifier(opts.Table, 2)
 	if err != nil {
 		return nil, fmt.Errorf("fence: PGGuardOptions.Table: %w", err)
 	}
-	for field, v := range map[string]string{"ResourceColumn": opts.ResourceColumn, "EpochColumn": opts.EpochColumn} {
-		if !identRE.MatchString(v) {
-			return nil, fmt.Errorf("fence: PGGuardOptions.%s: %q is not a plain SQL identifier", field, v)
-		}
+	resCol, err := parseIdentifier(opts.ResourceColumn, 1)
+	if err != nil {
+		return nil, fmt.Errorf("fence: PGGuardOptions.ResourceColumn: %w", err)
 	}
-	g := &PGGuard{db: db, table: table, ownRows: opts.OwnRows,
-		resCol: pgx.Identifier{opts.ResourceColumn}.Sanitize(), epoCol: pgx.Identifier{opts.EpochColumn}.Sanitize()}
+	epoCol, err := parseIdentifier(opts.EpochColumn, 1)
+	if err != nil {
+		return nil, fmt.Errorf("fence: PGGuardOptions.EpochColumn: %w", err)
+	}
+	g := &PGGuard{db: db, table: table.Sanitize(), ownRows: opts.OwnRows,
+		resCol: resCol.Sanitize(), epoCol: epoCol.Sanitize()}
 	if g.ownRows {
 		g.claimSQL = fmt.Sprintf(`UPDATE %[1]s SET %[3]s = $2 WHERE %[2]s = $1 AND coalesce(%[3]s, 0) <= $2 RETURNING %[3]s`,
 			g.table, g.resCol, g.epoCol)
@@ -93,17 +107,71 @@ RETURNING f.%[3]s`, g.table, g.resCol, g.epoCol)
 	return g, nil
 }
 
-func qualified(name string) (string, error) {
-	parts := regexp.MustCompile(`\.`).Split(name, -1)
-	if len(parts) > 2 {
-		return "", fmt.Errorf("%q: at most schema.table", name)
-	}
-	for _, p := range parts {
-		if !identRE.MatchString(p) {
-			return "", fmt.Errorf("%q is not a plain SQL identifier", name)
+// maxIdentifierBytes is PostgreSQL's NAMEDATALEN - 1.
+const maxIdentifierBytes = 63
+
+// parseIdentifier reads a possibly qualified SQL identifier (at most max
+// dot-separated parts) as PostgreSQL reads one in a statement: unquoted
+// parts folded to lower case, quoted parts exact (see PGGuardOptions). It
+// returns the names the catalog holds, for pgx.Identifier to quote.
+func parseIdentifier(s string, max int) (pgx.Identifier, error) {
+	var parts pgx.Identifier
+	for i := 0; ; {
+		var part string
+		if i < len(s) && s[i] == '"' {
+			var b strings.Builder
+			j := i + 1
+			for {
+				k := strings.IndexByte(s[j:], '"')
+				if k < 0 {
+					return nil, fmt.Errorf("%q: unterminated quoted identifier", s)
+				}
+				b.WriteString(s[j : j+k])
+				j += k + 1
+				if j < len(s) && s[j] == '"' { // "" inside: one quote
+					b.WriteByte('"')
+					j++
+					continue
+				}
+				break
+			}
+			part, i = b.String(), j
+			if part == "" {
+				return nil, fmt.Errorf("%q: empty quoted identifier", s)
+			}
+			if strings.IndexByte(part, 0) >= 0 {
+				return nil, fmt.Errorf("%q: NUL byte in an identifier", s)
+			}
+		} else {
+			j := i
+			for j < len(s) && s[j] != '.' && s[j] != '"' {
+				j++
+			}
+			part, i = s[i:j], j
+			if !unquotedRE.MatchString(part) {
+				return nil, fmt.Errorf("%q is not an SQL identifier (unquoted: ASCII letters, digits, _ and $, not starting with a digit or $; or double-quoted)", s)
+			}
+			part = strings.ToLower(part) // ASCII only (unquotedRE), as PostgreSQL folds it
+		}
+		if len(part) > maxIdentifierBytes {
+			return nil, fmt.Errorf("%q: identifier longer than %d bytes (PostgreSQL would truncate it)", s, maxIdentifierBytes)
+		}
+		parts = append(parts, part)
+		if i == len(s) {
+			break
+		}
+		if s[i] != '.' {
+			return nil, fmt.Errorf("%q: unexpected %q after an identifier", s, s[i:])
+		}
+		i++
+		if len(parts) == max {
+			if max == 1 {
+				return nil, fmt.Errorf("%q: a column name cannot be qualified", s)
+			}
+			return nil, fmt.Errorf("%q: at most schema.table", s)
 		}
 	}
-	return pgx.Identifier(parts).Sanitize(), nil
+	return parts, nil
 }
 
 // EnsureTable creates the epochs table if it does not exist (the default

@@ -113,7 +113,9 @@ var ErrNoToken = errors.New("leasectrl: no valid fencing token; not reconciling"
 
 // ErrEpochEnded is returned by a Fenced reconciler whose epoch ended while it
 // ran, whatever the wrapped reconciler returned: the request is requeued and
-// runs again under the next epoch.
+// runs again under the next epoch. The reconciler's own error is wrapped too,
+// except a reconcile.TerminalError (it would make controller-runtime drop the
+// request), of which only the text is kept.
 var ErrEpochEnded = errors.New("leasectrl: the epoch ended during the reconcile")
 
 // Fenced wraps r so that each Reconcile runs with a context that carries the
@@ -138,7 +140,26 @@ func (f *fenced[request]) Reconcile(ctx context.Context, req request) (reconcile
 	res, err := f.r.Reconcile(tctx, req)
 	if ctx.Err() == nil && tctx.Err() != nil {
 		tok, _ := lease.TokenFromContext(tctx)
-		return reconcile.Result{}, errors.Join(fmt.Errorf("%w: %v: %w", ErrEpochEnded, tok, context.Cause(tctx)), err)
+		return reconcile.Result{}, epochEnded(tok, context.Cause(tctx), err)
 	}
 	return res, err
+}
+
+// epochEnded is the error of a reconcile whose epoch ended while it ran: it
+// wraps ErrEpochEnded and the cause, and the reconciler's own error too
+// unless that one is (or contains) a reconcile.TerminalError. A terminal
+// error means "retrying cannot help" for the epoch the reconcile ran under;
+// under the next epoch it can, and controller-runtime drops, without a
+// requeue, every request whose error satisfies errors.Is(err,
+// reconcile.TerminalError(nil)). Then only the inner error's text is kept.
+func epochEnded(tok lease.Token, cause, inner error) error {
+	ended := fmt.Errorf("%w: %v: %w", ErrEpochEnded, tok, cause)
+	switch {
+	case inner == nil:
+		return ended
+	case errors.Is(inner, reconcile.TerminalError(nil)):
+		return fmt.Errorf("%w (the reconciler's terminal error, retried under the next epoch: %v)", ended, inner)
+	default:
+		return errors.Join(ended, inner)
+	}
 }

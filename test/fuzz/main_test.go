@@ -1,0 +1,235 @@
+package fuzz
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/pkg/lease"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// EnvSQL names a script to install as a plain schema instead of the
+// extension (hack/mutate.py points it at mutants).
+const EnvSQL = "PGLEASE_FUZZ_SQL"
+
+// harness is one database with pg_lease, shared by every input of a target
+// (inputs run one at a time in a fuzz worker).
+type harness struct {
+	pool    *pgxpool.Pool
+	client  *lease.Client
+	rules   rules
+	version string
+	// snapshotSQL reads every table of schema lease (built on first use)
+	snapshotSQL string
+}
+
+func newHarness(tb testing.TB) *harness { return newHarnessWith(tb, "") }
+
+// newHarnessWith runs pre (SQL, as the superuser that then installs) in the
+// new database before pg_lease is installed there.
+func newHarnessWith(tb testing.TB, pre string) *harness {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var dsn string
+	runPre := func() {
+		if pre == "" {
+			return
+		}
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, pre); err != nil {
+			tb.Fatalf("before the install: %v", err)
+		}
+	}
+	if file := os.Getenv(EnvSQL); file != "" {
+		dsn = pgtest.NewDatabase(tb)
+		runPre()
+		b, err := os.ReadFile(file)
+		if err != nil {
+			tb.Fatalf("%s: %v", EnvSQL, err)
+		}
+		var sb strings.Builder
+		for _, l := range strings.SplitAfter(string(b), "\n") {
+			if !strings.HasPrefix(strings.TrimSpace(l), `\`) {
+				sb.WriteString(l)
+			}
+		}
+		script := strings.ReplaceAll(sb.String(), "@extowner@", `"`+pgtest.Superuser+`"`)
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		_, err = conn.Exec(ctx, "BEGIN; "+script+"; COMMIT")
+		conn.Close(ctx)
+		if err != nil {
+			tb.Fatalf("installing %s=%s as a plain schema: %v", EnvSQL, file, err)
+		}
+		tb.Logf("pg_lease installed from %s", file)
+	} else if pre == "" {
+		dsn = pgtest.NewLeaseDatabase(tb)
+	} else {
+		if err := pgtest.Shared(tb).InstallExtensionFiles(ctx); err != nil {
+			tb.Fatal(err)
+		}
+		dsn = pgtest.NewDatabase(tb)
+		runPre()
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		_, err = conn.Exec(ctx, "CREATE EXTENSION pg_lease")
+		conn.Close(ctx)
+		if err != nil {
+			tb.Fatal(err)
+		}
+	}
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(pool.Close)
+	h := &harness{pool: pool, client: lease.New(pool)}
+	if err := pool.QueryRow(ctx, "SELECT lease.version()").Scan(&h.version); err != nil {
+		tb.Fatal(err)
+	}
+	if h.rules, err = rulesFor(h.version); err != nil {
+		tb.Fatal(err)
+	}
+	return h
+}
+
+func ctxFor(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// snapshot is the whole persistent state: every row of every table of
+// schema lease (leases, the epoch floor, and whatever state a later version
+// keeps), each table's rows in a fixed order.
+func (h *harness) snapshot(t *testing.T) string {
+	t.Helper()
+	ctx := ctxFor(t)
+	if h.snapshotSQL == "" {
+		rows, err := h.pool.Query(ctx, `SELECT format($f$SELECT %L || E':\n' || coalesce(string_agg(t::text, E'\n' ORDER BY t::text COLLATE "C"), '') FROM %s t$f$,
+			c.oid::regclass::text, c.oid::regclass)
+			FROM pg_class c WHERE c.relnamespace = 'lease'::regnamespace AND c.relkind IN ('r', 'p') ORDER BY c.relname`)
+		if err != nil {
+			t.Fatalf("snapshot: %v", err)
+		}
+		parts, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil || len(parts) == 0 {
+			t.Fatalf("snapshot: %d tables, %v", len(parts), err)
+		}
+		h.snapshotSQL = "SELECT (" + strings.Join(parts, `) || E'\n' || (`) + ")"
+	}
+	var s string
+	if err := h.pool.QueryRow(ctx, h.snapshotSQL).Scan(&s); err != nil {
+		t.Fatalf("snapshot: %v", err)
+	}
+	return s
+}
+
+// unchanged fails the test when the state differs from before.
+func (h *harness) unchanged(t *testing.T, before string, what string) {
+	t.Helper()
+	if after := h.snapshot(t); after != before {
+		t.Fatalf("%s changed the state:\nbefore:\n%s\nafter:\n%s", what, clip(before), clip(after))
+	}
+}
+
+func clip(s string) string {
+	if len(s) > 3000 {
+		return s[:3000] + "..."
+	}
+	return s
+}
+
+// reset removes the key's row and keeps the table small, so that every
+// input starts from a state it chose (test setup only; through the table,
+// as the superuser).
+func (h *harness) reset(t *testing.T, keys ...string) {
+	t.Helper()
+	ctx := ctxFor(t)
+	var n int
+	if err := h.pool.QueryRow(ctx, "SELECT count(*) FROM lease.leases").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n > 200 {
+		if _, err := h.pool.Exec(ctx, "DELETE FROM lease.leases"); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	for _, k := range keys {
+		if !representable(k) {
+			continue
+		}
+		if _, err := h.pool.Exec(ctx, "DELETE FROM lease.leases WHERE key = $1", k); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// pgErr returns the server error in err, if any.
+func pgErr(err error) *pgconn.PgError {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		return pg
+	}
+	return nil
+}
+
+// checkInvalid: err is the server's invalid_input (22023, DETAIL naming
+// every invalid argument), or the client's own refusal (clientSide allowed:
+// no PgError); it matches lease.ErrInvalidInput when through pkg/lease.
+func checkInvalid(t *testing.T, err error, names []string, viaClient, clientSideOK bool) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("invalid input (%s) accepted", strings.Join(names, ", "))
+	}
+	if viaClient && !errors.Is(err, lease.ErrInvalidInput) {
+		t.Fatalf("invalid input (%s): error %v does not match lease.ErrInvalidInput", strings.Join(names, ", "), err)
+	}
+	pg := pgErr(err)
+	if pg == nil {
+		if !clientSideOK {
+			t.Fatalf("invalid input (%s): %v, want SQLSTATE 22023 from the server", strings.Join(names, ", "), err)
+		}
+		return
+	}
+	if pg.Code != "22023" || pg.Message != "invalid_input" || pg.Detail == "" {
+		t.Fatalf("invalid input (%s): SQLSTATE %s message %q DETAIL %q, want 22023 invalid_input with a DETAIL",
+			strings.Join(names, ", "), pg.Code, pg.Message, pg.Detail)
+	}
+	for _, n := range names {
+		if !strings.Contains(pg.Detail, n) {
+			t.Fatalf("invalid input: DETAIL %q does not name %s", pg.Detail, n)
+		}
+	}
+}
+
+// isPayloadOverflow: the known 22023 "payload string too long" of pg_notify.
+func isPayloadOverflow(err error) bool {
+	pg := pgErr(err)
+	return pg != nil && pg.Code == "22023" && pg.Message == "payload string too long"
+}
