@@ -45,7 +45,11 @@ func TestConfigureManager(t *testing.T) {
 	if err := leasectrl.ConfigureManager(&opts, lock); err != nil {
 		t.Fatal(err)
 	}
-	if !opts.LeaderElection || opts.LeaderElectionResourceLockInterface != lock || !opts.LeaderElectionReleaseOnCancel ||
+	obs, ok := opts.LeaderElectionResourceLockInterface.(*leasectrl.ObservedLock)
+	if !ok || obs.Interface != rl.Interface(lock) || obs.PgLease() != lock {
+		t.Fatalf("LeaderElectionResourceLockInterface = %T, want an ObservedLock of the lock", opts.LeaderElectionResourceLockInterface)
+	}
+	if !opts.LeaderElection || !opts.LeaderElectionReleaseOnCancel ||
 		opts.LeaderElectionID != "k" || *opts.LeaseDuration != 15*time.Second || *opts.RenewDeadline != 10*time.Second ||
 		*opts.RetryPeriod != 2*time.Second {
 		t.Fatalf("options: %+v LD %v RD %v RP %v", opts, *opts.LeaseDuration, *opts.RenewDeadline, *opts.RetryPeriod)
