@@ -3,6 +3,7 @@ package leasectrl
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -27,6 +28,7 @@ import (
 // and Update), which know nothing of epochs.
 //
 //	pg_lease_lock_epoch{key}                        epoch of the lock's live term at scrape time, 0 when it holds none
+//	                                                (the highest, if a process observes several locks of one key)
 //	pg_lease_lock_transitions_total{key,transition} terms this process saw start ("started") and end ("stopped"),
 //	                                                counted at the elector's next call after the change
 //	pg_lease_lock_renew_duration_seconds{key}       latency of each Update the elector made while the lock held a
@@ -57,7 +59,7 @@ var (
 		Name: MetricErrors,
 		Help: "Failed lock calls by op (get, create, update, release) and kind (conflict, error).",
 	}, []string{"key", "op", "kind"})
-	epochs       = &epochCollector{locks: map[string]*resourcelock.Lock{}}
+	epochs       = &epochCollector{locks: map[string][]*resourcelock.Lock{}}
 	registerOnce sync.Once
 	registerErr  error
 )
@@ -78,7 +80,7 @@ func registerMetrics() error {
 // term that ended by its local deadline reads 0 at once.
 type epochCollector struct {
 	mu    sync.Mutex
-	locks map[string]*resourcelock.Lock // by key; the last lock observed for a key wins
+	locks map[string][]*resourcelock.Lock // by key; a process normally has one per key
 }
 
 var epochDesc = prometheus.NewDesc(MetricEpoch,
@@ -89,8 +91,12 @@ func (c *epochCollector) Describe(ch chan<- *prometheus.Desc) { ch <- epochDesc 
 func (c *epochCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for key, l := range c.locks {
-		ch <- prometheus.MustNewConstMetric(epochDesc, prometheus.GaugeValue, float64(l.Epoch()), key)
+	for key, ls := range c.locks {
+		var e int64
+		for _, l := range ls {
+			e = max(e, l.Epoch())
+		}
+		ch <- prometheus.MustNewConstMetric(epochDesc, prometheus.GaugeValue, float64(e), key)
 	}
 }
 
@@ -123,7 +129,9 @@ func Observe(lock rl.Interface, pg *resourcelock.Lock) (*ObservedLock, error) {
 		return nil, err
 	}
 	epochs.mu.Lock()
-	epochs.locks[pg.Key()] = pg
+	if !slices.Contains(epochs.locks[pg.Key()], pg) {
+		epochs.locks[pg.Key()] = append(epochs.locks[pg.Key()], pg)
+	}
 	epochs.mu.Unlock()
 	return &ObservedLock{Interface: lock, pg: pg, key: pg.Key()}, nil
 }
