@@ -27,6 +27,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
 )
 
 // build runs kustomize (the library behind `kubectl kustomize`) on this
@@ -260,4 +261,47 @@ func managerFlags(t *testing.T) map[string]bool {
 		t.Fatalf("could not read the manager's flags from -help:\n%s", out)
 	}
 	return flags
+}
+
+// config/prometheus (optional, needs the Prometheus Operator's CRD) selects
+// the metrics Service by its monitoring labels and scrapes its port.
+func TestServiceMonitor(t *testing.T) {
+	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
+	m, err := k.Run(filesys.MakeFsOnDisk(), "prometheus")
+	if err != nil {
+		t.Fatalf("kustomize build prometheus: %v", err)
+	}
+	out, err := m.AsYaml()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sm struct {
+		Kind string `json:"kind"`
+		Spec struct {
+			Endpoints []struct {
+				Port string `json:"port"`
+				Path string `json:"path"`
+			} `json:"endpoints"`
+			Selector metav1.LabelSelector `json:"selector"`
+		} `json:"spec"`
+	}
+	if err := yaml.Unmarshal(out, &sm); err != nil { // the fields checked below; the CRD validates the rest
+		t.Fatal(err)
+	}
+	var svc *corev1.Service
+	for _, o := range build(t) {
+		if s, ok := o.(*corev1.Service); ok {
+			svc = s
+		}
+	}
+	if sm.Kind != "ServiceMonitor" || svc == nil {
+		t.Fatalf("kind %q, service %v", sm.Kind, svc != nil)
+	}
+	sel, err := metav1.LabelSelectorAsSelector(&sm.Spec.Selector)
+	if err != nil || sel.Empty() || !sel.Matches(labels.Set(svc.Labels)) {
+		t.Errorf("ServiceMonitor selector %v does not select the metrics Service (labels %v)", sm.Spec.Selector, svc.Labels)
+	}
+	if len(sm.Spec.Endpoints) != 1 || sm.Spec.Endpoints[0].Port != svc.Spec.Ports[0].Name || sm.Spec.Endpoints[0].Path != "/metrics" {
+		t.Errorf("ServiceMonitor endpoints %+v, Service port %q", sm.Spec.Endpoints, svc.Spec.Ports[0].Name)
+	}
 }
