@@ -4,9 +4,18 @@
 //
 //	lock, _ := resourcelock.New(lease.New(pool), "my-operator", podName)
 //	opts := manager.Options{...}
-//	if err := leasectrl.ConfigureManager(&opts, lock); err != nil { ... }
-//	mgr, _ := manager.New(cfg, opts)
+//	mgr, err := leasectrl.NewManager(cfg, opts, leasectrl.ManagerConfig{Lock: lock, PgLease: lock})
 //	ctrl.NewControllerManagedBy(mgr).For(&v1.Thing{}).Complete(leasectrl.Fenced(lock, &ThingReconciler{}))
+//
+// NewManager (Configure, then manager.New) runs the lock wrapped in an
+// ObservedLock: the lock's epoch, transitions, renewal latency and errors
+// go to controller-runtime's metrics registry (names beside client-go's in
+// ObservedLock's documentation and docs/operations.md), and client-go's
+// election events are recorded through the manager's event recorder with
+// the epoch ("<identity> became leader (epoch 7)"). It leaves
+// LeaderElectionReleaseOnCancel as the caller set it unless
+// ManagerConfig.ReleaseOnCancel says otherwise; ConfigureManager, the older
+// one-call form, sets it to true (documented at the function).
 //
 // controller-runtime runs the real client-go elector with the lock
 // (Options.LeaderElectionResourceLockInterface); LeaseDuration, RenewDeadline
