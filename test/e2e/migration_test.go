@@ -309,7 +309,8 @@ func (w *migWorld) eventLog() string {
 // (resource lock "leases", client-go's LeaseLock inside controller-runtime),
 // new pods through "leases+pglease" (both locks), and a later rollout
 // through "pglease" alone. Pods are replaced one at a time, leaders are
-// stopped (SIGTERM, releasing) and killed (SIGKILL, expiring), and every
+// stopped (SIGTERM, releasing) and killed (SIGKILL, expiring: an old pod and
+// a migrating one), and every
 // leader writes referee rows for as long as it leads. Never two leaders:
 // the referee rows, in server-clock order, form no more runs of one writer
 // than there were leadership starts (two leaders at once interleave their
@@ -341,7 +342,9 @@ func TestMigrationFromLeases(t *testing.T) {
 	p, _ = w.leader("a leader after the first old pod stopped")
 	t.Logf("leader: %s", p.id)
 	new2 := w.start("new2", "leases+pglease")
-	w.stop(second, syscall.SIGTERM)
+	// The last old pod dies without releasing (SIGKILL): if it led, the
+	// Lease expires on the new pods' clocks before one of them leads.
+	w.stop(second, syscall.SIGKILL)
 	p, ev := w.leader("a new pod leads once the old pods are gone")
 	if p.mode != "leases+pglease" || ev.Epoch == 0 {
 		t.Fatalf("leader %s (%s) at epoch %d, want a leases+pglease pod with a pg_lease epoch", p.id, p.mode, ev.Epoch)
