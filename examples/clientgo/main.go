@@ -2,8 +2,14 @@
 // leaderelection.RunOrDie, through a pg_lease lock in PostgreSQL: no
 // Kubernetes API server is involved.
 //
-//	go run ./examples/clientgo -dsn "$DSN" -id a &
-//	go run ./examples/clientgo -dsn "$DSN" -id b &
+//	export PGLEASE_DSN=...   # or -dsn-file /path/to/a/file/holding/it
+//	go run ./examples/clientgo -id a &
+//	go run ./examples/clientgo -id b &
+//
+// The DSN comes from $PGLEASE_DSN or the file named by -dsn-file, so that it
+// (and its password) never shows in usage text, flag defaults or process
+// listings. (-dsn still takes one on the command line, for tests; it has no
+// default.)
 //
 // Each process is one candidate. The leader prints its fencing token
 // (key/owner@epoch); on SIGINT or SIGTERM it releases the lease
@@ -31,6 +37,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	pgle "github.com/pglease/pg_lease/pkg/leaderelection"
 	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 	"k8s.io/client-go/tools/leaderelection"
@@ -39,7 +46,8 @@ import (
 func main() {
 	host, _ := os.Hostname()
 	var (
-		dsn           = flag.String("dsn", os.Getenv("PGLEASE_DSN"), "PostgreSQL connection string (default $PGLEASE_DSN, else the PG* environment)")
+		dsnFile       = flag.String("dsn-file", "", "file holding the PostgreSQL connection string (default: $PGLEASE_DSN)")
+		dsn           = flag.String("dsn", "", "PostgreSQL connection string; visible in process listings, prefer $PGLEASE_DSN or -dsn-file")
 		key           = flag.String("key", "example-clientgo", "lease key")
 		id            = flag.String("id", fmt.Sprintf("%s-%d", host, os.Getpid()), "this candidate's unique identity")
 		leaseDuration = flag.Duration("lease-duration", 15*time.Second, "lease TTL, and client-go's LeaseDuration")
@@ -48,6 +56,13 @@ func main() {
 		leadFor       = flag.Duration("lead-for", 0, "step down (release) after leading this long; 0: lead until signalled")
 	)
 	flag.Parse()
+	if *dsn == "" {
+		var err error
+		if *dsn, err = (pgle.DSNSource{File: *dsnFile}).Read(); err != nil {
+			fmt.Fprintln(os.Stderr, "clientgo:", err)
+			os.Exit(2)
+		}
+	}
 	if err := run(*dsn, *key, *id, *leaseDuration, *renewDeadline, *retryPeriod, *leadFor); err != nil {
 		fmt.Fprintln(os.Stderr, "clientgo:", err)
 		os.Exit(1)

@@ -3,8 +3,17 @@
 // and reconciles ConfigMaps under the fencing token of the current epoch
 // (leasectrl.Fenced).
 //
-//	go run ./examples/manager -kubeconfig ~/.kube/config -dsn "$DSN" -namespace default -id a &
-//	go run ./examples/manager -kubeconfig ~/.kube/config -dsn "$DSN" -namespace default -id b &
+//	export PGLEASE_DSN=...   # or -dsn-file /path/to/a/file/holding/it
+//	go run ./examples/manager -kubeconfig ~/.kube/config -namespace default -id a &
+//	go run ./examples/manager -kubeconfig ~/.kube/config -namespace default -id b &
+//	kubectl label configmap demo pglease.io/example=true
+//
+// Only ConfigMaps matching -selector (default pglease.io/example=true) are
+// watched and stamped: the manager's cache is scoped by that label
+// selector, so it never touches kube-root-ca.crt or any other ConfigMap of
+// the namespace. The DSN comes from $PGLEASE_DSN or the file named by
+// -dsn-file, never from a flag default (-dsn still takes one on the command
+// line, for tests; it has no default).
 //
 // The reconciler shows a fenced write to a store other than PostgreSQL: each
 // ConfigMap records, in the annotation pglease.io/epoch, the highest epoch
@@ -31,10 +40,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	pgle "github.com/pglease/pg_lease/pkg/leaderelection"
 	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/leasectrl"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -52,16 +63,30 @@ const (
 func main() {
 	host, _ := os.Hostname()
 	var (
-		dsn           = flag.String("dsn", os.Getenv("PGLEASE_DSN"), "PostgreSQL connection string (default $PGLEASE_DSN, else the PG* environment)")
+		dsnFile       = flag.String("dsn-file", "", "file holding the PostgreSQL connection string (default: $PGLEASE_DSN)")
+		dsn           = flag.String("dsn", "", "PostgreSQL connection string; visible in process listings, prefer $PGLEASE_DSN or -dsn-file")
+		selector      = flag.String("selector", "pglease.io/example=true", "label selector of the ConfigMaps to reconcile")
 		key           = flag.String("key", "example-manager", "lease key")
 		id            = flag.String("id", fmt.Sprintf("%s-%d", host, os.Getpid()), "this candidate's unique identity")
 		namespace     = flag.String("namespace", "default", "namespace whose ConfigMaps are reconciled")
 		leaseDuration = flag.Duration("lease-duration", 15*time.Second, "lease TTL; client-go's timings follow from it")
 		probeAddr     = flag.String("health-probe-bind-address", ":8081", "address of /healthz (leader election health) and /readyz; \"0\" disables")
+		metricsAddr   = flag.String("metrics-bind-address", "0", "address of /metrics (controller-runtime's and the lock's, plain HTTP); \"0\" disables")
 	)
 	// -kubeconfig is registered by controller-runtime (ctrl.GetConfig).
 	flag.Parse()
-	if err := run(*dsn, *key, *id, *namespace, *leaseDuration, *probeAddr); err != nil {
+	sel, err := labels.Parse(*selector)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "manager: -selector:", err)
+		os.Exit(2)
+	}
+	if *dsn == "" {
+		if *dsn, err = (pgle.DSNSource{File: *dsnFile}).Read(); err != nil {
+			fmt.Fprintln(os.Stderr, "manager:", err)
+			os.Exit(2)
+		}
+	}
+	if err := run(*dsn, *key, *id, *namespace, sel, *leaseDuration, *probeAddr, *metricsAddr); err != nil {
 		fmt.Fprintln(os.Stderr, "manager:", err)
 		os.Exit(1)
 	}
@@ -75,7 +100,7 @@ func say(format string, args ...any) {
 	fmt.Printf("%s %s\n", time.Now().UTC().Format(time.RFC3339Nano), fmt.Sprintf(format, args...))
 }
 
-func run(dsn, key, id, namespace string, leaseDuration time.Duration, probeAddr string) error {
+func run(dsn, key, id, namespace string, sel labels.Selector, leaseDuration time.Duration, probeAddr, metricsAddr string) error {
 	ctx := ctrl.SetupSignalHandler()
 	cfg, err := ctrl.GetConfig()
 	if err != nil {
@@ -101,14 +126,18 @@ func run(dsn, key, id, namespace string, leaseDuration time.Duration, probeAddr 
 		return err
 	}
 	opts := ctrl.Options{
-		Metrics:                metricsserver.Options{BindAddress: "0"},
+		Metrics:                metricsserver.Options{BindAddress: metricsAddr},
 		HealthProbeBindAddress: probeAddr,
-		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{namespace: {}}},
+		Cache: cache.Options{
+			DefaultNamespaces: map[string]cache.Config{namespace: {}},
+			ByObject:          map[client.Object]cache.ByObject{&corev1.ConfigMap{}: {Label: sel}},
+		},
 	}
-	if err := leasectrl.ConfigureManager(&opts, lock); err != nil {
-		return err
-	}
-	mgr, err := ctrl.NewManager(cfg, opts)
+	// NewManager: ConfigureManager (which sets LeaderElectionReleaseOnCancel,
+	// so that SIGTERM hands over at once), then the manager, whose event
+	// recorder then records "became leader (epoch N)"; the lock's metrics
+	// join controller-runtime's registry.
+	mgr, err := leasectrl.NewManager(cfg, opts, leasectrl.ManagerConfig{Lock: lock, PgLease: lock, ReleaseOnCancel: ptrTrue()})
 	if err != nil {
 		return err
 	}
@@ -128,6 +157,8 @@ func run(dsn, key, id, namespace string, leaseDuration time.Duration, probeAddr 
 	}
 	return mgr.Start(ctx)
 }
+
+func ptrTrue() *bool { t := true; return &t }
 
 // configMapReconciler stamps each ConfigMap with the epoch that reconciled
 // it, never over a higher one.

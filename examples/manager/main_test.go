@@ -119,9 +119,10 @@ type proc struct {
 	err  error
 }
 
-func startProc(t *testing.T, bin, id string, lines chan<- line, args ...string) *proc {
+func startProc(t *testing.T, bin, id, dsn string, lines chan<- line, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(bin, append([]string{"-id", id}, args...)...)
+	cmd.Env = append(os.Environ(), "PGLEASE_DSN="+dsn)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -170,18 +171,25 @@ func TestManagerExample(t *testing.T) {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	ctx := context.Background()
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "demo"}}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "demo",
+		Labels: map[string]string{"pglease.io/example": "true"}}}
 	if err := c.Create(ctx, cm); err != nil {
+		t.Fatal(err)
+	}
+	// Not selected: never stamped.
+	unlabelled := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "not-mine"}}
+	if err := c.Create(ctx, unlabelled); err != nil {
 		t.Fatal(err)
 	}
 
 	lines := make(chan line, 1000)
 	procs := map[string]*proc{}
-	args := []string{"-kubeconfig", kubeconfig, "-dsn", dsn, "-namespace", "default", "-key", "manager-example", "-lease-duration", "2s"}
+	// The DSN comes from $PGLEASE_DSN (startProc), as in config/.
+	args := []string{"-kubeconfig", kubeconfig, "-namespace", "default", "-key", "manager-example", "-lease-duration", "2s"}
 	probes := map[string]string{}
 	for _, id := range []string{"m1", "m2"} {
 		probes[id] = freeAddr(t)
-		procs[id] = startProc(t, bin, id, lines, append(args, "-health-probe-bind-address", probes[id])...)
+		procs[id] = startProc(t, bin, id, dsn, lines, append(args, "-health-probe-bind-address", probes[id])...)
 	}
 	var mu sync.Mutex
 	var seen []line
@@ -245,6 +253,15 @@ func TestManagerExample(t *testing.T) {
 	}
 	if e, h := annotation(); e != epochOf(second.tok) || h != other {
 		t.Fatalf("ConfigMap stamped %d by %q after the handoff", e, h)
+	}
+	for _, name := range []string{"not-mine"} { // (envtest runs no kube-controller-manager: no kube-root-ca.crt)
+		var got corev1.ConfigMap
+		if err := c.Get(ctx, types.NamespacedName{Namespace: "default", Name: name}, &got); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := got.Annotations["pglease.io/epoch"]; ok {
+			t.Errorf("ConfigMap %s, outside the label selector, was stamped: %v", name, got.Annotations)
+		}
 	}
 	<-procs[first.proc].done
 	if err := procs[first.proc].err; err != nil {

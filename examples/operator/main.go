@@ -71,6 +71,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	pgle "github.com/pglease/pg_lease/pkg/leaderelection"
 	"github.com/pglease/pg_lease/pkg/leasectrl"
 )
 
@@ -97,8 +98,14 @@ func main() {
 	}
 	var c config
 	// -kubeconfig is controller-runtime's own flag (else in-cluster config, $KUBECONFIG, ~/.kube/config).
-	flag.StringVar(&c.leaseDSN, "lease-dsn", os.Getenv("PGLEASE_DSN"), "database holding the pg_lease leases (-lock=pglease; default $PGLEASE_DSN)")
-	flag.StringVar(&c.storeDSN, "store-dsn", os.Getenv("PGLEASE_STORE_DSN"), "database the results are written to (default $PGLEASE_STORE_DSN)")
+	// No DSN is ever a flag default (usage text and flag errors would print
+	// it): the flags default to empty, and the environment (or a file) is
+	// read after parsing.
+	var leaseDSNFile, storeDSNFile string
+	flag.StringVar(&c.leaseDSN, "lease-dsn", "", "database holding the pg_lease leases (-lock=pglease); visible in process listings, prefer $PGLEASE_DSN or -lease-dsn-file")
+	flag.StringVar(&leaseDSNFile, "lease-dsn-file", "", "file holding -lease-dsn (default: $PGLEASE_DSN)")
+	flag.StringVar(&c.storeDSN, "store-dsn", "", "database the results are written to; visible in process listings, prefer $PGLEASE_STORE_DSN or -store-dsn-file")
+	flag.StringVar(&storeDSNFile, "store-dsn-file", "", "file holding -store-dsn (default: $PGLEASE_STORE_DSN)")
 	flag.StringVar(&c.id, "id", defaultID, "this candidate's unique identity (default $POD_NAME, else host-pid)")
 	flag.StringVar(&c.namespace, "namespace", "default", "namespace whose ConfigMaps are reconciled (and of the Lease with -lock=lease)")
 	flag.StringVar(&c.selector, "selector", "pglease.example/watch=true", "label selector of the ConfigMaps to reconcile")
@@ -111,6 +118,12 @@ func main() {
 	flag.StringVar(&c.metricsAddr, "metrics-bind-address", "0", `address of /metrics ("0": off)`)
 	flag.Parse()
 	identity = c.id
+	if c.leaseDSN == "" {
+		c.leaseDSN, _ = (pgle.DSNSource{File: leaseDSNFile}).Read() // empty: validate says what is missing
+	}
+	if c.storeDSN == "" {
+		c.storeDSN, _ = (pgle.DSNSource{File: storeDSNFile, Env: "PGLEASE_STORE_DSN"}).Read()
+	}
 
 	err := run(ctrl.SetupSignalHandler(), c)
 	code := 0
@@ -127,13 +140,13 @@ func main() {
 func (c config) validate() error {
 	var errs []error
 	if c.storeDSN == "" {
-		errs = append(errs, errors.New("-store-dsn (or $PGLEASE_STORE_DSN) is required"))
+		errs = append(errs, errors.New("-store-dsn-file or $PGLEASE_STORE_DSN is required"))
 	}
 	if c.lock != "pglease" && c.lock != "lease" {
 		errs = append(errs, fmt.Errorf("-lock must be pglease or lease, got %q", c.lock))
 	}
 	if c.lock == "pglease" && c.leaseDSN == "" {
-		errs = append(errs, errors.New("-lease-dsn (or $PGLEASE_DSN) is required with -lock=pglease"))
+		errs = append(errs, errors.New("-lease-dsn-file or $PGLEASE_DSN is required with -lock=pglease"))
 	}
 	if c.id == "" {
 		errs = append(errs, errors.New("-id must not be empty"))

@@ -4,9 +4,18 @@
 //
 //	lock, _ := resourcelock.New(lease.New(pool), "my-operator", podName)
 //	opts := manager.Options{...}
-//	if err := leasectrl.ConfigureManager(&opts, lock); err != nil { ... }
-//	mgr, _ := manager.New(cfg, opts)
+//	mgr, err := leasectrl.NewManager(cfg, opts, leasectrl.ManagerConfig{Lock: lock, PgLease: lock})
 //	ctrl.NewControllerManagedBy(mgr).For(&v1.Thing{}).Complete(leasectrl.Fenced(lock, &ThingReconciler{}))
+//
+// NewManager (Configure, then manager.New) runs the lock wrapped in an
+// ObservedLock: the lock's epoch, transitions, renewal latency and errors
+// go to controller-runtime's metrics registry (names beside client-go's in
+// ObservedLock's documentation and docs/operations.md), and client-go's
+// election events are recorded through the manager's event recorder with
+// the epoch ("<identity> became leader (epoch 7)"). It leaves
+// LeaderElectionReleaseOnCancel as the caller set it unless
+// ManagerConfig.ReleaseOnCancel says otherwise; ConfigureManager, the older
+// one-call form, sets it to true (documented at the function).
 //
 // controller-runtime runs the real client-go elector with the lock
 // (Options.LeaderElectionResourceLockInterface); LeaseDuration, RenewDeadline
@@ -28,7 +37,9 @@ import (
 
 	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection"
+	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
@@ -74,17 +85,51 @@ func (t Timing) Check(ttl time.Duration) error {
 }
 
 // ConfigureManager sets opts to elect the manager's leader through lock:
-// LeaderElection, LeaderElectionResourceLockInterface,
-// LeaderElectionReleaseOnCancel (a stopping leader hands over without making
-// its successor wait for the TTL), LeaderElectionID (the key, when empty)
-// and the timings. Timings left nil come from TimingFor(lock's TTL); all are
+// LeaderElection, LeaderElectionResourceLockInterface (lock, wrapped in an
+// ObservedLock for the metrics), LeaderElectionID (the key, when empty) and
+// the timings. Timings left nil come from TimingFor(lock's TTL); all are
 // then checked (Timing.Check), and each error names the field.
+//
+// It OVERRIDES LeaderElectionReleaseOnCancel with true, whatever the caller
+// set: a stopping leader then frees the key, so that its successor takes
+// over at its next retry instead of waiting for the TTL, and the lock ends
+// the term (cancelling every fenced reconcile) before it frees the key. To
+// keep false, set opts.LeaderElectionReleaseOnCancel after this call, or
+// use Configure, which leaves it alone unless told.
+//
+// Events: the manager's recorder exists only once the manager does; use
+// NewManager to have "became leader (epoch N)" recorded through it.
 func ConfigureManager(opts *manager.Options, lock *resourcelock.Lock) error {
 	if opts == nil || lock == nil {
 		return errors.New("leasectrl.ConfigureManager: opts and lock must not be nil")
 	}
-	def := TimingFor(lock.LeaseDuration())
-	t := def
+	release := true
+	_, err := Configure(opts, ManagerConfig{Lock: lock, PgLease: lock, ReleaseOnCancel: &release})
+	return err
+}
+
+// ManagerConfig is what Configure and NewManager set a manager up with.
+type ManagerConfig struct {
+	// Lock is the lock the manager's elector runs: PgLease itself, or a
+	// composite whose pg_lease half is PgLease (leaderelection.MigrationLock).
+	Lock rl.Interface
+	// PgLease is the pg_lease lock: its TTL checks the timings, its epochs
+	// are the metrics' and the events'.
+	PgLease *resourcelock.Lock
+	// ReleaseOnCancel, when not nil, sets opts.LeaderElectionReleaseOnCancel;
+	// nil leaves the caller's value as it is.
+	ReleaseOnCancel *bool
+}
+
+// Configure sets opts like ConfigureManager, for any lock over a pg_lease
+// lock, and returns the ObservedLock it installed. It changes
+// LeaderElectionReleaseOnCancel only as c.ReleaseOnCancel says.
+func Configure(opts *manager.Options, c ManagerConfig) (*ObservedLock, error) {
+	if opts == nil || c.Lock == nil || c.PgLease == nil {
+		return nil, errors.New("leasectrl.Configure: opts, Lock and PgLease must not be nil")
+	}
+	ttl := c.PgLease.LeaseDuration()
+	t := TimingFor(ttl)
 	if opts.LeaseDuration != nil {
 		t.LeaseDuration = *opts.LeaseDuration
 	}
@@ -94,17 +139,42 @@ func ConfigureManager(opts *manager.Options, lock *resourcelock.Lock) error {
 	if opts.RetryPeriod != nil {
 		t.RetryPeriod = *opts.RetryPeriod
 	}
-	if err := t.Check(lock.LeaseDuration()); err != nil {
-		return fmt.Errorf("leasectrl.ConfigureManager: manager.Options: %w", err)
+	if err := t.Check(ttl); err != nil {
+		return nil, fmt.Errorf("leasectrl.ConfigureManager: manager.Options: %w", err)
+	}
+	obs, err := Observe(c.Lock, c.PgLease)
+	if err != nil {
+		return nil, err
 	}
 	opts.LeaderElection = true
-	opts.LeaderElectionResourceLockInterface = lock
-	opts.LeaderElectionReleaseOnCancel = true
+	opts.LeaderElectionResourceLockInterface = obs
+	if c.ReleaseOnCancel != nil {
+		opts.LeaderElectionReleaseOnCancel = *c.ReleaseOnCancel
+	}
 	if opts.LeaderElectionID == "" {
-		opts.LeaderElectionID = lock.Key()
+		opts.LeaderElectionID = c.PgLease.Key()
 	}
 	opts.LeaseDuration, opts.RenewDeadline, opts.RetryPeriod = &t.LeaseDuration, &t.RenewDeadline, &t.RetryPeriod
-	return nil
+	return obs, nil
+}
+
+// NewManager is Configure followed by manager.New, after which the lock
+// records the elector's events ("<identity> became leader (epoch N)")
+// through the manager's event recorder, about a Lease named after the key
+// ("namespace/name" keys split; otherwise in opts.LeaderElectionNamespace).
+func NewManager(cfg *rest.Config, opts manager.Options, c ManagerConfig) (manager.Manager, error) {
+	obs, err := Configure(&opts, c)
+	if err != nil {
+		return nil, err
+	}
+	mgr, err := manager.New(cfg, opts)
+	if err != nil {
+		return nil, err
+	}
+	// The election's events are recorded with client-go's (core/v1) event
+	// recorder, as client-go's own locks and controller-runtime do.
+	obs.SetEventRecorder(mgr.GetEventRecorderFor(c.PgLease.Identity()), nil, opts.LeaderElectionNamespace) //nolint:staticcheck
+	return mgr, nil
 }
 
 // ErrNoToken is returned by a Fenced reconciler that runs while the lock

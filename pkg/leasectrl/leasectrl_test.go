@@ -15,6 +15,7 @@ import (
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
 
@@ -45,7 +46,11 @@ func TestConfigureManager(t *testing.T) {
 	if err := leasectrl.ConfigureManager(&opts, lock); err != nil {
 		t.Fatal(err)
 	}
-	if !opts.LeaderElection || opts.LeaderElectionResourceLockInterface != lock || !opts.LeaderElectionReleaseOnCancel ||
+	obs, ok := opts.LeaderElectionResourceLockInterface.(*leasectrl.ObservedLock)
+	if !ok || obs.Interface != rl.Interface(lock) || obs.PgLease() != lock {
+		t.Fatalf("LeaderElectionResourceLockInterface = %T, want an ObservedLock of the lock", opts.LeaderElectionResourceLockInterface)
+	}
+	if !opts.LeaderElection || !opts.LeaderElectionReleaseOnCancel ||
 		opts.LeaderElectionID != "k" || *opts.LeaseDuration != 15*time.Second || *opts.RenewDeadline != 10*time.Second ||
 		*opts.RetryPeriod != 2*time.Second {
 		t.Fatalf("options: %+v LD %v RD %v RP %v", opts, *opts.LeaseDuration, *opts.RenewDeadline, *opts.RetryPeriod)
@@ -148,5 +153,121 @@ func TestFenced(t *testing.T) {
 	}
 	if _, err := r.Reconcile(ctx, reconcile.Request{}); !errors.Is(err, leasectrl.ErrNoToken) {
 		t.Fatalf("after release: %v", err)
+	}
+}
+
+// The lock's metrics are in controller-runtime's registry: the epoch at
+// scrape time, terms started and stopped, renewal latency, and conflicts.
+func TestObservedLockMetrics(t *testing.T) {
+	client, _ := newClient(t)
+	key := "metrics-" + t.Name()
+	lock, err := resourcelock.New(client, key, "a", resourcelock.WithLeaseDuration(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs, err := leasectrl.Observe(lock, lock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	ler := rl.LeaderElectionRecord{HolderIdentity: "a"}
+	if err := obs.Create(ctx, ler); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := obs.Update(ctx, ler); err != nil { // renewals
+			t.Fatal(err)
+		}
+	}
+	other, err := resourcelock.New(client, key, "b", resourcelock.WithLeaseDuration(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	obsB, err := leasectrl.Observe(other, other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := obsB.Update(ctx, rl.LeaderElectionRecord{HolderIdentity: "b"}); err == nil {
+		t.Fatal("b acquired a held key")
+	}
+	got := gather(t, key)
+	for name, want := range map[string]float64{
+		"pg_lease_lock_epoch":                        1,
+		"pg_lease_lock_transitions_total/started":    1,
+		"pg_lease_lock_renew_duration_seconds/count": 3,
+		"pg_lease_lock_errors_total/conflict/update": 1, // labels in name order: kind, op
+	} {
+		if got[name] != want {
+			t.Errorf("%s = %v, want %v (all: %v)", name, got[name], want, got)
+		}
+	}
+	if err := obs.Update(ctx, rl.LeaderElectionRecord{}); err != nil { // release
+		t.Fatal(err)
+	}
+	got = gather(t, key)
+	if got["pg_lease_lock_epoch"] != 0 || got["pg_lease_lock_transitions_total/stopped"] != 1 {
+		t.Errorf("after release: %v", got)
+	}
+}
+
+// gather reads the registry's series of key, named metric[/label values].
+func gather(t *testing.T, key string) map[string]float64 {
+	t.Helper()
+	mfs, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		if !strings.HasPrefix(mf.GetName(), "pg_lease_lock_") {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			name := mf.GetName()
+			mine := false
+			for _, lp := range m.GetLabel() {
+				switch lp.GetName() {
+				case "key":
+					mine = lp.GetValue() == key
+				default:
+					name += "/" + lp.GetValue()
+				}
+			}
+			if !mine {
+				continue
+			}
+			switch {
+			case m.Gauge != nil:
+				out[name] = m.GetGauge().GetValue()
+			case m.Counter != nil:
+				out[name] = m.GetCounter().GetValue()
+			case m.Histogram != nil:
+				out[name+"/count"] = float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return out
+}
+
+// Configure leaves LeaderElectionReleaseOnCancel as the caller set it
+// unless told; ConfigureManager's override is documented at the call.
+func TestConfigureReleaseOnCancel(t *testing.T) {
+	lock, err := resourcelock.New(lease.New(nil), "k", "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := manager.Options{LeaderElectionReleaseOnCancel: false}
+	if _, err := leasectrl.Configure(&opts, leasectrl.ManagerConfig{Lock: lock, PgLease: lock}); err != nil {
+		t.Fatal(err)
+	}
+	if opts.LeaderElectionReleaseOnCancel {
+		t.Error("Configure overrode LeaderElectionReleaseOnCancel = false")
+	}
+	yes := true
+	if _, err := leasectrl.Configure(&opts, leasectrl.ManagerConfig{Lock: lock, PgLease: lock, ReleaseOnCancel: &yes}); err != nil {
+		t.Fatal(err)
+	}
+	if !opts.LeaderElectionReleaseOnCancel {
+		t.Error("ReleaseOnCancel true not applied")
 	}
 }

@@ -1,0 +1,238 @@
+package leaderelection
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/pglease/pg_lease/pkg/resourcelock"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/client-go/tools/leaderelection"
+	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/component-base/config"
+	"k8s.io/component-base/config/v1alpha1"
+	cbvalidation "k8s.io/component-base/config/validation"
+	"sigs.k8s.io/yaml"
+)
+
+// Resource lock names (LeaderElectionConfiguration.ResourceLock and
+// --leader-elect-resource-lock) this package adds to client-go's "leases".
+const (
+	// ResourceLockPgLease elects through one pg_lease key in PostgreSQL.
+	ResourceLockPgLease = "pglease"
+	// ResourceLockMigration elects through both the coordination.k8s.io
+	// Lease and the pg_lease key: a candidate leads only while it holds both
+	// (see MigrationLock). It is the setting of the rollout that moves a
+	// component from "leases" to "pglease".
+	ResourceLockMigration = rl.LeasesResourceLock + "+" + ResourceLockPgLease
+)
+
+// DefaultDSNEnv is the environment variable the DSN is read from when
+// neither DSNSource.File nor DSNSource.Env is set.
+const DefaultDSNEnv = "PGLEASE_DSN"
+
+// Default timings: client-go's and controller-runtime's (component-base's
+// recommended defaults).
+const (
+	DefaultLeaseDuration = 15 * time.Second
+	DefaultRenewDeadline = 10 * time.Second
+	DefaultRetryPeriod   = 2 * time.Second
+)
+
+// ErrInvalidConfig is wrapped by every validation error of a Config.
+var ErrInvalidConfig = errors.New("leaderelection: invalid configuration")
+
+// ErrNoDSN is wrapped by DSNSource.Read when the source holds no DSN.
+var ErrNoDSN = errors.New("leaderelection: no PostgreSQL DSN")
+
+// DSNSource says where the PostgreSQL connection string is read from: a
+// file (such as a mounted Secret key) or an environment variable, never a
+// flag value, so that the DSN (and its password) never appears in usage
+// text, flag defaults, process listings or errors.
+type DSNSource struct {
+	// File is the path of a file holding the DSN (surrounding white space is
+	// trimmed). Takes precedence over Env.
+	File string
+	// Env is the name of the environment variable holding the DSN. Default
+	// DefaultDSNEnv.
+	Env string
+}
+
+// Read returns the DSN. Its errors name the file or the variable, never
+// any part of the DSN.
+func (s DSNSource) Read() (string, error) {
+	if s.File != "" {
+		b, err := os.ReadFile(s.File)
+		if err != nil {
+			// os errors name the path only.
+			return "", fmt.Errorf("%w: reading the DSN file: %w", ErrNoDSN, err)
+		}
+		dsn := strings.TrimSpace(string(b))
+		if dsn == "" {
+			return "", fmt.Errorf("%w: the DSN file %s is empty", ErrNoDSN, s.File)
+		}
+		return dsn, nil
+	}
+	env := s.Env
+	if env == "" {
+		env = DefaultDSNEnv
+	}
+	dsn := strings.TrimSpace(os.Getenv(env))
+	if dsn == "" {
+		return "", fmt.Errorf("%w: $%s is empty or unset (or name a file with --leader-elect-dsn-file)", ErrNoDSN, env)
+	}
+	return dsn, nil
+}
+
+// String names the source (never its content).
+func (s DSNSource) String() string {
+	if s.File != "" {
+		return "file " + s.File
+	}
+	if s.Env != "" {
+		return "$" + s.Env
+	}
+	return "$" + DefaultDSNEnv
+}
+
+// Config is component-base's LeaderElectionConfiguration (the type
+// kube-controller-manager, kube-scheduler and component configs embed) plus
+// what a pg_lease lock needs besides: where the DSN comes from and,
+// optionally, the identity.
+type Config struct {
+	config.LeaderElectionConfiguration
+	// DSN is where the PostgreSQL connection string comes from (pglease and
+	// leases+pglease only).
+	DSN DSNSource
+	// Identity of this candidate; must be unique among candidates. Default:
+	// hostname + "_" + a random UUID, as controller-runtime does.
+	Identity string
+	// Key overrides the pg_lease key. Default ResourceNamespace + "/" +
+	// ResourceName, the same name as the Lease of the Kubernetes locks.
+	Key string
+}
+
+// DefaultConfig returns leader election off, resource lock "leases" (the
+// controller-runtime and kubebuilder default) and client-go's default
+// timings (15s/10s/2s): the defaults of the --leader-elect* flags.
+func DefaultConfig() Config {
+	return Config{LeaderElectionConfiguration: config.LeaderElectionConfiguration{
+		LeaderElect:   false,
+		LeaseDuration: metav1.Duration{Duration: DefaultLeaseDuration},
+		RenewDeadline: metav1.Duration{Duration: DefaultRenewDeadline},
+		RetryPeriod:   metav1.Duration{Duration: DefaultRetryPeriod},
+		ResourceLock:  rl.LeasesResourceLock,
+	}}
+}
+
+// Decode reads a serialized (v1alpha1) LeaderElectionConfiguration, as it
+// appears under leaderElection: in a component config file, strictly (an
+// unknown field is an error), fills component-base's recommended defaults
+// (except the resource lock, which defaults to "leases", not the removed
+// "endpoints") and converts it to the internal type.
+//
+//	leaderElect: true
+//	resourceLock: pglease
+//	resourceName: my-operator
+//	resourceNamespace: my-namespace
+//	leaseDuration: 15s
+func Decode(data []byte) (config.LeaderElectionConfiguration, error) {
+	var v v1alpha1.LeaderElectionConfiguration
+	var out config.LeaderElectionConfiguration
+	if err := yaml.UnmarshalStrict(data, &v); err != nil {
+		return out, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if v.ResourceLock == "" {
+		v.ResourceLock = rl.LeasesResourceLock
+	}
+	v1alpha1.RecommendedDefaultLeaderElectionConfiguration(&v)
+	if err := v1alpha1.Convert_v1alpha1_LeaderElectionConfiguration_To_config_LeaderElectionConfiguration(&v, &out, nil); err != nil {
+		return out, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return out, nil
+}
+
+// UsesPgLease reports whether the resource lock involves a pg_lease key.
+func (c *Config) UsesPgLease() bool {
+	return c.ResourceLock == ResourceLockPgLease || c.ResourceLock == ResourceLockMigration
+}
+
+// PgLeaseKey is the pg_lease key: Config.Key, else "namespace/name".
+func (c *Config) PgLeaseKey() string {
+	if c.Key != "" {
+		return c.Key
+	}
+	return c.ResourceNamespace + "/" + c.ResourceName
+}
+
+// Validate checks c with component-base's own validation
+// (ValidateLeaderElectionConfiguration), client-go's rules for the elector,
+// the resource lock name, and, for the pg_lease locks, the timings against
+// the TTL. Every error names the field (field paths under fldPath, e.g.
+// leaderElection.renewDeadline) and wraps ErrInvalidConfig. A disabled
+// election (LeaderElect false) is always valid.
+func (c *Config) Validate(fldPath *field.Path) error {
+	if !c.LeaderElect {
+		return nil
+	}
+	errs := cbvalidation.ValidateLeaderElectionConfiguration(&c.LeaderElectionConfiguration, fldPath)
+	switch c.ResourceLock {
+	case rl.LeasesResourceLock, ResourceLockPgLease, ResourceLockMigration:
+	case "":
+		// component-base reported it as required.
+	default:
+		errs = append(errs, field.NotSupported(fldPath.Child("resourceLock"), c.ResourceLock,
+			[]string{rl.LeasesResourceLock, ResourceLockPgLease, ResourceLockMigration}))
+	}
+	errs = append(errs, checkTiming(c.LeaseDuration.Duration, c.RenewDeadline.Duration, c.RetryPeriod.Duration,
+		c.pgTTL(), fldPath)...)
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrInvalidConfig, errs.ToAggregate())
+}
+
+// pgTTL is the TTL the pg_lease lock sends (0 for the Kubernetes locks).
+func (c *Config) pgTTL() time.Duration {
+	if !c.UsesPgLease() {
+		return 0
+	}
+	return c.LeaseDuration.Duration
+}
+
+// checkTiming checks client-go's rules for LeaderElectionConfig
+// (RenewDeadline > JitterFactor × RetryPeriod; component-base checks
+// LeaseDuration > RenewDeadline) and, when ttl > 0, that the elector stops
+// leading before a grant it stopped renewing lapses: client-go's renew loop
+// gives up RenewDeadline after it started a renewal attempt, which it starts
+// up to RetryPeriod after the last successful one, so RenewDeadline +
+// RetryPeriod must be below the TTL, minus the lock's default margin (the
+// lock ends its term that long before the server's expiry).
+//
+// The core package's timing helper for issue 12 (pkg/resourcelock) is to
+// replace this body at merge; the field paths stay.
+func checkTiming(leaseDuration, renewDeadline, retryPeriod, ttl time.Duration, fldPath *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if retryPeriod > 0 && renewDeadline > 0 &&
+		renewDeadline <= time.Duration(leaderelection.JitterFactor*float64(retryPeriod)) {
+		errs = append(errs, field.Invalid(fldPath.Child("renewDeadline"), renewDeadline.String(),
+			fmt.Sprintf("must be greater than retryPeriod (%v) × %v (client-go's JitterFactor)", retryPeriod, leaderelection.JitterFactor)))
+	}
+	if ttl <= 0 || renewDeadline <= 0 || retryPeriod <= 0 {
+		return errs
+	}
+	if ttl < time.Second {
+		errs = append(errs, field.Invalid(fldPath.Child("leaseDuration"), leaseDuration.String(),
+			"must be at least 1s (client-go counts whole seconds)"))
+	}
+	margin := min(ttl/10, resourcelock.DefaultMaxMargin)
+	if renewDeadline+retryPeriod >= ttl-margin {
+		errs = append(errs, field.Invalid(fldPath.Child("renewDeadline"), renewDeadline.String(),
+			fmt.Sprintf("renewDeadline + retryPeriod (%v) must be below leaseDuration, the pg_lease TTL (%v), minus the lock's margin (%v): "+
+				"a leader that stopped renewing must stop leading before its grant lapses", renewDeadline+retryPeriod, ttl, margin)))
+	}
+	return errs
+}

@@ -1,0 +1,254 @@
+package leaderelection_test
+
+import (
+	"context"
+	"errors"
+	goflag "flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pglease/pg_lease/internal/pgtest"
+	pgle "github.com/pglease/pg_lease/pkg/leaderelection"
+	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/resourcelock"
+	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/client-go/tools/leaderelection"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// The --leader-elect* flags are component-base's own: every flag
+// options.BindLeaderElectionFlags defines is there with its name, and they
+// fill the LeaderElectionConfiguration.
+func TestBindFlagsStdlib(t *testing.T) {
+	fs := goflag.NewFlagSet("x", goflag.ContinueOnError)
+	f := pgle.BindFlags(fs)
+	err := fs.Parse([]string{"-leader-elect", "--leader-elect-resource-lock=pglease",
+		"--leader-elect-resource-name=op", "--leader-elect-resource-namespace", "ns",
+		"--leader-elect-lease-duration=20s", "--leader-elect-renew-deadline=12s", "--leader-elect-retry-period=3s",
+		"--leader-elect-dsn-file=/run/secrets/dsn"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := f.Config
+	if !c.LeaderElect || c.ResourceLock != "pglease" || c.ResourceName != "op" || c.ResourceNamespace != "ns" ||
+		c.LeaseDuration.Duration != 20*time.Second || c.RenewDeadline.Duration != 12*time.Second ||
+		c.RetryPeriod.Duration != 3*time.Second || c.DSN.File != "/run/secrets/dsn" || c.DSN.Env != pgle.DefaultDSNEnv {
+		t.Fatalf("config %+v", c)
+	}
+	if c.PgLeaseKey() != "ns/op" {
+		t.Errorf("key %q, want ns/op", c.PgLeaseKey())
+	}
+	if !f.IsSet("leader-elect-lease-duration") || f.IsSet("leader-elect-pglease-key") {
+		t.Errorf("IsSet wrong")
+	}
+	if err := c.Validate(field.NewPath("leaderElection")); err != nil {
+		t.Errorf("valid config: %v", err)
+	}
+}
+
+func TestBindPFlags(t *testing.T) {
+	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
+	f := pgle.NewFlags()
+	f.BindPFlags(fs)
+	if err := fs.Parse([]string{"--leader-elect", "--leader-elect-resource-lock", "leases+pglease", "--leader-elect-dsn-env=MY_DSN"}); err != nil {
+		t.Fatal(err)
+	}
+	if !f.Config.LeaderElect || f.Config.ResourceLock != pgle.ResourceLockMigration || f.Config.DSN.Env != "MY_DSN" {
+		t.Fatalf("config %+v", f.Config)
+	}
+}
+
+// A kubebuilder scaffold defines -leader-elect itself; BindFlags leaves it
+// alone and ManagerConfig takes the value from the manager's options.
+func TestScaffoldLeaderElectFlag(t *testing.T) {
+	fs := goflag.NewFlagSet("x", goflag.ContinueOnError)
+	var enable bool
+	fs.BoolVar(&enable, "leader-elect", false, "scaffold's")
+	f := pgle.BindFlags(fs)
+	if err := fs.Parse([]string{"-leader-elect", "-leader-elect-resource-lock=pglease", "-leader-elect-retry-period=1s"}); err != nil {
+		t.Fatal(err)
+	}
+	d := 5 * time.Second
+	rp := 4 * time.Second
+	c := f.ManagerConfig(manager.Options{LeaderElection: enable, LeaderElectionID: "abc.example.com",
+		LeaderElectionNamespace: "ops", RenewDeadline: &d, RetryPeriod: &rp})
+	if !c.LeaderElect || c.ResourceName != "abc.example.com" || c.ResourceNamespace != "ops" || c.ResourceLock != "pglease" {
+		t.Fatalf("config %+v", c)
+	}
+	// The option fills what no flag set; a flag given wins over the option.
+	if c.RenewDeadline.Duration != d || c.RetryPeriod.Duration != time.Second || c.LeaseDuration.Duration != pgle.DefaultLeaseDuration {
+		t.Fatalf("timings %v %v %v", c.LeaseDuration, c.RenewDeadline, c.RetryPeriod)
+	}
+	c = f.ManagerConfig(manager.Options{LeaderElection: false})
+	if c.LeaderElect {
+		t.Fatal("LeaderElect taken from the flag Flags did not bind")
+	}
+}
+
+func TestDecode(t *testing.T) {
+	c, err := pgle.Decode([]byte("leaderElect: true\nresourceLock: pglease\nresourceName: op\nresourceNamespace: ns\nleaseDuration: 30s\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.LeaderElect || c.ResourceLock != "pglease" || c.LeaseDuration.Duration != 30*time.Second ||
+		c.RenewDeadline.Duration != pgle.DefaultRenewDeadline || c.RetryPeriod.Duration != pgle.DefaultRetryPeriod {
+		t.Fatalf("decoded %+v", c)
+	}
+	c, err = pgle.Decode([]byte("resourceName: op\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.LeaderElect || c.ResourceLock != "leases" {
+		t.Fatalf("defaults: %+v (want component-base's leaderElect true, and leases)", c)
+	}
+	if _, err := pgle.Decode([]byte("resourceLok: pglease\n")); !errors.Is(err, pgle.ErrInvalidConfig) || !strings.Contains(err.Error(), "resourceLok") {
+		t.Fatalf("unknown field: %v", err)
+	}
+}
+
+// Every invalid setting is reported with its field path.
+func TestValidateNamesFields(t *testing.T) {
+	base := func() pgle.Config {
+		c := pgle.DefaultConfig()
+		c.LeaderElect, c.ResourceLock, c.ResourceName, c.ResourceNamespace = true, "pglease", "op", "ns"
+		return c
+	}
+	for _, tc := range []struct {
+		name string
+		mod  func(*pgle.Config)
+		want []string
+	}{
+		{"renew deadline + retry past the TTL", func(c *pgle.Config) { c.RenewDeadline.Duration = 13 * time.Second },
+			[]string{"leaderElection.renewDeadline", "renewDeadline + retryPeriod (15s)", "pg_lease TTL (15s)"}},
+		{"lease duration not above renew deadline", func(c *pgle.Config) { c.LeaseDuration.Duration = 5 * time.Second },
+			[]string{"leaderElection.leaseDuration", "must be greater than `RenewDeadline`"}},
+		{"retry jitter", func(c *pgle.Config) { c.RetryPeriod.Duration = 9 * time.Second; c.LeaseDuration.Duration = time.Minute },
+			[]string{"leaderElection.renewDeadline", "JitterFactor"}},
+		{"unknown lock", func(c *pgle.Config) { c.ResourceLock = "endpoints" },
+			[]string{"leaderElection.resourceLock", `"endpoints"`, "pglease"}},
+		{"no name", func(c *pgle.Config) { c.ResourceName = "" }, []string{"leaderElection.resourceName: Required"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := base()
+			tc.mod(&c)
+			err := c.Validate(field.NewPath("leaderElection"))
+			if !errors.Is(err, pgle.ErrInvalidConfig) {
+				t.Fatalf("Validate: %v, want ErrInvalidConfig", err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+	// The same timings are fine for client-go's own lock, which has no
+	// server TTL: only client-go's rules apply.
+	c := base()
+	c.ResourceLock = "leases"
+	c.RenewDeadline.Duration = 13 * time.Second
+	if err := c.Validate(field.NewPath("leaderElection")); err != nil {
+		t.Errorf("leases: %v", err)
+	}
+}
+
+const secret = "s3cr3t-Pa55"
+
+// DSN errors name the source, never the DSN.
+func TestDSNSource(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "dsn")
+	if err := os.WriteFile(file, []byte("  postgres://u:"+secret+"@h/db \n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgle.DSNSource{File: file, Env: "NOPE"}.Read()
+	if err != nil || got != "postgres://u:"+secret+"@h/db" {
+		t.Fatalf("file: %q %v", got, err)
+	}
+	t.Setenv("TEST_DSN", "postgres://u:"+secret+"@h/db")
+	if got, err := (pgle.DSNSource{Env: "TEST_DSN"}).Read(); err != nil || !strings.Contains(got, secret) {
+		t.Fatalf("env: %q %v", got, err)
+	}
+	t.Setenv(pgle.DefaultDSNEnv, "")
+	if _, err := (pgle.DSNSource{}).Read(); !errors.Is(err, pgle.ErrNoDSN) || !strings.Contains(err.Error(), "$PGLEASE_DSN") {
+		t.Fatalf("empty default env: %v", err)
+	}
+	if _, err := (pgle.DSNSource{File: filepath.Join(dir, "missing")}).Read(); !errors.Is(err, pgle.ErrNoDSN) {
+		t.Fatalf("missing file: %v", err)
+	}
+	// A DSN that does not parse: New's error does not quote it.
+	t.Setenv("BAD_DSN", "postgres://u:"+secret+"@h:notaport/db")
+	c := pgle.DefaultConfig()
+	c.LeaderElect, c.ResourceLock, c.ResourceName, c.ResourceNamespace = true, "pglease", "op", "ns"
+	c.DSN.Env = "BAD_DSN"
+	_, err = pgle.New(context.Background(), c, pgle.BuildOptions{})
+	if err == nil || strings.Contains(err.Error(), secret) || !strings.Contains(err.Error(), "$BAD_DSN") {
+		t.Fatalf("bad DSN: %v", err)
+	}
+}
+
+// New("pglease") returns a pg_lease lock that client-go's own elector runs
+// against real PostgreSQL: it leads under epoch 1 on the key ns/name.
+func TestNewPgLeaseRunsWithClientGo(t *testing.T) {
+	dsn := pgtest.NewLeaseDatabase(t)
+	t.Setenv("TEST_LEASE_DSN", dsn)
+	c := pgle.DefaultConfig()
+	c.LeaderElect, c.ResourceLock, c.ResourceName, c.ResourceNamespace = true, "pglease", "op", "ns"
+	c.LeaseDuration.Duration, c.RenewDeadline.Duration, c.RetryPeriod.Duration = 3*time.Second, 2*time.Second, 200*time.Millisecond
+	c.DSN.Env = "TEST_LEASE_DSN"
+	c.Identity = "me"
+	lock, err := pgle.New(context.Background(), c, pgle.BuildOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if lock.PgLease == nil || lock.PgLease.Key() != "ns/op" || lock.PgLease.LeaseDuration() != 3*time.Second || lock.Identity() != "me" {
+		t.Fatalf("lock %+v", lock)
+	}
+	if _, ok := lock.Interface.(*resourcelock.Lock); !ok {
+		t.Fatalf("pglease built %T", lock.Interface)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	led := make(chan lease.Token, 1)
+	le, err := leaderelection.NewLeaderElector(lock.ElectionConfig(true, leaderelection.LeaderCallbacks{
+		OnStartedLeading: func(context.Context) {
+			tok, _ := lock.PgLease.Token()
+			led <- tok
+		},
+		OnStoppedLeading: func() {},
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { le.Run(ctx); close(done) }()
+	tok := <-led
+	if tok.Key != "ns/op" || tok.Owner != "me" || tok.Epoch != 1 {
+		t.Fatalf("token %v", tok)
+	}
+	cancel()
+	<-done
+	// ReleaseOnCancel freed the key.
+	pool := newPool(t, dsn)
+	s, err := lease.New(pool).Inspect(context.Background(), "ns/op")
+	if err != nil || s.Held {
+		t.Fatalf("after release: %+v %v", s, err)
+	}
+}
+
+func newPool(t *testing.T, dsn string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}

@@ -1,0 +1,184 @@
+package leaderelection
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/resourcelock"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/uuid"
+	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/leaderelection"
+	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
+)
+
+// BuildOptions are what New needs besides the Config.
+type BuildOptions struct {
+	// KubeConfig is the API server's config: required for "leases" and
+	// "leases+pglease" (its timeout is set to max(RenewDeadline/2, 1s) on a
+	// copy, as client-go and controller-runtime do).
+	KubeConfig *rest.Config
+	// EventRecorder receives the leader election events ("became leader",
+	// with the epoch for the pg_lease locks), recorded about the Lease
+	// <resourceNamespace>/<resourceName> (which for "pglease" need not
+	// exist). A record.EventRecorder satisfies it.
+	EventRecorder rl.EventRecorder
+	// Labels are set on the Lease by the Kubernetes locks (client-go's
+	// NewWithLabels).
+	Labels map[string]string
+	// PgLeaseOptions are applied to the pg_lease lock after the ones New
+	// derives (TTL = leaseDuration, events), e.g. resourcelock.WithOnEpochChange.
+	PgLeaseOptions []resourcelock.Option
+	// Pool, when set, is used for the pg_lease lock instead of a pool New
+	// opens from Config.DSN (and Close then leaves it open).
+	Pool *pgxpool.Pool
+}
+
+// Lock is a ready client-go resourcelock.Interface built from a Config,
+// with the timings to run it with. Close it after the elector (or the
+// manager) has stopped: a release on cancel still needs the database.
+type Lock struct {
+	rl.Interface
+	// PgLease is the pg_lease lock ("pglease", or the pg_lease half of
+	// "leases+pglease"); nil for "leases". Take fencing tokens from it.
+	PgLease *resourcelock.Lock
+	// Config is the validated configuration the lock was built from (with
+	// Identity filled).
+	Config Config
+
+	pool *pgxpool.Pool
+}
+
+// Close closes the pool New opened (if any).
+func (l *Lock) Close() {
+	if l.pool != nil {
+		l.pool.Close()
+	}
+}
+
+// Timing returns the elector timings of the configuration.
+func (l *Lock) Timing() (leaseDuration, renewDeadline, retryPeriod time.Duration) {
+	c := &l.Config
+	return c.LeaseDuration.Duration, c.RenewDeadline.Duration, c.RetryPeriod.Duration
+}
+
+// ElectionConfig returns a client-go LeaderElectionConfig that runs the
+// lock with the configured timings (ReleaseOnCancel as given).
+func (l *Lock) ElectionConfig(releaseOnCancel bool, cb leaderelection.LeaderCallbacks) leaderelection.LeaderElectionConfig {
+	ld, rd, rp := l.Timing()
+	return leaderelection.LeaderElectionConfig{
+		Lock: l, LeaseDuration: ld, RenewDeadline: rd, RetryPeriod: rp,
+		ReleaseOnCancel: releaseOnCancel, Callbacks: cb, Name: l.Config.ResourceName,
+	}
+}
+
+// DefaultIdentity is hostname + "_" + a random UUID (controller-runtime's
+// and kube-controller-manager's form).
+func DefaultIdentity() (string, error) {
+	host, err := os.Hostname()
+	if err != nil {
+		return "", err
+	}
+	return host + "_" + string(uuid.NewUUID()), nil
+}
+
+// New validates c (Config.Validate) and returns the lock it names:
+//
+//	leases          client-go's LeaseLock (coordination.k8s.io/v1 Lease)
+//	pglease         a pg_lease lock (pkg/resourcelock) on Config.PgLeaseKey,
+//	                TTL = leaseDuration, over a pool opened from Config.DSN
+//	leases+pglease  a MigrationLock of both, with one identity
+//
+// A disabled election (LeaderElect false) is an error: there is no lock to
+// build. The context bounds opening the pool (no connection is made yet).
+func New(ctx context.Context, c Config, o BuildOptions) (*Lock, error) {
+	if !c.LeaderElect {
+		return nil, fmt.Errorf("%w: leaderElect is false: no lock to build", ErrInvalidConfig)
+	}
+	if err := c.Validate(fieldRoot); err != nil {
+		return nil, err
+	}
+	if c.Identity == "" {
+		id, err := DefaultIdentity()
+		if err != nil {
+			return nil, fmt.Errorf("leaderelection: identity: %w", err)
+		}
+		c.Identity = id
+	}
+	out := &Lock{Config: c}
+	var kube rl.Interface
+	if c.ResourceLock == rl.LeasesResourceLock || c.ResourceLock == ResourceLockMigration {
+		if o.KubeConfig == nil {
+			return nil, fmt.Errorf("%w: resourceLock %q needs a Kubernetes API config", ErrInvalidConfig, c.ResourceLock)
+		}
+		cfg := rest.AddUserAgent(rest.CopyConfig(o.KubeConfig), "leader-election")
+		cfg.Timeout = max(c.RenewDeadline.Duration/2, time.Second)
+		core, err := corev1client.NewForConfig(cfg)
+		if err != nil {
+			return nil, err
+		}
+		coord, err := coordinationv1client.NewForConfig(cfg)
+		if err != nil {
+			return nil, err
+		}
+		kube, err = rl.NewWithLabels(rl.LeasesResourceLock, c.ResourceNamespace, c.ResourceName, core, coord,
+			rl.ResourceLockConfig{Identity: c.Identity, EventRecorder: o.EventRecorder}, o.Labels)
+		if err != nil {
+			return nil, err
+		}
+		if c.ResourceLock == rl.LeasesResourceLock {
+			out.Interface = kube
+			return out, nil
+		}
+	}
+
+	pool := o.Pool
+	if pool == nil {
+		dsn, err := c.DSN.Read()
+		if err != nil {
+			return nil, err
+		}
+		pcfg, err := pgxpool.ParseConfig(dsn)
+		if err != nil {
+			// pgx's parse errors can quote the connection string: never
+			// pass them on.
+			return nil, fmt.Errorf("%w: the DSN from %s does not parse as a PostgreSQL connection string", ErrInvalidConfig, c.DSN)
+		}
+		if pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
+			return nil, fmt.Errorf("leaderelection: opening the pool (DSN from %s): %w", c.DSN, err)
+		}
+		out.pool = pool
+	}
+	ev := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: c.ResourceName, Namespace: c.ResourceNamespace}}
+	ev.Kind = "Lease"
+	ev.APIVersion = coordinationv1.SchemeGroupVersion.String()
+	opts := []resourcelock.Option{resourcelock.WithLeaseDuration(c.LeaseDuration.Duration)}
+	if o.EventRecorder != nil {
+		opts = append(opts, resourcelock.WithEventRecorder(o.EventRecorder, ev))
+	}
+	opts = append(opts, o.PgLeaseOptions...)
+	pg, err := resourcelock.New(lease.New(pool), c.PgLeaseKey(), c.Identity, opts...)
+	if err != nil {
+		out.Close()
+		return nil, err
+	}
+	out.PgLease = pg
+	if kube == nil {
+		out.Interface = pg
+		return out, nil
+	}
+	m, err := NewMigrationLock(kube, pg)
+	if err != nil {
+		out.Close()
+		return nil, err
+	}
+	out.Interface = m
+	return out, nil
+}

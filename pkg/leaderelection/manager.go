@@ -1,0 +1,136 @@
+package leaderelection
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/pglease/pg_lease/pkg/leasectrl"
+	"github.com/pglease/pg_lease/pkg/resourcelock"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/client-go/rest"
+	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+)
+
+// inClusterNamespace is where a pod's namespace is mounted (controller-runtime
+// defaults LeaderElectionNamespace from it too).
+// fieldRoot is the path errors name fields under, as a component config's
+// leaderElection: section.
+var fieldRoot = field.NewPath("leaderElection")
+
+const inClusterNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+// ManagerConfig merges the flags into a manager's options: a flag given on
+// the command line wins; otherwise the option the program set
+// (LeaderElectionID as resourceName, LeaderElectionNamespace,
+// LeaderElectionResourceLock, LeaseDuration, RenewDeadline, RetryPeriod);
+// otherwise the flag's default. --leader-elect, when a kubebuilder scaffold
+// defines it itself (BindFlags then does not), comes from
+// opts.LeaderElection. The namespace defaults to the pod's own, as
+// controller-runtime's does.
+func (f *Flags) ManagerConfig(opts manager.Options) Config {
+	c := f.Config
+	if !f.bound("leader-elect") {
+		c.LeaderElect = opts.LeaderElection
+	}
+	pick := func(flag string, cur *string, opt string) {
+		if !f.IsSet(flag) && opt != "" {
+			*cur = opt
+		}
+	}
+	pick("leader-elect-resource-name", &c.ResourceName, opts.LeaderElectionID)
+	pick("leader-elect-resource-namespace", &c.ResourceNamespace, opts.LeaderElectionNamespace)
+	pick("leader-elect-resource-lock", &c.ResourceLock, opts.LeaderElectionResourceLock)
+	dur := func(flag string, cur *metav1.Duration, opt *time.Duration) {
+		if !f.IsSet(flag) && opt != nil {
+			cur.Duration = *opt
+		}
+	}
+	dur("leader-elect-lease-duration", &c.LeaseDuration, opts.LeaseDuration)
+	dur("leader-elect-renew-deadline", &c.RenewDeadline, opts.RenewDeadline)
+	dur("leader-elect-retry-period", &c.RetryPeriod, opts.RetryPeriod)
+	if c.ResourceNamespace == "" {
+		if b, err := os.ReadFile(inClusterNamespace); err == nil {
+			c.ResourceNamespace = strings.TrimSpace(string(b))
+		}
+	}
+	return c
+}
+
+// NewManager has ctrl.NewManager's signature (swap one for the other in a
+// kubebuilder main.go) and elects as the flags say:
+//
+//   - --leader-elect off, or --leader-elect-resource-lock=leases: the
+//     options go to controller-runtime as they are, with the flags' values
+//     merged in (ManagerConfig): the manager builds client-go's LeaseLock
+//     itself, as without this package;
+//   - pglease or leases+pglease: New builds the lock (DSN from the file or
+//     the environment variable), leasectrl.NewManager runs it with its
+//     metrics and the manager's event recorder, and the manager's Start
+//     closes the pool after the manager stopped (after the release on
+//     cancel).
+//
+// The timings are validated against the TTL (Config.Validate); every error
+// names its field. LeaderElectionReleaseOnCancel is the caller's, never
+// overridden (kubebuilder scaffolds leave it false: a stopped leader's
+// successor then waits for the TTL; set it true to hand over at once).
+func (f *Flags) NewManager(cfg *rest.Config, opts manager.Options) (manager.Manager, error) {
+	c := f.ManagerConfig(opts)
+	if !c.LeaderElect || !c.UsesPgLease() {
+		ld, rd, rp := c.LeaseDuration.Duration, c.RenewDeadline.Duration, c.RetryPeriod.Duration
+		opts.LeaderElection = c.LeaderElect
+		opts.LeaderElectionID, opts.LeaderElectionNamespace = c.ResourceName, c.ResourceNamespace
+		opts.LeaderElectionResourceLock = c.ResourceLock
+		opts.LeaseDuration, opts.RenewDeadline, opts.RetryPeriod = &ld, &rd, &rp
+		if c.LeaderElect {
+			if err := c.Validate(fieldRoot); err != nil {
+				return nil, err
+			}
+		}
+		return manager.New(cfg, opts)
+	}
+	lcfg := opts.LeaderElectionConfig
+	if lcfg == nil {
+		lcfg = cfg
+	}
+	lock, err := New(context.Background(), c, BuildOptions{KubeConfig: lcfg, Labels: opts.LeaderElectionLabels})
+	if err != nil {
+		return nil, err
+	}
+	ld, rd, rp := lock.Timing()
+	opts.LeaseDuration, opts.RenewDeadline, opts.RetryPeriod = &ld, &rd, &rp
+	opts.LeaderElectionID, opts.LeaderElectionNamespace = c.ResourceName, c.ResourceNamespace
+	mgr, err := leasectrl.NewManager(cfg, opts, leasectrl.ManagerConfig{Lock: lock.Interface, PgLease: lock.PgLease})
+	if err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("leaderelection: %w", err)
+	}
+	return &closingManager{Manager: mgr, lock: lock}, nil
+}
+
+// closingManager closes the lock's pool when Start returns.
+type closingManager struct {
+	manager.Manager
+	lock *Lock
+}
+
+func (m *closingManager) Start(ctx context.Context) error {
+	defer m.lock.Close()
+	return m.Manager.Start(ctx)
+}
+
+// PgLease returns the pg_lease lock of a manager made by Flags.NewManager
+// (for leasectrl.Fenced); nil when it elects through a Kubernetes lock or
+// was made otherwise.
+func PgLease(mgr manager.Manager) *resourcelock.Lock {
+	if m, ok := mgr.(*closingManager); ok {
+		return m.lock.PgLease
+	}
+	return nil
+}
+
+var _ rl.Interface = (*Lock)(nil)

@@ -1,0 +1,242 @@
+package leasectrl
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pglease/pg_lease/pkg/resourcelock"
+	"github.com/prometheus/client_golang/prometheus"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+// Metrics of the lock a manager elects through, registered in
+// controller-runtime's registry (sigs.k8s.io/controller-runtime/pkg/metrics.Registry,
+// served on the manager's metrics endpoint) the first time a lock is
+// observed. Beside them the same endpoint serves controller-runtime's
+// leader_election_master_status{name} (1 while the client-go elector leads)
+// and leader_election_slowpath_total{name} (renewals that fell back to Get
+// and Update), which know nothing of epochs.
+//
+//	pg_lease_lock_epoch{key}                        epoch of the lock's live term at scrape time, 0 when it holds none
+//	                                                (the highest, if a process observes several locks of one key)
+//	pg_lease_lock_transitions_total{key,transition} terms this process saw start ("started") and end ("stopped"),
+//	                                                counted at the elector's next call after the change
+//	pg_lease_lock_renew_duration_seconds{key}       latency of each Update the elector made while the lock held a
+//	                                                live term (a renewal), successful or not; for leases+pglease
+//	                                                it covers both halves
+//	pg_lease_lock_errors_total{key,op,kind}         failed calls: op get, create, update or release; kind conflict
+//	                                                (the lock is someone else's or was lost) or error (anything else:
+//	                                                connection, timeout, server). Get's NotFound and Create's
+//	                                                AlreadyExists are answers, not errors, and are not counted.
+const (
+	MetricEpoch       = "pg_lease_lock_epoch"
+	MetricTransitions = "pg_lease_lock_transitions_total"
+	MetricRenew       = "pg_lease_lock_renew_duration_seconds"
+	MetricErrors      = "pg_lease_lock_errors_total"
+)
+
+var (
+	transitionsVec = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: MetricTransitions,
+		Help: "pg_lease terms this process saw start (transition=started) and end (transition=stopped).",
+	}, []string{"key", "transition"})
+	renewVec = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    MetricRenew,
+		Help:    "Latency of the elector's renewals (Update while holding a live term), successful or not.",
+		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+	}, []string{"key"})
+	errorsVec = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: MetricErrors,
+		Help: "Failed lock calls by op (get, create, update, release) and kind (conflict, error).",
+	}, []string{"key", "op", "kind"})
+	epochs       = &epochCollector{locks: map[string][]*resourcelock.Lock{}}
+	registerOnce sync.Once
+	registerErr  error
+)
+
+func registerMetrics() error {
+	registerOnce.Do(func() {
+		for _, c := range []prometheus.Collector{transitionsVec, renewVec, errorsVec, epochs} {
+			if err := metrics.Registry.Register(c); err != nil {
+				registerErr = fmt.Errorf("leasectrl: registering metrics: %w", err)
+				return
+			}
+		}
+	})
+	return registerErr
+}
+
+// epochCollector reports each observed lock's epoch when scraped, so that a
+// term that ended by its local deadline reads 0 at once.
+type epochCollector struct {
+	mu    sync.Mutex
+	locks map[string][]*resourcelock.Lock // by key; a process normally has one per key
+}
+
+var epochDesc = prometheus.NewDesc(MetricEpoch,
+	"Fencing epoch of the pg_lease lock's live term; 0 when it holds none.", []string{"key"}, nil)
+
+func (c *epochCollector) Describe(ch chan<- *prometheus.Desc) { ch <- epochDesc }
+
+func (c *epochCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for key, ls := range c.locks {
+		var e int64
+		for _, l := range ls {
+			e = max(e, l.Epoch())
+		}
+		ch <- prometheus.MustNewConstMetric(epochDesc, prometheus.GaugeValue, float64(e), key)
+	}
+}
+
+// ObservedLock is the lock a manager runs when configured by this package:
+// it passes every call to the lock it wraps (a pg_lease lock, or a
+// composite such as leaderelection.MigrationLock whose pg_lease half is
+// PgLease), counts the metrics above, and records the elector's events
+// through the recorder given by SetEventRecorder (NewManager gives it the
+// manager's), naming the epoch:
+//
+//	<identity> became leader (epoch 7)
+type ObservedLock struct {
+	rl.Interface
+	pg  *resourcelock.Lock
+	key string
+
+	mu        sync.Mutex
+	lastEpoch int64
+	recorder  rl.EventRecorder
+	object    runtime.Object
+}
+
+// Observe wraps lock, whose epochs are those of pg (lock itself, or the
+// pg_lease half of a composite), and registers the metrics.
+func Observe(lock rl.Interface, pg *resourcelock.Lock) (*ObservedLock, error) {
+	if lock == nil || pg == nil {
+		return nil, fmt.Errorf("leasectrl.Observe: lock and pg must not be nil")
+	}
+	if err := registerMetrics(); err != nil {
+		return nil, err
+	}
+	epochs.mu.Lock()
+	if !slices.Contains(epochs.locks[pg.Key()], pg) {
+		epochs.locks[pg.Key()] = append(epochs.locks[pg.Key()], pg)
+	}
+	epochs.mu.Unlock()
+	return &ObservedLock{Interface: lock, pg: pg, key: pg.Key()}, nil
+}
+
+// PgLease is the pg_lease lock whose epochs this lock reports.
+func (o *ObservedLock) PgLease() *resourcelock.Lock { return o.pg }
+
+// SetEventRecorder sets where RecordEvent records, about obj (nil: a
+// coordination.k8s.io/v1 Lease named after the key, "namespace/name" keys
+// split; defaultNamespace for keys without one).
+func (o *ObservedLock) SetEventRecorder(r rl.EventRecorder, obj runtime.Object, defaultNamespace string) {
+	if obj == nil {
+		ns, name := defaultNamespace, o.key
+		if i := strings.LastIndexByte(o.key, '/'); i >= 0 {
+			ns, name = o.key[:i], o.key[i+1:]
+		}
+		l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
+		l.Kind = "Lease"
+		l.APIVersion = coordinationv1.SchemeGroupVersion.String()
+		obj = l
+	}
+	o.mu.Lock()
+	o.recorder, o.object = r, obj
+	o.mu.Unlock()
+}
+
+// RecordEvent passes the event to the wrapped lock (which records it if it
+// was built with a recorder) and records it on the recorder set by
+// SetEventRecorder, with the epoch held at that moment.
+func (o *ObservedLock) RecordEvent(s string) {
+	o.Interface.RecordEvent(s)
+	o.mu.Lock()
+	r, obj := o.recorder, o.object
+	o.mu.Unlock()
+	if r == nil {
+		return
+	}
+	msg := o.Identity() + " " + s
+	if e := o.pg.Epoch(); e != 0 {
+		msg = fmt.Sprintf("%s (epoch %d)", msg, e)
+	}
+	r.Eventf(obj, corev1.EventTypeNormal, "LeaderElection", "%s", msg)
+}
+
+// Get passes through, counting errors.
+func (o *ObservedLock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error) {
+	rec, raw, err := o.Interface.Get(ctx)
+	if err != nil && !apierrors.IsNotFound(err) {
+		o.countError("get", err)
+	}
+	o.sawEpoch()
+	return rec, raw, err
+}
+
+// Create passes through, counting errors.
+func (o *ObservedLock) Create(ctx context.Context, ler rl.LeaderElectionRecord) error {
+	err := o.Interface.Create(ctx, ler)
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		o.countError("create", err)
+	}
+	o.sawEpoch()
+	return err
+}
+
+// Update passes through, timing renewals and counting errors.
+func (o *ObservedLock) Update(ctx context.Context, ler rl.LeaderElectionRecord) error {
+	op := "update"
+	if ler.HolderIdentity == "" {
+		op = "release"
+	}
+	renewal := op == "update" && o.pg.Term() != nil
+	start := time.Now()
+	err := o.Interface.Update(ctx, ler)
+	if renewal {
+		renewVec.WithLabelValues(o.key).Observe(time.Since(start).Seconds())
+	}
+	if err != nil {
+		o.countError(op, err)
+	}
+	o.sawEpoch()
+	return err
+}
+
+func (o *ObservedLock) countError(op string, err error) {
+	kind := "error"
+	if apierrors.IsConflict(err) {
+		kind = "conflict"
+	}
+	errorsVec.WithLabelValues(o.key, op, kind).Inc()
+}
+
+// sawEpoch counts a change of the live epoch since the last call.
+func (o *ObservedLock) sawEpoch() {
+	e := o.pg.Epoch()
+	o.mu.Lock()
+	last := o.lastEpoch
+	o.lastEpoch = e
+	o.mu.Unlock()
+	if e == last {
+		return
+	}
+	if last != 0 {
+		transitionsVec.WithLabelValues(o.key, "stopped").Inc()
+	}
+	if e != 0 {
+		transitionsVec.WithLabelValues(o.key, "started").Inc()
+	}
+}
