@@ -320,7 +320,7 @@ func electorCandidate(dsn, key string) func(context.Context, string) (*candidate
 		client := lease.New(pool)
 		el, err := elector.New(client, elector.Config{
 			Key: key, Identity: id, TTL: ttl,
-			Waiter: elector.LeaseWaiter(w, client),
+			Waiter: w,
 			Callbacks: elector.Callbacks{
 				OnStartedLeading: func(ctx context.Context) {
 					c.led <- time.Now()

@@ -67,7 +67,7 @@ func runCandidate(ctx context.Context, name, dsn, storeDSN string) error {
 		Key:      key,
 		Identity: name,
 		TTL:      ttl,
-		Waiter:   elector.LeaseWaiter(w, client),
+		Waiter:   w,
 		Callbacks: elector.Callbacks{OnStartedLeading: func(lctx context.Context) {
 			tok, _ := lease.TokenFromContext(lctx)
 			emit("LEADING", tok.Epoch, "")

@@ -60,12 +60,12 @@ func (c *cli) watch(ctx context.Context, conn *pgx.Conn, keys []string) error {
 	for {
 		// Wake at the earliest known expiry, on the local clock.
 		next, nextKey := time.Time{}, ""
-		off := w.ClockOffset()
 		for k, s := range known {
-			if !s.Held || off.IsZero() {
+			at := s.ExpiresLocal() // lease's one formula: never early
+			if at.IsZero() {
 				continue
 			}
-			at := off.ToLocal(s.ExpiresAt).Add(off.RTT/2 + time.Millisecond)
+			at = at.Add(time.Millisecond)
 			if next.IsZero() || at.Before(next) {
 				next, nextKey = at, k
 			}
