@@ -16,9 +16,9 @@ import (
 
 // Defaults. Every default is filled in one place, Config.withDefaults.
 const (
-	// DefaultTTL is the lease duration asked of the server on every acquire
+	// defaultTTL is the lease duration asked of the server on every acquire
 	// and renewal.
-	DefaultTTL = 15 * time.Second
+	defaultTTL = 15 * time.Second
 )
 
 // ErrInvalidConfig matches every error New returns for a Config field.
@@ -65,7 +65,7 @@ type Config struct {
 	Identity string
 
 	// TTL is the lease duration requested on every acquire and renewal.
-	// Default DefaultTTL (15s).
+	// Default 15s.
 	TTL time.Duration
 
 	// RenewInterval is the pause between successful renewals. At most
@@ -127,7 +127,7 @@ func (c Config) withDefaults() (Config, error) {
 		return c, configErr("Identity", "must be at most 1024 bytes, got %d", len(c.Identity))
 	}
 	if c.TTL == 0 {
-		c.TTL = DefaultTTL
+		c.TTL = defaultTTL
 	}
 	if _, err := lease.CheckMargin(c.TTL, 0); err != nil {
 		return c, configErr("TTL", "%v", err)

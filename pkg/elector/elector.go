@@ -23,8 +23,6 @@ var (
 	// ErrAlreadyRunning: Run was called while another Run of the same
 	// Elector was running.
 	ErrAlreadyRunning = errors.New("elector: Run is already running")
-	// ErrUnhealthy is returned by Check.
-	ErrUnhealthy = errors.New("elector: unhealthy")
 )
 
 // Elector campaigns for one lease key and runs Callbacks.OnStartedLeading
@@ -61,9 +59,6 @@ func New(client *lease.Client, cfg Config) (*Elector, error) {
 	}
 	return &Elector{client: client, cfg: c, clock: client.Clock()}, nil
 }
-
-// Identity is the owner name this elector campaigns under.
-func (e *Elector) Identity() string { return e.cfg.Identity }
 
 // Status is a snapshot of an elector's view.
 type Status struct {
@@ -111,8 +106,8 @@ func (e *Elector) Check(_ *http.Request) error {
 		return nil
 	}
 	if late := e.clock.Since(t.Deadline()); late > e.cfg.HealthTolerance {
-		return fmt.Errorf("%w: term %s is still running %v past its local deadline (tolerance %v)",
-			ErrUnhealthy, t.Token(), late.Round(time.Millisecond), e.cfg.HealthTolerance)
+		return fmt.Errorf("elector: unhealthy: term %s is still running %v past its local deadline (tolerance %v)",
+			t.Token(), late.Round(time.Millisecond), e.cfg.HealthTolerance)
 	}
 	return nil
 }

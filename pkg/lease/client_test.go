@@ -70,7 +70,7 @@ func exerciseEveryCall(t *testing.T, ctx context.Context, q lease.Querier, key s
 	if g.Key != key || g.Owner != "alice" || g.Epoch != 1 || g.TTL != time.Minute {
 		t.Fatalf("grant %+v", g)
 	}
-	if r := g.Remaining(); r <= 0 || r > time.Minute {
+	if r := time.Until(g.ValidUntil()); r <= 0 || r > time.Minute {
 		t.Fatalf("Remaining %v, want in (0, 1m]", r)
 	}
 

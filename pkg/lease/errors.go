@@ -44,8 +44,6 @@ var (
 	// ErrModeMismatch: pg_lease is installed, but in the other Mode than the
 	// one asked for (InstallExtension over a schema-only install).
 	ErrModeMismatch = errors.New("lease: pg_lease is installed in the other mode")
-	// ErrWaiterClosed: the Waiter was closed before the call.
-	ErrWaiterClosed = errors.New("lease: waiter closed")
 	// ErrReadOnly: the server cannot write (a standby, or a read-only
 	// session): SQLSTATE 25006, or 55000 "recovery is in progress".
 	ErrReadOnly = errors.New("lease: server is read-only or a standby")

@@ -54,9 +54,6 @@ type Grant struct {
 // and scheduling delay.
 func (g Grant) ValidUntil() time.Time { return g.validUntil }
 
-// Remaining is how long the grant is certainly still held, from now on the
-// wall clock's monotonic reading (the Client's clock is not consulted).
-func (g Grant) Remaining() time.Duration { return time.Until(g.validUntil) }
 
 // State is a key's observable state (lease.inspect and lease.list).
 type State struct {

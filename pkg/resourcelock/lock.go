@@ -20,12 +20,12 @@ import (
 
 var _ rl.Interface = (*Lock)(nil)
 
-// GroupResource names pg_lease leases in the Kubernetes API errors this
-// package returns (NotFound, AlreadyExists, Conflict).
-var GroupResource = schema.GroupResource{Group: "pglease.io", Resource: "leases"}
+// groupResource names pg_lease leases (pglease.io/leases) in the Kubernetes
+// API errors this package returns (NotFound, AlreadyExists, Conflict).
+var groupResource = schema.GroupResource{Group: "pglease.io", Resource: "leases"}
 
-// DefaultLeaseDuration is the TTL a Lock sends unless WithLeaseDuration.
-const DefaultLeaseDuration = 15 * time.Second
+// defaultLeaseDuration is the TTL a Lock sends unless WithLeaseDuration.
+const defaultLeaseDuration = 15 * time.Second
 
 // ErrNotHolding: the lock holds no live term (TokenContext, a release with
 // nothing to release).
@@ -39,13 +39,14 @@ type options struct {
 	eventRecorder  rl.EventRecorder
 	eventObject    runtime.Object
 	eventNamespace string
+	waiter         *lease.Waiter
 }
 
 // Option configures a Lock.
 type Option func(*options)
 
 // WithLeaseDuration sets the TTL sent to the server with every acquire and
-// renew (default DefaultLeaseDuration; at least 3ms). The record's
+// renew (default 15s; at least 3ms). The record's
 // LeaseDurationSeconds (whole seconds, possibly 0) is never used for it.
 func WithLeaseDuration(d time.Duration) Option { return func(o *options) { o.leaseDuration = d } }
 
@@ -59,12 +60,18 @@ func WithMargin(d time.Duration) Option { return func(o *options) { o.margin = d
 // the epoch under which this lock holds the key: (old, zero Token) when a
 // term ends, after its contexts were cancelled; (zero Token, new) when a
 // term starts, before the Create or Update that obtained it returns and
-// before Term, Token or TokenContext can return it. Calls never overlap and
+// before Token or TokenContext can return it. Calls never overlap and
 // an end is always reported before the next start. It must not call Get,
 // Create or Update, and should return fast.
 func WithOnEpochChange(f func(old, new lease.Token)) Option {
 	return func(o *options) { o.onEpochChange = f }
 }
+
+// WithWaiter makes a follower's Get wait for news (see the package
+// documentation): w is the process's listener (one lease.Waiter shared by
+// every lock and elector of the process). Without it, Get returns at once
+// and client-go's followers poll every RetryPeriod.
+func WithWaiter(w *lease.Waiter) Option { return func(o *options) { o.waiter = w } }
 
 // WithEventRecorder makes RecordEvent record on r, about obj (nil: a
 // coordination.k8s.io/v1 Lease named after the key in namespace).
@@ -88,8 +95,9 @@ type Lock struct {
 
 	mu   sync.Mutex
 	term *lease.Term // the term of the grant the server last gave us and has not taken back; an ended term stays until its grant is given back
-	obs  rawRecord   // last state seen or written: Get's bytes come from it
-	seen bool        // a Get or Create ran: Update may act
+	obs      rawRecord // last state seen or written: Get's bytes come from it
+	seen     bool      // a Get or Create ran: Update may act
+	returned bool      // a Get returned a record (or NotFound): the next may wait
 
 	lastCall time.Time // last Get, Create or Update (Check)
 
@@ -104,7 +112,7 @@ func New(client *lease.Client, key, identity string, opts ...Option) (*Lock, err
 		f(&o)
 	}
 	if o.leaseDuration == 0 {
-		o.leaseDuration = DefaultLeaseDuration
+		o.leaseDuration = defaultLeaseDuration
 	}
 	var errs []error
 	if client == nil {
@@ -159,15 +167,15 @@ func (l *Lock) RecordEvent(s string) {
 		return
 	}
 	msg := l.identity + " " + s
-	if t := l.Term(); t != nil {
+	if t := l.liveTerm(); t != nil {
 		msg = fmt.Sprintf("%s (epoch %d)", msg, t.Token().Epoch)
 	}
 	l.opts.eventRecorder.Eventf(l.opts.eventObject, corev1.EventTypeNormal, "LeaderElection", "%s", msg)
 }
 
-// Term returns the live term, or nil when the lock holds none (never held,
-// lost, released, or past its local deadline).
-func (l *Lock) Term() *lease.Term {
+// liveTerm returns the live term, or nil when the lock holds none (never
+// held, lost, released, or past its local deadline).
+func (l *Lock) liveTerm() *lease.Term {
 	l.mu.Lock()
 	t := l.term
 	l.mu.Unlock()
@@ -180,7 +188,7 @@ func (l *Lock) Term() *lease.Term {
 // Token returns the live term's fencing token; ok is false when the lock
 // holds no live, unexpired term.
 func (l *Lock) Token() (t lease.Token, ok bool) {
-	if tm := l.Term(); tm != nil && l.client.Clock().Now().Before(tm.Deadline()) {
+	if tm := l.liveTerm(); tm != nil && l.client.Clock().Now().Before(tm.Deadline()) {
 		return tm.Token(), true
 	}
 	return lease.Token{}, false
@@ -194,7 +202,7 @@ func (l *Lock) Token() (t lease.Token, ok bool) {
 // ErrNotHolding when there is no live, unexpired term. Call cancel when
 // done.
 func (l *Lock) TokenContext(parent context.Context) (context.Context, context.CancelFunc, error) {
-	t := l.Term()
+	t := l.liveTerm()
 	if t == nil || !l.client.Clock().Now().Before(t.Deadline()) {
 		return nil, nil, fmt.Errorf("%w: %s (identity %q)", ErrNotHolding, l.Describe(), l.identity)
 	}
@@ -233,37 +241,62 @@ func (l *Lock) record(r rawRecord) (*rl.LeaderElectionRecord, []byte, error) {
 	}, raw, nil
 }
 
+// maxFollowerWait bounds how long a follower's Get waits for news.
+const maxFollowerWait = 10 * time.Minute
+
 // Get reads the key (lease.inspect) and returns its record. A key never
 // leased gives an error for which apierrors.IsNotFound is true.
+//
+// A follower's Get (the lock holds no grant, and the record it last
+// returned does not name this identity) waits, when the lock has a Waiter,
+// until the record differs from the last one it returned in what matters
+// to an election (the holder or the epoch: a grant, a release, a takeover,
+// the server-side lapse of the grant), or maxFollowerWait, or ctx ends
+// (then it returns ctx's error). The first Get and the holder's Get never
+// wait.
 func (l *Lock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error) {
 	l.op.Lock()
 	defer l.op.Unlock()
 	l.touch()
-	s, err := l.client.Inspect(ctx, l.key)
+	l.mu.Lock()
+	t, last, returned := l.term, l.obs, l.returned
+	l.mu.Unlock()
+	follower := t == nil && last.Holder != l.identity
+
+	var (
+		s   lease.State
+		err error
+	)
+	if w := l.opts.waiter; follower && returned && w != nil {
+		wctx, cancel := context.WithTimeout(ctx, maxFollowerWait)
+		s, err = w.Await(wctx, l.client, l.key, l.followerPoll(), func(st lease.State) bool {
+			r := l.recordOf(st)
+			return r.Key != last.Key || r.Holder != last.Holder || r.Epoch != last.Epoch
+		})
+		cancel()
+		if err != nil && ctx.Err() == nil && wctx.Err() != nil {
+			s, err = l.inspect(ctx, follower) // nothing happened: report the current record
+		}
+	} else {
+		s, err = l.inspect(ctx, follower)
+	}
 	if err != nil {
 		return nil, nil, err
 	}
 	l.mu.Lock()
-	l.seen = true
-	t := l.term
+	l.seen, l.returned = true, true
+	t = l.term
 	l.mu.Unlock()
-	if !s.Exists {
-		// Never leased, or removed by lease.cleanup after it was free: a
-		// grant we held is gone either way.
-		if t != nil {
-			l.lose(t, fmt.Errorf("%w (%w): seen by Get: %s no longer exists", lease.ErrNotOwner, lease.ErrLost, l.key))
-		}
-		l.mu.Lock()
-		l.obs = rawRecord{}
-		l.mu.Unlock()
-		return nil, nil, apierrors.NewNotFound(GroupResource, l.key)
-	}
 
 	// Does the server still say we hold our grant?
 	if t != nil {
 		if g := t.Grant(); !(s.Held && s.Owner == l.identity && s.Epoch == g.Epoch) {
 			var lost error
 			switch {
+			case !s.Exists:
+				// Never leased, or removed by lease.cleanup after it was
+				// free: a grant we held is gone either way.
+				lost = lease.ErrNotOwner
 			case s.Held && s.Owner == l.identity:
 				lost = lease.ErrEpochMismatch
 			case s.Epoch == g.Epoch && !s.Held:
@@ -271,28 +304,55 @@ func (l *Lock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error
 			default:
 				lost = lease.ErrNotOwner
 			}
-			l.lose(t, fmt.Errorf("%w (%w): seen by Get: %s at epoch %d, held=%v by %q",
-				lost, lease.ErrLost, l.key, s.Epoch, s.Held, s.Owner))
+			l.lose(t, fmt.Errorf("%w (%w): seen by Get: %s at epoch %d, exists=%v held=%v by %q",
+				lost, lease.ErrLost, l.key, s.Epoch, s.Exists, s.Held, s.Owner))
 		}
 	}
 
+	r := l.recordOf(s)
 	l.mu.Lock()
-	var r rawRecord
-	switch {
-	case s.Held:
-		exp := s.ExpiresAt.UTC()
-		r = rawRecord{Key: l.key, Epoch: s.Epoch, Holder: s.Owner, ExpiresAt: &exp}
-	case l.obs.held() && l.obs.Epoch == s.Epoch:
-		// The grant we last saw lapsed. A lapse is not a write (inspect
-		// only hides the lapsed holder), so the bytes stay those of the
-		// last write we saw; followers time the expiry themselves.
-		r = l.obs
-	default:
-		r = rawRecord{Key: l.key, Epoch: s.Epoch}
-	}
 	l.obs = r
 	l.mu.Unlock()
+	if !s.Exists {
+		return nil, nil, apierrors.NewNotFound(groupResource, l.key)
+	}
 	return l.record(r)
+}
+
+// inspect reads the key; a follower's read gets a deadline of its own
+// (client-go's acquire loop passes a context without one), so that a
+// silently dead connection cannot stall it.
+func (l *Lock) inspect(ctx context.Context, follower bool) (lease.State, error) {
+	if follower {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, l.followerTimeout())
+		defer cancel()
+	}
+	return l.client.Inspect(ctx, l.key)
+}
+
+// followerTimeout bounds each call a follower makes.
+func (l *Lock) followerTimeout() time.Duration { return max(l.opts.leaseDuration, time.Second) }
+
+// followerPoll bounds how late a waiting follower sees a change that sent
+// no notification (pg_lease.notify = off on the writer, the listen
+// connection down).
+func (l *Lock) followerPoll() time.Duration { return min(l.opts.leaseDuration/2, time.Second) }
+
+// recordOf is the record of state s: a held key names its holder, epoch
+// and server expiry; a free key, released or lapsed (a lapse the server
+// decided is a change like a release), only its epoch; a key that does not
+// exist is the zero record.
+func (l *Lock) recordOf(s lease.State) rawRecord {
+	switch {
+	case !s.Exists:
+		return rawRecord{}
+	case s.Held:
+		exp := s.ExpiresAt.UTC()
+		return rawRecord{Key: l.key, Epoch: s.Epoch, Holder: s.Owner, ExpiresAt: &exp}
+	default:
+		return rawRecord{Key: l.key, Epoch: s.Epoch}
+	}
 }
 
 // Create obtains the first grant of a key that was never leased. If the key
@@ -308,19 +368,21 @@ func (l *Lock) Create(ctx context.Context, ler rl.LeaderElectionRecord) error {
 	l.mu.Lock()
 	l.seen = true
 	l.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, l.followerTimeout())
+	defer cancel()
 	s, err := l.client.Inspect(ctx, l.key)
 	if err != nil {
 		return err
 	}
 	if s.Exists {
-		return apierrors.NewAlreadyExists(GroupResource, l.key)
+		return apierrors.NewAlreadyExists(groupResource, l.key)
 	}
 	g, ok, err := l.client.Acquire(ctx, l.key, l.identity, l.opts.leaseDuration)
 	if err != nil {
 		return err
 	}
 	if !ok {
-		return apierrors.NewAlreadyExists(GroupResource, l.key)
+		return apierrors.NewAlreadyExists(groupResource, l.key)
 	}
 	// The key did not exist when inspected. (Its first grant carries epoch 1,
 	// or, after lease.cleanup removed free keys, one above the database's
@@ -384,7 +446,9 @@ func (l *Lock) Update(ctx context.Context, ler rl.LeaderElectionRecord) error {
 		return l.conflict(fmt.Errorf("%w: term %s ended", lease.ErrLocalDeadline, t.Token()))
 	}
 
-	g, ok, err := l.client.Acquire(ctx, l.key, l.identity, l.opts.leaseDuration)
+	actx, cancel := context.WithTimeout(ctx, l.followerTimeout())
+	defer cancel()
+	g, ok, err := l.client.Acquire(actx, l.key, l.identity, l.opts.leaseDuration)
 	if err != nil {
 		return err
 	}
@@ -496,7 +560,7 @@ type conflictError struct {
 func (e *conflictError) Unwrap() error { return e.cause }
 
 func (l *Lock) conflict(cause error) error {
-	return &conflictError{StatusError: apierrors.NewConflict(GroupResource, l.key, cause), cause: cause}
+	return &conflictError{StatusError: apierrors.NewConflict(groupResource, l.key, cause), cause: cause}
 }
 
 func (l *Lock) foreignHolder(op, holder string) error {

@@ -72,7 +72,7 @@ func TestNewValidatesEachField(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l.LeaseDuration() != resourcelock.DefaultLeaseDuration {
+	if l.LeaseDuration() != 15*time.Second {
 		t.Errorf("defaults: LeaseDuration %v", l.LeaseDuration())
 	}
 	if l.Identity() != "a" || l.Describe() != "pg_lease/k" {
@@ -147,7 +147,7 @@ func TestUpdateAcquireRenewRelease(t *testing.T) {
 	if s1.Epoch != 1 || s1.Owner != "a" || !s1.ExpiresAt.After(s0.ExpiresAt) {
 		t.Fatalf("renew: %+v after %+v, want same epoch, later expiry", s1, s0)
 	}
-	term := a.Term()
+	term := resourcelock.TermOf(a)
 	if err := a.Update(ctx, rec("")); err != nil {
 		t.Fatalf("release: %v", err)
 	}
@@ -253,9 +253,12 @@ func TestTTLFromOwnConfiguration(t *testing.T) {
 	}
 }
 
-// The raw bytes from Get change exactly when a holder writes (grant,
-// renewal, release), never because time passed or the grant lapsed.
-func TestRawBytesChangeOnlyOnWrites(t *testing.T) {
+// The raw bytes from Get change exactly when the key's state changes on the
+// server: a write (grant, renewal, release) or the server-side lapse of the
+// grant (then the key reads as free, and a follower takes over at the
+// server's expiry); never because of a read or because time passed. The
+// same state gives the same bytes to every lock.
+func TestRawBytesChangeOnlyOnStateChanges(t *testing.T) {
 	dsn := newDB(t)
 	ctx := context.Background()
 	admin := newClient(t, dsn)
@@ -284,11 +287,17 @@ func TestRawBytesChangeOnlyOnWrites(t *testing.T) {
 	if _, hb := get(t, h); !bytes.Equal(hb, b3) {
 		t.Fatalf("holder and follower see different bytes for the same write:\n%s\n%s", hb, b3)
 	}
-	// Lapse: no write, so no change.
+	// Lapse: the server decided a change, so the key reads as free.
 	waitLapsed(t, admin, "k", time.Minute)
 	r4, b4 := get(t, f)
-	if !bytes.Equal(b3, b4) || r4.HolderIdentity != "holder" {
-		t.Fatalf("bytes changed on a lapse (not a write):\n%s\n%s", b3, b4)
+	if bytes.Equal(b3, b4) || r4.HolderIdentity != "" || r4.LeaderTransitions != 1 {
+		t.Fatalf("lapse: %+v %s after %s, want the key free at epoch 1", r4, b4, b3)
+	}
+	if _, b4b := get(t, mustLock(t, newClient(t, dsn), "k", "other")); !bytes.Equal(b4, b4b) {
+		t.Fatalf("two locks read different bytes for the same lapsed key:\n%s\n%s", b4, b4b)
+	}
+	if _, b4c := get(t, f); !bytes.Equal(b4, b4c) {
+		t.Fatal("bytes of a lapsed key changed without a write")
 	}
 	// Takeover: a grant, so a change.
 	if err := f.Update(ctx, rec("follower")); err != nil {
@@ -419,7 +428,7 @@ func TestNoSuccessForALostEpoch(t *testing.T) {
 		}, lease.ErrEpochMismatch, func(old int64) int64 { return old + 3 }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			term := a.Term()
+			term := resourcelock.TermOf(a)
 			if term == nil {
 				t.Fatal("no live term before the loss")
 			}
@@ -478,7 +487,7 @@ func TestGetSeesLoss(t *testing.T) {
 	if err := a.Create(ctx, rec("a")); err != nil {
 		t.Fatal(err)
 	}
-	term := a.Term()
+	term := resourcelock.TermOf(a)
 	if _, _, _, err := admin.ForceRelease(ctx, "k"); err != nil {
 		t.Fatal(err)
 	}
@@ -499,12 +508,12 @@ func TestLocalDeadlineEndsTerm(t *testing.T) {
 	if err := a.Create(ctx, rec("a")); err != nil {
 		t.Fatal(err)
 	}
-	term := a.Term()
+	term := resourcelock.TermOf(a)
 	<-term.Done()
 	if !errors.Is(term.Err(), lease.ErrLocalDeadline) {
 		t.Fatalf("term ended with %v", term.Err())
 	}
-	if a.Term() != nil || epochOf(a) != 0 {
+	if resourcelock.TermOf(a) != nil || epochOf(a) != 0 {
 		t.Fatal("an ended term is still handed out")
 	}
 	s, _ := admin.Inspect(ctx, "k")
@@ -641,7 +650,7 @@ func TestCheckDetectsAStuckElector(t *testing.T) {
 
 // epochOf is the epoch of l's live term, 0 when there is none.
 func epochOf(l *resourcelock.Lock) int64 {
-	if t := l.Term(); t != nil {
+	if t := resourcelock.TermOf(l); t != nil {
 		return t.Token().Epoch
 	}
 	return 0

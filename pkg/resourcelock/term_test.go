@@ -95,7 +95,7 @@ func TestTokenContextOfDoneParent(t *testing.T) {
 	}
 	defer cancelLive()
 	d, ok := live.Deadline()
-	if want := a.Term().Deadline(); !ok || !d.Equal(want) {
+	if want := resourcelock.TermOf(a).Deadline(); !ok || !d.Equal(want) {
 		t.Fatalf("Deadline %v %v, want the term's %v", d, ok, want)
 	}
 }
