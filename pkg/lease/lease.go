@@ -54,7 +54,6 @@ type Grant struct {
 // and scheduling delay.
 func (g Grant) ValidUntil() time.Time { return g.validUntil }
 
-
 // State is a key's observable state (lease.inspect and lease.list).
 type State struct {
 	Key string

@@ -93,11 +93,11 @@ type Lock struct {
 
 	op sync.Mutex // serializes Get, Create, Update
 
-	mu   sync.Mutex
-	term *lease.Term // the term of the grant the server last gave us and has not taken back; an ended term stays until its grant is given back
-	obs      rawRecord // last state seen or written: Get's bytes come from it
-	seen     bool      // a Get or Create ran: Update may act
-	returned bool      // a Get returned a record (or NotFound): the next may wait
+	mu       sync.Mutex
+	term     *lease.Term // the term of the grant the server last gave us and has not taken back; an ended term stays until its grant is given back
+	obs      rawRecord   // last state seen or written: Get's bytes come from it
+	seen     bool        // a Get or Create ran: Update may act
+	returned bool        // a Get returned a record (or NotFound): the next may wait
 
 	lastCall time.Time // last Get, Create or Update (Check)
 
@@ -221,7 +221,6 @@ type rawRecord struct {
 	ExpiresAt *time.Time `json:"expiresAt,omitempty"`
 }
 
-func (r rawRecord) held() bool { return r.Holder != "" }
 
 func (l *Lock) heldRecord(g lease.Grant) rawRecord {
 	exp := g.ExpiresAt.UTC()
