@@ -221,7 +221,6 @@ type rawRecord struct {
 	ExpiresAt *time.Time `json:"expiresAt,omitempty"`
 }
 
-
 func (l *Lock) heldRecord(g lease.Grant) rawRecord {
 	exp := g.ExpiresAt.UTC()
 	return rawRecord{Key: l.key, Epoch: g.Epoch, Holder: l.identity, ExpiresAt: &exp}
