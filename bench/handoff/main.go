@@ -316,7 +316,8 @@ func trial(ctx context.Context, sys *system, p profile, scenario string, i int) 
 	}
 	// B settles into its steady state: past client-go's first jittered
 	// retry after it observed A (pkg/elector is waiting at once).
-	time.Sleep(time.Duration(leaderelection.JitterFactor*float64(p.retryPeriod)) + 50*time.Millisecond)
+	// wait.JitterUntil sleeps RetryPeriod × (1 + rand × JitterFactor).
+	time.Sleep(p.retryPeriod + time.Duration(leaderelection.JitterFactor*float64(p.retryPeriod)) + 50*time.Millisecond)
 	var t0 time.Time
 	var crashedExpiry time.Time
 	if scenario == "handoff" {
