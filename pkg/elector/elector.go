@@ -315,7 +315,7 @@ loop:
 			rDone = nil
 		case <-renewC:
 			start := e.clock.Now()
-			err := t.Renew(ctx)
+			err := t.Renew(context.WithoutCancel(ctx)) // resigning: renew until OnStartedLeading returns
 			c.Metrics.renew.WithLabelValues(key).Observe(e.clock.Since(start).Seconds())
 			switch {
 			case err == nil:

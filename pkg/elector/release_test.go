@@ -81,3 +81,41 @@ func TestRunReleasesAGrantObtainedAsItsContextEnds(t *testing.T) {
 		})
 	}
 }
+
+// TestResignKeepsTheTermUntilTheCallbackReturns: when Run's context ends,
+// the leader context is cancelled at once, but the grant is renewed until
+// OnStartedLeading returns (here after twice the TTL) and then released:
+// the key is free with its epoch moved on (a release), not lapsed.
+func TestResignKeepsTheTermUntilTheCallbackReturns(t *testing.T) {
+	dsn := installed(t, nil)
+	admin := lease.New(newPool(t, dsn))
+	ctx, cancel := context.WithCancel(testCtx(t))
+	const ttl = 300 * time.Millisecond
+	leading := make(chan lease.Token, 1)
+	el, err := elector.New(lease.New(newPool(t, dsn)), elector.Config{
+		Key: "slow", Identity: "me", TTL: ttl,
+		Callbacks: elector.Callbacks{OnStartedLeading: func(lctx context.Context) {
+			tok, _ := lease.TokenFromContext(lctx)
+			leading <- tok
+			<-lctx.Done()
+			if !errors.Is(context.Cause(lctx), lease.ErrReleased) {
+				t.Errorf("leader context cause %v, want ErrReleased", context.Cause(lctx))
+			}
+			time.Sleep(2 * ttl) // slow to stop: the term must outlive its TTL
+		}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- el.Run(ctx) }()
+	tok := <-leading
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	s, err := admin.Inspect(testCtx(t), "slow")
+	if err != nil || s.Held || s.Epoch != tok.Epoch+1 {
+		t.Fatalf("after Run returned: %+v, %v; want released (epoch %d), not lapsed", s, err, tok.Epoch+1)
+	}
+}
