@@ -276,7 +276,7 @@ func TestLostStopsAtOnce(t *testing.T) {
 	}
 	ended := waitTerm(t, r.ended, 10*time.Second)
 	if !errors.Is(ended.cause, lease.ErrLost) || !errors.Is(ended.cause, lease.ErrNotOwner) {
-		t.Errorf("cause %v, want ErrLeadershipLost and lease.ErrNotOwner", ended.cause)
+		t.Errorf("cause %v, want lease.ErrLost and lease.ErrNotOwner", ended.cause)
 	}
 	if late := ended.cancelled.Sub(forced); late > elector.ConfigOf(el).RenewInterval+time.Second {
 		t.Errorf("cancelled %v after the force_release (renew interval %v)", late, elector.ConfigOf(el).RenewInterval)
@@ -363,7 +363,7 @@ func TestLapseThenReacquire(t *testing.T) {
 		t.Fatal("leader context not cancelled while renewals were blocked")
 	}
 	if !errors.Is(cause, lease.ErrLocalDeadline) {
-		t.Errorf("cause %v, want ErrRenewDeadline", cause)
+		t.Errorf("cause %v, want lease.ErrLocalDeadline", cause)
 	}
 	cancelServer := cancelled.Add(offset)
 	if !cancelServer.Add(uncert).Before(expires) {

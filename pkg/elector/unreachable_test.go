@@ -92,7 +92,7 @@ func TestDatabaseUnreachable(t *testing.T) {
 				t.Errorf("Run: %v", err)
 			}
 			if !errors.Is(e.cause, lease.ErrLocalDeadline) {
-				t.Errorf("cause %v, want ErrRenewDeadline", e.cause)
+				t.Errorf("cause %v, want lease.ErrLocalDeadline", e.cause)
 			}
 			// The server's record of the last grant.
 			pool2 := newPool(t, dsn)
