@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"k8s.io/client-go/tools/leaderelection"
 
 	"github.com/pglease/pg_lease/pkg/lease"
@@ -212,5 +213,51 @@ func TestLeaderElectionConfig(t *testing.T) {
 				t.Errorf("%s: %v, want it to say %q", tc.name, err, w)
 			}
 		}
+	}
+}
+
+// TestReleaseSurvivesADeadPooledConnection: client-go's release is one Get
+// and one Update, retried only on Conflict. With the pool's only connection
+// terminated while idle, the release still frees the key (one retry on a
+// connection-level error), so the successor need not wait the TTL.
+func TestReleaseSurvivesADeadPooledConnection(t *testing.T) {
+	dsn := newDB(t)
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	admin := newPool(t, dsn)
+	a := mustLock(t, lease.New(pool), "k", "a", resourcelock.WithLeaseDuration(time.Hour))
+	if err := a.Create(ctx, rec("a")); err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	if err := pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+		t.Fatal(err)
+	}
+	for { // until the backend is gone (a wait on the server, not a sleep)
+		var n int
+		if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+	}
+	if err := a.Update(ctx, rec("")); err != nil {
+		t.Fatalf("release on a pool whose connection died: %v", err)
+	}
+	if s, err := lease.New(admin).Inspect(ctx, "k"); err != nil || s.Held {
+		t.Fatalf("after the release: %+v, %v", s, err)
 	}
 }
