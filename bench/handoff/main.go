@@ -3,12 +3,24 @@
 //
 //	elector        pkg/elector (with a lease.Waiter) over pg_lease
 //	clientgo-pg    client-go's leaderelection with pkg/resourcelock's Lock
+//	               (WithWaiter: a follower's Get waits for news; timings
+//	               checked by Lock.LeaderElectionConfig)
 //	clientgo-k8s   client-go's leaderelection with its LeaseLock on a real
 //	               kube-apiserver + etcd (envtest, binaries from
 //	               hack/build-control-plane.sh, as test/e2e does)
 //
-// A trial starts candidate A, waits until it leads, starts candidate B and
-// waits until B has observed A as leader, then:
+// in two timing profiles:
+//
+//	fast       TTL (LeaseDuration) 1 s, client-go RenewDeadline 700 ms,
+//	           RetryPeriod 100 ms: handoff and takeover trials;
+//	defaults   controller-runtime's defaults, 15 s / 10 s / 2 s: handoff
+//	           trials (a takeover there is LeaseDuration plus a retry
+//	           whatever the backend; the fast profile measures it scaled).
+//
+// A trial starts candidate A, waits until it leads, starts candidate B,
+// waits until B has observed A as leader and then 2.2 RetryPeriods more (B
+// is a standby that has been running, past client-go's first jittered
+// retry), then:
 //
 //	handoff   cancels A's context (a graceful resignation: A releases) and
 //	          times until B's OnStartedLeading is called;
@@ -20,8 +32,7 @@
 // latency on the server's clock: the new grant's acquired_at minus the
 // crashed grant's final expires_at.
 //
-// Every elector uses TTL (LeaseDuration) 1 s. Results: handoff.json,
-// handoff.md and handoff.svg (ECDFs) in -out.
+// Results: handoff.json, handoff.md and handoff.svg (ECDFs) in -out.
 package main
 
 import (
@@ -57,16 +68,25 @@ import (
 	pgrl "github.com/pglease/pg_lease/pkg/resourcelock"
 )
 
-const ttl = time.Second
-
 var (
-	out      = flag.String("out", "bench/results/handoff", "results folder")
-	trials   = flag.Int("trials", 60, "trials per scenario and elector")
-	systemsF = flag.String("systems", "elector,clientgo-pg,clientgo-k8s", "electors to measure")
-	// client-go timings, scaled from its defaults (15 s / 10 s / 2 s) to a 1 s lease.
-	renewDeadline = flag.Duration("renew-deadline", 700*time.Millisecond, "client-go RenewDeadline")
-	retryPeriod   = flag.Duration("retry-period", 100*time.Millisecond, "client-go RetryPeriod")
+	out           = flag.String("out", "bench/results/handoff", "results folder")
+	trials        = flag.Int("trials", 60, "trials per scenario and elector, fast profile")
+	defaultTrials = flag.Int("default-trials", 20, "handoff trials per elector, defaults profile")
+	systemsF      = flag.String("systems", "elector,clientgo-pg,clientgo-k8s", "electors to measure")
+	profilesF     = flag.String("profiles", "fast,defaults", "timing profiles to run (fast, defaults)")
+	// client-go timings of the fast profile, scaled from its defaults (15 s / 10 s / 2 s) to a 1 s lease.
+	renewDeadline = flag.Duration("renew-deadline", 700*time.Millisecond, "client-go RenewDeadline, fast profile")
+	retryPeriod   = flag.Duration("retry-period", 100*time.Millisecond, "client-go RetryPeriod, fast profile")
 )
+
+// profile is one set of timings: the lease TTL (client-go's LeaseDuration)
+// and client-go's RenewDeadline and RetryPeriod.
+type profile struct {
+	name                            string
+	ttl, renewDeadline, retryPeriod time.Duration
+	scenarios                       []string
+	trials                          int
+}
 
 // candidate is one running election participant.
 type candidate struct {
@@ -94,13 +114,14 @@ func (c *candidate) observe(identity string) {
 
 type system struct {
 	name  string
-	start func(ctx context.Context, id string) (*candidate, error)
+	start func(ctx context.Context, p profile, id string) (*candidate, error)
 	// pg: the key's row, to read server times; nil for the API server.
 	pg  *pgxpool.Pool
 	key string
 }
 
 type trialResult struct {
+	Profile  string  `json:"profile"`
 	System   string  `json:"system"`
 	Scenario string  `json:"scenario"`
 	Ms       float64 `json:"ms"`
@@ -153,77 +174,103 @@ func main() {
 		}
 	}
 
-	var results []trialResult
-	failures := map[string]int{}
-	for i := 0; i < *trials && ctx.Err() == nil; i++ {
-		for _, scenario := range []string{"handoff", "takeover"} {
-			for _, sys := range systems {
-				r, err := trial(ctx, sys, scenario, i)
-				if err != nil {
-					failures[sys.name+"/"+scenario]++
-					log.Printf("%s %s trial %d: %v", sys.name, scenario, i, err)
-					continue
-				}
-				results = append(results, r)
-			}
-		}
-		if i%10 == 0 {
-			log.Printf("trial %d/%d done (load %.2f)", i+1, *trials, benchutil.LoadAvg())
+	var profiles []profile
+	for _, name := range strings.Split(*profilesF, ",") {
+		switch name {
+		case "fast":
+			profiles = append(profiles, profile{name: name, ttl: time.Second, renewDeadline: *renewDeadline, retryPeriod: *retryPeriod,
+				scenarios: []string{"handoff", "takeover"}, trials: *trials})
+		case "defaults":
+			profiles = append(profiles, profile{name: name, ttl: 15 * time.Second, renewDeadline: 10 * time.Second, retryPeriod: 2 * time.Second,
+				scenarios: []string{"handoff"}, trials: *defaultTrials})
+		default:
+			log.Fatalf("unknown profile %q", name)
 		}
 	}
 
 	type summary struct {
+		Profile  string          `json:"profile"`
 		System   string          `json:"system"`
 		Scenario string          `json:"scenario"`
 		Stats    benchutil.Stats `json:"stats_ms"`
 		Detect   benchutil.Stats `json:"detect_stats_ms,omitempty"`
 		Failures int             `json:"failures"`
 	}
-	var sums []summary
-	var md strings.Builder
-	fmt.Fprintf(&md, "\n### Handoff and takeover (TTL 1 s; client-go RenewDeadline %v, RetryPeriod %v)\n\n", *renewDeadline, *retryPeriod)
-	fmt.Fprintf(&md, "| elector | scenario | trials | p50 ms | p95 ms | p99 ms | max ms | server-side detection p50 / p99 ms |\n|---|---|---|---|---|---|---|---|\n")
-	panels := []benchutil.Panel{
-		{Title: "graceful handoff: resign → next leader's OnStartedLeading", Marks: map[string]float64{"target p99 10 ms (pkg/elector)": 10}},
-		{Title: "takeover: holder crash → next leader's OnStartedLeading", Marks: map[string]float64{"TTL": 1000, "TTL+25 ms": 1025}},
-	}
-	for pi, scenario := range []string{"handoff", "takeover"} {
-		for _, sys := range systems {
-			var ms, det []float64
-			for _, r := range results {
-				if r.System == sys.name && r.Scenario == scenario {
-					ms = append(ms, r.Ms)
-					if r.Scenario == "takeover" && sys.pg != nil {
-						det = append(det, r.DetectMs)
+	var (
+		results []trialResult
+		sums    []summary
+		md      strings.Builder
+		panels  []benchutil.Panel
+	)
+	for _, p := range profiles {
+		failures := map[string]int{}
+		for i := 0; i < p.trials && ctx.Err() == nil; i++ {
+			for _, scenario := range p.scenarios {
+				for _, sys := range systems {
+					r, err := trial(ctx, sys, p, scenario, i)
+					if err != nil {
+						failures[sys.name+"/"+scenario]++
+						log.Printf("%s %s %s trial %d: %v", p.name, sys.name, scenario, i, err)
+						continue
 					}
+					results = append(results, r)
 				}
 			}
-			st := benchutil.Summarize(ms)
-			dt := benchutil.Summarize(det)
-			sums = append(sums, summary{System: sys.name, Scenario: scenario, Stats: st, Detect: dt, Failures: failures[sys.name+"/"+scenario]})
-			d := "–"
-			if dt.N > 0 {
-				d = fmt.Sprintf("%.1f / %.1f", dt.P50, dt.P99)
+			if i%10 == 0 {
+				log.Printf("%s: trial %d/%d done (load %.2f)", p.name, i+1, p.trials, benchutil.LoadAvg())
 			}
-			fmt.Fprintf(&md, "| %s | %s | %d (%d failed) | %.1f | %.1f | %.1f | %.1f | %s |\n", sys.name, scenario, st.N, failures[sys.name+"/"+scenario],
-				st.P50, st.P95, st.P99, st.Max, d)
-			vals := make([]float64, len(ms))
-			for j, v := range ms {
-				vals[j] = v
+		}
+
+		fmt.Fprintf(&md, "\n### %s: TTL (LeaseDuration) %v, client-go RenewDeadline %v, RetryPeriod %v\n\n", p.name, p.ttl, p.renewDeadline, p.retryPeriod)
+		fmt.Fprintf(&md, "| elector | scenario | trials | p50 ms | p95 ms | p99 ms | max ms | server-side detection p50 / p99 ms |\n|---|---|---|---|---|---|---|---|\n")
+		handoffP50 := map[string]float64{}
+		for _, scenario := range p.scenarios {
+			panel := benchutil.Panel{Title: fmt.Sprintf("%s, %s (TTL %v, RP %v)", scenario, p.name, p.ttl, p.retryPeriod),
+				Marks: map[string]float64{"20 ms": 20}}
+			if scenario == "takeover" {
+				ttlMs := float64(p.ttl.Milliseconds())
+				panel.Marks = map[string]float64{"TTL": ttlMs, "TTL+50 ms": ttlMs + 50}
 			}
-			panels[pi].Series = append(panels[pi].Series, benchutil.Series{Name: sys.name, Values: vals})
+			for _, sys := range systems {
+				var ms, det []float64
+				for _, r := range results {
+					if r.Profile == p.name && r.System == sys.name && r.Scenario == scenario {
+						ms = append(ms, r.Ms)
+						if r.Scenario == "takeover" && sys.pg != nil {
+							det = append(det, r.DetectMs)
+						}
+					}
+				}
+				vals := append([]float64(nil), ms...)
+				st := benchutil.Summarize(ms)
+				dt := benchutil.Summarize(det)
+				if scenario == "handoff" {
+					handoffP50[sys.name] = st.P50
+				}
+				sums = append(sums, summary{Profile: p.name, System: sys.name, Scenario: scenario, Stats: st, Detect: dt, Failures: failures[sys.name+"/"+scenario]})
+				d := "–"
+				if dt.N > 0 {
+					d = fmt.Sprintf("%.1f / %.1f", dt.P50, dt.P99)
+				}
+				fmt.Fprintf(&md, "| %s | %s | %d (%d failed) | %.1f | %.1f | %.1f | %.1f | %s |\n", sys.name, scenario, st.N, failures[sys.name+"/"+scenario],
+					st.P50, st.P95, st.P99, st.Max, d)
+				panel.Series = append(panel.Series, benchutil.Series{Name: sys.name, Values: vals})
+			}
+			panels = append(panels, panel)
+		}
+		if k, pg := handoffP50["clientgo-k8s"], handoffP50["clientgo-pg"]; k > 0 && pg > 0 {
+			fmt.Fprintf(&md, "\nHandoff p50, client-go's Lease lock / client-go + pkg/resourcelock: %.0f×\n", k/pg)
 		}
 	}
 	fmt.Print(md.String())
-	if err := benchutil.WriteJSON(*out, "handoff.json", map[string]any{"server": si, "ttl_ms": ttl.Milliseconds(),
-		"clientgo_renew_deadline_ms": renewDeadline.Milliseconds(), "clientgo_retry_period_ms": retryPeriod.Milliseconds(),
+	if err := benchutil.WriteJSON(*out, "handoff.json", map[string]any{"server": si, "profiles": profiles,
 		"summary": sums, "trials": results}); err != nil {
 		log.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(*out, "handoff.md"), []byte(md.String()), 0o644); err != nil {
 		log.Fatal(err)
 	}
-	svg := benchutil.ECDFSVG(fmt.Sprintf("Leader handoff and takeover latency, TTL 1 s (%s)", time.Now().UTC().Format("2006-01-02")), panels)
+	svg := benchutil.ECDFSVG(fmt.Sprintf("Leader handoff and takeover latency (%s)", time.Now().UTC().Format("2006-01-02")), panels)
 	if err := os.WriteFile(filepath.Join(*out, "handoff.svg"), []byte(svg), 0o644); err != nil {
 		log.Fatal(err)
 	}
@@ -248,17 +295,18 @@ func waitClosed(ch <-chan struct{}, d time.Duration, what string) error {
 	}
 }
 
-func trial(ctx context.Context, sys *system, scenario string, i int) (trialResult, error) {
-	r := trialResult{System: sys.name, Scenario: scenario}
-	a, err := sys.start(ctx, fmt.Sprintf("%s-a-%s-%d", sys.name, scenario, i))
+func trial(ctx context.Context, sys *system, p profile, scenario string, i int) (trialResult, error) {
+	r := trialResult{Profile: p.name, System: sys.name, Scenario: scenario}
+	ttl := p.ttl
+	a, err := sys.start(ctx, p, fmt.Sprintf("%s-%s-a-%s-%d", p.name, sys.name, scenario, i))
 	if err != nil {
 		return r, err
 	}
 	defer func() { a.cancel(); <-a.done }()
-	if _, err := wait(a.led, 10*time.Second, "A to lead"); err != nil {
+	if _, err := wait(a.led, 10*time.Second+ttl, "A to lead"); err != nil {
 		return r, err
 	}
-	b, err := sys.start(ctx, fmt.Sprintf("%s-b-%s-%d", sys.name, scenario, i))
+	b, err := sys.start(ctx, p, fmt.Sprintf("%s-%s-b-%s-%d", p.name, sys.name, scenario, i))
 	if err != nil {
 		return r, err
 	}
@@ -266,7 +314,10 @@ func trial(ctx context.Context, sys *system, scenario string, i int) (trialResul
 	if err := waitClosed(b.observed, 10*time.Second, "B to observe A"); err != nil {
 		return r, err
 	}
-	time.Sleep(50 * time.Millisecond) // B settles into its wait
+	// B settles into its steady state: past client-go's first jittered
+	// retry after it observed A (pkg/elector is waiting at once).
+	// wait.JitterUntil sleeps RetryPeriod × (1 + rand × JitterFactor).
+	time.Sleep(p.retryPeriod + time.Duration(leaderelection.JitterFactor*float64(p.retryPeriod)) + 50*time.Millisecond)
 	var t0 time.Time
 	var crashedExpiry time.Time
 	if scenario == "handoff" {
@@ -288,7 +339,7 @@ func trial(ctx context.Context, sys *system, scenario string, i int) (trialResul
 		}
 		a.cancel()
 	}
-	t1, err := wait(b.led, 5*ttl, "B to lead")
+	t1, err := wait(b.led, 5*ttl+5*time.Second, "B to lead")
 	if err != nil {
 		return r, err
 	}
@@ -305,8 +356,8 @@ func trial(ctx context.Context, sys *system, scenario string, i int) (trialResul
 
 // ---- pkg/elector ----
 
-func electorCandidate(dsn, key string) func(context.Context, string) (*candidate, error) {
-	return func(ctx context.Context, id string) (*candidate, error) {
+func electorCandidate(dsn, key string) func(context.Context, profile, string) (*candidate, error) {
+	return func(ctx context.Context, p profile, id string) (*candidate, error) {
 		c := newCandidate(id)
 		pool, err := pgxpool.New(ctx, dsn)
 		if err != nil {
@@ -319,8 +370,8 @@ func electorCandidate(dsn, key string) func(context.Context, string) (*candidate
 		}
 		client := lease.New(pool)
 		el, err := elector.New(client, elector.Config{
-			Key: key, Identity: id, TTL: ttl,
-			Waiter: elector.LeaseWaiter(w, client),
+			Key: key, Identity: id, TTL: p.ttl,
+			Waiter: w,
 			Callbacks: elector.Callbacks{
 				OnStartedLeading: func(ctx context.Context) {
 					c.led <- time.Now()
@@ -356,18 +407,30 @@ func electorCandidate(dsn, key string) func(context.Context, string) (*candidate
 
 // ---- client-go's elector over pkg/resourcelock ----
 
-func clientgoPGCandidate(dsn, key string) func(context.Context, string) (*candidate, error) {
-	return func(ctx context.Context, id string) (*candidate, error) {
+func clientgoPGCandidate(dsn, key string) func(context.Context, profile, string) (*candidate, error) {
+	return func(ctx context.Context, p profile, id string) (*candidate, error) {
 		pool, err := pgxpool.New(ctx, dsn)
 		if err != nil {
 			return nil, err
 		}
-		lock, err := pgrl.New(lease.New(pool), key, id, pgrl.WithLeaseDuration(ttl))
+		w, err := lease.NewWaiter(ctx, dsn, lease.WaiterOptions{})
 		if err != nil {
 			pool.Close()
 			return nil, err
 		}
-		return runClientGo(ctx, id, lock, pool.Close, func() {})
+		closeAll := func() { w.Close(); pool.Close() }
+		lock, err := pgrl.New(lease.New(pool), key, id, pgrl.WithLeaseDuration(p.ttl), pgrl.WithWaiter(w))
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		cfg, err := lock.LeaderElectionConfig(leaderelection.LeaderElectionConfig{
+			LeaseDuration: p.ttl, RenewDeadline: p.renewDeadline, RetryPeriod: p.retryPeriod})
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		return runClientGo(ctx, id, cfg, closeAll, func() {})
 	}
 }
 
@@ -386,8 +449,8 @@ func (t crashTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return t.rt.RoundTrip(req)
 }
 
-func clientgoK8sCandidate(base *rest.Config) func(context.Context, string) (*candidate, error) {
-	return func(ctx context.Context, id string) (*candidate, error) {
+func clientgoK8sCandidate(base *rest.Config) func(context.Context, profile, string) (*candidate, error) {
+	return func(ctx context.Context, p profile, id string) (*candidate, error) {
 		cfg := rest.CopyConfig(base)
 		cfg.QPS, cfg.Burst = 1000, 1000
 		cfg.Timeout = 5 * time.Second
@@ -402,24 +465,24 @@ func clientgoK8sCandidate(base *rest.Config) func(context.Context, string) (*can
 			Client:     cs.CoordinationV1(),
 			LockConfig: k8slock.ResourceLockConfig{Identity: id},
 		}
-		return runClientGo(ctx, id, lock, func() {}, func() { crashed.Store(true) })
+		return runClientGo(ctx, id, leaderelection.LeaderElectionConfig{Lock: lock,
+			LeaseDuration: p.ttl, RenewDeadline: p.renewDeadline, RetryPeriod: p.retryPeriod}, func() {}, func() { crashed.Store(true) })
 	}
 }
 
-func runClientGo(ctx context.Context, id string, lock k8slock.Interface, closeFn, crashFn func()) (*candidate, error) {
+// runClientGo runs client-go's elector with cfg's Lock and timings.
+func runClientGo(ctx context.Context, id string, cfg leaderelection.LeaderElectionConfig, closeFn, crashFn func()) (*candidate, error) {
 	c := newCandidate(id)
-	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-		Lock: lock, ReleaseOnCancel: true, Name: id,
-		LeaseDuration: ttl, RenewDeadline: *renewDeadline, RetryPeriod: *retryPeriod,
-		Callbacks: leaderelection.LeaderCallbacks{
-			OnStartedLeading: func(ctx context.Context) {
-				c.led <- time.Now()
-				<-ctx.Done()
-			},
-			OnStoppedLeading: func() {},
-			OnNewLeader:      c.observe,
+	cfg.ReleaseOnCancel, cfg.Name = true, id
+	cfg.Callbacks = leaderelection.LeaderCallbacks{
+		OnStartedLeading: func(ctx context.Context) {
+			c.led <- time.Now()
+			<-ctx.Done()
 		},
-	})
+		OnStoppedLeading: func() {},
+		OnNewLeader:      c.observe,
+	}
+	le, err := leaderelection.NewLeaderElector(cfg)
 	if err != nil {
 		closeFn()
 		return nil, err

@@ -51,8 +51,8 @@ func main() {
 		key           = flag.String("key", "example-clientgo", "lease key")
 		id            = flag.String("id", fmt.Sprintf("%s-%d", host, os.Getpid()), "this candidate's unique identity")
 		leaseDuration = flag.Duration("lease-duration", 15*time.Second, "lease TTL, and client-go's LeaseDuration")
-		renewDeadline = flag.Duration("renew-deadline", 10*time.Second, "client-go's RenewDeadline")
-		retryPeriod   = flag.Duration("retry-period", 2*time.Second, "client-go's RetryPeriod")
+		renewDeadline = flag.Duration("renew-deadline", 0, "client-go's RenewDeadline (0: 2/3 of the lease duration)")
+		retryPeriod   = flag.Duration("retry-period", 0, "client-go's RetryPeriod (0: 2/15 of the lease duration)")
 		leadFor       = flag.Duration("lead-for", 0, "step down (release) after leading this long; 0: lead until signalled")
 	)
 	flag.Parse()
@@ -89,8 +89,17 @@ func run(dsn, key, id string, leaseDuration, renewDeadline, retryPeriod, leadFor
 	}
 	defer pool.Close()
 
+	// One listener per process: a follower's Get waits for the release (or
+	// the server-side lapse) instead of polling every RetryPeriod.
+	w, err := lease.NewWaiter(ctx, dsn, lease.WaiterOptions{})
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+
 	lock, err := resourcelock.New(lease.New(pool), key, id,
 		resourcelock.WithLeaseDuration(leaseDuration),
+		resourcelock.WithWaiter(w),
 		resourcelock.WithOnEpochChange(func(old, new lease.Token) {
 			if old.Epoch != 0 {
 				say("epoch-end %s", old)
@@ -103,8 +112,10 @@ func run(dsn, key, id string, leaseDuration, renewDeadline, retryPeriod, leadFor
 		return err
 	}
 
-	leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
-		Lock:            lock,
+	// The lock checks client-go's timings against its lease duration (and
+	// fills those left 0), naming every offending field, instead of letting
+	// client-go panic or its leader context outlive the grant.
+	cfg, err := lock.LeaderElectionConfig(leaderelection.LeaderElectionConfig{
 		Name:            key,
 		LeaseDuration:   leaseDuration,
 		RenewDeadline:   renewDeadline,
@@ -122,6 +133,11 @@ func run(dsn, key, id string, leaseDuration, renewDeadline, retryPeriod, leadFor
 			OnStoppedLeading: func() { say("stopped-leading") },
 		},
 	})
+	if err != nil {
+		return err
+	}
+	retryPeriod = cfg.RetryPeriod
+	leaderelection.RunOrDie(ctx, cfg)
 	return nil
 }
 

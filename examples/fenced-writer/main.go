@@ -118,7 +118,7 @@ func run(ctx context.Context, w io.Writer, dsn, storeDSN, key string) error {
 	fmt.Fprintf(w, "A writes with epoch %d: %s\n", a.Epoch, verdict(save(a.Token)))
 
 	fmt.Fprintln(w, "A pauses past its TTL (GC pause, SIGSTOP, partition): no renewal")
-	time.Sleep(a.Remaining() + 100*time.Millisecond)
+	time.Sleep(time.Until(a.ValidUntil()) + 100*time.Millisecond)
 
 	b, ok, err := client.Acquire(ctx, key, "B", time.Minute)
 	if err != nil || !ok {

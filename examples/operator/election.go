@@ -59,7 +59,7 @@ func pgleaseElection(ctx context.Context, c config) (*election, error) {
 		fenced: func(r reconcile.Reconciler) reconcile.Reconciler {
 			return leasectrl.Fenced(lock, r)
 		},
-		epoch: lock.Epoch,
+		epoch: func() int64 { t, _ := lock.Token(); return t.Epoch },
 		pool:  pool,
 		close: func() { closeSoon(pool) },
 	}, nil

@@ -10,27 +10,15 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+
+	"github.com/pglease/pg_lease/pkg/lease"
 )
 
 // Defaults. Every default is filled in one place, Config.withDefaults.
 const (
-	// DefaultTTL is the lease duration asked of the server on every acquire
+	// defaultTTL is the lease duration asked of the server on every acquire
 	// and renewal.
-	DefaultTTL = 15 * time.Second
-
-	// SchedulingMargin is the fixed part of the default Margin: the time
-	// between the local deadline and the moment the code acting under the
-	// leader context can be expected to have observed its cancellation
-	// (timer latency, goroutine scheduling on a loaded host, a garbage
-	// collection pause, a write already in flight).
-	SchedulingMargin = 100 * time.Millisecond
-
-	// MaxClockRateDrift is the relative rate difference between this
-	// process's monotonic clock and the server's clock that Margin must
-	// cover: 1000 ppm, twice the 500 ppm that NTP (and chrony by default)
-	// may slew a clock, and far above the drift of a quartz oscillator
-	// (tens of ppm). Over a window of TTL it accounts for TTL/1000.
-	MaxClockRateDrift = 1e-3
+	defaultTTL = 15 * time.Second
 )
 
 // ErrInvalidConfig matches every error New returns for a Config field.
@@ -64,18 +52,6 @@ type Callbacks struct {
 	OnNewLeader func(identity string, epoch int64)
 }
 
-// Waiter blocks a follower until the key may have become free. Wait must
-// return nil when key was released (or force-released), when the local
-// instant until has passed (the observed grant's expiry, on this process's
-// clock), or earlier at will (a spurious wake only costs one acquire and
-// one inspect); it returns ctx's error when ctx ends. A Waiter that
-// listens for notifications must fall back to polling when it cannot
-// listen; when Wait fails, the elector polls. LeaseWaiter adapts
-// lease.Waiter (LISTEN pg_lease).
-type Waiter interface {
-	Wait(ctx context.Context, key string, until time.Time) error
-}
-
 // Config configures an Elector. Zero fields take the defaults stated on
 // each; New validates the whole Config once.
 type Config struct {
@@ -89,7 +65,7 @@ type Config struct {
 	Identity string
 
 	// TTL is the lease duration requested on every acquire and renewal.
-	// Default DefaultTTL (15s).
+	// Default 15s.
 	TTL time.Duration
 
 	// RenewInterval is the pause between successful renewals. At most
@@ -103,10 +79,11 @@ type Config struct {
 	RetryInterval time.Duration
 
 	// Margin is how long before a grant's local validity end
-	// (Grant.ValidUntil) the leader context is cancelled. It must cover the
-	// clock-rate drift over one grant (at least TTL*MaxClockRateDrift) and
-	// the scheduling delay of the code that observes the cancellation; at
-	// most TTL/3. Default min(TTL/3, SchedulingMargin + TTL/1000).
+	// (Grant.ValidUntil) the leader context is cancelled: the margin of the
+	// term (lease.CheckMargin, the one margin rule). It must cover the
+	// clock-rate drift over one grant (at least TTL/1000) and the
+	// scheduling delay of the code that observes the cancellation; at most
+	// TTL/3. Default min(TTL/3, 100ms + TTL/1000).
 	Margin time.Duration
 
 	// HealthTolerance is how long past the local deadline Check tolerates a
@@ -114,9 +91,10 @@ type Config struct {
 	// RenewInterval.
 	HealthTolerance time.Duration
 
-	// Waiter wakes followers when the key is released or the observed grant
-	// expires. Nil: poll every RetryInterval (and at the observed expiry).
-	Waiter Waiter
+	// Waiter, the process's listener, wakes followers when the key is
+	// released (lease.Waiter.Await). Nil: followers poll every
+	// RetryInterval, and wake at the observed grant's expiry either way.
+	Waiter *lease.Waiter
 
 	Callbacks Callbacks
 
@@ -149,10 +127,10 @@ func (c Config) withDefaults() (Config, error) {
 		return c, configErr("Identity", "must be at most 1024 bytes, got %d", len(c.Identity))
 	}
 	if c.TTL == 0 {
-		c.TTL = DefaultTTL
+		c.TTL = defaultTTL
 	}
-	if c.TTL < 3*time.Millisecond {
-		return c, configErr("TTL", "must be at least 3ms, got %v", c.TTL)
+	if _, err := lease.CheckMargin(c.TTL, 0); err != nil {
+		return c, configErr("TTL", "%v", err)
 	}
 	if c.RenewInterval == 0 {
 		c.RenewInterval = c.TTL / 3
@@ -166,14 +144,11 @@ func (c Config) withDefaults() (Config, error) {
 	if c.RetryInterval < 0 || c.RetryInterval > c.RenewInterval {
 		return c, configErr("RetryInterval", "must be positive and at most RenewInterval (%v), got %v", c.RenewInterval, c.RetryInterval)
 	}
-	minMargin := minMargin(c.TTL)
-	if c.Margin == 0 {
-		c.Margin = min(c.TTL/3, SchedulingMargin+minMargin)
+	m, err := lease.CheckMargin(c.TTL, c.Margin)
+	if err != nil {
+		return c, configErr("Margin", "%v", err)
 	}
-	if c.Margin < minMargin || c.Margin > c.TTL/3 {
-		return c, configErr("Margin", "must be at least TTL*MaxClockRateDrift (%v, clock-rate drift over one grant) and at most TTL/3 (%v), got %v",
-			minMargin, c.TTL/3, c.Margin)
-	}
+	c.Margin = m
 	if c.HealthTolerance == 0 {
 		c.HealthTolerance = c.RenewInterval
 	}
@@ -194,13 +169,6 @@ func (c Config) withDefaults() (Config, error) {
 		c.Metrics = m
 	}
 	return c, nil
-}
-
-// minMargin is the clock-rate drift over one grant, rounded up to a
-// microsecond.
-func minMargin(ttl time.Duration) time.Duration {
-	d := time.Duration(float64(ttl) * MaxClockRateDrift)
-	return (d + time.Microsecond - 1).Truncate(time.Microsecond)
 }
 
 func defaultIdentity() string {

@@ -22,8 +22,8 @@
 //	                │
 //	                ▼
 //	┌──────────► CAMPAIGN ◄─────────────────────────────────────────┐
-//	│   acquire: denied → inspect the holder (OnNewLeader),         │
-//	│   wait for its release or its expiry (Waiter, or poll         │
+//	│   acquire: denied → lease.Waiter.Await: read the holder       │
+//	│   (OnNewLeader), wait for its release or its expiry (poll     │
 //	│   every RetryInterval), try again                             │
 //	│               │ acquire: granted, epoch E > every epoch        │
 //	│               │ this elector led under                         │
@@ -31,12 +31,12 @@
 //	│            LEADING (term E)                                    │
 //	│   OnNewLeader(self, E); go OnStartedLeading(leaderCtx);        │
 //	│   renew every RenewInterval (RetryInterval after a failure)    │
-//	│               │ leaderCtx cancelled, cause:                    │
-//	│               │  ErrRenewDeadline   no renewal succeeded before │
-//	│               │                     the local deadline          │
-//	│               │  ErrLeadershipLost  renew answered lapsed,      │
+//	│               │ leaderCtx cancelled, cause (lease's term causes):│
+//	│               │  lease.ErrLocalDeadline  no renewal succeeded    │
+//	│               │                     before the local deadline   │
+//	│               │  lease.ErrLost…     renew answered lapsed,      │
 //	│               │                     not_owner, epoch_mismatch   │
-//	│               │  ErrResigned        Run's ctx ended, or         │
+//	│               │  lease.ErrReleased  Run's ctx ended, or         │
 //	│               │                     OnStartedLeading returned   │
 //	│               ▼                                                │
 //	│            STOPPING (term E)                                   │
@@ -47,46 +47,25 @@
 //
 // # Trust window
 //
-// Every grant is timed on this process's monotonic clock from the instant
-// its request was sent: lease.Grant.ValidUntil is send time plus the time
-// the server said was left (expires_at minus the server's clock read after
-// its decision). The server cannot have decided before the request was
-// sent, so with equal clock rates the server's expiry is later than
-// ValidUntil. The leader context is cancelled at
+// Each term is a lease.Term: the leader context is the term's context
+// (lease.Term.Context), cancelled at the term's local deadline,
 //
-//	deadline = ValidUntil - Margin
+//	deadline = Grant.ValidUntil − Margin
 //
 // of the latest successful acquire or renewal, unless a later renewal
 // succeeds first; a renewal whose answer arrives after the deadline does
-// not revive the term. Margin covers what ValidUntil does not:
-//
-//   - clock-rate drift between this host's monotonic clock and the server's
-//     clock over one grant: at most MaxClockRateDrift (1000 ppm) × TTL,
-//     twice what NTP may slew; New refuses a smaller Margin;
-//   - scheduling: from the deadline timer firing to the code under the
-//     leader context having observed the cancellation (timer latency, a
-//     loaded CPU, a GC pause): SchedulingMargin, 100 ms.
-//
-// The default is min(TTL/3, 100 ms + TTL/1000): 115 ms for the default 15 s
-// TTL. Raise it when the work under the leader context reacts to
-// cancellation more slowly; what it does after the deadline anyway is what
-// fencing is for.
-//
-// So A1 (how long a lapsed holder may still believe it holds the lease) is
-// zero on the server's timeline for this elector: its belief ends at least
-// Margin − drift before the expiry, and a successor can only be granted
-// after the expiry. The bound needs the process to run: a process that is
-// stopped (SIGSTOP, a VM pause, a host suspend, whose CLOCK_MONOTONIC does
-// not advance) cannot act on a cancellation until it runs again, and then
-// the leader context is cancelled at once, but a write it had already
-// decided may still go out. Fence every write that matters (package
-// fence): the epoch of such a write is lower than its successor's and the
-// guard rejects it.
+// not revive the term. Why that never overlaps a successor (A1), and what
+// Margin covers (the one margin rule, lease.CheckMargin: clock-rate drift
+// over one grant, at least TTL/1000, and scheduling delay; default
+// min(TTL/3, 100 ms + TTL/1000), 115 ms for the default 15 s TTL) is
+// written once, in package lease. Raise Margin when the work under the
+// leader context reacts to cancellation more slowly; what it does after the
+// deadline anyway is what fencing is for.
 //
 // Timings (validated by New): RenewInterval ≤ TTL/3 and Margin ≤ TTL/3, so
 // after a successful renewal at least TTL/3 remains before the deadline for
 // retries every RetryInterval (≤ RenewInterval). Every renew call is bounded
-// by the deadline.
+// by the deadline. Timers run on the client's clock (lease.Client.WithClock).
 //
 // # Terms and epochs
 //
@@ -109,16 +88,18 @@
 //
 //   - Renewal fails without a verdict (connection lost, timeout, server
 //     frozen or down): retry every RetryInterval until the deadline; then
-//     cancel the term (ErrRenewDeadline), wait for OnStartedLeading, and
+//     cancel the term (lease.ErrLocalDeadline), wait for OnStartedLeading, and
 //     campaign again. No release is attempted: the grant expires on its own
 //     within Margin.
 //   - Renewal answered lapsed, not_owner or epoch_mismatch (the grant
 //     expired on the server, was force-released or taken over): cancel the
-//     term at once (ErrLeadershipLost), no release, campaign again.
-//   - Run's context ends: cancel the term (ErrResigned wrapping the
+//     term at once (the lease error), no release, campaign again.
+//   - Run's context ends: cancel the term (lease.ErrReleased wrapping the
 //     context's cause), keep renewing until OnStartedLeading returns, then
 //     release, so a follower takes over without waiting for the TTL, and
-//     return nil.
+//     return nil. A grant obtained as the context ends is released too,
+//     including one the server committed after the connection gave up on
+//     the call (found by reading the key for this identity).
 //   - OnStartedLeading returns while the term is valid: resign (release)
 //     and campaign again after RetryInterval, which gives candidates woken
 //     by the release the first chance.
@@ -126,14 +107,14 @@
 //     installed, or a version or input the server refuses, end Run with the
 //     error.
 //
-// Followers wake when the key is released (the Waiter: LeaseWaiter over a
-// lease.Waiter listens on channel pg_lease, which pg_lease NOTIFYs on
-// every change) and at the observed grant's expiry
-// (measured on the local clock from the inspect answer's receipt), and
-// otherwise poll every RetryInterval. Without a Waiter, a release is seen
-// within RetryInterval; an expiry within a round trip. A takeover after a
-// holder died therefore takes at most TTL (from its last renewal) plus
-// that latency.
+// Followers wait with lease.Waiter.Await (one read per wake): woken by the
+// release's notification when Config.Waiter is set (the process's one
+// listener on channel pg_lease, which pg_lease notifies on grants, releases
+// and force-releases), at the observed grant's expiry on the local clock
+// (lease.State.ExpiresLocal: a lapse sends nothing), and otherwise every
+// RetryInterval. Without a Waiter, a release is seen within RetryInterval;
+// an expiry within a round trip. A takeover after a holder died therefore
+// takes at most TTL (from its last renewal) plus that latency.
 //
 // # Observability
 //
@@ -141,5 +122,7 @@
 // controller-runtime's healthz.Checker; Metrics (NewMetrics, or
 // ctrlmetrics.New for controller-runtime's registry) exports the leader
 // status, the epoch led under, renew latency, transitions and errors by
-// kind. The leader context's cause (context.Cause) says why a term ended.
+// kind (acquire, inspect, renew, release, lapsed, not_owner,
+// epoch_mismatch, deadline). The leader context's cause (context.Cause)
+// says why a term ended.
 package elector

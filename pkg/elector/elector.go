@@ -10,28 +10,19 @@ import (
 	"time"
 
 	"github.com/pglease/pg_lease/pkg/lease"
+	"k8s.io/utils/clock"
 )
 
-// Causes of a leader context's cancellation, read with context.Cause.
+// Errors of the elector itself. A leader context's cause (context.Cause)
+// is one of the lease package's term causes: lease.ErrLocalDeadline (no
+// renewal before the local deadline), an error matching lease.ErrLost (the
+// server answered a renewal with lapsed, not_owner or epoch_mismatch), or
+// lease.ErrReleased (Run's context ended, the cause then also matching that
+// context's cause, or OnStartedLeading returned).
 var (
-	// ErrRenewDeadline: renewals did not succeed before the grant's local
-	// deadline (Grant.ValidUntil minus Margin). The server may still hold
-	// the grant for up to Margin; nobody else can have it yet.
-	ErrRenewDeadline = errors.New("elector: no successful renewal before the local deadline")
-	// ErrLeadershipLost: the server answered a renewal with lapsed,
-	// not_owner or epoch_mismatch; the cause also matches lease.ErrLost and
-	// the specific lease sentinel.
-	ErrLeadershipLost = errors.New("elector: leadership lost")
-	// ErrResigned: Run's context ended (the cause also matches that
-	// context's cause) or OnStartedLeading returned; the lease is released
-	// once OnStartedLeading has returned.
-	ErrResigned = errors.New("elector: resigned")
-
 	// ErrAlreadyRunning: Run was called while another Run of the same
 	// Elector was running.
 	ErrAlreadyRunning = errors.New("elector: Run is already running")
-	// ErrUnhealthy is returned by Check.
-	ErrUnhealthy = errors.New("elector: unhealthy")
 )
 
 // Elector campaigns for one lease key and runs Callbacks.OnStartedLeading
@@ -39,6 +30,7 @@ var (
 type Elector struct {
 	client *lease.Client
 	cfg    Config
+	clock  clock.WithDelayedExecution // the client's
 
 	running atomic.Bool
 
@@ -47,17 +39,11 @@ type Elector struct {
 	lastEpoch int64
 
 	mu       sync.Mutex
-	term     *term // the current term, from its start until OnStoppedLeading returned
+	term     *lease.Term     // the current term, from its start until OnStoppedLeading returned
+	lctx     context.Context // its leader context
 	lastTerm lease.Grant
 	leader   string
 	epoch    int64
-}
-
-type term struct {
-	ctx      context.Context // the leader context
-	grant    lease.Grant     // the latest grant (acquire or renewal)
-	deadline time.Time       // grant.ValidUntil() - Margin
-	started  time.Time
 }
 
 // New validates cfg (naming the field in each error, which matches
@@ -71,14 +57,8 @@ func New(client *lease.Client, cfg Config) (*Elector, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Elector{client: client, cfg: c}, nil
+	return &Elector{client: client, cfg: c, clock: client.Clock()}, nil
 }
-
-// Config returns the configuration in effect, defaults filled in.
-func (e *Elector) Config() Config { return e.cfg }
-
-// Identity is the owner name this elector campaigns under.
-func (e *Elector) Identity() string { return e.cfg.Identity }
 
 // Status is a snapshot of an elector's view.
 type Status struct {
@@ -104,9 +84,9 @@ func (e *Elector) Status() Status {
 	defer e.mu.Unlock()
 	s := Status{Grant: e.lastTerm, Leader: e.leader, Epoch: e.epoch}
 	if t := e.term; t != nil {
-		s.Leading = t.ctx.Err() == nil
-		s.Grant = t.grant
-		s.Deadline = t.deadline
+		s.Leading = e.lctx.Err() == nil
+		s.Grant = t.Grant()
+		s.Deadline = t.Deadline()
 	}
 	return s
 }
@@ -125,9 +105,9 @@ func (e *Elector) Check(_ *http.Request) error {
 	if t == nil {
 		return nil
 	}
-	if late := time.Since(t.deadline); late > e.cfg.HealthTolerance {
-		return fmt.Errorf("%w: term %s is still running %v past its local deadline (tolerance %v)",
-			ErrUnhealthy, t.grant.Token, late.Round(time.Millisecond), e.cfg.HealthTolerance)
+	if late := e.clock.Since(t.Deadline()); late > e.cfg.HealthTolerance {
+		return fmt.Errorf("elector: unhealthy: term %s is still running %v past its local deadline (tolerance %v)",
+			t.Token(), late.Round(time.Millisecond), e.cfg.HealthTolerance)
 	}
 	return nil
 }
@@ -148,6 +128,10 @@ func (e *Elector) Run(ctx context.Context) error {
 	for {
 		g, err := e.campaign(ctx)
 		if ctx.Err() != nil {
+			// A grant obtained as ctx ended (or one the server committed
+			// after the connection gave up on the call) must not wait for
+			// its TTL: give it back.
+			e.releaseAfterCancel(ctx, g)
 			return nil
 		}
 		if err != nil {
@@ -160,7 +144,7 @@ func (e *Elector) Run(ctx context.Context) error {
 		if resigned {
 			// Give the other candidates, woken by the release, the first
 			// chance.
-			sleep(ctx, e.cfg.RetryInterval)
+			e.sleep(ctx, e.cfg.RetryInterval)
 		}
 	}
 }
@@ -168,11 +152,12 @@ func (e *Elector) Run(ctx context.Context) error {
 // fatal reports errors that retrying cannot fix.
 func fatal(err error) bool {
 	return errors.Is(err, lease.ErrNotInstalled) || errors.Is(err, lease.ErrInvalidInput) ||
-		errors.Is(err, lease.ErrVersionMismatch)
+		errors.Is(err, lease.ErrVersionMismatch) || errors.Is(err, lease.ErrPermission)
 }
 
 // campaign tries to acquire the key until it gets a grant it may start a
-// term under, or ctx ends.
+// term under, or ctx ends. When ctx ends it returns the grant it got in
+// that instant, if any.
 func (e *Elector) campaign(ctx context.Context) (lease.Grant, error) {
 	c := &e.cfg
 	log := c.Logger.WithValues("key", c.Key, "identity", c.Identity)
@@ -188,32 +173,36 @@ func (e *Elector) campaign(ctx context.Context) (lease.Grant, error) {
 			if ctx.Err() != nil {
 				return lease.Grant{}, ctx.Err()
 			}
-			e.countError(ErrorKindAcquire)
+			e.countError(errorKindAcquire)
 			if fatal(err) {
 				log.Error(err, "acquire failed; giving up")
 				return lease.Grant{}, err
 			}
 			log.Error(err, "acquire failed; retrying", "retryInterval", c.RetryInterval)
-			sleep(ctx, c.RetryInterval)
+			e.sleep(ctx, c.RetryInterval)
 			continue
+		case ok && ctx.Err() != nil:
+			return g, ctx.Err()
 		case ok && g.Epoch <= e.lastEpoch:
 			// Our previous grant is still current on the server (its term
 			// ended on the local deadline, within Margin of the server's
 			// expiry). Never start a term twice under one epoch: release
 			// it, so that the next grant carries a new epoch.
 			log.Info("previous grant still current on the server; releasing it", "epoch", g.Epoch)
-			if err := e.release(ctx, g.Token, time.Now().Add(c.TTL)); err != nil && !errors.Is(err, lease.ErrLost) {
-				sleep(ctx, c.RetryInterval)
+			if err := e.release(ctx, g.Token); err != nil && !errors.Is(err, lease.ErrLost) {
+				e.sleep(ctx, c.RetryInterval)
 			}
 			continue
 		case ok:
-			if time.Until(g.ValidUntil()) <= c.Margin+c.RetryInterval {
+			if g.ValidUntil().Sub(e.clock.Now()) <= c.Margin+c.RetryInterval {
 				// The answer took most of the TTL to arrive: renew before
 				// starting a term that would end at once.
-				rg, err := e.renewCall(ctx, g.Token, g.ValidUntil().Add(-c.Margin))
-				if err != nil || time.Until(rg.ValidUntil()) <= c.Margin {
+				rctx, cancel := context.WithTimeout(ctx, max(g.ValidUntil().Sub(e.clock.Now())-c.Margin, 0))
+				rg, err := e.client.Renew(rctx, g.Token, c.TTL)
+				cancel()
+				if err != nil || rg.ValidUntil().Sub(e.clock.Now()) <= c.Margin {
 					log.Info("grant arrived too late to lead under; retrying", "epoch", g.Epoch, "err", err)
-					sleep(ctx, c.RetryInterval)
+					e.sleep(ctx, c.RetryInterval)
 					continue
 				}
 				g = rg
@@ -221,44 +210,45 @@ func (e *Elector) campaign(ctx context.Context) (lease.Grant, error) {
 			return g, nil
 		}
 
-		// Held by another owner: see who, and wait for a release or for
-		// that grant's expiry.
-		ictx, cancel := context.WithTimeout(ctx, c.TTL)
-		st, err := e.client.Inspect(ictx, c.Key)
-		received := time.Now()
-		cancel()
+		// Held by another owner: wait (one read per wake, lease's one wake
+		// policy) until it is free.
+		_, err = c.Waiter.Await(ctx, e.client, c.Key, c.RetryInterval, func(st lease.State) bool {
+			if st.Held {
+				e.observe(st.Owner, st.Epoch)
+			}
+			return !st.Held
+		})
 		if err != nil {
 			if ctx.Err() != nil {
 				return lease.Grant{}, ctx.Err()
 			}
-			e.countError(ErrorKindInspect)
+			e.countError(errorKindInspect)
 			log.Error(err, "inspect failed; retrying", "retryInterval", c.RetryInterval)
-			sleep(ctx, c.RetryInterval)
-			continue
+			e.sleep(ctx, c.RetryInterval)
 		}
-		if !st.Held {
-			continue // released or lapsed in between: try again at once
-		}
-		e.observe(st.Owner, st.Epoch)
-		// The grant expires at most this late on our clock (the answer
-		// cannot be older than its receipt). Waking late only delays the
-		// takeover by the round trip; waking early costs a retry.
-		e.wait(ctx, received.Add(st.ExpiresAt.Sub(st.ServerNow)))
 	}
 }
 
-// wait blocks until the key may be free: the Waiter's wake, or, without a
-// Waiter (or when it fails), until the earlier of until and RetryInterval.
-func (e *Elector) wait(ctx context.Context, until time.Time) {
-	if w := e.cfg.Waiter; w != nil {
-		err := w.Wait(ctx, e.cfg.Key, until)
-		if err == nil || ctx.Err() != nil {
+// releaseAfterCancel gives back a grant obtained as Run's context ended:
+// g when the acquire's answer arrived, or else whatever the server holds
+// for this identity (an acquire the server committed after the connection
+// gave up on it on cancellation). The identity is unique per process
+// incarnation, so a grant held under it is this elector's.
+func (e *Elector) releaseAfterCancel(ctx context.Context, g lease.Grant) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.TTL)
+	defer cancel()
+	tok := g.Token
+	if tok.Epoch == 0 {
+		st, err := e.client.Inspect(rctx, e.cfg.Key)
+		if err != nil || !st.Held || st.Owner != e.cfg.Identity {
 			return
 		}
-		e.countError(ErrorKindWait)
-		e.cfg.Logger.Error(err, "waiter failed; polling", "key", e.cfg.Key)
+		tok = lease.Token{Key: e.cfg.Key, Owner: st.Owner, Epoch: st.Epoch}
 	}
-	sleep(ctx, min(time.Until(until), e.cfg.RetryInterval))
+	if err := e.release(rctx, tok); err != nil {
+		e.cfg.Logger.Error(err, "release after Run's context ended failed; the lease lapses at its expiry",
+			"key", e.cfg.Key, "epoch", tok.Epoch)
+	}
 }
 
 // lead runs one term under grant g. It returns after the leader context was
@@ -271,26 +261,31 @@ func (e *Elector) lead(ctx context.Context, g lease.Grant) (resigned bool) {
 	log := c.Logger.WithValues("key", key, "identity", c.Identity, "epoch", g.Epoch)
 	e.lastEpoch = g.Epoch
 
-	// The leader context keeps ctx's values but not its cancellation: the
-	// elector cancels it itself, with a cause, from one of four places.
-	lctx, cancel := context.WithCancelCause(lease.ContextWithToken(context.WithoutCancel(ctx), g.Token))
-	defer cancel(nil)
-	t := &term{ctx: lctx, grant: g, deadline: g.ValidUntil().Add(-c.Margin), started: time.Now()}
-	// 1. The local deadline.
-	deadlineTimer := time.AfterFunc(time.Until(t.deadline), func() { cancel(ErrRenewDeadline) })
-	defer deadlineTimer.Stop()
-	// 2. Run's context.
-	stopAfter := context.AfterFunc(ctx, func() { cancel(fmt.Errorf("%w: %w", ErrResigned, context.Cause(ctx))) })
+	t, err := e.client.Begin(g, c.Margin, nil)
+	if err != nil { // cannot happen: New checked the margin
+		log.Error(err, "cannot start a term")
+		return false
+	}
+	// The leader context keeps ctx's values but not its cancellation: it
+	// ends with the term (its local deadline, a loss the server reports) or
+	// when the elector resigns (Run's context ended, OnStartedLeading
+	// returned), while the term itself is kept alive until
+	// OnStartedLeading has returned.
+	rctx, resign := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer resign(nil)
+	lctx, cancel := t.Context(rctx)
+	defer cancel()
+	stopAfter := context.AfterFunc(ctx, func() { resign(fmt.Errorf("%w: %w", lease.ErrReleased, context.Cause(ctx))) })
 	defer stopAfter()
 
 	e.mu.Lock()
-	e.term = t
+	e.term, e.lctx = t, lctx
 	e.mu.Unlock()
 	e.observe(c.Identity, g.Epoch)
 	c.Metrics.leader.WithLabelValues(key).Set(1)
 	c.Metrics.epoch.WithLabelValues(key).Set(float64(g.Epoch))
 	c.Metrics.transitions.WithLabelValues(key, "started").Inc()
-	log.Info("started leading", "validFor", time.Until(t.deadline).Round(time.Millisecond))
+	log.Info("started leading", "validFor", t.Deadline().Sub(e.clock.Now()).Round(time.Millisecond))
 
 	done := make(chan struct{})
 	go func() {
@@ -298,76 +293,67 @@ func (e *Elector) lead(ctx context.Context, g lease.Grant) (resigned bool) {
 		c.Callbacks.OnStartedLeading(lctx)
 	}()
 
-	renewTimer := time.NewTimer(c.RenewInterval)
+	renewTimer := e.clock.NewTimer(c.RenewInterval)
 	defer renewTimer.Stop()
-	renewC := renewTimer.C
-	lctxDone := lctx.Done()
-	deadline := t.deadline
-	lost := false
+	renewC := renewTimer.C()
+	rDone := rctx.Done()
 loop:
 	for {
 		select {
 		case <-done:
-			// 3. OnStartedLeading returned: resign if still leading.
+			// OnStartedLeading returned: resign if still leading.
 			if lctx.Err() == nil {
 				resigned = true
 			}
-			cancel(ErrResigned)
+			resign(lease.ErrReleased)
 			break loop
-		case <-lctxDone:
-			lctxDone = nil
-			if !errors.Is(context.Cause(lctx), ErrResigned) {
-				break loop // deadline: stop renewing
-			}
+		case <-t.Done():
+			break loop // the term ended: deadline or loss
+		case <-rDone:
 			// Resigning: keep the grant alive until OnStartedLeading
 			// returns, then release it.
+			rDone = nil
 		case <-renewC:
-			if time.Now().After(deadline) {
-				renewC = nil
-				continue
-			}
-			ng, err := e.renewCall(ctx, g.Token, deadline)
+			start := e.clock.Now()
+			err := t.Renew(context.WithoutCancel(ctx)) // resigning: renew until OnStartedLeading returns
+			c.Metrics.renew.WithLabelValues(key).Observe(e.clock.Since(start).Seconds())
 			switch {
 			case err == nil:
-				nd := ng.ValidUntil().Add(-c.Margin)
-				// Extend only a term that has not ended on its deadline:
-				// once the timer has fired, the term is over whatever a
-				// late renewal says.
-				if deadlineTimer.Stop() {
-					deadlineTimer.Reset(time.Until(nd))
-					deadline, g = nd, ng
-					e.mu.Lock()
-					t.grant, t.deadline = ng, nd
-					e.mu.Unlock()
-				}
 				renewTimer.Reset(c.RenewInterval)
 			case errors.Is(err, lease.ErrLost):
-				// 4. The server says the grant is gone.
 				e.countError(lostKind(err))
-				lost = true
-				cancel(fmt.Errorf("%w: %w", ErrLeadershipLost, err))
+				break loop
+			case errors.Is(err, lease.ErrLocalDeadline):
+				// The answer came after the deadline (whose timer may not
+				// have fired yet): the term is over.
+				t.End(lease.ErrLocalDeadline)
 				break loop
 			default:
-				e.countError(ErrorKindRenew)
+				e.countError(errorKindRenew)
+				left := t.Deadline().Sub(e.clock.Now())
 				log.Error(err, "renew failed; retrying", "retryInterval", c.RetryInterval,
-					"untilDeadline", time.Until(deadline).Round(time.Millisecond))
-				renewTimer.Reset(min(c.RetryInterval, max(time.Until(deadline), 0)))
+					"untilDeadline", left.Round(time.Millisecond))
+				renewTimer.Reset(min(c.RetryInterval, max(left, 0)))
 			}
 		}
 	}
 
 	cause := context.Cause(lctx)
-	if errors.Is(cause, ErrRenewDeadline) {
-		e.countError(ErrorKindDeadline)
+	if errors.Is(t.Err(), lease.ErrLocalDeadline) {
+		e.countError(errorKindDeadline)
 	}
 	log.Info("stopped leading; waiting for OnStartedLeading to return", "cause", cause.Error())
 	<-done
-	if errors.Is(cause, ErrResigned) && !lost && time.Now().Before(deadline) {
-		if err := e.release(ctx, g.Token, deadline); err != nil {
+	if t.Err() == nil {
+		// Resigned with the term live: end it and hand the key on now.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.Deadline().Sub(e.clock.Now()))
+		if err := t.Release(rctx); err != nil {
+			e.countError(errorKindRelease)
 			log.Error(err, "release failed; the lease lapses at its expiry")
 		} else {
 			log.Info("released")
 		}
+		cancel()
 	}
 	if f := c.Callbacks.OnStoppedLeading; f != nil {
 		f()
@@ -376,31 +362,20 @@ loop:
 	c.Metrics.epoch.WithLabelValues(key).Set(0)
 	c.Metrics.transitions.WithLabelValues(key, "stopped").Inc()
 	e.mu.Lock()
-	e.lastTerm = t.grant
-	e.term = nil
+	e.lastTerm = t.Grant()
+	e.term, e.lctx = nil, nil
 	e.mu.Unlock()
 	return resigned
 }
 
-// renewCall renews t, bounded by the local deadline: an answer after it is
-// of no use.
-func (e *Elector) renewCall(ctx context.Context, t lease.Token, deadline time.Time) (lease.Grant, error) {
-	rctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
-	defer cancel()
-	start := time.Now()
-	g, err := e.client.Renew(rctx, t, e.cfg.TTL)
-	e.cfg.Metrics.renew.WithLabelValues(e.cfg.Key).Observe(time.Since(start).Seconds())
-	return g, err
-}
-
-// release releases t, bounded by deadline; it runs after Run's context
-// ended, so it does not inherit its cancellation.
-func (e *Elector) release(ctx context.Context, t lease.Token, deadline time.Time) error {
-	rctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+// release releases t; it may run after Run's context ended, so it does not
+// inherit its cancellation, and is bounded by the TTL.
+func (e *Elector) release(ctx context.Context, t lease.Token) error {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.TTL)
 	defer cancel()
 	err := e.client.Release(rctx, t)
 	if err != nil {
-		e.countError(ErrorKindRelease)
+		e.countError(errorKindRelease)
 	}
 	return err
 }
@@ -424,23 +399,23 @@ func (e *Elector) countError(kind string) {
 func lostKind(err error) string {
 	switch {
 	case errors.Is(err, lease.ErrLapsed):
-		return ErrorKindLapsed
+		return errorKindLapsed
 	case errors.Is(err, lease.ErrEpochMismatch):
-		return ErrorKindEpochMismatch
+		return errorKindEpochMismatch
 	default:
-		return ErrorKindNotOwner
+		return errorKindNotOwner
 	}
 }
 
-// sleep waits for d or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) {
+// sleep waits for d on the client's clock, or until ctx ends.
+func (e *Elector) sleep(ctx context.Context, d time.Duration) {
 	if d <= 0 {
 		return
 	}
-	t := time.NewTimer(d)
+	t := e.clock.NewTimer(d)
 	defer t.Stop()
 	select {
-	case <-t.C:
+	case <-t.C():
 	case <-ctx.Done():
 	}
 }

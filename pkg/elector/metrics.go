@@ -9,15 +9,14 @@ import (
 
 // Error kinds counted by the errors metric (label "kind").
 const (
-	ErrorKindAcquire       = "acquire"        // an acquire call failed (connection, timeout, server error)
-	ErrorKindInspect       = "inspect"        // an inspect call failed
-	ErrorKindRenew         = "renew"          // a renew call failed without a verdict (connection, timeout)
-	ErrorKindRelease       = "release"        // a release call failed
-	ErrorKindWait          = "wait"           // the Waiter failed; the elector polled instead
-	ErrorKindLapsed        = "lapsed"         // a renewal was answered lapsed
-	ErrorKindNotOwner      = "not_owner"      // a renewal was answered not_owner
-	ErrorKindEpochMismatch = "epoch_mismatch" // a renewal was answered epoch_mismatch
-	ErrorKindDeadline      = "deadline"       // renewals failed until the local deadline
+	errorKindAcquire       = "acquire"        // an acquire call failed (connection, timeout, server error)
+	errorKindInspect       = "inspect"        // a follower's read of the key failed
+	errorKindRenew         = "renew"          // a renew call failed without a verdict (connection, timeout)
+	errorKindRelease       = "release"        // a release call failed
+	errorKindLapsed        = "lapsed"         // a renewal was answered lapsed
+	errorKindNotOwner      = "not_owner"      // a renewal was answered not_owner
+	errorKindEpochMismatch = "epoch_mismatch" // a renewal was answered epoch_mismatch
+	errorKindDeadline      = "deadline"       // renewals failed until the local deadline
 )
 
 // Metrics are the elector's Prometheus metrics, labelled by lease key:
@@ -26,7 +25,8 @@ const (
 //	pg_lease_elector_epoch{key}                       epoch of the term this process leads, 0 when not leading
 //	pg_lease_elector_renew_duration_seconds{key}      latency of every renew call, successful or not
 //	pg_lease_elector_transitions_total{key,transition} "started" and "stopped" terms
-//	pg_lease_elector_errors_total{key,kind}           failures by kind (the ErrorKind constants)
+//	pg_lease_elector_errors_total{key,kind}           failures by kind (acquire, inspect, renew, release,
+//	                                                  lapsed, not_owner, epoch_mismatch, deadline)
 //
 // Electors sharing one Metrics must have distinct keys.
 type Metrics struct {
@@ -61,7 +61,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"key", "transition"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pg_lease_elector_errors_total",
-			Help: "Elector failures by kind (acquire, inspect, renew, release, wait, lapsed, not_owner, epoch_mismatch, deadline).",
+			Help: "Elector failures by kind (acquire, inspect, renew, release, lapsed, not_owner, epoch_mismatch, deadline).",
 		}, []string{"key", "kind"}),
 	}
 	if reg == nil {
@@ -93,21 +93,4 @@ func register[C prometheus.Collector](reg prometheus.Registerer, c C, errp *erro
 		*errp = err
 	}
 	return c
-}
-
-// Leader returns the leader gauge of key.
-func (m *Metrics) Leader(key string) prometheus.Gauge { return m.leader.WithLabelValues(key) }
-
-// Epoch returns the epoch gauge of key.
-func (m *Metrics) Epoch(key string) prometheus.Gauge { return m.epoch.WithLabelValues(key) }
-
-// Transitions returns the transitions counter of key ("started" or
-// "stopped").
-func (m *Metrics) Transitions(key, transition string) prometheus.Counter {
-	return m.transitions.WithLabelValues(key, transition)
-}
-
-// Errors returns the errors counter of key and kind (an ErrorKind constant).
-func (m *Metrics) Errors(key, kind string) prometheus.Counter {
-	return m.errors.WithLabelValues(key, kind)
 }

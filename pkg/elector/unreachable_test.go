@@ -91,8 +91,8 @@ func TestDatabaseUnreachable(t *testing.T) {
 			if err := <-runDone; err != nil {
 				t.Errorf("Run: %v", err)
 			}
-			if !errors.Is(e.cause, elector.ErrRenewDeadline) {
-				t.Errorf("cause %v, want ErrRenewDeadline", e.cause)
+			if !errors.Is(e.cause, lease.ErrLocalDeadline) {
+				t.Errorf("cause %v, want lease.ErrLocalDeadline", e.cause)
 			}
 			// The server's record of the last grant.
 			pool2 := newPool(t, dsn)
@@ -109,7 +109,7 @@ func TestDatabaseUnreachable(t *testing.T) {
 			}
 			t.Logf("%s: leader context cancelled %v after losing the database, %v before the expiry of the last grant it knew (margin %v); server-side expiry %v later than that",
 				mode, e.at.Sub(lostAt).Round(time.Millisecond), e.grant.ExpiresAt.Sub(cancelServer).Round(time.Millisecond),
-				el.Config().Margin, expires.Sub(e.grant.ExpiresAt).Round(time.Millisecond))
+				elector.ConfigOf(el).Margin, expires.Sub(e.grant.ExpiresAt).Round(time.Millisecond))
 
 			// Campaign again: never under the old epoch.
 			ctx, cancel := context.WithCancel(context.Background())

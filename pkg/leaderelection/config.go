@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pglease/pg_lease/pkg/resourcelock"
+	"github.com/pglease/pg_lease/pkg/lease"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/tools/leaderelection"
@@ -228,7 +228,10 @@ func checkTiming(leaseDuration, renewDeadline, retryPeriod, ttl time.Duration, f
 		errs = append(errs, field.Invalid(fldPath.Child("leaseDuration"), leaseDuration.String(),
 			"must be at least 1s (client-go counts whole seconds)"))
 	}
-	margin := min(ttl/10, resourcelock.DefaultMaxMargin)
+	margin, err := lease.CheckMargin(ttl, 0)
+	if err != nil {
+		return append(errs, field.Invalid(fldPath.Child("leaseDuration"), leaseDuration.String(), err.Error()))
+	}
 	if renewDeadline+retryPeriod >= ttl-margin {
 		errs = append(errs, field.Invalid(fldPath.Child("renewDeadline"), renewDeadline.String(),
 			fmt.Sprintf("renewDeadline + retryPeriod (%v) must be below leaseDuration, the pg_lease TTL (%v), minus the lock's margin (%v): "+

@@ -161,7 +161,7 @@ func New(ctx context.Context, c Config, o BuildOptions) (*Lock, error) {
 	ev.APIVersion = coordinationv1.SchemeGroupVersion.String()
 	opts := []resourcelock.Option{resourcelock.WithLeaseDuration(c.LeaseDuration.Duration)}
 	if o.EventRecorder != nil {
-		opts = append(opts, resourcelock.WithEventRecorder(o.EventRecorder, ev))
+		opts = append(opts, resourcelock.WithEventRecorder(o.EventRecorder, ev, c.ResourceNamespace))
 	}
 	opts = append(opts, o.PgLeaseOptions...)
 	pg, err := resourcelock.New(lease.New(pool), c.PgLeaseKey(), c.Identity, opts...)

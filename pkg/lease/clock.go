@@ -1,62 +1,81 @@
 package lease
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"time"
+
+	"k8s.io/utils/clock"
 )
 
-// ClockOffset relates the server's clock to this process's, from one round
-// trip: the server read its clock (clock_timestamp()) somewhere between the
-// request's send and the reply's receipt, so the true offset lies within
-// ±RTT/2 of Offset.
-type ClockOffset struct {
-	// Local is the midpoint of the round trip on this process's clock. It
-	// carries a monotonic reading, so ToLocal is immune to local wall-clock
-	// steps.
-	Local time.Time
-	// Server is the server's clock read during the round trip.
-	Server time.Time
-	// RTT is the round trip's duration: the measurement's uncertainty is
-	// RTT/2 either way.
-	RTT time.Duration
+// The timing rules of the package, each in one place: the local view of a
+// server instant (roundTrip), the margin of a term (CheckMargin), and the
+// clock everything reads (Client.WithClock).
+
+// Margin rule. A term ends Margin before its grant's ValidUntil. The margin
+// covers two things: the rate difference between this process's monotonic
+// clock and the server's clock over one grant (the drift floor, below which
+// no margin is accepted), and the delay between the local deadline and the
+// moment code acting under the term has observed its end (timer latency,
+// scheduling on a loaded host, a GC pause, a write already in flight).
+const (
+	// maxClockRateDrift is the relative rate difference the drift floor
+	// covers: 1000 ppm, twice what NTP (and chrony by default) may slew a
+	// clock, far above a quartz oscillator's tens of ppm. Over a TTL it is
+	// TTL/1000.
+	maxClockRateDrift = 1e-3
+	// schedulingMargin is the fixed part of the default margin.
+	schedulingMargin = 100 * time.Millisecond
+	// minTermTTL is the smallest TTL a term accepts: its margin must fit in
+	// a third of it with room for a renewal.
+	minTermTTL = 3 * time.Millisecond
+)
+
+// driftFloor is the clock-rate drift over one grant of ttl, rounded up to a
+// microsecond.
+func driftFloor(ttl time.Duration) time.Duration {
+	d := time.Duration(float64(ttl) * maxClockRateDrift)
+	return (d + time.Microsecond - 1).Truncate(time.Microsecond)
 }
 
-// Offset is the server's clock minus the local wall clock (positive when
-// the server is ahead).
-func (o ClockOffset) Offset() time.Duration { return o.Server.Sub(o.Local.Round(0)) }
-
-// ToLocal converts an instant on the server's clock to the local instant at
-// which the server's clock shows it, on the monotonic clock (clock rates
-// being equal). The error is at most RTT/2 either way.
-func (o ClockOffset) ToLocal(server time.Time) time.Time { return o.Local.Add(server.Sub(o.Server)) }
-
-// IsZero reports whether o was never measured.
-func (o ClockOffset) IsZero() bool { return o.Local.IsZero() }
-
-// MeasureClockOffset measures the server clock's offset: samples round trips
-// of SELECT clock_timestamp(), keeping the one with the shortest round trip
-// (the tightest bound). samples below 1 count as 1.
-func MeasureClockOffset(ctx context.Context, q Querier, samples int) (ClockOffset, error) {
-	if samples < 1 {
-		samples = 1
+// CheckMargin is the margin rule of every term: it returns the margin to use
+// for grants of ttl (margin 0 asks for the default, min(ttl/3, 100ms +
+// ttl/1000)), or an error matching ErrInvalidInput when ttl is below 3ms or
+// margin is below the clock-rate drift floor (ttl/1000, 1000 ppm) or above
+// ttl/3. pkg/elector and pkg/resourcelock validate their Margin with it.
+func CheckMargin(ttl, margin time.Duration) (time.Duration, error) {
+	if ttl < minTermTTL {
+		return 0, fmt.Errorf("%w: ttl must be at least %v for a term, got %v", ErrInvalidInput, minTermTTL, ttl)
 	}
-	var best ClockOffset
-	for i := 0; i < samples; i++ {
-		var server time.Time
-		t0 := time.Now()
-		if err := q.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&server); err != nil {
-			return ClockOffset{}, fmt.Errorf("lease: measuring the server clock: %w", err)
-		}
-		t1 := time.Now()
-		rtt := t1.Sub(t0)
-		if best.IsZero() || rtt < best.RTT {
-			best = ClockOffset{Local: t0.Add(rtt / 2), Server: server, RTT: rtt}
-		}
+	floor := driftFloor(ttl)
+	if margin == 0 {
+		margin = min(ttl/3, schedulingMargin+floor)
 	}
-	if best.IsZero() {
-		return ClockOffset{}, errors.New("lease: measuring the server clock: no sample")
+	if margin < floor || margin > ttl/3 {
+		return 0, fmt.Errorf("%w: margin must be at least ttl*1e-3 (%v, clock-rate drift over one grant) and at most ttl/3 (%v), got %v",
+			ErrInvalidInput, floor, ttl/3, margin)
 	}
-	return best, nil
+	return margin, nil
 }
+
+// roundTrip is one request's round trip on the local clock, with the
+// server's clock read during it (clock_timestamp() in the same statement).
+// It is the one formula by which the package turns a server instant into
+// a local one: the server read serverNow somewhere between sent and
+// received, so, clock rates being equal, the server's clock shows x at a
+// local instant within [earliest(x), latest(x)].
+type roundTrip struct {
+	sent, received, serverNow time.Time
+}
+
+// earliest is the first local instant at which the server's clock can show
+// x: a holder's grant is certainly held until earliest(expires_at)
+// (Grant.ValidUntil).
+func (r roundTrip) earliest(x time.Time) time.Time { return r.sent.Add(x.Sub(r.serverNow)) }
+
+// latest is the last local instant at which the server's clock can still
+// be before x: a follower knows a grant has expired on the server by
+// latest(expires_at) (State.ExpiresLocal).
+func (r roundTrip) latest(x time.Time) time.Time { return r.received.Add(x.Sub(r.serverNow)) }
+
+// realClock is the clock of a Client made by New.
+var realClock clock.WithDelayedExecution = clock.RealClock{}

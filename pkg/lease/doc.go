@@ -1,33 +1,106 @@
 // Package lease is the Go client of pg_lease's SQL API (lease.acquire,
-// renew, release, inspect, list, fence, force_release), its installer, and
-// a Waiter that waits for keys without blind polling.
+// renew, release, inspect, list, fence, force_release, cleanup), its
+// installer, the held-grant primitive Term on which pkg/elector and
+// pkg/resourcelock are built, and Waiter, the process's one listener.
+//
+// Layers (the import graph): pkg/lease knows only PostgreSQL (pgx);
+// pkg/elector (plain Go services) and pkg/resourcelock (client-go's and
+// controller-runtime's elector) are thin users of Term and Waiter.Await;
+// pkg/fence guards writes with a Token; pkg/leasectrl wires resourcelock into
+// a controller-runtime manager.
 //
 // # The client
 //
 // The client never decides ownership: every answer comes from the SQL
 // functions, and the server's epoch and expiry are carried back unchanged.
-// What the client adds is a local, conservative view of how long a grant is
-// certainly still held: Grant.ValidUntil, measured on this process's
-// monotonic clock from the moment the request was sent. The server reads its
-// clock after deciding, and reports expires_at minus that reading as the time
-// left; the decision cannot precede the send, so send + left is never later
-// than the server's expiry as seen from here, whatever the two wall clocks
-// say (only their rates matter). This is A1: a process that stops acting
-// under a grant at ValidUntil − margin never overlaps its successor, where
-// the margin covers the clocks' rate difference over one TTL (ppm: tens of
-// µs per minute) and this process's own scheduling delay between checking
-// the time and acting (GC pauses, a loaded CPU: choose it from what the
-// host shows, typically 100 ms–1 s).
-//
 // A Client runs on anything that can query: a *pgxpool.Pool, a single
-// *pgx.Conn, or the caller's own pgx.Tx (so that a grant commits or rolls back
-// with the caller's transaction). Fence asserts a grant inside the caller's
-// transaction and keeps it until that transaction ends.
+// *pgx.Conn, or the caller's own pgx.Tx (so that a grant commits or rolls
+// back with the caller's transaction). Fence asserts a grant inside the
+// caller's transaction and keeps it until that transaction ends.
 //
 // Errors: renew, release and fence failures match ErrLost and exactly one of
 // ErrNotOwner, ErrLapsed, ErrEpochMismatch. Server errors match
-// ErrInvalidInput, ErrWaitTimeout, ErrInvalidIsolation or ErrNotInstalled,
-// and errors.As reaches the *pgconn.PgError with the server's DETAIL.
+// ErrInvalidInput, ErrWaitTimeout, ErrInvalidIsolation, ErrNotInstalled,
+// ErrReadOnly (a standby or read-only session) or ErrPermission, and
+// errors.As reaches the *pgconn.PgError with the server's DETAIL.
+//
+// A call that fails on a dead connection (SQLSTATE class 08, a terminated
+// backend, an EOF) while its context is alive is sent once more, for
+// acquire without a server-side wait, renew, release, and inspect: each is
+// idempotent or conditional on owner and epoch, so the retry cannot take or
+// extend anything the first attempt did not (retryOnce says why, call by
+// call). A pool then hands the retry a new connection; this is what lets a
+// graceful release survive one dead pooled connection.
+//
+// # Time: one clock, one formula, one margin
+//
+// Every local instant is read from the Client's clock (the real one, or a
+// fake through WithClock: deadlines and margins are testable without a
+// server). A server instant becomes a local one by one formula (roundTrip):
+// the server read its clock between a request's send and its reply's
+// receipt, so with equal clock rates the server shows instant x locally
+// somewhere in [send + (x − serverNow), receipt + (x − serverNow)]:
+//
+//   - Grant.ValidUntil is the earliest bound of the grant's expiry: the
+//     grant is certainly held until then (the holder's view);
+//   - State.ExpiresLocal is the latest bound: the grant has certainly
+//     expired by then unless renewed (the follower's view; waking there is
+//     never early).
+//
+// This is A1, written once here: a process that stops acting under a grant
+// at ValidUntil − margin never overlaps its successor, which the server
+// grants only after the expiry. The margin (CheckMargin, the one rule, used
+// by every term) covers what ValidUntil does not: the clocks' rate
+// difference over one TTL (the drift floor, TTL/1000 = 1000 ppm, twice what
+// NTP may slew; no smaller margin is accepted) and the scheduling delay
+// between the deadline and the code under the term observing it (timer
+// latency, a loaded CPU, a GC pause: 100 ms in the default min(TTL/3,
+// 100 ms + TTL/1000)). A process that is stopped (SIGSTOP, a VM pause)
+// cannot act on a cancellation until it runs again; fence the writes that
+// matter (pkg/fence): the epoch of a late write is lower than its
+// successor's.
+//
+// # Term
+//
+// A Term (Client.Begin) is one grant as this process holds it: the grant,
+// its local deadline (ValidUntil − margin), a context carrying the token
+// (Context), Renew (which extends only a live term, and never after the
+// deadline passed), Release, End and Done. It ends exactly once, with one
+// cause: ErrLocalDeadline, ErrReleased, or the server's error (matching
+// ErrLost). Ending cancels every context of the term synchronously, then
+// reports the end (Begin's onEnd), then closes Done; Release and End return
+// only after the report. So a user that begins the next term only after the
+// previous one's Release, End or Done reports "N ended" before "N+1 began".
+// A context made from a done parent, or of an ended term, is done when
+// Context returns; its Deadline is the term's.
+//
+// # The Waiter: one listener, one wake policy
+//
+// A Waiter holds one dedicated connection (not from a pool: it must stay
+// LISTENing), runs LISTEN pg_lease, re-establishes the connection after any
+// loss (exponential backoff with jitter between ReconnectMin and
+// ReconnectMax; a connection silent for a minute is checked with a query),
+// and fans notifications out to Watch subscribers. pg_lease notifies on
+// channel pg_lease, at commit, for every grant, release and force_release
+// (not renewals, not lapses: expiry is lazy), with a JSON payload {event,
+// key, owner, epoch}. Events are at-most-once: after a reconnection, or when
+// a subscriber's channel was full, it receives EventResync and should re-read
+// the state.
+//
+// Waiter.Await is the module's one wake policy for "wait until this key
+// may have changed": it subscribes, reads the key (one inspect), and reads
+// again only on a notification for the key or a resync, at the observed
+// grant's ExpiresLocal (a lapse sends nothing), or after poll (which bounds
+// how late a change is seen when no notification can arrive: a nil or
+// closed Waiter, pg_lease.notify = off on the writer, a transaction-pooling
+// proxy that drops LISTEN). Each read has a deadline (QueryTimeout). pkg/elector's
+// followers and pkg/resourcelock's waiting Get use it.
+//
+// A2, the detection latency (from a key becoming free on the server to a
+// waiter seeing it): after a release, the notification's delivery plus one
+// inspect; after an expiry, the local timer's error (at most the read's
+// round trip, plus timer slack) plus one inspect; with notifications
+// unavailable, up to poll. BenchmarkA2 measures the first two.
 //
 // # Installing
 //
@@ -41,77 +114,4 @@
 // idempotent, run in one transaction, and are safe to race: the loser of a
 // concurrent install retries and finds the winner's. Installed tells which is
 // present.
-//
-// # The Waiter
-//
-// A Waiter holds one dedicated connection (not from a pool: it must stay
-// LISTENing), runs LISTEN pg_lease on it, and serves every Acquire of every
-// goroutine from one goroutine that owns the connection: attempts run there
-// one after another, between waits for notifications. pg_lease sends a
-// notification on channel pg_lease, at commit, for every grant, release and
-// force_release (not for renewals), with a JSON payload {event, key, owner,
-// epoch}.
-//
-// One waiting Acquire goes through these states:
-//
-//	       Acquire
-//	          |
-//	          v
-//	+----> ATTEMPT ----- granted -----> return Grant
-//	|         |  \
-//	|         |   `---- server error --> return error (ErrInvalidInput, ErrNotInstalled, ...)
-//	|       denied
-//	|         |  inspect: holder's expiry E, server clock S
-//	|         v
-//	|      WAITING  (ctx ends -> return ctx's error; a grant won in that
-//	|         |      instant is released)
-//	|         | the earliest of:
-//	|         |  (a) a released/force_released notification for the key
-//	|         |  (b) E on the local clock: offset-converted, clamped into
-//	|         |      [sent+(E-S), recv+(E-S)] of the inspect's round trip,
-//	|         |      and never early after an early wake (recv+(E-S))
-//	|         |  (c) the fallback poll: recv + FallbackPoll
-//	|         |  (d) the listen connection came back (every key re-checked)
-//	+---------'
-//
-// The server-clock offset is the server's clock_timestamp() minus the local
-// midpoint of the round trip that read it (best of three), so it is right
-// within half that round trip; it is measured at every (re)connection and
-// every ClockRefresh. A renewal by the holder moves E later: the waiter
-// wakes at the old E, is denied, and learns the new E, one extra attempt
-// per renewal period at most. Notifications are not needed for the wake at
-// expiry.
-//
-// The fallback poll covers the cases where a release sends no
-// notification that reaches the waiter: the releasing session set
-// pg_lease.notify = off; the waiter's connection goes through a
-// transaction-pooling proxy (PgBouncer in transaction mode accepts LISTEN but
-// the session does not stay on one server connection, so nothing arrives);
-// or notifications were sent while the connection was down (a reconnection
-// re-checks every key anyway). Without notifications a release is seen
-// within FallbackPoll; an expiry is always seen at once.
-//
-// The connection is re-established after any loss (a terminated backend, a
-// server restart, a network failure, a query exceeding QueryTimeout), with
-// exponential backoff and jitter between ReconnectMin and ReconnectMax;
-// waiting Acquire calls keep waiting through it. Waits for notifications
-// are interrupted with socket deadlines, never with cancel requests, so an
-// interrupted wait cannot cancel the next query.
-//
-// Watch subscribes to the notifications as Events (for the CLI's watch).
-// Events are at-most-once: after a reconnection, or when a subscriber's
-// channel was full, it receives EventResync and should re-read the state.
-//
-// # A2
-//
-// A2 is the detection latency: from the instant a key becomes free on the
-// server (a release commits, or the holder's grant expires) to the instant
-// a waiter holds it. For Client.Acquire (no wait) it is 0: the next call
-// after expiry succeeds. For a Waiter it is the wake mechanism's latency:
-// after a release, the notification's delivery plus one acquire round trip;
-// after an expiry, the error of the local timer (the offset's uncertainty,
-// at most half a round trip, and timer slack) plus one round trip; with
-// notifications unavailable, up to FallbackPoll after a release. The
-// benchmark BenchmarkA2 in this package measures the first two, p50 and
-// p99.
 package lease

@@ -1,8 +1,11 @@
 package lease
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -41,11 +44,24 @@ var (
 	// ErrModeMismatch: pg_lease is installed, but in the other Mode than the
 	// one asked for (InstallExtension over a schema-only install).
 	ErrModeMismatch = errors.New("lease: pg_lease is installed in the other mode")
-	// ErrWaiterClosed: the Waiter was closed while or before the call waited.
-	ErrWaiterClosed = errors.New("lease: waiter closed")
 	// ErrReadOnly: the server cannot write (a standby, or a read-only
 	// session): SQLSTATE 25006, or 55000 "recovery is in progress".
 	ErrReadOnly = errors.New("lease: server is read-only or a standby")
+	// ErrPermission: the role may not call the function (SQLSTATE 42501),
+	// for example lease.force_release or lease.cleanup without EXECUTE.
+	ErrPermission = errors.New("lease: permission denied")
+
+	// Causes with which a Term ends (context.Cause of its contexts, and
+	// Term.Err); a term the server ended carries the error matching ErrLost
+	// instead.
+
+	// ErrLocalDeadline: no renewal arrived before the term's local deadline
+	// (Grant.ValidUntil minus the margin). The server may still hold the
+	// grant for up to the margin; nobody else can have it yet.
+	ErrLocalDeadline = errors.New("lease: local deadline of the grant passed without renewal")
+	// ErrReleased: the holder gave the term up (Term.Release, an elector
+	// resigning, client-go's ReleaseOnCancel).
+	ErrReleased = errors.New("lease: released by the holder")
 )
 
 // statusError is the error for a renew, release or fence whose status was
@@ -125,6 +141,8 @@ func mapError(op string, t Token, err error) error {
 		return se
 	case pg.Code == "25006" || (pg.Code == "55000" && strings.Contains(pg.Message, "recovery is in progress")):
 		return &serverError{op: op, kind: ErrReadOnly, pg: pg}
+	case pg.Code == "42501":
+		return &serverError{op: op, kind: ErrPermission, pg: pg}
 	case pg.Code == "3F000" || (pg.Code == "42883" && isLeaseFunction(pg.Message)):
 		// invalid_schema_name / undefined_function lease.*
 		return &serverError{op: op, kind: ErrNotInstalled, pg: pg}
@@ -134,4 +152,40 @@ func mapError(op string, t Token, err error) error {
 
 func isLeaseFunction(msg string) bool {
 	return strings.Contains(msg, "lease.")
+}
+
+// retryOnce runs call, and once more when it failed on a connection-level
+// error (connectionError) while ctx is still alive: a pooled connection that
+// died while idle (a terminated backend, a restarted proxy) fails the first
+// query sent on it, and the pool hands the retry a new one. One retry is safe
+// because every call it wraps is idempotent or conditional: acquire with
+// wait 0 by the same owner returns the same grant (same epoch) if the first
+// attempt committed; renew and release are conditional on owner and epoch
+// (a release that committed before its reply was lost makes the retry answer
+// not_owner, which is also what a lost grant answers); inspect and list
+// only read.
+func retryOnce(ctx context.Context, call func() error) error {
+	err := call()
+	if err != nil && ctx.Err() == nil && connectionError(err) {
+		err = call()
+	}
+	return err
+}
+
+// connectionError reports whether err says the connection failed rather
+// than the server answering: SQLSTATE class 08 (connection exception),
+// 57P01-57P03 (the backend was terminated, the server is shutting down or
+// starting), an EOF or a network error, or an error pgconn itself calls
+// safe to retry. Context errors and timeouts are not.
+func connectionError(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) {
+		return false
+	}
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		return strings.HasPrefix(pg.Code, "08") || pg.Code == "57P01" || pg.Code == "57P02" || pg.Code == "57P03"
+	}
+	var ne net.Error
+	return pgconn.SafeToRetry(err) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, net.ErrClosed) || errors.As(err, &ne)
 }

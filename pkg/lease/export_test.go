@@ -8,9 +8,9 @@ import (
 
 // NewWaiterWithHook is NewWaiter with a hook that the waiter's goroutine
 // calls at each step (kinds: listening, connect_failed, conn_lost,
-// attempt:<reason>, denied, granted, bad_payload), so that tests sequence
-// on signals rather than sleeps. A hook that blocks holds the waiter there.
-func NewWaiterWithHook(ctx context.Context, connString string, opts WaiterOptions, hook func(kind, key string)) (*Waiter, error) {
+// bad_payload), so that tests sequence on signals rather than sleeps. A hook
+// that blocks holds the waiter there.
+func NewWaiterWithHook(ctx context.Context, connString string, opts WaiterOptions, hook func(kind, detail string)) (*Waiter, error) {
 	cfg, err := pgx.ParseConfig(connString)
 	if err != nil {
 		return nil, err

@@ -43,7 +43,6 @@ const Version = pgleasesql.Version
 // Beginner is what the install functions need: *pgxpool.Pool, *pgx.Conn and
 // pgx.Tx (where Begin opens a savepoint) all satisfy it.
 type Beginner interface {
-	Querier
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 

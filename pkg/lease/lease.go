@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"k8s.io/utils/clock"
 )
 
 // Querier is what the client needs from a connection: *pgxpool.Pool,
@@ -40,9 +42,9 @@ type Grant struct {
 	// validUntil is the local monotonic instant up to which the grant is
 	// certainly held: the send time of the request that returned it plus
 	// the time the server said was left (ExpiresAt minus the server's clock
-	// read after the decision). The server cannot have decided before the
-	// request was sent, so, with the two clocks running at the same rate,
-	// the server's expiry comes later than validUntil.
+	// read after the decision), roundTrip.earliest. The server cannot have
+	// decided before the request was sent, so, with the two clocks running
+	// at the same rate, the server's expiry comes later than validUntil.
 	validUntil time.Time
 }
 
@@ -51,9 +53,6 @@ type Grant struct {
 // Stop acting under the grant a margin before it, to cover clock-rate drift
 // and scheduling delay.
 func (g Grant) ValidUntil() time.Time { return g.validUntil }
-
-// Remaining is how long the grant is certainly still held, from now.
-func (g Grant) Remaining() time.Duration { return time.Until(g.validUntil) }
 
 // State is a key's observable state (lease.inspect and lease.list).
 type State struct {
@@ -72,19 +71,43 @@ type State struct {
 	Epoch int64
 	// ServerNow is the server's clock when the state was read.
 	ServerNow time.Time
+
+	rt roundTrip // the read's round trip (ExpiresLocal)
+}
+
+// ExpiresLocal is the local instant (monotonic, on the Client's clock) by
+// which the grant seen held in s has certainly expired on the server unless
+// it was renewed: the receipt of the reply that read it plus the time the
+// server said was left. Zero when s is not held or was not read by
+// Inspect or List. Waking at it is never early, and late by at most the
+// read's round trip.
+func (s State) ExpiresLocal() time.Time {
+	if !s.Held || s.rt.received.IsZero() {
+		return time.Time{}
+	}
+	return s.rt.latest(s.ExpiresAt)
 }
 
 // Client calls the pg_lease SQL functions through a Querier.
 type Client struct {
-	db Querier
+	db    Querier
+	clock clock.WithDelayedExecution
 }
 
-// New returns a client that runs every call on db.
-func New(db Querier) *Client { return &Client{db: db} }
+// New returns a client that runs every call on db, on the real clock.
+func New(db Querier) *Client { return &Client{db: db, clock: realClock} }
 
-// WithQuerier returns a client that runs its calls on q, for example the
-// caller's own transaction, sharing nothing else with c.
-func (c *Client) WithQuerier(q Querier) *Client { return &Client{db: q} }
+// WithClock returns a client on the same Querier that reads clk for every
+// local instant (Grant.ValidUntil, State.ExpiresLocal) and arms every timer
+// of its terms and waits on it. pkg/elector and pkg/resourcelock take their
+// clock from their client, so a fake clock (k8s.io/utils/clock/testing)
+// drives deadlines and margins in tests without a server's help.
+func (c *Client) WithClock(clk clock.WithDelayedExecution) *Client {
+	return &Client{db: c.db, clock: clk}
+}
+
+// Clock is the clock the client reads (the real clock unless WithClock).
+func (c *Client) Clock() clock.WithDelayedExecution { return c.clock }
 
 func checkTTL(op string, t Token, name string, d time.Duration, allowZero bool) error {
 	if d < time.Microsecond && !(allowZero && d == 0) {
@@ -127,10 +150,19 @@ func (c *Client) acquire(ctx context.Context, op, key, owner string, ttl, wait t
 		expiresAt *time.Time
 		serverNow time.Time
 	)
-	sent := time.Now()
-	err := c.db.QueryRow(ctx,
-		`SELECT a.acquired, a.epoch, a.expires_at, clock_timestamp() FROM lease.acquire($1, $2, $3, $4) a`,
-		key, owner, ttl, wait).Scan(&acquired, &epoch, &expiresAt, &serverNow)
+	var sent time.Time
+	query := func() error {
+		sent = c.clock.Now()
+		return c.db.QueryRow(ctx,
+			`SELECT a.acquired, a.epoch, a.expires_at, clock_timestamp() FROM lease.acquire($1, $2, $3, $4) a`,
+			key, owner, ttl, wait).Scan(&acquired, &epoch, &expiresAt, &serverNow)
+	}
+	var err error
+	if wait == 0 {
+		err = retryOnce(ctx, query)
+	} else {
+		err = query() // a retried wait could exceed the bound the caller set
+	}
 	if err != nil {
 		return Grant{}, false, mapError(op, t, err)
 	}
@@ -142,7 +174,8 @@ func (c *Client) acquire(ctx context.Context, op, key, owner string, ttl, wait t
 }
 
 func newGrant(t Token, expiresAt time.Time, ttl time.Duration, sent, serverNow time.Time) Grant {
-	return Grant{Token: t, ExpiresAt: expiresAt, TTL: ttl, validUntil: sent.Add(expiresAt.Sub(serverNow))}
+	rt := roundTrip{sent: sent, serverNow: serverNow}
+	return Grant{Token: t, ExpiresAt: expiresAt, TTL: ttl, validUntil: rt.earliest(expiresAt)}
 }
 
 // Renew extends the grant t to server time + ttl; the epoch never changes.
@@ -158,10 +191,13 @@ func (c *Client) Renew(ctx context.Context, t Token, ttl time.Duration) (Grant, 
 		expiresAt *time.Time
 		serverNow time.Time
 	)
-	sent := time.Now()
-	err := c.db.QueryRow(ctx,
-		`SELECT r.status, r.expires_at, clock_timestamp() FROM lease.renew($1, $2, $3, $4) r`,
-		t.Key, t.Owner, t.Epoch, ttl).Scan(&status, &expiresAt, &serverNow)
+	var sent time.Time
+	err := retryOnce(ctx, func() error {
+		sent = c.clock.Now()
+		return c.db.QueryRow(ctx,
+			`SELECT r.status, r.expires_at, clock_timestamp() FROM lease.renew($1, $2, $3, $4) r`,
+			t.Key, t.Owner, t.Epoch, ttl).Scan(&status, &expiresAt, &serverNow)
+	})
 	if err != nil {
 		return Grant{}, mapError("renew", t, err)
 	}
@@ -172,10 +208,14 @@ func (c *Client) Renew(ctx context.Context, t Token, ttl time.Duration) (Grant, 
 }
 
 // Release ends the grant t: the key becomes free and its epoch counter moves
-// past t.Epoch. Errors as for Renew.
+// past t.Epoch. Errors as for Renew. A release that fails on a dead
+// connection is sent once more (see retryOnce): if the first one had
+// committed, the second answers not_owner.
 func (c *Client) Release(ctx context.Context, t Token) error {
 	var status string
-	err := c.db.QueryRow(ctx, `SELECT lease.release($1, $2, $3)`, t.Key, t.Owner, t.Epoch).Scan(&status)
+	err := retryOnce(ctx, func() error {
+		return c.db.QueryRow(ctx, `SELECT lease.release($1, $2, $3)`, t.Key, t.Owner, t.Epoch).Scan(&status)
+	})
 	if err != nil {
 		return mapError("release", t, err)
 	}
@@ -190,9 +230,15 @@ func (c *Client) Inspect(ctx context.Context, key string) (State, error) {
 		owner     *string
 		expiresAt *time.Time
 	)
-	err := c.db.QueryRow(ctx,
-		`SELECT i.held, i.owner, i.epoch, i.expires_at, clock_timestamp() FROM lease.inspect($1) i`,
-		key).Scan(&s.Held, &owner, &s.Epoch, &expiresAt, &s.ServerNow)
+	err := retryOnce(ctx, func() error {
+		s.rt.sent = c.clock.Now()
+		err := c.db.QueryRow(ctx,
+			`SELECT i.held, i.owner, i.epoch, i.expires_at, clock_timestamp() FROM lease.inspect($1) i`,
+			key).Scan(&s.Held, &owner, &s.Epoch, &expiresAt, &s.ServerNow)
+		s.rt.received = c.clock.Now()
+		return err
+	})
+	s.rt.serverNow = s.ServerNow
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return s, nil
@@ -211,6 +257,7 @@ func (c *Client) Inspect(ctx context.Context, key string) (State, error) {
 
 // List returns every key's state, ordered by key.
 func (c *Client) List(ctx context.Context) ([]State, error) {
+	sent := c.clock.Now()
 	rows, err := c.db.Query(ctx,
 		`SELECT l.key, l.held, l.owner, l.epoch, l.acquired_at, l.expires_at, clock_timestamp() FROM lease.list() l`)
 	if err != nil {
@@ -219,7 +266,7 @@ func (c *Client) List(ctx context.Context) ([]State, error) {
 	defer rows.Close()
 	var out []State
 	for rows.Next() {
-		s := State{Exists: true}
+		s := State{Exists: true, rt: roundTrip{sent: sent}}
 		var (
 			owner                 *string
 			acquiredAt, expiresAt *time.Time
@@ -240,6 +287,11 @@ func (c *Client) List(ctx context.Context) ([]State, error) {
 	}
 	if err := rows.Err(); err != nil {
 		return nil, mapError("list", Token{}, err)
+	}
+	// Every row's clock_timestamp() was read before the last row arrived.
+	received := c.clock.Now()
+	for i := range out {
+		out[i].rt.received, out[i].rt.serverNow = received, out[i].ServerNow
 	}
 	return out, nil
 }
@@ -278,4 +330,25 @@ func (c *Client) ForceRelease(ctx context.Context, key string) (released bool, p
 		epoch = *ep
 	}
 	return released, previousOwner, epoch, nil
+}
+
+// Cleanup is lease.cleanup: it deletes at most maxRows keys that have been
+// free (released, or lapsed and not taken over) for at least freeFor, first
+// raising the database's epoch floor to the highest epoch it deletes, so
+// that a key that comes back still gets a greater epoch than it ever had.
+// It returns how many keys it removed and the floor afterwards. It needs
+// EXECUTE on lease.cleanup, which is revoked from PUBLIC (ErrPermission).
+func (c *Client) Cleanup(ctx context.Context, freeFor time.Duration, maxRows int) (removed, epochFloor int64, err error) {
+	if err := checkTTL("cleanup", Token{}, "freeFor", freeFor, true); err != nil {
+		return 0, 0, err
+	}
+	if maxRows > math.MaxInt32 {
+		return 0, 0, fmt.Errorf("cleanup: %w: maxRows %d is above PostgreSQL's integer range", ErrInvalidInput, maxRows)
+	}
+	err = c.db.QueryRow(ctx, `SELECT c.removed, c.epoch_floor FROM lease.cleanup($1, $2) c`, freeFor, maxRows).
+		Scan(&removed, &epochFloor)
+	if err != nil {
+		return 0, 0, mapError("cleanup", Token{}, err)
+	}
+	return removed, epochFloor, nil
 }

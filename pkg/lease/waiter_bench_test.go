@@ -12,19 +12,17 @@ import (
 
 var a2Trials = flag.Int("a2.trials", 50, "BenchmarkA2: minimum number of trials per path")
 
-// BenchmarkA2 measures A2, the waiter's detection latency, on the shared
-// test server (or PGLEASE_TEST_DSN), with the default fallback poll (1 s),
-// so that only the notification or the expiry timer can explain a fast
-// grant:
+// BenchmarkA2 measures A2, the detection latency of Await (the one wake
+// policy), on the shared test server (or PGLEASE_TEST_DSN), with the poll
+// far out, so that only the notification or the expiry timer can explain a
+// fast wake:
 //
-//   - release: from the releaser's Release returning (its COMMIT done) to the
-//     waiting goroutine's Acquire returning with the grant. It can be
-//     negative: the notification may reach the waiter before the commit's
-//     reply reaches the releaser.
-//   - expiry: from the holder's server expiry, converted to the local clock
-//     through a measured offset, to the waiting goroutine's Acquire
-//     returning. expiry-server is the same on the server's clock alone: the
-//     new grant's start minus the old grant's expiry.
+//   - release: from the releaser's Release returning (its COMMIT done) to a
+//     waiting goroutine's Await returning and its Acquire holding the key.
+//     It can be negative: the notification may reach the waiter before the
+//     commit's reply reaches the releaser.
+//   - expiry-server: on the server's clock alone, the new grant's start
+//     minus the old grant's expiry.
 //
 // ns/op is meaningless here and suppressed; run it with -benchtime 1x:
 //
@@ -32,9 +30,8 @@ var a2Trials = flag.Int("a2.trials", 50, "BenchmarkA2: minimum number of trials 
 func BenchmarkA2(b *testing.B) {
 	db := newDB(b, installModes[0])
 	ctx := testCtx(b)
-	holderConn := connect(b, db.dsn)
-	holder := lease.New(holderConn)
-	w, rec := newWaiter(b, db, lease.WaiterOptions{})
+	holder := lease.New(connect(b, db.dsn))
+	w, _ := newWaiter(b, db, lease.WaiterOptions{})
 
 	report := func(b *testing.B, name string, s []time.Duration) {
 		slices.Sort(s)
@@ -46,21 +43,26 @@ func BenchmarkA2(b *testing.B) {
 		b.ReportMetric(q(0.99), name+"-p99-ms")
 		b.ReportMetric(float64(s[len(s)-1].Microseconds())/1000, name+"-max-ms")
 	}
-	wait := func(b *testing.B, key, owner string) <-chan acquired {
-		ch := make(chan acquired, 1)
-		go func() {
-			g, err := w.Acquire(ctx, key, owner, time.Minute)
-			ch <- acquired{g: g, err: err, at: time.Now()}
-		}()
-		rec.next(b, "denied", key)
-		return ch
+	type took struct {
+		g  lease.Grant
+		at time.Time
 	}
-	get := func(b *testing.B, ch <-chan acquired) acquired {
-		r := <-ch
-		if r.err != nil {
-			b.Fatal(r.err)
-		}
-		return r
+	take := func(b *testing.B, key string) <-chan took {
+		c, reads := watched(db)
+		ch := make(chan took, 1)
+		go func() {
+			_, err := w.Await(ctx, c, key, time.Hour, func(s lease.State) bool { return !s.Held })
+			if err != nil {
+				b.Error(err)
+			}
+			g, ok, err := c.Acquire(ctx, key, "waiter", time.Minute)
+			if err != nil || !ok {
+				b.Error(ok, err)
+			}
+			ch <- took{g, time.Now()}
+		}()
+		<-reads
+		return ch
 	}
 	trials := func(b *testing.B) int { return max(b.N, *a2Trials) }
 
@@ -72,12 +74,12 @@ func BenchmarkA2(b *testing.B) {
 			if err != nil || !ok {
 				b.Fatal(ok, err)
 			}
-			res := wait(b, key, "waiter")
+			res := take(b, key)
 			if err := holder.Release(ctx, h.Token); err != nil {
 				b.Fatal(err)
 			}
 			committed := time.Now()
-			r := get(b, res)
+			r := <-res
 			lat = append(lat, r.at.Sub(committed))
 		}
 		b.ReportMetric(0, "ns/op")
@@ -85,29 +87,18 @@ func BenchmarkA2(b *testing.B) {
 	})
 
 	b.Run("expiry", func(b *testing.B) {
-		var lat, srv []time.Duration
+		var srv []time.Duration
 		const ttl = 60 * time.Millisecond
-		before := w.Stats()
-		n := trials(b)
-		for i := range n {
+		for i := range trials(b) {
 			key := fmt.Sprintf("a2/expiry/%d/%d", b.N, i)
-			off, err := lease.MeasureClockOffset(ctx, holderConn, 3)
-			if err != nil {
-				b.Fatal(err)
-			}
 			h, ok, err := holder.Acquire(ctx, key, "holder", ttl)
 			if err != nil || !ok {
 				b.Fatal(ok, err)
 			}
-			res := wait(b, key, "waiter")
-			r := get(b, res)
-			lat = append(lat, r.at.Sub(off.ToLocal(h.ExpiresAt)))
+			r := <-take(b, key)
 			srv = append(srv, r.g.ExpiresAt.Add(-r.g.TTL).Sub(h.ExpiresAt))
 		}
 		b.ReportMetric(0, "ns/op")
-		after := w.Stats()
-		b.ReportMetric(float64(after.Attempts-before.Attempts)/float64(n), "expiry-attempts/trial")
-		report(b, "expiry", lat)
 		report(b, "expiry-server", srv)
 	})
 }

@@ -148,7 +148,7 @@ func TestFenced(t *testing.T) {
 	if err := lock.Update(ctx, rl.LeaderElectionRecord{}); err != nil { // release
 		t.Fatal(err)
 	}
-	if err := <-errc; !errors.Is(err, leasectrl.ErrEpochEnded) || !errors.Is(err, resourcelock.ErrReleased) {
+	if err := <-errc; !errors.Is(err, leasectrl.ErrEpochEnded) || !errors.Is(err, lease.ErrReleased) {
 		t.Fatalf("reconcile across the end of its epoch: %v", err)
 	}
 	if _, err := r.Reconcile(ctx, reconcile.Request{}); !errors.Is(err, leasectrl.ErrNoToken) {

@@ -94,7 +94,7 @@ func (c *epochCollector) Collect(ch chan<- prometheus.Metric) {
 	for key, ls := range c.locks {
 		var e int64
 		for _, l := range ls {
-			e = max(e, l.Epoch())
+			e = max(e, liveEpoch(l))
 		}
 		ch <- prometheus.MustNewConstMetric(epochDesc, prometheus.GaugeValue, float64(e), key)
 	}
@@ -170,7 +170,7 @@ func (o *ObservedLock) RecordEvent(s string) {
 		return
 	}
 	msg := o.Identity() + " " + s
-	if e := o.pg.Epoch(); e != 0 {
+	if e := liveEpoch(o.pg); e != 0 {
 		msg = fmt.Sprintf("%s (epoch %d)", msg, e)
 	}
 	r.Eventf(obj, corev1.EventTypeNormal, "LeaderElection", "%s", msg)
@@ -202,7 +202,8 @@ func (o *ObservedLock) Update(ctx context.Context, ler rl.LeaderElectionRecord) 
 	if ler.HolderIdentity == "" {
 		op = "release"
 	}
-	renewal := op == "update" && o.pg.Term() != nil
+	_, held := o.pg.Token()
+	renewal := op == "update" && held
 	start := time.Now()
 	err := o.Interface.Update(ctx, ler)
 	if renewal {
@@ -225,7 +226,7 @@ func (o *ObservedLock) countError(op string, err error) {
 
 // sawEpoch counts a change of the live epoch since the last call.
 func (o *ObservedLock) sawEpoch() {
-	e := o.pg.Epoch()
+	e := liveEpoch(o.pg)
 	o.mu.Lock()
 	last := o.lastEpoch
 	o.lastEpoch = e
@@ -239,4 +240,12 @@ func (o *ObservedLock) sawEpoch() {
 	if e != 0 {
 		transitionsVec.WithLabelValues(o.key, "started").Inc()
 	}
+}
+
+// liveEpoch is the epoch of the lock's live term, 0 when it holds none.
+func liveEpoch(l *resourcelock.Lock) int64 {
+	if t, ok := l.Token(); ok {
+		return t.Epoch
+	}
+	return 0
 }

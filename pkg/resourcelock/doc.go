@@ -4,16 +4,17 @@
 // leader through PostgreSQL instead of the Kubernetes API, and so that what
 // runs under the leadership can carry the grant's epoch as a fencing token.
 //
+//	w, _ := lease.NewWaiter(ctx, dsn, lease.WaiterOptions{}) // one per process
 //	lock, err := resourcelock.New(lease.New(pool), "my-controller", podName,
-//		resourcelock.WithLeaseDuration(15*time.Second))
-//	leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
-//		Lock: lock, ReleaseOnCancel: true,
-//		LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
+//		resourcelock.WithLeaseDuration(15*time.Second), resourcelock.WithWaiter(w))
+//	cfg, err := lock.LeaderElectionConfig(leaderelection.LeaderElectionConfig{
+//		ReleaseOnCancel: true, // timings 0: 15s/10s/2s from the lock
 //		Callbacks: leaderelection.LeaderCallbacks{OnStartedLeading: func(ctx context.Context) {
 //			ctx, cancel, err := lock.TokenContext(ctx) // done when this epoch ends
 //			...
 //		}},
 //	})
+//	leaderelection.RunOrDie(ctx, cfg)
 //
 // # LeaderElectionRecord ↔ lease row
 //
@@ -22,25 +23,26 @@
 //
 //	record field          from the lease                      written by Update/Create
 //	HolderIdentity        owner while held, "" when free      own identity (acquire/renew) or "" (release)
-//	LeaseDurationSeconds  Options.LeaseDuration, rounded up   ignored: the TTL sent is Options.LeaseDuration
+//	LeaseDurationSeconds  the lock's lease duration, rounded up   ignored: the TTL sent is the lock's
 //	LeaderTransitions     the key's epoch counter             ignored: the server counts
 //	AcquireTime/RenewTime zero (pg_lease keeps server times)  ignored: only the server's clock counts
 //	Strategy/PreferredHolder  empty                           ignored (coordinated election unsupported)
 //
-// The raw bytes Get returns are JSON of {key, epoch, holder, expiresAt}, all
-// values a holder's write sets: a grant changes the epoch, a renewal the
-// server expiry, a release the epoch and the holder. Nothing computed at read
-// time (server now, remaining TTL, "held") is in them, so client-go followers,
-// which time a holder's expiry by how long the bytes stay unchanged on their
-// own clock, see a change exactly when a holder writes. A lapse is not a
-// write: inspect stops naming a lapsed holder, and the Lock then returns the
-// bytes of the last write it saw for that epoch. (A Lock that never saw the
-// grant, such as a new process, reads a lapsed key as free at its epoch.)
+// The raw bytes Get returns are JSON of {key, epoch, holder, expiresAt} of
+// the key's state on the server: a grant changes the epoch, a renewal the
+// server expiry, a release the epoch and the holder, and a lapse (decided
+// by the server: inspect no longer names a lapsed holder) the holder, to
+// none. Nothing computed at read time (server now, remaining TTL) is in
+// them, so the bytes change when the key's state changes on the server and
+// never because of a read, and every lock reads the same bytes for the same
+// state. A lapsed key therefore reads as free: a follower takes over at the
+// server's expiry, not after its own LeaseDuration.
 //
 // # Operations
 //
 //	Get     lease.inspect. A key never leased (or removed by lease.cleanup
-//	        once free): apierrors.IsNotFound.
+//	        once free): apierrors.IsNotFound. A follower's Get waits for
+//	        news (below).
 //	Create  lease.acquire of a key that does not exist (epoch 1, or above
 //	        the epoch floor lease.cleanup keeps). An existing key, held or
 //	        free: apierrors.IsAlreadyExists, nothing changes.
@@ -53,19 +55,78 @@
 //	        answering lapsed, not_owner or epoch_mismatch) is a Conflict
 //	        (apierrors.IsConflict; errors.Is also finds the lease error).
 //	        A release the server refuses is a plain error (client-go retries
-//	        a release only on Conflict, and there is nothing to retry).
+//	        a release only on Conflict, and there is nothing to retry). An
+//	        Update before any Get or Create is refused (BadRequest).
+//
+// # The waiting Get
+//
+// With WithWaiter, a follower's Get (the lock holds no grant, and the
+// record it last returned does not name this identity) waits, through
+// lease.Waiter.Await (the module's one wake policy), until the record differs
+// from the last one it returned in what matters to an election: the holder
+// or the epoch (a grant, a release, a takeover, the server-side lapse of the
+// grant; a renewal is not news). It is woken by the release's notification,
+// by the observed grant's expiry on the local clock, and by a poll of
+// min(LeaseDuration/2, 1s) (which covers a lost listen connection or
+// pg_lease.notify = off without missing a release); it returns at the
+// latest after maxFollowerWait (10 minutes) with the current record, and at
+// once with ctx's error when ctx ends. The first Get, and every Get of the
+// holder, never wait; neither do Create and Update.
+//
+// Why each way client-go (tools/leaderelection/leaderelection.go, v0.37)
+// calls the lock stays correct:
+//
+//   - acquire loop (wait.JitterUntilWithContext, RetryPeriod, no deadline):
+//     tryAcquireOrRenew calls Get; as a follower it now blocks there until
+//     news, so a release or a lapse is acted on at once (Update → acquire)
+//     instead of at the next jittered retry. When Run's context ends, the
+//     Get returns its error and client-go's loop ends, as before.
+//   - renew loop (wait.PollUntilContextTimeout, RenewDeadline): the leader's
+//     fast path is Update (renew); the slow path's Get is the holder's and
+//     does not wait. If the lock lost its grant, the record it last
+//     returned still names this identity, so that Get does not wait either;
+//     a later one may, bounded by the RenewDeadline context: client-go then
+//     stops leading after RenewDeadline, as it would have polling.
+//   - release on cancel (tryRelease: Get, then Update with no holder, under
+//     a fresh RenewDeadline context): the holder's Get does not wait; the
+//     release is retried once on a connection-level error
+//     (lease.Client.Release), since client-go itself retries only on
+//     Conflict and a dead pooled connection would otherwise make the
+//     successor wait the whole TTL.
+//   - health check (LeaderElector.Check, HealthzAdaptor): reads client-go's
+//     own observed time, and only for the leader, whose calls never wait.
+//   - OnNewLeader: fed from Get's records; a waiting Get returns on every
+//     change of holder, so new leaders are still reported.
+//
+// Each follower call (Get's reads, Create, an acquiring Update) has a
+// deadline of max(LeaseDuration, 1s) of its own, so that a silently dead
+// TCP connection cannot stall client-go's acquire loop (whose context has
+// none) for minutes. Without WithWaiter, Get returns at once and
+// client-go's followers poll every RetryPeriod.
+//
+// # Timings
+//
+// LeaderElectionConfig checks a client-go configuration against the lock,
+// naming every offending field, and fills timings left zero (client-go's
+// 15s/10s/2s proportions of the lock's lease duration). Besides client-go's
+// own rules (which RunOrDie would panic on), it requires RenewDeadline +
+// RetryPeriod below the lock's lease duration minus its margin: client-go
+// ends its leader context only after a whole RenewDeadline round, started
+// RetryPeriod after the last successful renewal, has failed, and with a
+// longer sum that context outlives the grant on the server.
 //
 // # Terms and the epoch-change rule
 //
-// Every grant the Lock obtains starts a Term: one epoch, with a context that
-// carries the token and is done when the term ends. States of a Lock:
+// Every grant the Lock obtains starts a lease.Term: one epoch, with a
+// context that carries the token and is done when the term ends (A1, the
+// margin rule and the deadline are package lease's). States of a Lock:
 //
 //	        Create/Update: acquire ok
 //	none ──────────────────────────────▶ live(e) ──┐ Update: renew ok
 //	 ▲                                      │  ▲───┘ (deadline moves)
 //	 │ release / server says lost           │
 //	 │   (Update or Get)                    │ local deadline passes
-//	 └──────────────────────────────────────┤ (ValidUntil − Margin)
+//	 └──────────────────────────────────────┤ (ValidUntil − margin)
 //	 ▲                                      ▼
 //	 └──── next Update: release e ─── ended(e), grant kept
 //	       (then Conflict)
@@ -85,29 +146,19 @@
 // acted under the old epoch is told (cancelled) before anything is handed
 // the new one" itself:
 //
-//   - the old term's context, and every context from TokenContext derived
-//     from it, is cancelled synchronously when the term ends;
-//   - Options.OnEpochChange is then called with (old, zero);
-//   - only after that can a new grant be obtained (Get, Create and Update
-//     run one at a time, and a term ends before its grant is dropped); the
-//     new term is reported to OnEpochChange with (zero, new) before the
-//     Update returns and before Term, Token or TokenContext return it.
+//   - the old term's contexts, and every TokenContext made from it, are
+//     cancelled synchronously when the term ends;
+//   - WithOnEpochChange's function is then called with (old, zero);
+//   - only after that can a new grant be obtained: Get, Create and Update
+//     run one at a time, and a Lock acting on an ended term waits until its
+//     end has been reported (lease.Term); the new term is reported with
+//     (zero, new) before the Update returns and before Token or
+//     TokenContext return it.
 //
 // So code that acts under the leadership must take its token from the Lock
-// (Term, Token, TokenContext; the controller glue does that per reconcile),
-// not once at OnStartedLeading. A program that prefers to stop altogether
-// when its epoch ends can cancel the elector's context from OnEpochChange.
-//
-// # Trust window (A1)
-//
-// A term is trusted until Grant.ValidUntil − Options.Margin, on this
-// process's monotonic clock: ValidUntil is the instant the acquire or renew
-// was sent plus the time the server said was left, so it comes before the
-// server's expiry when both clocks run at the same rate. The margin (default
-// LeaseDuration/10, at most 1s) covers clock-rate drift and a late timer. A
-// timer ends the term there unless a renewal moved it; a renewal that comes
-// back after it does not revive the term. Term.Valid and Lock.Token also
-// check the deadline, so a late timer never extends the window.
+// (Token, TokenContext; the controller glue does that per reconcile), not
+// once at OnStartedLeading. A program that prefers to stop altogether when
+// its epoch ends can cancel the elector's context from OnEpochChange.
 //
 // # Identity
 //

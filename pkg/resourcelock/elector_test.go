@@ -279,7 +279,7 @@ func TestElectorLapseThenReacquireSameIdentity(t *testing.T) {
 	// The old epoch ends either way the lock can learn of the lapse: the
 	// server answering lapsed to the next renew, or, on a loaded machine
 	// where that renew comes late, the term's local deadline passing first.
-	if cause := context.Cause(ctx); !errors.Is(cause, lease.ErrLapsed) && !errors.Is(cause, resourcelock.ErrLocalDeadline) {
+	if cause := context.Cause(ctx); !errors.Is(cause, lease.ErrLapsed) && !errors.Is(cause, lease.ErrLocalDeadline) {
 		t.Fatalf("old epoch's context ended with %v, want lapsed or the local deadline", cause)
 	}
 	if second.Owner != "a" || second.Epoch != first.Epoch+1 {

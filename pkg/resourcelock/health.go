@@ -9,7 +9,7 @@ import (
 // touch records that the elector called the lock (Get, Create or Update).
 func (l *Lock) touch() {
 	l.mu.Lock()
-	l.lastCall = time.Now()
+	l.lastCall = l.client.Clock().Now()
 	l.mu.Unlock()
 }
 
@@ -23,14 +23,14 @@ func (l *Lock) touch() {
 // hands the lease on in any case.
 func (l *Lock) Check(_ *http.Request) error {
 	l.mu.Lock()
-	holding, last := l.grant != nil, l.lastCall
+	t, last := l.term, l.lastCall
 	l.mu.Unlock()
-	if !holding {
+	if t == nil {
 		return nil
 	}
-	if idle := time.Since(last); idle > 2*l.opts.LeaseDuration {
+	if idle := l.client.Clock().Since(last); idle > 2*l.opts.leaseDuration {
 		return fmt.Errorf("resourcelock %s: holding epoch %d but the elector has not called the lock for %v (> 2 x lease duration %v)",
-			l.key, l.Epoch(), idle.Round(time.Millisecond), l.opts.LeaseDuration)
+			l.key, t.Token().Epoch, idle.Round(time.Millisecond), l.opts.leaseDuration)
 	}
 	return nil
 }

@@ -20,73 +20,63 @@ import (
 
 var _ rl.Interface = (*Lock)(nil)
 
-// GroupResource names pg_lease leases in the Kubernetes API errors this
-// package returns (NotFound, AlreadyExists, Conflict).
-var GroupResource = schema.GroupResource{Group: "pglease.io", Resource: "leases"}
+// groupResource names pg_lease leases (pglease.io/leases) in the Kubernetes
+// API errors this package returns (NotFound, AlreadyExists, Conflict).
+var groupResource = schema.GroupResource{Group: "pglease.io", Resource: "leases"}
 
-// Defaults.
-const (
-	DefaultLeaseDuration = 15 * time.Second
-	// DefaultMaxMargin caps the default margin (LeaseDuration/10).
-	DefaultMaxMargin = time.Second
-)
+// defaultLeaseDuration is the TTL a Lock sends unless WithLeaseDuration.
+const defaultLeaseDuration = 15 * time.Second
 
-// Options configure a Lock. New fills the defaults and validates them once.
-type Options struct {
-	// LeaseDuration is the TTL sent to the server with every acquire and
-	// renew. The record's LeaseDurationSeconds (whole seconds, possibly 0) is
-	// never used for it. Default DefaultLeaseDuration; at least 1ms.
-	LeaseDuration time.Duration
-	// Margin is how long before Grant.ValidUntil a term ends when no renewal
-	// moved it: it covers clock-rate difference between this host and the
-	// server and the delay of a timer firing. 0 means the default,
-	// min(LeaseDuration/10, DefaultMaxMargin); otherwise 0 < Margin <
-	// LeaseDuration.
-	Margin time.Duration
-	// OnEpochChange, when set, is called synchronously on every change of the
-	// epoch under which this lock holds the key: (old, zero Token) when a
-	// term ends, after its context was cancelled; (zero Token, new) when a
-	// term starts, before the Create or Update that obtained it returns and
-	// before Term, Token or TokenContext can return it. Calls never overlap
-	// and come in that order, so an end is always reported before the next
-	// start. It must not call Get, Create or Update, and should return fast.
-	OnEpochChange func(old, new lease.Token)
-	// EventRecorder, when set, receives RecordEvent's events (a
-	// record.EventRecorder satisfies it).
-	EventRecorder rl.EventRecorder
-	// EventObject is the object events are recorded about. Default: a
-	// coordination.k8s.io/v1 Lease named after the key, in EventNamespace.
-	EventObject runtime.Object
-	// EventNamespace is the namespace of the default EventObject.
-	EventNamespace string
+// ErrNotHolding: the lock holds no live term (TokenContext, a release with
+// nothing to release).
+var ErrNotHolding = errors.New("resourcelock: this lock holds no live term")
+
+// options configure a Lock; New fills the defaults and validates them once.
+type options struct {
+	leaseDuration  time.Duration
+	margin         time.Duration
+	onEpochChange  func(old, new lease.Token)
+	eventRecorder  rl.EventRecorder
+	eventObject    runtime.Object
+	eventNamespace string
+	waiter         *lease.Waiter
 }
 
-// Option sets a field of Options.
-type Option func(*Options)
+// Option configures a Lock.
+type Option func(*options)
 
-// WithLeaseDuration sets Options.LeaseDuration.
-func WithLeaseDuration(d time.Duration) Option { return func(o *Options) { o.LeaseDuration = d } }
+// WithLeaseDuration sets the TTL sent to the server with every acquire and
+// renew (default 15s; at least 3ms). The record's
+// LeaseDurationSeconds (whole seconds, possibly 0) is never used for it.
+func WithLeaseDuration(d time.Duration) Option { return func(o *options) { o.leaseDuration = d } }
 
-// WithMargin sets Options.Margin.
-func WithMargin(d time.Duration) Option {
-	return func(o *Options) { o.Margin = d }
-}
+// WithMargin sets how long before Grant.ValidUntil a term ends when no
+// renewal moved it: the term margin of lease.CheckMargin (the one margin
+// rule), default min(LeaseDuration/3, 100ms + LeaseDuration/1000), at least
+// the clock-rate drift floor LeaseDuration/1000, at most LeaseDuration/3.
+func WithMargin(d time.Duration) Option { return func(o *options) { o.margin = d } }
 
-// WithOnEpochChange sets Options.OnEpochChange.
+// WithOnEpochChange sets a function called synchronously on every change of
+// the epoch under which this lock holds the key: (old, zero Token) when a
+// term ends, after its contexts were cancelled; (zero Token, new) when a
+// term starts, before the Create or Update that obtained it returns and
+// before Token or TokenContext can return it. Calls never overlap and
+// an end is always reported before the next start. It must not call Get,
+// Create or Update, and should return fast.
 func WithOnEpochChange(f func(old, new lease.Token)) Option {
-	return func(o *Options) { o.OnEpochChange = f }
+	return func(o *options) { o.onEpochChange = f }
 }
 
-// WithEventRecorder sets Options.EventRecorder (and, if obj is not nil,
-// Options.EventObject).
-func WithEventRecorder(r rl.EventRecorder, obj runtime.Object) Option {
-	return func(o *Options) { o.EventRecorder = r; o.EventObject = obj }
-}
+// WithWaiter makes a follower's Get wait for news (see the package
+// documentation): w is the process's listener (one lease.Waiter shared by
+// every lock and elector of the process). Without it, Get returns at once
+// and client-go's followers poll every RetryPeriod.
+func WithWaiter(w *lease.Waiter) Option { return func(o *options) { o.waiter = w } }
 
-// WithOptions replaces every field with those of opts (later options still
-// apply on top).
-func WithOptions(opts Options) Option {
-	return func(o *Options) { *o = opts }
+// WithEventRecorder makes RecordEvent record on r, about obj (nil: a
+// coordination.k8s.io/v1 Lease named after the key in namespace).
+func WithEventRecorder(r rl.EventRecorder, obj runtime.Object, namespace string) Option {
+	return func(o *options) { o.eventRecorder, o.eventObject, o.eventNamespace = r, obj, namespace }
 }
 
 // Lock is a client-go resourcelock.Interface over one pg_lease key. See the
@@ -99,14 +89,15 @@ type Lock struct {
 	client   *lease.Client
 	key      string
 	identity string
-	opts     Options
+	opts     options
 
 	op sync.Mutex // serializes Get, Create, Update
 
-	mu    sync.Mutex
-	grant *lease.Grant // what the server last granted us and has not taken back
-	term  *Term        // the term of grant; ended terms stay until the grant goes
-	obs   rawRecord    // last state seen or written: Get's bytes come from it
+	mu       sync.Mutex
+	term     *lease.Term // the term of the grant the server last gave us and has not taken back; an ended term stays until its grant is given back
+	obs      rawRecord   // last state seen or written: Get's bytes come from it
+	seen     bool        // a Get or Create ran: Update may act
+	returned bool        // a Get returned a record (or NotFound): the next may wait
 
 	lastCall time.Time // last Get, Create or Update (Check)
 
@@ -116,15 +107,12 @@ type Lock struct {
 // New returns a Lock on key for identity. It validates the configuration
 // once; each error names the field.
 func New(client *lease.Client, key, identity string, opts ...Option) (*Lock, error) {
-	var o Options
+	var o options
 	for _, f := range opts {
 		f(&o)
 	}
-	if o.LeaseDuration == 0 {
-		o.LeaseDuration = DefaultLeaseDuration
-	}
-	if o.Margin == 0 {
-		o.Margin = min(o.LeaseDuration/10, DefaultMaxMargin)
+	if o.leaseDuration == 0 {
+		o.leaseDuration = defaultLeaseDuration
 	}
 	var errs []error
 	if client == nil {
@@ -140,21 +128,21 @@ func New(client *lease.Client, key, identity string, opts ...Option) (*Lock, err
 	} else if len(identity) > 1024 {
 		errs = append(errs, errors.New("identity must be at most 1024 bytes"))
 	}
-	if o.LeaseDuration < time.Millisecond {
-		errs = append(errs, fmt.Errorf("Options.LeaseDuration must be at least 1ms, got %v", o.LeaseDuration))
-	}
-	if o.Margin < 0 || o.Margin >= o.LeaseDuration {
-		errs = append(errs, fmt.Errorf("Options.Margin must be >= 0 and below Options.LeaseDuration (%v), got %v",
-			o.LeaseDuration, o.Margin))
+	if _, err := lease.CheckMargin(o.leaseDuration, 0); err != nil {
+		errs = append(errs, fmt.Errorf("LeaseDuration: %w", err))
+	} else if m, err := lease.CheckMargin(o.leaseDuration, o.margin); err != nil {
+		errs = append(errs, fmt.Errorf("Margin: %w", err))
+	} else {
+		o.margin = m
 	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("resourcelock.New: %w", errors.Join(errs...))
 	}
-	if o.EventObject == nil {
-		l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: key, Namespace: o.EventNamespace}}
+	if o.eventObject == nil {
+		l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: key, Namespace: o.eventNamespace}}
 		l.Kind = "Lease"
 		l.APIVersion = coordinationv1.SchemeGroupVersion.String()
-		o.EventObject = l
+		o.eventObject = l
 	}
 	return &Lock{client: client, key: key, identity: identity, opts: o}, nil
 }
@@ -168,29 +156,26 @@ func (l *Lock) Key() string { return l.key }
 // Describe names the lock in client-go's log lines.
 func (l *Lock) Describe() string { return "pg_lease/" + l.key }
 
-// LeaseDuration is the TTL the lock sends (Options.LeaseDuration).
-func (l *Lock) LeaseDuration() time.Duration { return l.opts.LeaseDuration }
-
-// Margin is Options.Margin.
-func (l *Lock) Margin() time.Duration { return l.opts.Margin }
+// LeaseDuration is the TTL the lock sends (WithLeaseDuration).
+func (l *Lock) LeaseDuration() time.Duration { return l.opts.leaseDuration }
 
 // RecordEvent records a client-go leader election event ("became leader",
-// "stopped leading") on Options.EventRecorder, naming the identity and the
-// epoch held when it is recorded.
+// "stopped leading") on the WithEventRecorder recorder, naming the identity
+// and the epoch held when it is recorded.
 func (l *Lock) RecordEvent(s string) {
-	if l.opts.EventRecorder == nil {
+	if l.opts.eventRecorder == nil {
 		return
 	}
 	msg := l.identity + " " + s
-	if t := l.Term(); t != nil {
-		msg = fmt.Sprintf("%s (epoch %d)", msg, t.Epoch())
+	if t := l.liveTerm(); t != nil {
+		msg = fmt.Sprintf("%s (epoch %d)", msg, t.Token().Epoch)
 	}
-	l.opts.EventRecorder.Eventf(l.opts.EventObject, corev1.EventTypeNormal, "LeaderElection", "%s", msg)
+	l.opts.eventRecorder.Eventf(l.opts.eventObject, corev1.EventTypeNormal, "LeaderElection", "%s", msg)
 }
 
-// Term returns the live term, or nil when the lock holds none (never held,
-// lost, released, or past its local deadline).
-func (l *Lock) Term() *Term {
+// liveTerm returns the live term, or nil when the lock holds none (never
+// held, lost, released, or past its local deadline).
+func (l *Lock) liveTerm() *lease.Term {
 	l.mu.Lock()
 	t := l.term
 	l.mu.Unlock()
@@ -200,18 +185,10 @@ func (l *Lock) Term() *Term {
 	return t
 }
 
-// Epoch is the epoch of the live term, 0 when there is none.
-func (l *Lock) Epoch() int64 {
-	if t := l.Term(); t != nil {
-		return t.Epoch()
-	}
-	return 0
-}
-
 // Token returns the live term's fencing token; ok is false when the lock
 // holds no live, unexpired term.
 func (l *Lock) Token() (t lease.Token, ok bool) {
-	if tm := l.Term(); tm != nil && tm.Valid() {
+	if tm := l.liveTerm(); tm != nil && l.client.Clock().Now().Before(tm.Deadline()) {
 		return tm.Token(), true
 	}
 	return lease.Token{}, false
@@ -219,36 +196,19 @@ func (l *Lock) Token() (t lease.Token, ok bool) {
 
 // TokenContext returns a context with the values of parent that carries the
 // live term's token (lease.TokenFromContext) and is done when the term ends
-// (with the term's cause) or when parent is done. The end of the term
-// cancels it synchronously: before OnEpochChange hears of the end and before
-// any later term is handed out. It fails with ErrNotHolding when there is no
-// live, unexpired term. Call cancel when done.
+// (with the term's cause) or when parent is done (lease.Term.Context): the
+// end of the term cancels it synchronously, before OnEpochChange hears of
+// the end and before any later term is handed out. It fails with
+// ErrNotHolding when there is no live, unexpired term. Call cancel when
+// done.
 func (l *Lock) TokenContext(parent context.Context) (context.Context, context.CancelFunc, error) {
-	t := l.Term()
-	if t == nil || !t.Valid() {
+	t := l.liveTerm()
+	if t == nil || !l.client.Clock().Now().Before(t.Deadline()) {
 		return nil, nil, fmt.Errorf("%w: %s (identity %q)", ErrNotHolding, l.Describe(), l.identity)
 	}
-	inner, cancel := context.WithCancelCause(t.Context())
-	stop := context.AfterFunc(parent, func() { cancel(context.Cause(parent)) })
-	return &termContext{Context: inner, parent: parent}, func() { stop(); cancel(context.Canceled) }, nil
+	ctx, cancel := t.Context(parent)
+	return ctx, cancel, nil
 }
-
-// termContext takes its cancellation from a term's context (so that the end
-// of the term propagates synchronously to it and its children) and its
-// other values from the caller's context.
-type termContext struct {
-	context.Context
-	parent context.Context
-}
-
-func (c *termContext) Value(key any) any {
-	if v := c.Context.Value(key); v != nil {
-		return v
-	}
-	return c.parent.Value(key)
-}
-
-func (c *termContext) Deadline() (time.Time, bool) { return c.parent.Deadline() }
 
 // rawRecord is what Get's raw bytes encode: the facts a holder's write
 // changes and nothing computed at read time.
@@ -261,8 +221,6 @@ type rawRecord struct {
 	ExpiresAt *time.Time `json:"expiresAt,omitempty"`
 }
 
-func (r rawRecord) held() bool { return r.Holder != "" }
-
 func (l *Lock) heldRecord(g lease.Grant) rawRecord {
 	exp := g.ExpiresAt.UTC()
 	return rawRecord{Key: l.key, Epoch: g.Epoch, Holder: l.identity, ExpiresAt: &exp}
@@ -273,7 +231,7 @@ func (l *Lock) record(r rawRecord) (*rl.LeaderElectionRecord, []byte, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	secs := int((l.opts.LeaseDuration + time.Second - 1) / time.Second)
+	secs := int((l.opts.leaseDuration + time.Second - 1) / time.Second)
 	return &rl.LeaderElectionRecord{
 		HolderIdentity:       r.Holder,
 		LeaseDurationSeconds: secs,
@@ -281,72 +239,118 @@ func (l *Lock) record(r rawRecord) (*rl.LeaderElectionRecord, []byte, error) {
 	}, raw, nil
 }
 
+// maxFollowerWait bounds how long a follower's Get waits for news.
+const maxFollowerWait = 10 * time.Minute
+
 // Get reads the key (lease.inspect) and returns its record. A key never
 // leased gives an error for which apierrors.IsNotFound is true.
+//
+// A follower's Get (the lock holds no grant, and the record it last
+// returned does not name this identity) waits, when the lock has a Waiter,
+// until the record differs from the last one it returned in what matters
+// to an election (the holder or the epoch: a grant, a release, a takeover,
+// the server-side lapse of the grant), or maxFollowerWait, or ctx ends
+// (then it returns ctx's error). The first Get and the holder's Get never
+// wait.
 func (l *Lock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error) {
 	l.op.Lock()
 	defer l.op.Unlock()
 	l.touch()
-	s, err := l.client.Inspect(ctx, l.key)
+	l.mu.Lock()
+	t, last, returned := l.term, l.obs, l.returned
+	l.mu.Unlock()
+	follower := t == nil && last.Holder != l.identity
+
+	var (
+		s   lease.State
+		err error
+	)
+	if w := l.opts.waiter; follower && returned && w != nil {
+		wctx, cancel := context.WithTimeout(ctx, maxFollowerWait)
+		s, err = w.Await(wctx, l.client, l.key, l.followerPoll(), func(st lease.State) bool {
+			r := l.recordOf(st)
+			return r.Key != last.Key || r.Holder != last.Holder || r.Epoch != last.Epoch
+		})
+		cancel()
+		if err != nil && ctx.Err() == nil && wctx.Err() != nil {
+			s, err = l.inspect(ctx, follower) // nothing happened: report the current record
+		}
+	} else {
+		s, err = l.inspect(ctx, follower)
+	}
 	if err != nil {
 		return nil, nil, err
 	}
-	if !s.Exists {
-		// Never leased, or removed by lease.cleanup after it was free: a
-		// grant we held is gone either way.
-		l.mu.Lock()
-		l.obs = rawRecord{}
-		t := l.term
-		lost := l.grant != nil
-		if lost {
-			l.grant, l.term = nil, nil
+	l.mu.Lock()
+	l.seen, l.returned = true, true
+	t = l.term
+	l.mu.Unlock()
+
+	// Does the server still say we hold our grant?
+	if t != nil {
+		if g := t.Grant(); !(s.Held && s.Owner == l.identity && s.Epoch == g.Epoch) {
+			var lost error
+			switch {
+			case !s.Exists:
+				// Never leased, or removed by lease.cleanup after it was
+				// free: a grant we held is gone either way.
+				lost = lease.ErrNotOwner
+			case s.Held && s.Owner == l.identity:
+				lost = lease.ErrEpochMismatch
+			case s.Epoch == g.Epoch && !s.Held:
+				lost = lease.ErrLapsed
+			default:
+				lost = lease.ErrNotOwner
+			}
+			l.lose(t, fmt.Errorf("%w (%w): seen by Get: %s at epoch %d, exists=%v held=%v by %q",
+				lost, lease.ErrLost, l.key, s.Epoch, s.Exists, s.Held, s.Owner))
 		}
-		l.mu.Unlock()
-		if lost && t != nil {
-			t.end(fmt.Errorf("%w (%w): seen by Get: %s no longer exists", lease.ErrNotOwner, lease.ErrLost, l.key))
-		}
-		return nil, nil, apierrors.NewNotFound(GroupResource, l.key)
 	}
 
+	r := l.recordOf(s)
 	l.mu.Lock()
-	var r rawRecord
-	switch {
-	case s.Held:
-		exp := s.ExpiresAt.UTC()
-		r = rawRecord{Key: l.key, Epoch: s.Epoch, Holder: s.Owner, ExpiresAt: &exp}
-	case l.obs.held() && l.obs.Epoch == s.Epoch:
-		// The grant we last saw lapsed. A lapse is not a write (inspect
-		// only hides the lapsed holder), so the bytes stay those of the
-		// last write we saw; followers time the expiry themselves.
-		r = l.obs
-	default:
-		r = rawRecord{Key: l.key, Epoch: s.Epoch}
-	}
 	l.obs = r
-	// Does the server still say we hold our grant?
-	var lost error
-	if g := l.grant; g != nil && !(s.Held && s.Owner == l.identity && s.Epoch == g.Epoch) {
-		switch {
-		case s.Held && s.Owner == l.identity:
-			lost = lease.ErrEpochMismatch
-		case s.Epoch == g.Epoch && !s.Held:
-			lost = lease.ErrLapsed
-		default:
-			lost = lease.ErrNotOwner
-		}
-		lost = fmt.Errorf("%w (%w): seen by Get: %s at epoch %d, held=%v by %q",
-			lost, lease.ErrLost, l.key, s.Epoch, s.Held, s.Owner)
-		l.grant = nil
-	}
-	t := l.term
-	if lost != nil {
-		l.term = nil
-	}
 	l.mu.Unlock()
-	if lost != nil && t != nil {
-		t.end(lost)
+	if !s.Exists {
+		return nil, nil, apierrors.NewNotFound(groupResource, l.key)
 	}
 	return l.record(r)
+}
+
+// inspect reads the key; a follower's read gets a deadline of its own
+// (client-go's acquire loop passes a context without one), so that a
+// silently dead connection cannot stall it.
+func (l *Lock) inspect(ctx context.Context, follower bool) (lease.State, error) {
+	if follower {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, l.followerTimeout())
+		defer cancel()
+	}
+	return l.client.Inspect(ctx, l.key)
+}
+
+// followerTimeout bounds each call a follower makes.
+func (l *Lock) followerTimeout() time.Duration { return max(l.opts.leaseDuration, time.Second) }
+
+// followerPoll bounds how late a waiting follower sees a change that sent
+// no notification (pg_lease.notify = off on the writer, the listen
+// connection down).
+func (l *Lock) followerPoll() time.Duration { return min(l.opts.leaseDuration/2, time.Second) }
+
+// recordOf is the record of state s: a held key names its holder, epoch
+// and server expiry; a free key, released or lapsed (a lapse the server
+// decided is a change like a release), only its epoch; a key that does not
+// exist is the zero record.
+func (l *Lock) recordOf(s lease.State) rawRecord {
+	switch {
+	case !s.Exists:
+		return rawRecord{}
+	case s.Held:
+		exp := s.ExpiresAt.UTC()
+		return rawRecord{Key: l.key, Epoch: s.Epoch, Holder: s.Owner, ExpiresAt: &exp}
+	default:
+		return rawRecord{Key: l.key, Epoch: s.Epoch}
+	}
 }
 
 // Create obtains the first grant of a key that was never leased. If the key
@@ -359,19 +363,24 @@ func (l *Lock) Create(ctx context.Context, ler rl.LeaderElectionRecord) error {
 	}
 	l.op.Lock()
 	defer l.op.Unlock()
+	l.mu.Lock()
+	l.seen = true
+	l.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, l.followerTimeout())
+	defer cancel()
 	s, err := l.client.Inspect(ctx, l.key)
 	if err != nil {
 		return err
 	}
 	if s.Exists {
-		return apierrors.NewAlreadyExists(GroupResource, l.key)
+		return apierrors.NewAlreadyExists(groupResource, l.key)
 	}
-	g, ok, err := l.client.Acquire(ctx, l.key, l.identity, l.opts.LeaseDuration)
+	g, ok, err := l.client.Acquire(ctx, l.key, l.identity, l.opts.leaseDuration)
 	if err != nil {
 		return err
 	}
 	if !ok {
-		return apierrors.NewAlreadyExists(GroupResource, l.key)
+		return apierrors.NewAlreadyExists(groupResource, l.key)
 	}
 	// The key did not exist when inspected. (Its first grant carries epoch 1,
 	// or, after lease.cleanup removed free keys, one above the database's
@@ -388,7 +397,9 @@ func (l *Lock) Create(ctx context.Context, ler rl.LeaderElectionRecord) error {
 //   - otherwise: acquire (a takeover when the key is free or lapsed).
 //
 // Every answer of the server that the caller does not (or no longer) hold
-// the key is an error for which apierrors.IsConflict is true.
+// the key is an error for which apierrors.IsConflict is true. An Update
+// before any Get or Create is refused (BadRequest): client-go always reads
+// the record first, and a lock must not take a key it never looked at.
 func (l *Lock) Update(ctx context.Context, ler rl.LeaderElectionRecord) error {
 	l.touch()
 	if ler.HolderIdentity == "" {
@@ -401,161 +412,140 @@ func (l *Lock) Update(ctx context.Context, ler rl.LeaderElectionRecord) error {
 	defer l.op.Unlock()
 
 	l.mu.Lock()
-	g, t := l.grant, l.term
+	t, seen := l.term, l.seen
 	l.mu.Unlock()
+	if !seen {
+		return apierrors.NewBadRequest(fmt.Sprintf("resourcelock: Update of %s before any Get or Create", l.key))
+	}
 
-	if g != nil && t != nil && t.Err() == nil {
-		ng, err := l.client.Renew(ctx, g.Token, l.opts.LeaseDuration)
+	if t != nil && t.Err() == nil {
+		err := t.Renew(ctx)
 		switch {
-		case errors.Is(err, lease.ErrLost):
-			l.lose(t, err)
-			return l.conflict(err)
-		case err != nil:
-			return err // transient: the term lasts until its deadline
-		}
-		l.mu.Lock()
-		l.grant = &ng
-		l.obs = l.heldRecord(ng)
-		l.mu.Unlock()
-		if t.extend(ng.ValidUntil().Add(-l.opts.Margin)) {
+		case err == nil:
+			l.mu.Lock()
+			l.obs = l.heldRecord(t.Grant())
+			l.mu.Unlock()
 			return nil
+		case errors.Is(err, lease.ErrLost):
+			l.drop(t)
+			return l.conflict(err)
+		case !errors.Is(err, lease.ErrLocalDeadline):
+			return err // transient: the term lasts until its deadline
 		}
 		// The renewal came back after the term's local deadline: what acted
 		// under the term has been told to stop; do not resume it.
-		t.end(ErrLocalDeadline)
-		g = &ng
 	}
-	if g != nil {
+	if t != nil {
 		// A grant whose term ended locally: give it back so that the next
 		// grant (ours or anyone's) carries a new epoch.
-		if err := l.giveBack(ctx, *g); err != nil {
+		if err := l.giveBack(ctx, t); err != nil {
 			return err
 		}
-		return l.conflict(fmt.Errorf("%w: term %s ended", ErrLocalDeadline, g.Token))
+		return l.conflict(fmt.Errorf("%w: term %s ended", lease.ErrLocalDeadline, t.Token()))
 	}
 
-	ng, ok, err := l.client.Acquire(ctx, l.key, l.identity, l.opts.LeaseDuration)
+	actx, cancel := context.WithTimeout(ctx, l.followerTimeout())
+	defer cancel()
+	g, ok, err := l.client.Acquire(actx, l.key, l.identity, l.opts.leaseDuration)
 	if err != nil {
 		return err
 	}
 	if !ok {
 		return l.conflict(fmt.Errorf("%s is held by another owner", l.key))
 	}
-	return l.begin(ctx, ng)
+	return l.begin(ctx, g)
 }
 
-// begin starts the term of a new grant g and reports it.
+// begin starts the term of a new grant g and reports it. No term is held
+// (callers drop or give back the old one first, and that returns only after
+// its end was reported), so the start is reported after every earlier end.
 func (l *Lock) begin(ctx context.Context, g lease.Grant) error {
-	t := l.newTerm(g)
-	l.mu.Lock()
-	old := l.term
-	l.grant, l.term = &g, nil
-	l.obs = l.heldRecord(g)
-	l.mu.Unlock()
-	if old != nil {
-		// Cannot happen (begin runs only when no grant is held), but if it
-		// did, the old term must end before the new one is handed out.
-		old.end(fmt.Errorf("%w: superseded by epoch %d", lease.ErrEpochMismatch, g.Epoch))
-	}
 	l.notify(lease.Token{}, g.Token)
-	if !t.extend(g.ValidUntil().Add(-l.opts.Margin)) {
-		// Granted, but the answer came back after the grant's local
-		// deadline: never hand it out.
-		t.end(ErrLocalDeadline)
-		if err := l.giveBack(ctx, g); err != nil {
-			return err
-		}
-		return l.conflict(fmt.Errorf("%w: grant %s arrived too late to use", ErrLocalDeadline, g.Token))
+	t, err := l.client.Begin(g, l.opts.margin, func(tok lease.Token, _ error) { l.notify(tok, lease.Token{}) })
+	if err != nil {
+		return err // cannot happen: New checked the margin
 	}
 	l.mu.Lock()
 	l.term = t
+	l.obs = l.heldRecord(g)
 	l.mu.Unlock()
+	if t.Err() != nil {
+		// Granted, but the answer came back after the grant's local
+		// deadline: never hand it out.
+		if err := l.giveBack(ctx, t); err != nil {
+			return err
+		}
+		return l.conflict(fmt.Errorf("%w: grant %s arrived too late to use", lease.ErrLocalDeadline, g.Token))
+	}
 	return nil
 }
 
-func (l *Lock) newTerm(g lease.Grant) *Term {
-	ctx, cancel := context.WithCancelCause(lease.ContextWithToken(context.Background(), g.Token))
-	t := &Term{token: g.Token, ctx: ctx, cancel: cancel}
-	var once sync.Once
-	t.end = func(cause error) {
-		once.Do(func() {
-			if !t.markEnded() {
-				return
-			}
-			cancel(cause)
-			l.notify(g.Token, lease.Token{})
-		})
-	}
-	// Armed by the first extend; until then the term is not handed out.
-	t.timer = time.AfterFunc(time.Hour, func() { t.end(ErrLocalDeadline) })
-	return t
+// lose ends t after the server said its grant is gone, and forgets it.
+func (l *Lock) lose(t *lease.Term, cause error) {
+	t.End(cause)
+	l.drop(t)
 }
 
-// lose ends term t after the server said its grant is gone.
-func (l *Lock) lose(t *Term, cause error) {
+// drop forgets t (ended) if it is still the lock's term.
+func (l *Lock) drop(t *lease.Term) {
 	l.mu.Lock()
 	if l.term == t {
-		l.grant, l.term = nil, nil
+		l.term = nil
 	}
 	l.mu.Unlock()
-	t.end(cause)
 }
 
-// giveBack releases g after its term ended locally; a lost grant needs no
-// release.
-func (l *Lock) giveBack(ctx context.Context, g lease.Grant) error {
-	err := l.client.Release(ctx, g.Token)
+// giveBack releases the grant of t after its term ended locally; a lost
+// grant needs no release.
+func (l *Lock) giveBack(ctx context.Context, t *lease.Term) error {
+	err := t.Release(ctx)
 	if err != nil && !errors.Is(err, lease.ErrLost) {
 		return err // keep the grant: the next Update tries again
 	}
-	l.mu.Lock()
-	l.grant, l.term = nil, nil
+	l.drop(t)
 	if err == nil {
-		l.obs = rawRecord{Key: l.key, Epoch: g.Epoch + 1}
+		l.mu.Lock()
+		l.obs = rawRecord{Key: l.key, Epoch: t.Token().Epoch + 1}
+		l.mu.Unlock()
 	}
-	l.mu.Unlock()
 	return nil
 }
 
 // release is Update with an empty HolderIdentity. The term ends (everything
-// acting under it is told) before the server frees the key.
+// acting under it is told) before the server frees the key. A release that
+// fails on a dead connection is sent once more (lease.Client.Release).
 func (l *Lock) release(ctx context.Context) error {
 	l.op.Lock()
 	defer l.op.Unlock()
 	l.mu.Lock()
-	g, t := l.grant, l.term
+	t := l.term
 	l.mu.Unlock()
-	if g == nil {
+	if t == nil {
 		return fmt.Errorf("resourcelock: release of %s: %w", l.key, ErrNotHolding)
 	}
-	if t != nil {
-		t.end(ErrReleased)
-	}
-	err := l.client.Release(ctx, g.Token)
+	err := t.Release(ctx)
 	switch {
 	case err == nil:
 	case errors.Is(err, lease.ErrLost):
-		l.mu.Lock()
-		l.grant, l.term = nil, nil
-		l.mu.Unlock()
+		l.drop(t)
 		return fmt.Errorf("resourcelock: nothing to release: %w", err)
 	default:
 		return err
 	}
+	l.drop(t)
 	l.mu.Lock()
-	l.grant, l.term = nil, nil
-	l.obs = rawRecord{Key: l.key, Epoch: g.Epoch + 1}
+	l.obs = rawRecord{Key: l.key, Epoch: t.Token().Epoch + 1}
 	l.mu.Unlock()
 	return nil
 }
 
 func (l *Lock) notify(old, new lease.Token) {
-	if l.opts.OnEpochChange == nil {
+	if l.opts.onEpochChange == nil {
 		return
 	}
 	l.hookMu.Lock()
 	defer l.hookMu.Unlock()
-	l.opts.OnEpochChange(old, new)
+	l.opts.onEpochChange(old, new)
 }
 
 // conflictError is a Conflict StatusError that also unwraps to its cause, so
@@ -568,7 +558,7 @@ type conflictError struct {
 func (e *conflictError) Unwrap() error { return e.cause }
 
 func (l *Lock) conflict(cause error) error {
-	return &conflictError{StatusError: apierrors.NewConflict(GroupResource, l.key, cause), cause: cause}
+	return &conflictError{StatusError: apierrors.NewConflict(groupResource, l.key, cause), cause: cause}
 }
 
 func (l *Lock) foreignHolder(op, holder string) error {

@@ -51,10 +51,10 @@ func TestNewValidatesEachField(t *testing.T) {
 		{"nil client", nil, "k", "a", nil, []string{"client"}},
 		{"empty key and identity", c, "", "", nil, []string{"key", "identity"}},
 		{"long key", c, strings.Repeat("k", 1025), "a", nil, []string{"key must be at most 1024 bytes"}},
-		{"ttl below 1ms", c, "k", "a", []resourcelock.Option{resourcelock.WithLeaseDuration(time.Microsecond)}, []string{"Options.LeaseDuration"}},
-		{"negative ttl", c, "k", "a", []resourcelock.Option{resourcelock.WithLeaseDuration(-time.Second)}, []string{"Options.LeaseDuration"}},
-		{"margin >= ttl", c, "k", "a", []resourcelock.Option{resourcelock.WithLeaseDuration(time.Second), resourcelock.WithMargin(time.Second)}, []string{"Options.Margin"}},
-		{"negative margin", c, "k", "a", []resourcelock.Option{resourcelock.WithMargin(-1)}, []string{"Options.Margin"}},
+		{"ttl below 3ms", c, "k", "a", []resourcelock.Option{resourcelock.WithLeaseDuration(2 * time.Millisecond)}, []string{"LeaseDuration"}},
+		{"negative ttl", c, "k", "a", []resourcelock.Option{resourcelock.WithLeaseDuration(-time.Second)}, []string{"LeaseDuration"}},
+		{"margin above ttl/3", c, "k", "a", []resourcelock.Option{resourcelock.WithLeaseDuration(time.Second), resourcelock.WithMargin(time.Second)}, []string{"Margin"}},
+		{"negative margin", c, "k", "a", []resourcelock.Option{resourcelock.WithMargin(-1)}, []string{"Margin"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := resourcelock.New(tc.client, tc.key, tc.id, tc.opts...)
@@ -72,8 +72,8 @@ func TestNewValidatesEachField(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l.LeaseDuration() != resourcelock.DefaultLeaseDuration || l.Margin() != resourcelock.DefaultMaxMargin {
-		t.Errorf("defaults: LeaseDuration %v Margin %v", l.LeaseDuration(), l.Margin())
+	if l.LeaseDuration() != 15*time.Second {
+		t.Errorf("defaults: LeaseDuration %v", l.LeaseDuration())
 	}
 	if l.Identity() != "a" || l.Describe() != "pg_lease/k" {
 		t.Errorf("Identity %q Describe %q", l.Identity(), l.Describe())
@@ -96,8 +96,8 @@ func TestGetNotFoundAndCreate(t *testing.T) {
 	if err := a.Create(ctx, rec("a")); err != nil {
 		t.Fatal(err)
 	}
-	if a.Epoch() != 1 {
-		t.Fatalf("epoch after Create = %d, want 1", a.Epoch())
+	if epochOf(a) != 1 {
+		t.Fatalf("epoch after Create = %d, want 1", epochOf(a))
 	}
 	if err := b.Create(ctx, rec("b")); !apierrors.IsAlreadyExists(err) {
 		t.Fatalf("Create on a held lease: %v, want AlreadyExists", err)
@@ -108,8 +108,8 @@ func TestGetNotFoundAndCreate(t *testing.T) {
 	if err := b.Create(ctx, rec("b")); !apierrors.IsAlreadyExists(err) {
 		t.Fatalf("Create on a free lease: %v, want AlreadyExists", err)
 	}
-	if b.Epoch() != 0 {
-		t.Fatalf("a failed Create handed out epoch %d", b.Epoch())
+	if epochOf(b) != 0 {
+		t.Fatalf("a failed Create handed out epoch %d", epochOf(b))
 	}
 	r, _ := get(t, b)
 	if r.HolderIdentity != "" || r.LeaderTransitions != 2 {
@@ -134,6 +134,9 @@ func TestUpdateAcquireRenewRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	s0, _ := admin.Inspect(ctx, "k")
+	if _, _, err := b.Get(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if err := b.Update(ctx, rec("b")); !apierrors.IsConflict(err) {
 		t.Fatalf("Update while another holds the key: %v, want Conflict", err)
 	}
@@ -144,15 +147,15 @@ func TestUpdateAcquireRenewRelease(t *testing.T) {
 	if s1.Epoch != 1 || s1.Owner != "a" || !s1.ExpiresAt.After(s0.ExpiresAt) {
 		t.Fatalf("renew: %+v after %+v, want same epoch, later expiry", s1, s0)
 	}
-	term := a.Term()
+	term := resourcelock.TermOf(a)
 	if err := a.Update(ctx, rec("")); err != nil {
 		t.Fatalf("release: %v", err)
 	}
 	if s, _ := admin.Inspect(ctx, "k"); s.Held || s.Epoch != 2 {
 		t.Fatalf("after release: %+v, want free with counter 2", s)
 	}
-	if !errors.Is(term.Err(), resourcelock.ErrReleased) || a.Epoch() != 0 {
-		t.Fatalf("after release: term err %v, Epoch %d", term.Err(), a.Epoch())
+	if !errors.Is(term.Err(), lease.ErrReleased) || epochOf(a) != 0 {
+		t.Fatalf("after release: term err %v, Epoch %d", term.Err(), epochOf(a))
 	}
 	if err := a.Update(ctx, rec("")); err == nil || apierrors.IsConflict(err) {
 		t.Fatalf("second release: %v, want a non-Conflict error (client-go retries only Conflicts)", err)
@@ -160,8 +163,8 @@ func TestUpdateAcquireRenewRelease(t *testing.T) {
 	if err := b.Update(ctx, rec("b")); err != nil {
 		t.Fatalf("acquire of a free key: %v", err)
 	}
-	if b.Epoch() != 3 {
-		t.Fatalf("acquire after release: epoch %d, want 3", b.Epoch())
+	if epochOf(b) != 3 {
+		t.Fatalf("acquire after release: epoch %d, want 3", epochOf(b))
 	}
 }
 
@@ -210,7 +213,7 @@ func TestLostRaceIsConflict(t *testing.T) {
 	}
 }
 
-// The TTL sent comes from Options.LeaseDuration, never from the record's
+// The TTL sent comes from WithLeaseDuration, never from the record's
 // whole-second LeaseDurationSeconds (0 here, and the elector truncates).
 func TestTTLFromOwnConfiguration(t *testing.T) {
 	dsn := newDB(t)
@@ -250,9 +253,12 @@ func TestTTLFromOwnConfiguration(t *testing.T) {
 	}
 }
 
-// The raw bytes from Get change exactly when a holder writes (grant,
-// renewal, release), never because time passed or the grant lapsed.
-func TestRawBytesChangeOnlyOnWrites(t *testing.T) {
+// The raw bytes from Get change exactly when the key's state changes on the
+// server: a write (grant, renewal, release) or the server-side lapse of the
+// grant (then the key reads as free, and a follower takes over at the
+// server's expiry); never because of a read or because time passed. The
+// same state gives the same bytes to every lock.
+func TestRawBytesChangeOnlyOnStateChanges(t *testing.T) {
 	dsn := newDB(t)
 	ctx := context.Background()
 	admin := newClient(t, dsn)
@@ -281,11 +287,17 @@ func TestRawBytesChangeOnlyOnWrites(t *testing.T) {
 	if _, hb := get(t, h); !bytes.Equal(hb, b3) {
 		t.Fatalf("holder and follower see different bytes for the same write:\n%s\n%s", hb, b3)
 	}
-	// Lapse: no write, so no change.
+	// Lapse: the server decided a change, so the key reads as free.
 	waitLapsed(t, admin, "k", time.Minute)
 	r4, b4 := get(t, f)
-	if !bytes.Equal(b3, b4) || r4.HolderIdentity != "holder" {
-		t.Fatalf("bytes changed on a lapse (not a write):\n%s\n%s", b3, b4)
+	if bytes.Equal(b3, b4) || r4.HolderIdentity != "" || r4.LeaderTransitions != 1 {
+		t.Fatalf("lapse: %+v %s after %s, want the key free at epoch 1", r4, b4, b3)
+	}
+	if _, b4b := get(t, mustLock(t, newClient(t, dsn), "k", "other")); !bytes.Equal(b4, b4b) {
+		t.Fatalf("two locks read different bytes for the same lapsed key:\n%s\n%s", b4, b4b)
+	}
+	if _, b4c := get(t, f); !bytes.Equal(b4, b4c) {
+		t.Fatal("bytes of a lapsed key changed without a write")
 	}
 	// Takeover: a grant, so a change.
 	if err := f.Update(ctx, rec("follower")); err != nil {
@@ -384,6 +396,9 @@ func TestNoSuccessForALostEpoch(t *testing.T) {
 		resourcelock.WithOnEpochChange(hl.hook()))
 	// Another process that (wrongly) shares the identity, for epoch_mismatch.
 	twin := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.WithLeaseDuration(ttl))
+	if _, _, err := twin.Get(ctx); err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
 
 	if err := a.Create(ctx, rec("a")); err != nil {
 		t.Fatal(err)
@@ -413,7 +428,7 @@ func TestNoSuccessForALostEpoch(t *testing.T) {
 		}, lease.ErrEpochMismatch, func(old int64) int64 { return old + 3 }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			term := a.Term()
+			term := resourcelock.TermOf(a)
 			if term == nil {
 				t.Fatal("no live term before the loss")
 			}
@@ -434,8 +449,8 @@ func TestNoSuccessForALostEpoch(t *testing.T) {
 			if !errors.Is(term.Err(), tc.want) || !errors.Is(context.Cause(tctx), tc.want) {
 				t.Fatalf("term ended with %v, token context with %v, want %v", term.Err(), context.Cause(tctx), tc.want)
 			}
-			if a.Epoch() != 0 {
-				t.Fatalf("Epoch() = %d after the loss", a.Epoch())
+			if epochOf(a) != 0 {
+				t.Fatalf("Epoch() = %d after the loss", epochOf(a))
 			}
 			if _, ok := a.Token(); ok {
 				t.Fatal("Token() still reports a token")
@@ -450,13 +465,13 @@ func TestNoSuccessForALostEpoch(t *testing.T) {
 			if err := a.Update(ctx, rec("a")); err != nil {
 				t.Fatalf("re-acquire: %v", err)
 			}
-			if got, want := a.Epoch(), tc.epoch(old.Epoch); got != want {
+			if got, want := epochOf(a), tc.epoch(old.Epoch); got != want {
 				t.Fatalf("re-acquired epoch %d, want %d", got, want)
 			}
 			calls := hl.snapshot()
 			n := len(calls)
-			if n < 2 || calls[n-2] != [2]lease.Token{old, {}} || calls[n-1][0] != (lease.Token{}) || calls[n-1][1].Epoch != a.Epoch() {
-				t.Fatalf("OnEpochChange calls %v, want ... (%v, 0), (0, epoch %d)", calls, old, a.Epoch())
+			if n < 2 || calls[n-2] != [2]lease.Token{old, {}} || calls[n-1][0] != (lease.Token{}) || calls[n-1][1].Epoch != epochOf(a) {
+				t.Fatalf("OnEpochChange calls %v, want ... (%v, 0), (0, epoch %d)", calls, old, epochOf(a))
 			}
 		})
 	}
@@ -472,13 +487,13 @@ func TestGetSeesLoss(t *testing.T) {
 	if err := a.Create(ctx, rec("a")); err != nil {
 		t.Fatal(err)
 	}
-	term := a.Term()
+	term := resourcelock.TermOf(a)
 	if _, _, _, err := admin.ForceRelease(ctx, "k"); err != nil {
 		t.Fatal(err)
 	}
 	get(t, a)
-	if !errors.Is(term.Err(), lease.ErrNotOwner) || a.Epoch() != 0 {
-		t.Fatalf("after Get saw the key free: term err %v, epoch %d", term.Err(), a.Epoch())
+	if !errors.Is(term.Err(), lease.ErrNotOwner) || epochOf(a) != 0 {
+		t.Fatalf("after Get saw the key free: term err %v, epoch %d", term.Err(), epochOf(a))
 	}
 }
 
@@ -493,25 +508,25 @@ func TestLocalDeadlineEndsTerm(t *testing.T) {
 	if err := a.Create(ctx, rec("a")); err != nil {
 		t.Fatal(err)
 	}
-	term := a.Term()
+	term := resourcelock.TermOf(a)
 	<-term.Done()
-	if !errors.Is(term.Err(), resourcelock.ErrLocalDeadline) {
+	if !errors.Is(term.Err(), lease.ErrLocalDeadline) {
 		t.Fatalf("term ended with %v", term.Err())
 	}
-	if a.Term() != nil || a.Epoch() != 0 {
+	if resourcelock.TermOf(a) != nil || epochOf(a) != 0 {
 		t.Fatal("an ended term is still handed out")
 	}
 	s, _ := admin.Inspect(ctx, "k")
 	t.Logf("term ended at its local deadline (%v ago); server: held=%v epoch=%d", time.Since(term.Deadline()), s.Held, s.Epoch)
 	err := a.Update(ctx, rec("a"))
-	if !apierrors.IsConflict(err) || !errors.Is(err, resourcelock.ErrLocalDeadline) {
+	if !apierrors.IsConflict(err) || !errors.Is(err, lease.ErrLocalDeadline) {
 		t.Fatalf("renew after the local deadline: %v, want Conflict", err)
 	}
 	if err := a.Update(ctx, rec("a")); err != nil {
 		t.Fatal(err)
 	}
-	if a.Epoch() <= 1 {
-		t.Fatalf("after the local deadline the lock resumed epoch %d", a.Epoch())
+	if epochOf(a) <= 1 {
+		t.Fatalf("after the local deadline the lock resumed epoch %d", epochOf(a))
 	}
 }
 
@@ -519,7 +534,7 @@ func TestRecordEvent(t *testing.T) {
 	dsn := newDB(t)
 	ctx := context.Background()
 	r := record.NewFakeRecorder(10)
-	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.WithEventRecorder(r, nil))
+	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.WithEventRecorder(r, nil, ""))
 	a.RecordEvent("stopped leading")
 	if err := a.Create(ctx, rec("a")); err != nil {
 		t.Fatal(err)
@@ -571,7 +586,7 @@ func TestTokenContext(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Synchronous: done as soon as the release returned.
-	if !errors.Is(context.Cause(c2), resourcelock.ErrReleased) {
+	if !errors.Is(context.Cause(c2), lease.ErrReleased) {
 		t.Fatalf("after release: cause %v", context.Cause(c2))
 	}
 }
@@ -598,8 +613,8 @@ func TestKeyRemovedByCleanup(t *testing.T) {
 	if err := a.Create(ctx, rec("a")); err != nil {
 		t.Fatalf("Create of a removed key: %v", err)
 	}
-	if a.Epoch() <= 1 || a.Epoch() <= floor {
-		t.Fatalf("re-created at epoch %d (floor %d), want above every earlier epoch", a.Epoch(), floor)
+	if epochOf(a) <= 1 || epochOf(a) <= floor {
+		t.Fatalf("re-created at epoch %d (floor %d), want above every earlier epoch", epochOf(a), floor)
 	}
 }
 
@@ -630,5 +645,34 @@ func TestCheckDetectsAStuckElector(t *testing.T) {
 	}
 	if err := a.Check(nil); err != nil {
 		t.Fatalf("Check after the elector saw the lapse: %v", err)
+	}
+}
+
+// epochOf is the epoch of l's live term, 0 when there is none.
+func epochOf(l *resourcelock.Lock) int64 {
+	if t := resourcelock.TermOf(l); t != nil {
+		return t.Token().Epoch
+	}
+	return 0
+}
+
+// TestUpdateBeforeGetRefused: client-go always reads the record before it
+// writes; an Update of a lock that never looked at the key (no Get, no
+// Create) is refused and changes nothing, instead of acquiring.
+func TestUpdateBeforeGetRefused(t *testing.T) {
+	dsn := newDB(t)
+	ctx := context.Background()
+	a := mustLock(t, newClient(t, dsn), "k", "a")
+	if err := a.Update(ctx, rec("a")); !apierrors.IsBadRequest(err) {
+		t.Fatalf("Update before Get: %v, want BadRequest", err)
+	}
+	if s, err := newClient(t, dsn).Inspect(ctx, "k"); err != nil || s.Exists {
+		t.Fatalf("after a refused Update: %+v, %v", s, err)
+	}
+	if _, _, err := a.Get(ctx); !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	if err := a.Update(ctx, rec("a")); err != nil || epochOf(a) != 1 {
+		t.Fatalf("Update after Get: %v (epoch %d)", err, epochOf(a))
 	}
 }

@@ -205,7 +205,7 @@ func TestCleanupNeverRemovesHeldKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	tg, ok, err := c.WithQuerier(tx).Acquire(ctx, "racing", "y", time.Hour)
+	tg, ok, err := lease.New(tx).Acquire(ctx, "racing", "y", time.Hour)
 	if err != nil || !ok {
 		t.Fatalf("acquire in tx: ok=%v err=%v", ok, err)
 	}

@@ -155,7 +155,7 @@ func runElector(ctx context.Context, id string) error {
 			return err
 		}
 		defer w.Close()
-		cfg.Waiter = elector.LeaseWaiter(w, client)
+		cfg.Waiter = w
 	}
 	var el *elector.Elector
 	cfg.Callbacks = elector.Callbacks{

@@ -82,7 +82,9 @@ func run(le *pgle.Flags, interval time.Duration) error {
 	err = mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
 		var epoch int64
 		if pg := pgle.PgLease(mgr); pg != nil {
-			epoch = pg.Epoch()
+			if t, ok := pg.Token(); ok {
+				epoch = t.Epoch
+			}
 		}
 		emit(map[string]any{"event": "leading", "epoch": epoch})
 		defer emit(map[string]any{"event": "stopped"})

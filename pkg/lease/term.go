@@ -1,0 +1,278 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"k8s.io/utils/clock"
+)
+
+// Term is one grant as this process holds it: one epoch, from the acquire
+// that obtained it until it ends. Renewals extend a term and never change its
+// epoch. A term ends exactly once, for one reason (Err, and context.Cause of
+// every context made by Context):
+//
+//   - its local deadline passed without a renewal (ErrLocalDeadline): the
+//     deadline is Grant.ValidUntil minus the margin (CheckMargin), so the
+//     server's expiry, and any successor's grant, come later (A1, see the
+//     package documentation);
+//   - the holder gave it up (ErrReleased): Release;
+//   - the server said the grant is gone (an error matching ErrLost), on a
+//     renewal or as the holder learned otherwise (End).
+//
+// Ending cancels every context of the term synchronously, then calls the
+// onEnd function given to Begin, then closes Done: whoever waits on Done, or
+// calls Release or End (they return only after the end was reported), sees
+// the end fully reported before it begins anything else, so "term N ended"
+// is always reported before "term N+1 began". An ended term never comes
+// back: a later grant, even to the same owner, is a new Term.
+type Term struct {
+	c      *Client
+	margin time.Duration
+	onEnd  func(Token, error)
+
+	ctx    context.Context // carries the token; cancelled with the cause
+	cancel context.CancelCauseFunc
+	done   chan struct{} // closed after onEnd returned
+	once   sync.Once
+
+	renewMu sync.Mutex // one Renew at a time
+
+	mu       sync.Mutex
+	grant    Grant
+	deadline time.Time
+	gen      uint64      // which deadline timer may end the term
+	timer    clock.Timer // the armed deadline timer
+	ended    bool
+	lost     bool                                     // ended because the server said the grant is gone
+	children map[*termContext]context.CancelCauseFunc // live contexts of Context
+}
+
+// Begin starts the term of g, a grant this client's Acquire just returned
+// (or a renewal of it), ending margin before g.ValidUntil; margin 0 is the
+// default of CheckMargin(g.TTL, 0). onEnd, when not nil, is called once when
+// the term ends, with the token and the cause, after the term's contexts
+// were cancelled and before Done is closed; it must not block for long and
+// must not call the term's methods other than Token, Grant and Deadline.
+//
+// A grant whose deadline has already passed (the answer took most of the TTL
+// to arrive) gives a term that has already ended with ErrLocalDeadline;
+// the grant is still held on the server: Release gives it back. Begin fails
+// (ErrInvalidInput) only for a margin CheckMargin rejects.
+func (c *Client) Begin(g Grant, margin time.Duration, onEnd func(Token, error)) (*Term, error) {
+	m, err := CheckMargin(g.TTL, margin)
+	if err != nil {
+		return nil, fmt.Errorf("lease: term of %s: %w", g.Token, err)
+	}
+	ctx, cancel := context.WithCancelCause(ContextWithToken(context.Background(), g.Token))
+	t := &Term{c: c, margin: m, onEnd: onEnd, ctx: ctx, cancel: cancel, done: make(chan struct{}),
+		grant: g, deadline: g.ValidUntil().Add(-m)}
+	now := c.clock.Now()
+	if !now.Before(t.deadline) {
+		t.end(ErrLocalDeadline, false)
+		return t, nil
+	}
+	t.arm(t.deadline.Sub(now), 0)
+	return t, nil
+}
+
+// arm starts the deadline timer of generation gen. Timers are armed and
+// stopped outside t.mu: a fake clock runs their functions while holding its
+// own lock.
+func (t *Term) arm(d time.Duration, gen uint64) {
+	timer := t.c.clock.AfterFunc(d, func() {
+		t.mu.Lock()
+		current := t.gen == gen
+		t.mu.Unlock()
+		if current {
+			t.endBy(ErrLocalDeadline, false, false)
+		}
+	})
+	t.mu.Lock()
+	old := t.timer
+	t.timer = timer
+	stale := t.gen != gen || t.ended
+	t.mu.Unlock()
+	if old != nil {
+		old.Stop()
+	}
+	if stale {
+		timer.Stop()
+	}
+}
+
+// end ends the term once; every caller returns after the end was reported.
+func (t *Term) end(cause error, lost bool) { t.endBy(cause, lost, true) }
+
+// endBy is end; stopTimer is false when the deadline timer itself calls it
+// (a fake clock holds its lock while it runs timer functions).
+func (t *Term) endBy(cause error, lost, stopTimer bool) {
+	t.once.Do(func() {
+		t.mu.Lock()
+		t.ended, t.lost = true, lost
+		t.gen++ // no timer may end it again
+		timer := t.timer
+		children := t.children
+		t.children = nil
+		t.mu.Unlock()
+		if timer != nil && stopTimer {
+			timer.Stop()
+		}
+		t.cancel(cause)
+		for _, cancel := range children {
+			cancel(cause)
+		}
+		if t.onEnd != nil {
+			t.onEnd(t.grant.Token, cause)
+		}
+		close(t.done)
+	})
+	<-t.done
+}
+
+// Token is the term's fencing token.
+func (t *Term) Token() Token { return t.grant.Token }
+
+// Grant is the term's latest grant (its acquire, or its last renewal).
+func (t *Term) Grant() Grant {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.grant
+}
+
+// Deadline is the local instant (on the client's clock) at which the term
+// ends unless a renewal moves it: the latest grant's ValidUntil minus the
+// margin.
+func (t *Term) Deadline() time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.deadline
+}
+
+// Done is closed once the term has ended and the end has been reported.
+func (t *Term) Done() <-chan struct{} { return t.done }
+
+// Err is nil while the term lasts, then the cause it ended with. It turns
+// non-nil when the term's contexts are cancelled, just before the end is
+// reported; wait on Done to know that the report is over.
+func (t *Term) Err() error {
+	if t.ctx.Err() == nil {
+		return nil
+	}
+	return context.Cause(t.ctx)
+}
+
+// Renew renews the grant for its TTL and, when the term is still live and
+// the answer arrives before its deadline, moves the deadline. It returns
+// nil when the term was extended; the server's error (matching ErrLost)
+// after ending the term when the grant is gone; an error matching
+// ErrLocalDeadline when the term had ended or its deadline passed before
+// the answer (the grant may still be held: Release gives it back); any
+// other error (a connection failure) leaves the term to its deadline. The
+// call is bounded by the term's deadline: an answer after it is of no use.
+func (t *Term) Renew(ctx context.Context) error {
+	t.renewMu.Lock()
+	defer t.renewMu.Unlock()
+	if err := t.Err(); err != nil {
+		return fmt.Errorf("lease: renew %s: term ended: %w", t.grant.Token, err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, t.Deadline().Sub(t.c.clock.Now()))
+	defer cancel()
+	g, err := t.c.Renew(rctx, t.grant.Token, t.grant.TTL)
+	switch {
+	case errors.Is(err, ErrLost):
+		t.end(err, true)
+		return err
+	case err != nil:
+		if ctx.Err() == nil && rctx.Err() != nil {
+			return fmt.Errorf("lease: renew %s: %w (%w)", t.grant.Token, ErrLocalDeadline, err)
+		}
+		return err
+	}
+	now := t.c.clock.Now() // read outside t.mu (see arm)
+	nd := g.ValidUntil().Add(-t.margin)
+	t.mu.Lock()
+	if t.ended || !now.Before(t.deadline) || !now.Before(nd) {
+		// The term ended, or its deadline passed, before the answer: what
+		// acted under it has been (or is being) told to stop; do not
+		// resume it. The timer ends it if it has not yet.
+		t.mu.Unlock()
+		return fmt.Errorf("lease: renew %s: answer after the term's local deadline: %w", g.Token, ErrLocalDeadline)
+	}
+	t.grant, t.deadline = g, nd
+	t.gen++
+	gen := t.gen
+	t.mu.Unlock()
+	t.arm(nd.Sub(now), gen)
+	return nil
+}
+
+// Release ends the term with ErrReleased (if it has not ended yet) and
+// releases the grant on the server, so that a successor need not wait for
+// the TTL and the next grant carries a greater epoch. It releases an ended
+// term's grant too (one that ended on its deadline may still be held), but
+// not one the server already said is gone: that returns the server's error
+// (matching ErrLost) without a call, as does a release the server answers
+// with not_owner, lapsed or epoch_mismatch.
+func (t *Term) Release(ctx context.Context) error {
+	t.end(ErrReleased, false)
+	t.mu.Lock()
+	lost, g := t.lost, t.grant
+	t.mu.Unlock()
+	if lost {
+		return context.Cause(t.ctx)
+	}
+	return t.c.Release(ctx, g.Token)
+}
+
+// End ends the term with cause, without a call to the server: for a holder
+// that learned otherwise that the grant is gone (cause should then match
+// ErrLost; Release will not release it) or that must stop at once.
+func (t *Term) End(cause error) { t.end(cause, errors.Is(cause, ErrLost)) }
+
+// Context returns a context that carries the term's token
+// (TokenFromContext) and the values of parent, and is done when the term
+// ends (with the term's cause) or parent is done (with parent's cause),
+// whichever comes first; both reach it synchronously (the term's end before
+// the end is reported). A context made from a done parent, or of an ended
+// term, is done when Context returns. Its Deadline is the earlier of
+// parent's and the term's current one (which renewals move). Call cancel
+// when done with it.
+func (t *Term) Context(parent context.Context) (context.Context, context.CancelFunc) {
+	inner, cancel := context.WithCancelCause(ContextWithToken(parent, t.grant.Token))
+	ctx := &termContext{Context: inner, term: t}
+	t.mu.Lock()
+	if t.ended {
+		t.mu.Unlock()
+		cancel(context.Cause(t.ctx))
+		return ctx, func() {}
+	}
+	if t.children == nil {
+		t.children = map[*termContext]context.CancelCauseFunc{}
+	}
+	t.children[ctx] = cancel
+	t.mu.Unlock()
+	return ctx, func() {
+		t.mu.Lock()
+		delete(t.children, ctx)
+		t.mu.Unlock()
+		cancel(context.Canceled)
+	}
+}
+
+// termContext is a context of the term with the term's deadline.
+type termContext struct {
+	context.Context
+	term *Term
+}
+
+func (c *termContext) Deadline() (time.Time, bool) {
+	d := c.term.Deadline()
+	if pd, ok := c.Context.Deadline(); ok && pd.Before(d) {
+		return pd, true
+	}
+	return d, true
+}
