@@ -80,6 +80,17 @@ COMMENT ON TABLE lease.timeline_state IS
   'pg_lease internal: the WAL timeline last seen, its epoch era, no new grant before grace_until';
 INSERT INTO lease.timeline_state (timeline, era) VALUES (lease._timeline(), 0);
 
+-- Registrations of sessions waiting for notifications (lease.listen). UNLOGGED:
+-- they belong to live backends, which a crash ends anyway; never dumped.
+CREATE UNLOGGED TABLE lease.listeners (
+    pid   integer     NOT NULL,
+    key   text        NOT NULL,
+    since timestamptz NOT NULL,
+    CONSTRAINT listeners_pkey PRIMARY KEY (key, pid)
+);
+COMMENT ON TABLE lease.listeners IS
+  'pg_lease internal: backends waiting for notifications of a key (''*'': every key)';
+
 -- Operator settings (lease.configure). No row: the defaults.
 CREATE TABLE lease.settings (
     singleton    boolean PRIMARY KEY DEFAULT true CHECK (singleton),
@@ -252,18 +263,31 @@ $$;
 
 -- Durability as in 0.2.0, raised to 'on': off and local do not wait for
 -- synchronous standbys; on does (and is a local flush without any).
+--
+-- Notification: as in 0.1.0 (pg_lease.notify off/false/no/0/f/n: none), plus
+-- pg_lease.notify = 'waiters': notify only when some session registered
+-- with lease.listen for this key or for '*' (issue 17: a NOTIFY takes a
+-- server-wide lock through its commit's flush, so notifying nobody has a
+-- price). Any other value, and no value, notify always (the default until
+-- every waiter registers).
 CREATE OR REPLACE FUNCTION lease._changed(event text, key text, owner text, epoch bigint)
 RETURNS void LANGUAGE plpgsql VOLATILE
 AS $$
+DECLARE
+  v_mode text := coalesce(lower(current_setting('pg_lease.notify', true)), '');
 BEGIN
   IF current_setting('synchronous_commit') IN ('off', 'local') THEN
     PERFORM set_config('synchronous_commit', 'on', true);
   END IF;
-  IF coalesce(lower(current_setting('pg_lease.notify', true)), '')
-       NOT IN ('off', 'false', 'no', '0', 'f', 'n') THEN
-    PERFORM pg_notify('pg_lease', json_build_object(
-      'event', event, 'key', key, 'owner', owner, 'epoch', epoch)::text);
+  IF v_mode IN ('off', 'false', 'no', '0', 'f', 'n') THEN
+    RETURN;
   END IF;
+  IF v_mode = 'waiters'
+     AND NOT EXISTS (SELECT 1 FROM lease.listeners w WHERE w.key = _changed.key OR w.key = '*') THEN
+    RETURN;
+  END IF;
+  PERFORM pg_notify('pg_lease', json_build_object(
+    'event', event, 'key', key, 'owner', owner, 'epoch', epoch)::text);
 END
 $$;
 
@@ -771,6 +795,63 @@ AS $$
     LEFT JOIN LATERAL (SELECT * FROM lease.timeline_state s ORDER BY s.era DESC, s.timeline DESC LIMIT 1) t ON true
 $$;
 
+-- lease.listen(key): registers this backend as waiting for notifications of
+-- key ('*': of every key), for pg_lease.notify = 'waiters' (see
+-- /work/plan/LISTEN-API.md and SEMANTICS section 11). Call it in a
+-- transaction of its own (autocommit), then LISTEN pg_lease, then read the
+-- key's state: listen locks the key's row FOR SHARE until its transaction
+-- ends, so a change in flight (past its decision whether to notify) commits
+-- before listen returns, and any later change sees the committed
+-- registration. Also drops the registrations of backends that are gone.
+CREATE FUNCTION lease.listen(key text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  v_key text := key;
+BEGIN
+  IF v_key IS DISTINCT FROM '*' THEN
+    PERFORM lease._raise_invalid(ARRAY[lease._text_violation('key', v_key)]);
+  END IF;
+  IF current_setting('transaction_read_only') = 'on' THEN
+    PERFORM lease._raise_read_only('lease.listen');
+  END IF;
+  DELETE FROM lease.listeners w
+   WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a WHERE a.pid = w.pid);
+  INSERT INTO lease.listeners AS w (pid, key, since)
+    VALUES (pg_backend_pid(), v_key, clock_timestamp())
+    ON CONFLICT ON CONSTRAINT listeners_pkey DO NOTHING;
+  IF v_key <> '*' THEN
+    PERFORM FROM lease.leases l WHERE l.key = v_key FOR SHARE;
+  END IF;
+END
+$$;
+
+-- lease.unlisten(key): drops this backend's registration for key ('*': all of
+-- this backend's registrations). Returns how many were dropped.
+CREATE FUNCTION lease.unlisten(key text)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  v_key text := key;
+  v_n   integer;
+BEGIN
+  IF v_key IS DISTINCT FROM '*' THEN
+    PERFORM lease._raise_invalid(ARRAY[lease._text_violation('key', v_key)]);
+  END IF;
+  IF current_setting('transaction_read_only') = 'on' THEN
+    PERFORM lease._raise_read_only('lease.unlisten');
+  END IF;
+  DELETE FROM lease.listeners w
+   WHERE w.pid = pg_backend_pid() AND (v_key = '*' OR w.key = v_key);
+  GET DIAGNOSTICS v_n = ROW_COUNT;
+  RETURN v_n;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION lease.version()
 RETURNS text LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
@@ -853,4 +934,6 @@ GRANT EXECUTE ON FUNCTION lease.inspect(text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION lease.list() TO PUBLIC;
 GRANT EXECUTE ON FUNCTION lease.fence(text, text, bigint) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION lease.status() TO PUBLIC;
+GRANT EXECUTE ON FUNCTION lease.listen(text) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION lease.unlisten(text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION lease.version() TO PUBLIC;
