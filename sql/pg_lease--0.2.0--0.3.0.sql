@@ -116,37 +116,54 @@ AS $$
   END
 $$;
 
+-- (The helpers that read a table are PL/pgSQL, not SQL: a SQL function with a
+-- subquery is not inlined and would be planned again at every call.)
 CREATE FUNCTION lease._max_ttl()
-RETURNS interval LANGUAGE sql STABLE
-AS $$ SELECT coalesce((SELECT s.max_ttl FROM lease.settings s), interval '1 hour') $$;
+RETURNS interval LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+  RETURN coalesce((SELECT s.max_ttl FROM lease.settings s), interval '1 hour');
+END
+$$;
 
 -- The grace a timeline change seen now imposes: the max_ttl, or a higher one
 -- in force until prev_until (grants made under it may still be believed).
 CREATE FUNCTION lease._grace()
-RETURNS interval LANGUAGE sql VOLATILE
+RETURNS interval LANGUAGE plpgsql VOLATILE
 AS $$
-  SELECT coalesce((SELECT CASE WHEN s.prev_until > clock_timestamp() AND s.prev_max_ttl > s.max_ttl
+BEGIN
+  RETURN coalesce((SELECT CASE WHEN s.prev_until > clock_timestamp() AND s.prev_max_ttl > s.max_ttl
                                THEN s.prev_max_ttl ELSE s.max_ttl END
-                     FROM lease.settings s), interval '1 hour')
+                     FROM lease.settings s), interval '1 hour');
+END
 $$;
 
 -- ttl against the configured maximum, and ttl + wait against the timestamptz
 -- range (a blocking acquire computes its expiry after the wait). NULL when
 -- either is NULL (their own checks report it).
 CREATE FUNCTION lease._ttl_violation(ttl interval, wait interval)
-RETURNS text LANGUAGE sql VOLATILE
+RETURNS text LANGUAGE plpgsql VOLATILE
 AS $$
-  SELECT CASE
-    WHEN lease._duration_violation('ttl', ttl, true) IS NOT NULL THEN NULL
-    WHEN extract(epoch FROM ttl) > extract(epoch FROM lease._max_ttl())
-      THEN 'ttl must be at most max_ttl (' || trim_scale(extract(epoch FROM lease._max_ttl()))::text
-           || ' s, set by lease.configure)'
-    WHEN lease._duration_violation('wait', wait, false) IS NOT NULL THEN NULL
-    WHEN extract(epoch FROM ttl) + extract(epoch FROM wait)
-         >= extract(epoch FROM timestamptz '294276-12-31 23:59:59+00')
-            - extract(epoch FROM clock_timestamp()) - 1
-      THEN 'ttl + wait is too large: server time + wait + ttl would overflow timestamptz'
-  END
+DECLARE
+  v_max interval;
+BEGIN
+  IF lease._duration_violation('ttl', ttl, true) IS NOT NULL THEN
+    RETURN NULL;
+  END IF;
+  v_max := lease._max_ttl();
+  IF extract(epoch FROM ttl) > extract(epoch FROM v_max) THEN
+    RETURN 'ttl must be at most max_ttl (' || trim_scale(extract(epoch FROM v_max))::text
+           || ' s, set by lease.configure)';
+  END IF;
+  IF lease._duration_violation('wait', wait, false) IS NOT NULL THEN
+    RETURN NULL;
+  END IF;
+  IF extract(epoch FROM ttl) + extract(epoch FROM wait)
+     >= extract(epoch FROM timestamptz '294276-12-31 23:59:59+00') - extract(epoch FROM clock_timestamp()) - 1 THEN
+    RETURN 'ttl + wait is too large: server time + wait + ttl would overflow timestamptz';
+  END IF;
+  RETURN NULL;
+END
 $$;
 
 -- free_for of cleanup: the oldest expiry it removes, server time - free_for,
@@ -178,14 +195,19 @@ $$;
 -- Whether session_user may act on a grant taken by holder_role: the same
 -- role, a member of it, or a grant from before 0.3.0 (NULL). A dropped role's
 -- grant can only lapse.
+-- (Callers test the common case, NULL or session_user itself, inline first.)
 CREATE FUNCTION lease._may_act(holder_role text)
-RETURNS boolean LANGUAGE sql STABLE
+RETURNS boolean LANGUAGE plpgsql STABLE
 AS $$
-  SELECT CASE
-    WHEN holder_role IS NULL OR holder_role = session_user::text THEN true
-    WHEN NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = holder_role) THEN false
-    ELSE pg_catalog.pg_has_role(session_user, holder_role::name, 'MEMBER')
-  END
+BEGIN
+  IF holder_role IS NULL OR holder_role = session_user::text THEN
+    RETURN true;
+  END IF;
+  IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = holder_role) THEN
+    RETURN false;
+  END IF;
+  RETURN pg_catalog.pg_has_role(session_user, holder_role::name, 'MEMBER');
+END
 $$;
 
 -- The epoch floor (cleanup). locked: under REPEATABLE READ or SERIALIZABLE,
@@ -352,7 +374,7 @@ BEGIN
     v_now := clock_timestamp();
 
     IF v_found AND r_owner IS NOT NULL AND r_expires > v_now THEN
-      IF r_owner = v_owner AND lease._may_act(r_role) THEN
+      IF r_owner = v_owner AND (r_role IS NULL OR r_role = v_role OR lease._may_act(r_role)) THEN
         -- Idempotent: the caller already holds it. Same epoch, same expiry.
         -- Under REPEATABLE READ / SERIALIZABLE the row read is the snapshot's:
         -- a locked read (FOR SHARE conflicts with every change of the row;
@@ -533,7 +555,7 @@ BEGIN
     v_now := clock_timestamp();
     status := lease._holder_status(FOUND, r_owner, r_epoch, r_expires, r_lowner, r_lepoch,
                                    v_owner, v_epoch, v_now);
-    IF status = 'ok' AND NOT lease._may_act(r_role) THEN
+    IF status = 'ok' AND r_role IS NOT NULL AND r_role <> session_user::text AND NOT lease._may_act(r_role) THEN
       status := 'not_owner';  -- the owner string and epoch, but not the grant's role
     END IF;
     IF status <> 'ok' THEN
@@ -585,7 +607,7 @@ BEGIN
     v_now := clock_timestamp();
     status := lease._holder_status(FOUND, r_owner, r_epoch, r_expires, r_lowner, r_lepoch,
                                    v_owner, v_epoch, v_now);
-    IF status = 'ok' AND NOT lease._may_act(r_role) THEN
+    IF status = 'ok' AND r_role IS NOT NULL AND r_role <> session_user::text AND NOT lease._may_act(r_role) THEN
       status := 'not_owner';
     END IF;
     IF status <> 'ok' THEN
@@ -634,7 +656,7 @@ BEGIN
     FROM lease.leases l WHERE l.key = v_key FOR SHARE;
   v_status := lease._holder_status(FOUND, r_owner, r_epoch, r_expires, r_lowner, r_lepoch,
                                    v_owner, v_epoch, clock_timestamp());
-  IF v_status = 'ok' AND NOT lease._may_act(r_role) THEN
+  IF v_status = 'ok' AND r_role IS NOT NULL AND r_role <> session_user::text AND NOT lease._may_act(r_role) THEN
     v_status := 'not_owner';
   END IF;
   IF v_status <> 'ok' THEN
