@@ -80,6 +80,17 @@ COMMENT ON TABLE lease.timeline_state IS
   'pg_lease internal: the WAL timeline last seen, its epoch era, no new grant before grace_until';
 INSERT INTO lease.timeline_state (timeline, era) VALUES (lease._timeline(), 0);
 
+-- Registrations of sessions waiting for notifications (lease.listen). UNLOGGED:
+-- they belong to live backends, which a crash ends anyway; never dumped.
+CREATE UNLOGGED TABLE lease.listeners (
+    pid   integer     NOT NULL,
+    key   text        NOT NULL,
+    since timestamptz NOT NULL,
+    CONSTRAINT listeners_pkey PRIMARY KEY (key, pid)
+);
+COMMENT ON TABLE lease.listeners IS
+  'pg_lease internal: backends waiting for notifications of a key (''*'': every key)';
+
 -- Operator settings (lease.configure). No row: the defaults.
 CREATE TABLE lease.settings (
     singleton    boolean PRIMARY KEY DEFAULT true CHECK (singleton),
@@ -105,37 +116,54 @@ AS $$
   END
 $$;
 
+-- (The helpers that read a table are PL/pgSQL, not SQL: a SQL function with a
+-- subquery is not inlined and would be planned again at every call.)
 CREATE FUNCTION lease._max_ttl()
-RETURNS interval LANGUAGE sql STABLE
-AS $$ SELECT coalesce((SELECT s.max_ttl FROM lease.settings s), interval '1 hour') $$;
+RETURNS interval LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+  RETURN coalesce((SELECT s.max_ttl FROM lease.settings s), interval '1 hour');
+END
+$$;
 
 -- The grace a timeline change seen now imposes: the max_ttl, or a higher one
 -- in force until prev_until (grants made under it may still be believed).
 CREATE FUNCTION lease._grace()
-RETURNS interval LANGUAGE sql VOLATILE
+RETURNS interval LANGUAGE plpgsql VOLATILE
 AS $$
-  SELECT coalesce((SELECT CASE WHEN s.prev_until > clock_timestamp() AND s.prev_max_ttl > s.max_ttl
+BEGIN
+  RETURN coalesce((SELECT CASE WHEN s.prev_until > clock_timestamp() AND s.prev_max_ttl > s.max_ttl
                                THEN s.prev_max_ttl ELSE s.max_ttl END
-                     FROM lease.settings s), interval '1 hour')
+                     FROM lease.settings s), interval '1 hour');
+END
 $$;
 
 -- ttl against the configured maximum, and ttl + wait against the timestamptz
 -- range (a blocking acquire computes its expiry after the wait). NULL when
 -- either is NULL (their own checks report it).
 CREATE FUNCTION lease._ttl_violation(ttl interval, wait interval)
-RETURNS text LANGUAGE sql VOLATILE
+RETURNS text LANGUAGE plpgsql VOLATILE
 AS $$
-  SELECT CASE
-    WHEN lease._duration_violation('ttl', ttl, true) IS NOT NULL THEN NULL
-    WHEN extract(epoch FROM ttl) > extract(epoch FROM lease._max_ttl())
-      THEN 'ttl must be at most max_ttl (' || trim_scale(extract(epoch FROM lease._max_ttl()))::text
-           || ' s, set by lease.configure)'
-    WHEN lease._duration_violation('wait', wait, false) IS NOT NULL THEN NULL
-    WHEN extract(epoch FROM ttl) + extract(epoch FROM wait)
-         >= extract(epoch FROM timestamptz '294276-12-31 23:59:59+00')
-            - extract(epoch FROM clock_timestamp()) - 1
-      THEN 'ttl + wait is too large: server time + wait + ttl would overflow timestamptz'
-  END
+DECLARE
+  v_max interval;
+BEGIN
+  IF lease._duration_violation('ttl', ttl, true) IS NOT NULL THEN
+    RETURN NULL;
+  END IF;
+  v_max := lease._max_ttl();
+  IF extract(epoch FROM ttl) > extract(epoch FROM v_max) THEN
+    RETURN 'ttl must be at most max_ttl (' || trim_scale(extract(epoch FROM v_max))::text
+           || ' s, set by lease.configure)';
+  END IF;
+  IF lease._duration_violation('wait', wait, false) IS NOT NULL THEN
+    RETURN NULL;
+  END IF;
+  IF extract(epoch FROM ttl) + extract(epoch FROM wait)
+     >= extract(epoch FROM timestamptz '294276-12-31 23:59:59+00') - extract(epoch FROM clock_timestamp()) - 1 THEN
+    RETURN 'ttl + wait is too large: server time + wait + ttl would overflow timestamptz';
+  END IF;
+  RETURN NULL;
+END
 $$;
 
 -- free_for of cleanup: the oldest expiry it removes, server time - free_for,
@@ -167,14 +195,19 @@ $$;
 -- Whether session_user may act on a grant taken by holder_role: the same
 -- role, a member of it, or a grant from before 0.3.0 (NULL). A dropped role's
 -- grant can only lapse.
+-- (Callers test the common case, NULL or session_user itself, inline first.)
 CREATE FUNCTION lease._may_act(holder_role text)
-RETURNS boolean LANGUAGE sql STABLE
+RETURNS boolean LANGUAGE plpgsql STABLE
 AS $$
-  SELECT CASE
-    WHEN holder_role IS NULL OR holder_role = session_user::text THEN true
-    WHEN NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = holder_role) THEN false
-    ELSE pg_catalog.pg_has_role(session_user, holder_role::name, 'MEMBER')
-  END
+BEGIN
+  IF holder_role IS NULL OR holder_role = session_user::text THEN
+    RETURN true;
+  END IF;
+  IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = holder_role) THEN
+    RETURN false;
+  END IF;
+  RETURN pg_catalog.pg_has_role(session_user, holder_role::name, 'MEMBER');
+END
 $$;
 
 -- The epoch floor (cleanup). locked: under REPEATABLE READ or SERIALIZABLE,
@@ -252,18 +285,31 @@ $$;
 
 -- Durability as in 0.2.0, raised to 'on': off and local do not wait for
 -- synchronous standbys; on does (and is a local flush without any).
+--
+-- Notification: as in 0.1.0 (pg_lease.notify off/false/no/0/f/n: none), plus
+-- pg_lease.notify = 'waiters': notify only when some session registered
+-- with lease.listen for this key or for '*' (issue 17: a NOTIFY takes a
+-- server-wide lock through its commit's flush, so notifying nobody has a
+-- price). Any other value, and no value, notify always (the default until
+-- every waiter registers).
 CREATE OR REPLACE FUNCTION lease._changed(event text, key text, owner text, epoch bigint)
 RETURNS void LANGUAGE plpgsql VOLATILE
 AS $$
+DECLARE
+  v_mode text := coalesce(lower(current_setting('pg_lease.notify', true)), '');
 BEGIN
   IF current_setting('synchronous_commit') IN ('off', 'local') THEN
     PERFORM set_config('synchronous_commit', 'on', true);
   END IF;
-  IF coalesce(lower(current_setting('pg_lease.notify', true)), '')
-       NOT IN ('off', 'false', 'no', '0', 'f', 'n') THEN
-    PERFORM pg_notify('pg_lease', json_build_object(
-      'event', event, 'key', key, 'owner', owner, 'epoch', epoch)::text);
+  IF v_mode IN ('off', 'false', 'no', '0', 'f', 'n') THEN
+    RETURN;
   END IF;
+  IF v_mode = 'waiters'
+     AND NOT EXISTS (SELECT 1 FROM lease.listeners w WHERE w.key = _changed.key OR w.key = '*') THEN
+    RETURN;
+  END IF;
+  PERFORM pg_notify('pg_lease', json_build_object(
+    'event', event, 'key', key, 'owner', owner, 'epoch', epoch)::text);
 END
 $$;
 
@@ -328,7 +374,7 @@ BEGIN
     v_now := clock_timestamp();
 
     IF v_found AND r_owner IS NOT NULL AND r_expires > v_now THEN
-      IF r_owner = v_owner AND lease._may_act(r_role) THEN
+      IF r_owner = v_owner AND (r_role IS NULL OR r_role = v_role OR lease._may_act(r_role)) THEN
         -- Idempotent: the caller already holds it. Same epoch, same expiry.
         -- Under REPEATABLE READ / SERIALIZABLE the row read is the snapshot's:
         -- a locked read (FOR SHARE conflicts with every change of the row;
@@ -509,7 +555,7 @@ BEGIN
     v_now := clock_timestamp();
     status := lease._holder_status(FOUND, r_owner, r_epoch, r_expires, r_lowner, r_lepoch,
                                    v_owner, v_epoch, v_now);
-    IF status = 'ok' AND NOT lease._may_act(r_role) THEN
+    IF status = 'ok' AND r_role IS NOT NULL AND r_role <> session_user::text AND NOT lease._may_act(r_role) THEN
       status := 'not_owner';  -- the owner string and epoch, but not the grant's role
     END IF;
     IF status <> 'ok' THEN
@@ -561,7 +607,7 @@ BEGIN
     v_now := clock_timestamp();
     status := lease._holder_status(FOUND, r_owner, r_epoch, r_expires, r_lowner, r_lepoch,
                                    v_owner, v_epoch, v_now);
-    IF status = 'ok' AND NOT lease._may_act(r_role) THEN
+    IF status = 'ok' AND r_role IS NOT NULL AND r_role <> session_user::text AND NOT lease._may_act(r_role) THEN
       status := 'not_owner';
     END IF;
     IF status <> 'ok' THEN
@@ -610,7 +656,7 @@ BEGIN
     FROM lease.leases l WHERE l.key = v_key FOR SHARE;
   v_status := lease._holder_status(FOUND, r_owner, r_epoch, r_expires, r_lowner, r_lepoch,
                                    v_owner, v_epoch, clock_timestamp());
-  IF v_status = 'ok' AND NOT lease._may_act(r_role) THEN
+  IF v_status = 'ok' AND r_role IS NOT NULL AND r_role <> session_user::text AND NOT lease._may_act(r_role) THEN
     v_status := 'not_owner';
   END IF;
   IF v_status <> 'ok' THEN
@@ -771,6 +817,63 @@ AS $$
     LEFT JOIN LATERAL (SELECT * FROM lease.timeline_state s ORDER BY s.era DESC, s.timeline DESC LIMIT 1) t ON true
 $$;
 
+-- lease.listen(key): registers this backend as waiting for notifications of
+-- key ('*': of every key), for pg_lease.notify = 'waiters' (see
+-- /work/plan/LISTEN-API.md and SEMANTICS section 11). Call it in a
+-- transaction of its own (autocommit), then LISTEN pg_lease, then read the
+-- key's state: listen locks the key's row FOR SHARE until its transaction
+-- ends, so a change in flight (past its decision whether to notify) commits
+-- before listen returns, and any later change sees the committed
+-- registration. Also drops the registrations of backends that are gone.
+CREATE FUNCTION lease.listen(key text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  v_key text := key;
+BEGIN
+  IF v_key IS DISTINCT FROM '*' THEN
+    PERFORM lease._raise_invalid(ARRAY[lease._text_violation('key', v_key)]);
+  END IF;
+  IF current_setting('transaction_read_only') = 'on' THEN
+    PERFORM lease._raise_read_only('lease.listen');
+  END IF;
+  DELETE FROM lease.listeners w
+   WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a WHERE a.pid = w.pid);
+  INSERT INTO lease.listeners AS w (pid, key, since)
+    VALUES (pg_backend_pid(), v_key, clock_timestamp())
+    ON CONFLICT ON CONSTRAINT listeners_pkey DO NOTHING;
+  IF v_key <> '*' THEN
+    PERFORM FROM lease.leases l WHERE l.key = v_key FOR SHARE;
+  END IF;
+END
+$$;
+
+-- lease.unlisten(key): drops this backend's registration for key ('*': all of
+-- this backend's registrations). Returns how many were dropped.
+CREATE FUNCTION lease.unlisten(key text)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  v_key text := key;
+  v_n   integer;
+BEGIN
+  IF v_key IS DISTINCT FROM '*' THEN
+    PERFORM lease._raise_invalid(ARRAY[lease._text_violation('key', v_key)]);
+  END IF;
+  IF current_setting('transaction_read_only') = 'on' THEN
+    PERFORM lease._raise_read_only('lease.unlisten');
+  END IF;
+  DELETE FROM lease.listeners w
+   WHERE w.pid = pg_backend_pid() AND (v_key = '*' OR w.key = v_key);
+  GET DIAGNOSTICS v_n = ROW_COUNT;
+  RETURN v_n;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION lease.version()
 RETURNS text LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
@@ -853,4 +956,6 @@ GRANT EXECUTE ON FUNCTION lease.inspect(text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION lease.list() TO PUBLIC;
 GRANT EXECUTE ON FUNCTION lease.fence(text, text, bigint) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION lease.status() TO PUBLIC;
+GRANT EXECUTE ON FUNCTION lease.listen(text) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION lease.unlisten(text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION lease.version() TO PUBLIC;
