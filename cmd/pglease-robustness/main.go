@@ -33,7 +33,7 @@ func main() {
 		clients    = flag.Int("clients", 6, "clients, each with its own connection")
 		procs      = flag.Int("procs", -1, "of which in worker processes (SIGSTOP targets); -1: half")
 		keys       = flag.Int("keys", 3, "number of keys")
-		faults     = flag.String("faults", "kill,proxy,stop,clock", "fault kinds: kill,proxy,stop,clock, all or none")
+		faults     = flag.String("faults", "kill,proxy,stop,clock", "fault kinds: kill,proxy,stop,clock,failover (failover: asynchronous standby promoted; needs pg_lease 0.3.0), all (the first four) or none")
 		out        = flag.String("out", "", "write the history (JSON lines) here")
 		sqlFile    = flag.String("sql", os.Getenv(robustness.EnvSQL), "install this extension script (plain SQL) instead of the repository's")
 		check      = flag.String("check", "", "only check this recorded history")

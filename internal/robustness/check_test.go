@@ -395,3 +395,33 @@ func TestPlanIsDeterministic(t *testing.T) {
 		}
 	}
 }
+
+// failoverHistory: A holds epoch 1; the standby is cut off; A releases and B
+// takes epoch 3 on the old primary (lost); failover; the promoted server
+// still shows A's epoch 1 free after its expiry, and grants C epoch next.
+func failoverHistory(next int64) *hb {
+	b := &hb{}
+	b.acquire(0, "A", 0, 0, 500, 1)
+	b.release(0, "A", 100, 100, 1, SOk) // lost: leaves 2
+	b.acquire(1, "B", 200, 200, 500, 3) // lost
+	b.h.Faults = append(b.h.Faults, Fault{Kind: FaultFailover, Start: 50 * int64(time.Millisecond), End: 900 * int64(time.Millisecond)})
+	b.inspectFree(2, 1000, 1000, 1) // the promoted server: before the lost tail
+	b.acquire(2, "C", 3000, 3000, 500, next)
+	return b
+}
+
+// TestCheckFailoverMode: across a failover, an observation of the state
+// before the lost tail is legal; a grant that re-issues an epoch of the lost
+// tail (or goes below it) is not.
+func TestCheckFailoverMode(t *testing.T) {
+	r := check(t, failoverHistory(1<<40+2))
+	if !r.FailoverMode || len(r.Violations) != 0 {
+		t.Errorf("legal failover history: mode %t, violations %v", r.FailoverMode, r.Violations)
+	}
+	for _, next := range []int64{2, 3} {
+		r := check(t, failoverHistory(next))
+		if len(r.Violations) == 0 {
+			t.Errorf("grant of epoch %d after the lost grant of epoch 3 accepted", next)
+		}
+	}
+}

@@ -14,10 +14,20 @@ const (
 	FaultProxy = "proxy" // cut / refuse / blackhole client connections at the proxy
 	FaultStop  = "stop"  // SIGSTOP a client process, SIGCONT later
 	FaultClock = "clock" // step the server's wall clock (libfaketime)
+	// FaultFailover: the asynchronous standby is cut off, the primary goes
+	// on for a while (an unreplayed tail), is killed, and the standby is
+	// promoted; the proxy then leads to it, and a new standby is made.
+	// Needs pg_lease 0.3.0 (epochs across timelines, promotion grace); the
+	// history is then checked with the rules that hold across a failover.
+	FaultFailover = "failover"
 )
 
-// AllFaults lists every fault kind.
+// AllFaults lists the fault kinds of a default run (failover is asked for
+// explicitly: see FaultFailover).
 var AllFaults = []string{FaultKill, FaultProxy, FaultStop, FaultClock}
+
+// KnownFaults lists every fault kind.
+var KnownFaults = append(append([]string(nil), AllFaults...), FaultFailover)
 
 // PlannedFault is one entry of the schedule, drawn from the seed before the
 // run starts.
@@ -69,6 +79,8 @@ func Plan(seed int64, d time.Duration, kinds []string, procs int) []PlannedFault
 		case FaultStop:
 			f.Target = rng.Intn(max(procs, 1))
 			f.Dur = 300*time.Millisecond + dur + dur/2 // 0.3-3.3 s: longer than most TTLs
+		case FaultFailover:
+			f.Dur = 200*time.Millisecond + dur/2 // unreplayed tail: 0.2-1.2 s
 		case FaultClock:
 			step := 300*time.Millisecond + time.Duration(rng.Int63n(int64(5700*time.Millisecond)))
 			if r < 0.5 {
@@ -90,12 +102,15 @@ type Target interface {
 
 // Injector runs a schedule.
 type Injector struct {
-	Server  Target
-	Proxy   *Proxy
-	Pids    []int // worker processes (stop)
-	Offset  time.Duration
-	MaxSkew time.Duration // |offset| bound; zero: 20 s
-	Logf    func(format string, args ...any)
+	Server Target
+	// Failover performs a failover fault whose unreplayed tail lasts tail
+	// (set when the schedule has failover faults).
+	Failover func(ctx context.Context, tail time.Duration) (detail string, err error)
+	Proxy    *Proxy
+	Pids     []int // worker processes (stop)
+	Offset   time.Duration
+	MaxSkew  time.Duration // |offset| bound; zero: 20 s
+	Logf     func(format string, args ...any)
 }
 
 // Run executes plan from start (Mono()), recording every fault. A fault
@@ -180,6 +195,13 @@ func (in *Injector) do(ctx context.Context, p PlannedFault) Fault {
 		err2 := syscall.Kill(pid, syscall.SIGCONT)
 		f.Err = errStr(errorsJoin(err, err2))
 		f.Detail = fmt.Sprintf("worker %d (pid %d) stopped %v", i, pid, p.Dur.Round(time.Millisecond))
+	case FaultFailover:
+		if in.Failover == nil {
+			f.Err = "no standby"
+			break
+		}
+		detail, err := in.Failover(ctx, p.Dur)
+		f.Detail, f.Err = detail, errStr(err)
 	case FaultClock:
 		before := in.Offset
 		next := before + p.Step

@@ -58,6 +58,14 @@ func NewProxy(target string) (*Proxy, error) {
 	return p, nil
 }
 
+// SetTarget makes new connections go to target (after a failover);
+// existing ones stay where they are until cut.
+func (p *Proxy) SetTarget(target string) {
+	p.mu.Lock()
+	p.target = target
+	p.mu.Unlock()
+}
+
 // Port is the proxy's listening port.
 func (p *Proxy) Port() int { return p.ln.Addr().(*net.TCPAddr).Port }
 
@@ -115,7 +123,10 @@ func (p *Proxy) serve(pr *pair) {
 	if !p.waitOpen(pr) {
 		return
 	}
-	s, err := net.DialTimeout("tcp", p.target, 2*time.Second)
+	p.mu.Lock()
+	target := p.target
+	p.mu.Unlock()
+	s, err := net.DialTimeout("tcp", target, 2*time.Second)
 	if err != nil {
 		return
 	}

@@ -73,6 +73,10 @@ type Config struct {
 // TTLs per key: short, and different so that keys lapse at different rates.
 var keyTTLs = []time.Duration{500 * time.Millisecond, 900 * time.Millisecond, 1500 * time.Millisecond, 700 * time.Millisecond}
 
+// maxKeyTTL is the max_ttl configured for failover runs: at least every
+// key's TTL (the promotion grace).
+const maxKeyTTL = 2 * time.Second
+
 func (c *Config) defaults() {
 	if c.Duration == 0 {
 		c.Duration = 60 * time.Second
@@ -123,8 +127,8 @@ func ParseFaults(s string) ([]string, error) {
 	var out []string
 	for _, f := range strings.Split(s, ",") {
 		f = strings.TrimSpace(f)
-		if !has(AllFaults, f) {
-			return nil, fmt.Errorf("unknown fault kind %q (want %s)", f, strings.Join(AllFaults, ","))
+		if !has(KnownFaults, f) {
+			return nil, fmt.Errorf("unknown fault kind %q (want %s)", f, strings.Join(KnownFaults, ","))
 		}
 		out = append(out, f)
 	}
@@ -167,7 +171,8 @@ func Run(ctx context.Context, cfg Config) (h *History, err error) {
 	if err != nil {
 		return h, err
 	}
-	defer srv.Close()
+	cl := &cluster{primary: srv, clock: has(cfg.Faults, FaultClock)}
+	defer cl.close()
 	if has(cfg.Faults, FaultClock) {
 		if err := srv.SetClockOffset(0); err != nil {
 			return h, err
@@ -180,12 +185,28 @@ func Run(ctx context.Context, cfg Config) (h *History, err error) {
 	if err := setup(ctx, srv, dsn, cfg.SQLFile, h.Meta.Keys); err != nil {
 		return h, err
 	}
+	failover := has(cfg.Faults, FaultFailover)
+	if failover {
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			return h, err
+		}
+		err = configureGrace(ctx, conn, maxKeyTTL)
+		conn.Close(context.Background())
+		if err != nil {
+			return h, err
+		}
+		if err := cl.addStandby(ctx); err != nil {
+			return h, err
+		}
+	}
 
 	proxy, err := NewProxy(net.JoinHostPort("127.0.0.1", strconv.Itoa(srv.Port())))
 	if err != nil {
 		return h, err
 	}
 	defer proxy.Close()
+	cl.proxy = proxy
 	clientDSN := fmt.Sprintf("postgres://%s@127.0.0.1:%d/robust?sslmode=disable", pgserver.Superuser, proxy.Port())
 
 	var (
@@ -259,7 +280,10 @@ func Run(ctx context.Context, cfg Config) (h *History, err error) {
 		}()
 	}
 
-	inj := &Injector{Server: srv, Proxy: proxy, Pids: pids, Logf: cfg.Logf}
+	inj := &Injector{Server: cl, Proxy: proxy, Pids: pids, Logf: cfg.Logf}
+	if failover {
+		inj.Failover = cl.failover
+	}
 	plan := Plan(cfg.Seed, cfg.Duration, cfg.Faults, cfg.Procs)
 	faults := inj.Run(ctx, start, plan)
 	h.Faults = faults

@@ -83,3 +83,68 @@ func TestRobustness(t *testing.T) {
 		t.Errorf("the workload made no progress: %v", res.OpsByKind)
 	}
 }
+
+// TestRobustnessFailover: the randomized workload with failover faults
+// (asynchronous standby cut off, an unreplayed tail, primary killed,
+// standby promoted, a new standby made), beside kills and connection
+// faults, for $PGLEASE_ROBUSTNESS_DURATION (default 30 s; 15 s with -short).
+// The history is checked with the rules that hold across a promotion
+// (robustness.Check). Needs pg_lease 0.3.0: under 0.2.0 the promoted
+// standby grants epochs the old primary already gave (I2/I3).
+func TestRobustnessFailover(t *testing.T) {
+	d := 30 * time.Second
+	if testing.Short() {
+		d = 15 * time.Second
+	}
+	if v := os.Getenv("PGLEASE_ROBUSTNESS_DURATION"); v != "" {
+		var err error
+		if d, err = time.ParseDuration(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seed := time.Now().UnixNano() % 1_000_000_007
+	if v := os.Getenv("PGLEASE_ROBUSTNESS_SEED"); v != "" {
+		var err error
+		if seed, err = strconv.ParseInt(v, 10, 64); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("seed %d; replay: PGLEASE_ROBUSTNESS_SEED=%d PGLEASE_ROBUSTNESS_DURATION=%v go test -count=1 -run TestRobustnessFailover ./test/robustness/", seed, seed, d)
+	ctx, cancel := context.WithTimeout(context.Background(), d+2*time.Minute)
+	defer cancel()
+	faults := []string{robustness.FaultFailover, robustness.FaultKill, robustness.FaultProxy}
+	h, err := robustness.Run(ctx, robustness.Config{Seed: seed, Duration: d, Clients: 6, Procs: 2, Keys: 3, Faults: faults, Logf: t.Logf})
+	if err != nil {
+		t.Errorf("run: %v", err)
+	}
+	if h == nil || len(h.Ops) == 0 {
+		t.Fatal("no history")
+	}
+	res := robustness.Check(h, robustness.CheckOptions{LinTimeout: -1})
+	var buf bytes.Buffer
+	robustness.Summary(&buf, h, res)
+	t.Log("\n" + buf.String())
+	if len(res.Violations) > 0 {
+		out := filepath.Join(os.TempDir(), "pglease-robustness-failover-"+strconv.FormatInt(seed, 10)+".json")
+		if err := robustness.WriteHistoryFile(out, h); err == nil {
+			t.Logf("history written to %s", out)
+		}
+		buf.Reset()
+		robustness.Report(&buf, h, res, 10)
+		t.Errorf("seed %d: %d violations\n%s", seed, len(res.Violations), buf.String())
+	}
+	if res.FaultsByKind[robustness.FaultFailover] == 0 {
+		t.Error("no failover fault was injected")
+	}
+	for _, f := range h.Faults {
+		if f.Err != "" {
+			t.Errorf("fault %s failed: %s", f.Kind, f.Err)
+		}
+	}
+	if !res.FailoverMode {
+		t.Error("the checker did not check the history as a failover run")
+	}
+	if res.OpsByKind[robustness.KAcquire][robustness.SGranted] == 0 {
+		t.Errorf("the workload made no progress: %v", res.OpsByKind)
+	}
+}
