@@ -445,3 +445,102 @@ func TestFirstGrantAboveAFloorRaisedWhileItWaited(t *testing.T) {
 			floor, r.ok, showInt(r.epoch), r.err)
 	}
 }
+
+// TestClockIsReadAtTheCallInsideOneStatement: every decision and every
+// recorded time uses the clock at the call, also when the call comes late
+// in one long statement (a DO block, a function of the application): there
+// statement_timestamp(), like now(), is the statement's start. In one DO
+// block, 0.5 s after the block began: a 0.3 s grant made at its start is
+// lapsed for inspect, list, renew, release and fence; another owner takes
+// it over, and a first grant, a renewal, a release, a force-release and a
+// clean-up record times measured from the clock. Kills the *.clock.2
+// mutants (clock_timestamp() -> statement_timestamp()) the per-statement
+// tests of sql/test cannot see.
+func TestClockIsReadAtTheCallInsideOneStatement(t *testing.T) {
+	h := newHarness(t)
+	ctx := ctxFor(t)
+	cleanup := ""
+	if h.rules.hasCleanup {
+		cleanup = `
+  -- clean-up: 'stmt-free' was released 0.5 s after the statement began;
+  -- free_for 0.3 s measured from the clock removes it
+  PERFORM pg_sleep(0.5);
+  SELECT * INTO c FROM lease.cleanup('0.3 s');
+  IF EXISTS (SELECT 1 FROM lease.inspect('stmt-free')) THEN
+    RAISE EXCEPTION 'cleanup kept a key free for 0.5 s with free_for 0.3 s';
+  END IF;`
+	}
+	tx, err := h.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	// a mutant that loops forever ends here, not at the test's deadline
+	if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = '20s'"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = tx.Exec(ctx, `DO $$
+DECLARE
+  a record; r record; s text; e timestamptz; n bigint; c record;
+BEGIN
+  SELECT * INTO a FROM lease.acquire('stmt-k', 'o', '0.3 s');
+  PERFORM lease.acquire('stmt-held', 'h', '2.5 s');
+  PERFORM pg_sleep(0.5);
+  SELECT * INTO r FROM lease.inspect('stmt-k');
+  IF r.held THEN RAISE EXCEPTION 'inspect: a 0.3 s grant is held 0.5 s later'; END IF;
+  SELECT * INTO r FROM lease.list() l WHERE l.key = 'stmt-k';
+  IF r.held THEN RAISE EXCEPTION 'list: a 0.3 s grant is held 0.5 s later'; END IF;
+  SELECT status INTO s FROM lease.renew('stmt-k', 'o', a.epoch, '1 s');
+  IF s <> 'lapsed' THEN RAISE EXCEPTION 'renew of a lapsed grant: %', s; END IF;
+  SELECT lease.release('stmt-k', 'o', a.epoch) INTO s;
+  IF s <> 'lapsed' THEN RAISE EXCEPTION 'release of a lapsed grant: %', s; END IF;
+  BEGIN
+    PERFORM lease.fence('stmt-k', 'o', a.epoch);
+    RAISE EXCEPTION 'fence of a lapsed grant succeeded';
+  EXCEPTION WHEN SQLSTATE '55000' THEN
+    IF SQLERRM <> 'lapsed' THEN RAISE EXCEPTION 'fence of a lapsed grant: %', SQLERRM; END IF;
+  END;
+  -- takeover and first grant: expiry from the clock
+  SELECT * INTO r FROM lease.acquire('stmt-k', 'p', '1 s');
+  IF NOT r.acquired OR r.expires_at < clock_timestamp() + interval '0.9 s' THEN
+    RAISE EXCEPTION 'takeover: acquired % expires % (clock %)', r.acquired, r.expires_at, clock_timestamp();
+  END IF;
+  SELECT * INTO r FROM lease.acquire('stmt-new', 'p', '1 s');
+  IF NOT r.acquired OR r.expires_at < clock_timestamp() + interval '0.9 s' THEN
+    RAISE EXCEPTION 'first grant: expires % (clock %)', r.expires_at, clock_timestamp();
+  END IF;
+  n := r.epoch;
+  PERFORM pg_sleep(0.2);
+  SELECT * INTO r FROM lease.renew('stmt-new', 'p', n, '1 s');
+  IF r.status <> 'ok' OR r.expires_at < clock_timestamp() + interval '0.9 s' THEN
+    RAISE EXCEPTION 'renew: % expires % (clock %)', r.status, r.expires_at, clock_timestamp();
+  END IF;
+  -- a blocking acquire's deadline runs from the call: 1.5 s after it the
+  -- holder's grant ends, inside its wait of 2 s (from the statement's
+  -- start the wait would have ended 1 s after the call)
+  PERFORM pg_sleep(greatest(0, 1 - extract(epoch FROM clock_timestamp() - statement_timestamp())));
+  SELECT * INTO r FROM lease.acquire('stmt-held', 'w', '1 s', '2 s');
+  IF NOT r.acquired THEN RAISE EXCEPTION 'blocking acquire: not acquired'; END IF;
+  -- a blocking acquire of a free key, late in the statement
+  SELECT * INTO r FROM lease.acquire('stmt-wait', 'p', '1 s', '1 s');
+  IF NOT r.acquired OR r.expires_at < clock_timestamp() + interval '0.9 s' THEN
+    RAISE EXCEPTION 'blocking acquire: expires % (clock %)', r.expires_at, clock_timestamp();
+  END IF;
+  -- release and force-release record the clock: the key is free since then
+  SELECT * INTO r FROM lease.acquire('stmt-free', 'p', '1 hour');
+  SELECT lease.release('stmt-free', 'p', r.epoch) INTO s;
+  SELECT * INTO r FROM lease.acquire('stmt-forced', 'p', '1 hour');
+  PERFORM lease.force_release('stmt-forced');
+  SELECT expires_at INTO e FROM lease.leases WHERE key = 'stmt-free';
+  IF e < clock_timestamp() - interval '0.1 s' THEN RAISE EXCEPTION 'release time % (clock %)', e, clock_timestamp(); END IF;
+  SELECT expires_at INTO e FROM lease.leases WHERE key = 'stmt-forced';
+  IF e < clock_timestamp() - interval '0.1 s' THEN RAISE EXCEPTION 'force_release time % (clock %)', e, clock_timestamp(); END IF;`+cleanup+`
+END
+$$`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
