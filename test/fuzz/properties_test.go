@@ -544,3 +544,131 @@ $$`)
 		t.Fatal(err)
 	}
 }
+
+// TestNotificationPayloads: each change announces itself on channel
+// pg_lease with the documented JSON payload: a grant (event acquired: the
+// new holder and epoch), a release (released: the releasing holder and the
+// epoch it ended), a force-release (force_released: the previous holder and
+// the ended epoch); a renewal announces nothing. Kills the str mutants of
+// the event names (force_release.str.2, ...) that notify.spec does not
+// cover.
+func TestNotificationPayloads(t *testing.T) {
+	h := newHarness(t)
+	ctx := ctxFor(t)
+	listener, err := pgx.Connect(ctx, h.pool.Config().ConnConfig.ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close(context.Background())
+	if _, err := listener.Exec(ctx, "LISTEN pg_lease"); err != nil {
+		t.Fatal(err)
+	}
+	next := func() string {
+		t.Helper()
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		n, err := listener.WaitForNotification(wctx)
+		if err != nil {
+			t.Fatalf("no notification: %v", err)
+		}
+		return n.Payload
+	}
+	c := h.client
+	g, ok, err := c.Acquire(ctx, "pay-k", "alice", time.Hour)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if _, err := c.Renew(ctx, g.Token, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Release(ctx, g.Token); err != nil {
+		t.Fatal(err)
+	}
+	g2, ok, err := c.Acquire(ctx, "pay-k", "bob", time.Hour)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if _, _, _, err := c.ForceRelease(ctx, "pay-k"); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`{"event" : "acquired", "key" : "pay-k", "owner" : "alice", "epoch" : ` + strconv.FormatInt(g.Epoch, 10) + `}`,
+		`{"event" : "released", "key" : "pay-k", "owner" : "alice", "epoch" : ` + strconv.FormatInt(g.Epoch, 10) + `}`,
+		`{"event" : "acquired", "key" : "pay-k", "owner" : "bob", "epoch" : ` + strconv.FormatInt(g2.Epoch, 10) + `}`,
+		`{"event" : "force_released", "key" : "pay-k", "owner" : "bob", "epoch" : ` + strconv.FormatInt(g2.Epoch, 10) + `}`,
+	} {
+		if got := next(); got != want {
+			t.Fatalf("notification %s, want %s (a renewal announces nothing)", got, want)
+		}
+	}
+}
+
+// TestConcurrentForceReleases: two force-releases of one key at once end
+// its grant once: the second waits for the first, then finds the key free
+// (released = false, the counter one above the ended epoch). Kills
+// force_release.lock.3 (FOR NO KEY UPDATE -> FOR KEY SHARE: both decide on
+// the same row, both report the grant ended, the counter moves by two).
+func TestConcurrentForceReleases(t *testing.T) {
+	h := newHarness(t)
+	ctx := ctxFor(t)
+	g, ok, err := h.client.Acquire(ctx, "force-k", "o", time.Hour)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	tx, err := h.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	var released bool
+	var epoch int64
+	if err := tx.QueryRow(ctx, "SELECT released, epoch FROM lease.force_release('force-k')").Scan(&released, &epoch); err != nil {
+		t.Fatal(err)
+	}
+	if !released || epoch != g.Epoch+1 {
+		t.Fatalf("first force_release: %v %d", released, epoch)
+	}
+	conn, err := h.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	var pid int
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	type res struct {
+		released bool
+		epoch    int64
+		err      error
+	}
+	done := make(chan res, 1)
+	go func() {
+		var r res
+		r.err = conn.QueryRow(ctx, "SELECT released, epoch FROM lease.force_release('force-k')").Scan(&r.released, &r.epoch)
+		done <- r
+	}()
+	for {
+		var waiting bool
+		if err := h.pool.QueryRow(ctx, "SELECT wait_event_type IS NOT DISTINCT FROM 'Lock' FROM pg_stat_activity WHERE pid = $1",
+			pid).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		select {
+		case r := <-done:
+			t.Fatalf("the second force_release did not wait for the first: %+v", r)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || r.released || r.epoch != g.Epoch+1 {
+		t.Fatalf("second force_release after the first committed: released=%v epoch=%d err=%v; want false, %d",
+			r.released, r.epoch, r.err, g.Epoch+1)
+	}
+}
