@@ -672,3 +672,78 @@ func TestConcurrentForceReleases(t *testing.T) {
 			r.released, r.epoch, r.err, g.Epoch+1)
 	}
 }
+
+// TestCleanupSkipsLockedRows: lease.cleanup never waits for a row another
+// transaction has locked (a fence holds FOR SHARE on its key's row until its
+// transaction ends): it removes the other candidates and leaves that one.
+// Kills cleanup.lock.1-4 (SKIP LOCKED dropped, NOWAIT, FOR SHARE, no
+// locking clause: each waits for, or fails on, the locked row).
+func TestCleanupSkipsLockedRows(t *testing.T) {
+	h := newHarness(t)
+	if !h.rules.hasCleanup {
+		t.Skipf("pg_lease %s has no lease.cleanup", h.version)
+	}
+	ctx := ctxFor(t)
+	for _, k := range []string{"skip-locked", "skip-free"} {
+		g, ok, err := h.client.Acquire(ctx, k, "o", time.Hour)
+		if err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		if err := h.client.Release(ctx, g.Token); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tx, err := h.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	// the lock a fence takes, on a free key's row (test setup, as the owner)
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM lease.leases WHERE key = 'skip-locked' FOR SHARE"); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := h.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	var pid int
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	type res struct {
+		removed int64
+		err     error
+	}
+	done := make(chan res, 1)
+	go func() {
+		var r res
+		r.err = conn.QueryRow(ctx, "SELECT removed FROM lease.cleanup('0')").Scan(&r.removed)
+		done <- r
+	}()
+	for {
+		select {
+		case r := <-done:
+			if r.err != nil || r.removed != 1 {
+				t.Fatalf("cleanup beside a locked row: removed %d, %v; want 1 (the unlocked one)", r.removed, r.err)
+			}
+			if s, err := h.client.Inspect(ctx, "skip-locked"); err != nil || !s.Exists {
+				t.Fatalf("the locked row was removed: %+v %v", s, err)
+			}
+			if s, err := h.client.Inspect(ctx, "skip-free"); err != nil || s.Exists {
+				t.Fatalf("the unlocked free row was kept: %+v %v", s, err)
+			}
+			return
+		case <-time.After(5 * time.Millisecond):
+		}
+		var waiting bool
+		if err := h.pool.QueryRow(ctx, "SELECT wait_event_type IS NOT DISTINCT FROM 'Lock' FROM pg_stat_activity WHERE pid = $1",
+			pid).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			_ = tx.Rollback(ctx)
+			t.Fatalf("cleanup waits for a row another transaction has locked (then: %+v)", <-done)
+		}
+	}
+}
