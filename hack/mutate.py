@@ -546,7 +546,8 @@ def inner(args):
         # (a killed suite's backends finish their statement first)
         sh(psql + ['-c', '''DO $$
 BEGIN
-  FOR i IN 1..600 LOOP
+  FOR i IN 1..150 LOOP
+    PERFORM pg_stat_clear_snapshot();  -- else the view repeats this transaction's first reading
     PERFORM pg_terminate_backend(pid) FROM pg_stat_activity
       WHERE pid <> pg_backend_pid() AND backend_type = 'client backend';
     EXIT WHEN NOT EXISTS (SELECT 1 FROM pg_stat_activity

@@ -445,3 +445,305 @@ func TestFirstGrantAboveAFloorRaisedWhileItWaited(t *testing.T) {
 			floor, r.ok, showInt(r.epoch), r.err)
 	}
 }
+
+// TestClockIsReadAtTheCallInsideOneStatement: every decision and every
+// recorded time uses the clock at the call, also when the call comes late
+// in one long statement (a DO block, a function of the application): there
+// statement_timestamp(), like now(), is the statement's start. In one DO
+// block, 0.5 s after the block began: a 0.3 s grant made at its start is
+// lapsed for inspect, list, renew, release and fence; another owner takes
+// it over, and a first grant, a renewal, a release, a force-release and a
+// clean-up record times measured from the clock. Kills the *.clock.2
+// mutants (clock_timestamp() -> statement_timestamp()) the per-statement
+// tests of sql/test cannot see.
+func TestClockIsReadAtTheCallInsideOneStatement(t *testing.T) {
+	h := newHarness(t)
+	ctx := ctxFor(t)
+	cleanup := ""
+	if h.rules.hasCleanup {
+		cleanup = `
+  -- clean-up: 'stmt-free' was released 0.5 s after the statement began;
+  -- free_for 0.3 s measured from the clock removes it
+  PERFORM pg_sleep(0.5);
+  SELECT * INTO c FROM lease.cleanup('0.3 s');
+  IF EXISTS (SELECT 1 FROM lease.inspect('stmt-free')) THEN
+    RAISE EXCEPTION 'cleanup kept a key free for 0.5 s with free_for 0.3 s';
+  END IF;`
+	}
+	tx, err := h.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	// a mutant that loops forever ends here, not at the test's deadline
+	if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = '20s'"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = tx.Exec(ctx, `DO $$
+DECLARE
+  a record; r record; s text; e timestamptz; n bigint; c record;
+BEGIN
+  SELECT * INTO a FROM lease.acquire('stmt-k', 'o', '0.3 s');
+  PERFORM lease.acquire('stmt-held', 'h', '2.5 s');
+  PERFORM pg_sleep(0.5);
+  SELECT * INTO r FROM lease.inspect('stmt-k');
+  IF r.held THEN RAISE EXCEPTION 'inspect: a 0.3 s grant is held 0.5 s later'; END IF;
+  SELECT * INTO r FROM lease.list() l WHERE l.key = 'stmt-k';
+  IF r.held THEN RAISE EXCEPTION 'list: a 0.3 s grant is held 0.5 s later'; END IF;
+  SELECT status INTO s FROM lease.renew('stmt-k', 'o', a.epoch, '1 s');
+  IF s <> 'lapsed' THEN RAISE EXCEPTION 'renew of a lapsed grant: %', s; END IF;
+  SELECT lease.release('stmt-k', 'o', a.epoch) INTO s;
+  IF s <> 'lapsed' THEN RAISE EXCEPTION 'release of a lapsed grant: %', s; END IF;
+  BEGIN
+    PERFORM lease.fence('stmt-k', 'o', a.epoch);
+    RAISE EXCEPTION 'fence of a lapsed grant succeeded';
+  EXCEPTION WHEN SQLSTATE '55000' THEN
+    IF SQLERRM <> 'lapsed' THEN RAISE EXCEPTION 'fence of a lapsed grant: %', SQLERRM; END IF;
+  END;
+  -- takeover and first grant: expiry from the clock
+  SELECT * INTO r FROM lease.acquire('stmt-k', 'p', '1 s');
+  IF NOT r.acquired OR r.expires_at < clock_timestamp() + interval '0.9 s' THEN
+    RAISE EXCEPTION 'takeover: acquired % expires % (clock %)', r.acquired, r.expires_at, clock_timestamp();
+  END IF;
+  SELECT * INTO r FROM lease.acquire('stmt-new', 'p', '1 s');
+  IF NOT r.acquired OR r.expires_at < clock_timestamp() + interval '0.9 s' THEN
+    RAISE EXCEPTION 'first grant: expires % (clock %)', r.expires_at, clock_timestamp();
+  END IF;
+  n := r.epoch;
+  PERFORM pg_sleep(0.2);
+  SELECT * INTO r FROM lease.renew('stmt-new', 'p', n, '1 s');
+  IF r.status <> 'ok' OR r.expires_at < clock_timestamp() + interval '0.9 s' THEN
+    RAISE EXCEPTION 'renew: % expires % (clock %)', r.status, r.expires_at, clock_timestamp();
+  END IF;
+  -- a blocking acquire's deadline runs from the call: 1.5 s after it the
+  -- holder's grant ends, inside its wait of 2 s (from the statement's
+  -- start the wait would have ended 1 s after the call)
+  PERFORM pg_sleep(greatest(0, 1 - extract(epoch FROM clock_timestamp() - statement_timestamp())));
+  SELECT * INTO r FROM lease.acquire('stmt-held', 'w', '1 s', '2 s');
+  IF NOT r.acquired THEN RAISE EXCEPTION 'blocking acquire: not acquired'; END IF;
+  -- a blocking acquire of a free key, late in the statement
+  SELECT * INTO r FROM lease.acquire('stmt-wait', 'p', '1 s', '1 s');
+  IF NOT r.acquired OR r.expires_at < clock_timestamp() + interval '0.9 s' THEN
+    RAISE EXCEPTION 'blocking acquire: expires % (clock %)', r.expires_at, clock_timestamp();
+  END IF;
+  -- release and force-release record the clock: the key is free since then
+  SELECT * INTO r FROM lease.acquire('stmt-free', 'p', '1 hour');
+  SELECT lease.release('stmt-free', 'p', r.epoch) INTO s;
+  SELECT * INTO r FROM lease.acquire('stmt-forced', 'p', '1 hour');
+  PERFORM lease.force_release('stmt-forced');
+  SELECT expires_at INTO e FROM lease.leases WHERE key = 'stmt-free';
+  IF e < clock_timestamp() - interval '0.1 s' THEN RAISE EXCEPTION 'release time % (clock %)', e, clock_timestamp(); END IF;
+  SELECT expires_at INTO e FROM lease.leases WHERE key = 'stmt-forced';
+  IF e < clock_timestamp() - interval '0.1 s' THEN RAISE EXCEPTION 'force_release time % (clock %)', e, clock_timestamp(); END IF;`+cleanup+`
+END
+$$`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestNotificationPayloads: each change announces itself on channel
+// pg_lease with the documented JSON payload: a grant (event acquired: the
+// new holder and epoch), a release (released: the releasing holder and the
+// epoch it ended), a force-release (force_released: the previous holder and
+// the ended epoch); a renewal announces nothing. Kills the str mutants of
+// the event names (force_release.str.2, ...) that notify.spec does not
+// cover.
+func TestNotificationPayloads(t *testing.T) {
+	h := newHarness(t)
+	ctx := ctxFor(t)
+	listener, err := pgx.Connect(ctx, h.pool.Config().ConnConfig.ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close(context.Background())
+	if _, err := listener.Exec(ctx, "LISTEN pg_lease"); err != nil {
+		t.Fatal(err)
+	}
+	next := func() string {
+		t.Helper()
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		n, err := listener.WaitForNotification(wctx)
+		if err != nil {
+			t.Fatalf("no notification: %v", err)
+		}
+		return n.Payload
+	}
+	c := h.client
+	g, ok, err := c.Acquire(ctx, "pay-k", "alice", time.Hour)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if _, err := c.Renew(ctx, g.Token, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Release(ctx, g.Token); err != nil {
+		t.Fatal(err)
+	}
+	g2, ok, err := c.Acquire(ctx, "pay-k", "bob", time.Hour)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if _, _, _, err := c.ForceRelease(ctx, "pay-k"); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`{"event" : "acquired", "key" : "pay-k", "owner" : "alice", "epoch" : ` + strconv.FormatInt(g.Epoch, 10) + `}`,
+		`{"event" : "released", "key" : "pay-k", "owner" : "alice", "epoch" : ` + strconv.FormatInt(g.Epoch, 10) + `}`,
+		`{"event" : "acquired", "key" : "pay-k", "owner" : "bob", "epoch" : ` + strconv.FormatInt(g2.Epoch, 10) + `}`,
+		`{"event" : "force_released", "key" : "pay-k", "owner" : "bob", "epoch" : ` + strconv.FormatInt(g2.Epoch, 10) + `}`,
+	} {
+		if got := next(); got != want {
+			t.Fatalf("notification %s, want %s (a renewal announces nothing)", got, want)
+		}
+	}
+}
+
+// TestConcurrentForceReleases: two force-releases of one key at once end
+// its grant once: the second waits for the first, then finds the key free
+// (released = false, the counter one above the ended epoch). Kills
+// force_release.lock.3 (FOR NO KEY UPDATE -> FOR KEY SHARE: both decide on
+// the same row, both report the grant ended, the counter moves by two).
+func TestConcurrentForceReleases(t *testing.T) {
+	h := newHarness(t)
+	ctx := ctxFor(t)
+	g, ok, err := h.client.Acquire(ctx, "force-k", "o", time.Hour)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	tx, err := h.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	var released bool
+	var epoch int64
+	if err := tx.QueryRow(ctx, "SELECT released, epoch FROM lease.force_release('force-k')").Scan(&released, &epoch); err != nil {
+		t.Fatal(err)
+	}
+	if !released || epoch != g.Epoch+1 {
+		t.Fatalf("first force_release: %v %d", released, epoch)
+	}
+	conn, err := h.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	var pid int
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	type res struct {
+		released bool
+		epoch    int64
+		err      error
+	}
+	done := make(chan res, 1)
+	go func() {
+		var r res
+		r.err = conn.QueryRow(ctx, "SELECT released, epoch FROM lease.force_release('force-k')").Scan(&r.released, &r.epoch)
+		done <- r
+	}()
+	for {
+		var waiting bool
+		if err := h.pool.QueryRow(ctx, "SELECT wait_event_type IS NOT DISTINCT FROM 'Lock' FROM pg_stat_activity WHERE pid = $1",
+			pid).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		select {
+		case r := <-done:
+			t.Fatalf("the second force_release did not wait for the first: %+v", r)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || r.released || r.epoch != g.Epoch+1 {
+		t.Fatalf("second force_release after the first committed: released=%v epoch=%d err=%v; want false, %d",
+			r.released, r.epoch, r.err, g.Epoch+1)
+	}
+}
+
+// TestCleanupSkipsLockedRows: lease.cleanup never waits for a row another
+// transaction has locked (a fence holds FOR SHARE on its key's row until its
+// transaction ends): it removes the other candidates and leaves that one.
+// Kills cleanup.lock.1-4 (SKIP LOCKED dropped, NOWAIT, FOR SHARE, no
+// locking clause: each waits for, or fails on, the locked row).
+func TestCleanupSkipsLockedRows(t *testing.T) {
+	h := newHarness(t)
+	if !h.rules.hasCleanup {
+		t.Skipf("pg_lease %s has no lease.cleanup", h.version)
+	}
+	ctx := ctxFor(t)
+	for _, k := range []string{"skip-locked", "skip-free"} {
+		g, ok, err := h.client.Acquire(ctx, k, "o", time.Hour)
+		if err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		if err := h.client.Release(ctx, g.Token); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tx, err := h.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	// the lock a fence takes, on a free key's row (test setup, as the owner)
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM lease.leases WHERE key = 'skip-locked' FOR SHARE"); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := h.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	var pid int
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	type res struct {
+		removed int64
+		err     error
+	}
+	done := make(chan res, 1)
+	go func() {
+		var r res
+		r.err = conn.QueryRow(ctx, "SELECT removed FROM lease.cleanup('0')").Scan(&r.removed)
+		done <- r
+	}()
+	for {
+		select {
+		case r := <-done:
+			if r.err != nil || r.removed != 1 {
+				t.Fatalf("cleanup beside a locked row: removed %d, %v; want 1 (the unlocked one)", r.removed, r.err)
+			}
+			if s, err := h.client.Inspect(ctx, "skip-locked"); err != nil || !s.Exists {
+				t.Fatalf("the locked row was removed: %+v %v", s, err)
+			}
+			if s, err := h.client.Inspect(ctx, "skip-free"); err != nil || s.Exists {
+				t.Fatalf("the unlocked free row was kept: %+v %v", s, err)
+			}
+			return
+		case <-time.After(5 * time.Millisecond):
+		}
+		var waiting bool
+		if err := h.pool.QueryRow(ctx, "SELECT wait_event_type IS NOT DISTINCT FROM 'Lock' FROM pg_stat_activity WHERE pid = $1",
+			pid).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			_ = tx.Rollback(ctx)
+			t.Fatalf("cleanup waits for a row another transaction has locked (then: %+v)", <-done)
+		}
+	}
+}
