@@ -70,9 +70,9 @@ func (f *Flags) ManagerConfig(opts manager.Options) Config {
 //     itself, as without this package;
 //   - pglease or leases+pglease: New builds the lock (DSN from the file or
 //     the environment variable), leasectrl.NewManager runs it with its
-//     metrics and the manager's event recorder, and the manager's Start
-//     closes the pool after the manager stopped (after the release on
-//     cancel).
+//     metrics and the manager's event recorder, the lock's Check is added
+//     as the health check HealthzCheckName, and the manager's Start closes
+//     the pool after the manager stopped (after the release on cancel).
 //
 // The timings are validated against the TTL (Config.Validate); every error
 // names its field. LeaderElectionReleaseOnCancel is the caller's, never
@@ -109,8 +109,18 @@ func (f *Flags) NewManager(cfg *rest.Config, opts manager.Options) (manager.Mana
 		lock.Close()
 		return nil, fmt.Errorf("leaderelection: %w", err)
 	}
+	// /healthz fails when the lock holds a grant its elector stopped
+	// renewing (resourcelock.Lock.Check): restarting such a process ends it.
+	if err := mgr.AddHealthzCheck(HealthzCheckName, lock.PgLease.Check); err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("leaderelection: %w", err)
+	}
 	return &closingManager{Manager: mgr, lock: lock}, nil
 }
+
+// HealthzCheckName is the name of the health check Flags.NewManager adds
+// for the pg_lease lock.
+const HealthzCheckName = "leader-election-pglease"
 
 // closingManager closes the lock's pool when Start returns.
 type closingManager struct {

@@ -33,6 +33,7 @@ type scaffoldProc struct {
 	cmd     *exec.Cmd
 	log     string
 	metrics string
+	probes  string
 	exited  chan struct{}
 }
 
@@ -42,8 +43,12 @@ func startScaffold(t *testing.T, bin, kubeconfig, dsn string, extra ...string) *
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &scaffoldProc{metrics: fmt.Sprintf("127.0.0.1:%d", port), exited: make(chan struct{}),
-		log: filepath.Join(t.TempDir(), "scaffold.log")}
+	probePort, err := freePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &scaffoldProc{metrics: fmt.Sprintf("127.0.0.1:%d", port), probes: fmt.Sprintf("127.0.0.1:%d", probePort),
+		exited: make(chan struct{}), log: filepath.Join(t.TempDir(), "scaffold.log")}
 	args := append([]string{
 		"--kubeconfig", kubeconfig,
 		"--leader-elect",
@@ -54,7 +59,7 @@ func startScaffold(t *testing.T, bin, kubeconfig, dsn string, extra ...string) *
 		"--leader-elect-retry-period=300ms",
 		"--metrics-bind-address=" + p.metrics,
 		"--metrics-secure=false",
-		"--health-probe-bind-address=0",
+		"--health-probe-bind-address=" + p.probes,
 	}, extra...)
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Env = append(os.Environ(), "PGLEASE_DSN="+dsn, "KUBECONFIG=")
@@ -148,6 +153,16 @@ func TestKubebuilderScaffold(t *testing.T) {
 		m, err := scrape(a.metrics)
 		return epochLine.MatchString(m) &&
 			strings.Contains(m, `leader_election_master_status{name="`+scaffoldElectionID+`"} 1`), err
+	})
+
+	// The lock's health check is part of /healthz.
+	waitFor(t, "/healthz/leader-election-pglease to answer 200", func() (bool, error) {
+		resp, err := http.Get("http://" + a.probes + "/healthz/leader-election-pglease")
+		if err != nil {
+			return false, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, fmt.Errorf("status %d", resp.StatusCode)
 	})
 
 	// The election went to PostgreSQL, not to a Lease.
