@@ -352,11 +352,15 @@ func TestMigrationFromLeases(t *testing.T) {
 	// A new leader that dies (no release): its successor waits for both
 	// locks to expire.
 	new3 := w.start("new3", "leases+pglease")
+	killed := time.Now()
 	w.stop(p, syscall.SIGKILL)
 	p2, ev2 := w.leader("a new pod takes over from a killed one")
 	if ev2.Epoch <= ev.Epoch {
 		t.Fatalf("after killing %s at epoch %d, %s leads at epoch %d", p.id, ev.Epoch, p2.id, ev2.Epoch)
 	}
+	// A number for the documentation, not an assertion.
+	t.Logf("takeover after SIGKILL of a migrating leader: %v (leaseDuration %v, retryPeriod %v)",
+		ev2.Time.Sub(killed).Round(10*time.Millisecond), migLeaseDuration, migRetryPeriod)
 
 	// The next rollout drops the Lease: pglease pods beside the migrating ones.
 	fin1 := w.start("fin1", "pglease")
