@@ -88,8 +88,8 @@ func startScaffold(t *testing.T, bin, kubeconfig, dsn string, extra ...string) *
 	return p
 }
 
-// waitFor polls f (a bound of a minute, not an assertion on time).
-func waitFor(t *testing.T, what string, f func() (bool, error)) {
+// dropinWaitFor polls f (a bound of a minute, not an assertion on time).
+func dropinWaitFor(t *testing.T, what string, f func() (bool, error)) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	var last error
@@ -104,7 +104,7 @@ func waitFor(t *testing.T, what string, f func() (bool, error)) {
 	t.Fatalf("waiting for %s: not within a minute (last error: %v)", what, last)
 }
 
-func scrape(addr string) (string, error) {
+func dropinScrape(addr string) (string, error) {
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
 		return "", err
@@ -124,8 +124,8 @@ func scrape(addr string) (string, error) {
 func TestKubebuilderScaffold(t *testing.T) {
 	cfg := StartControlPlane(t)
 	kubeconfig := writeKubeconfig(t, cfg)
-	dsn := newLeaseDB(t)
-	bin := buildBinary(t, "./examples/kubebuilder")
+	dsn := dropinLeaseDB(t)
+	bin := dropinBuild(t, "./examples/kubebuilder")
 	kube, err := client.New(cfg, client.Options{Scheme: clientgoscheme.Scheme})
 	if err != nil {
 		t.Fatal(err)
@@ -142,21 +142,21 @@ func TestKubebuilderScaffold(t *testing.T) {
 	}
 	a := startScaffold(t, bin, kubeconfig, dsn)
 	var holderA string
-	waitFor(t, "the first replica to hold "+scaffoldKey+" at epoch 1", func() (ok bool, err error) {
+	dropinWaitFor(t, "the first replica to hold "+scaffoldKey+" at epoch 1", func() (ok bool, err error) {
 		holderA, ok, err = held(1)
 		return ok, err
 	})
 
 	// Metrics: the lock's epoch and controller-runtime's leader gauge.
 	epochLine := regexp.MustCompile(`(?m)^pg_lease_lock_epoch\{key="` + regexp.QuoteMeta(scaffoldKey) + `"\} 1$`)
-	waitFor(t, "pg_lease_lock_epoch 1 on the metrics endpoint", func() (bool, error) {
-		m, err := scrape(a.metrics)
+	dropinWaitFor(t, "pg_lease_lock_epoch 1 on the metrics endpoint", func() (bool, error) {
+		m, err := dropinScrape(a.metrics)
 		return epochLine.MatchString(m) &&
 			strings.Contains(m, `leader_election_master_status{name="`+scaffoldElectionID+`"} 1`), err
 	})
 
 	// The lock's health check is part of /healthz.
-	waitFor(t, "/healthz/leader-election-pglease to answer 200", func() (bool, error) {
+	dropinWaitFor(t, "/healthz/leader-election-pglease to answer 200", func() (bool, error) {
 		resp, err := http.Get("http://" + a.probes + "/healthz/leader-election-pglease")
 		if err != nil {
 			return false, err
@@ -187,7 +187,7 @@ func TestKubebuilderScaffold(t *testing.T) {
 			return false, fmt.Errorf("no event %q among %d", want, len(evs.Items))
 		}
 	}
-	waitFor(t, "the became-leader Event of epoch 1", event(holderA, 1))
+	dropinWaitFor(t, "the became-leader Event of epoch 1", event(holderA, 1))
 
 	// A second replica takes over when the first stops (the scaffold leaves
 	// LeaderElectionReleaseOnCancel false, and the flags do not override
@@ -196,20 +196,20 @@ func TestKubebuilderScaffold(t *testing.T) {
 	_ = a.cmd.Process.Signal(syscall.SIGTERM)
 	<-a.exited
 	var holderB string
-	waitFor(t, "the second replica to hold the key at epoch 2", func() (ok bool, err error) {
+	dropinWaitFor(t, "the second replica to hold the key at epoch 2", func() (ok bool, err error) {
 		holderB, ok, err = held(2)
 		return ok, err
 	})
 	if holderB == holderA {
 		t.Fatalf("epoch 2 held by %s, the stopped replica", holderA)
 	}
-	waitFor(t, "the became-leader Event of epoch 2", event(holderB, 2))
+	dropinWaitFor(t, "the became-leader Event of epoch 2", event(holderB, 2))
 }
 
 // Wrong flags fail before anything runs, naming the field; a missing DSN
 // names where it was looked for.
 func TestKubebuilderScaffoldRefuses(t *testing.T) {
-	bin := buildBinary(t, "./examples/kubebuilder")
+	bin := dropinBuild(t, "./examples/kubebuilder")
 	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
 	// An unreachable server: nothing gets that far.
 	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1

@@ -29,20 +29,20 @@ const (
 )
 
 var (
-	binOnce sync.Map // package path → *builtBinary
+	dropinBins sync.Map // package path → *dropinBinary
 )
 
-type builtBinary struct {
+type dropinBinary struct {
 	once sync.Once
 	path string
 	err  error
 }
 
-// buildBinary builds a main package of the module once per test binary.
-func buildBinary(t testing.TB, pkg string) string {
+// dropinBuild builds a main package of the module once per test binary.
+func dropinBuild(t testing.TB, pkg string) string {
 	t.Helper()
-	v, _ := binOnce.LoadOrStore(pkg, &builtBinary{})
-	b := v.(*builtBinary)
+	v, _ := dropinBins.LoadOrStore(pkg, &dropinBinary{})
+	b := v.(*dropinBinary)
 	b.once.Do(func() {
 		root, err := repoRoot()
 		if err != nil {
@@ -73,9 +73,9 @@ func buildBinary(t testing.TB, pkg string) string {
 	return b.path
 }
 
-// newLeaseDB starts a throwaway PostgreSQL with pg_lease installed in a
+// dropinLeaseDB starts a throwaway PostgreSQL with pg_lease installed in a
 // database "leases" and returns its DSN.
-func newLeaseDB(t *testing.T) string {
+func dropinLeaseDB(t *testing.T) string {
 	t.Helper()
 	pg := pgtest.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -435,8 +435,8 @@ func TestMigrationFromLeases(t *testing.T) {
 }
 
 func newMigWorld(t *testing.T, cfg *rest.Config) *migWorld {
-	w := &migWorld{t: t, bin: buildBinary(t, "./test/e2e/migrant"), kubeconfig: writeKubeconfig(t, cfg),
-		dsn: newLeaseDB(t), logDir: t.TempDir()}
+	w := &migWorld{t: t, bin: dropinBuild(t, "./test/e2e/migrant"), kubeconfig: writeKubeconfig(t, cfg),
+		dsn: dropinLeaseDB(t), logDir: t.TempDir()}
 	w.pool = newPool(t, w.dsn)
 	t.Cleanup(func() {
 		w.stopAll()
