@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/rest"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
 
 // inClusterNamespace is where a pod's namespace is mounted (controller-runtime
@@ -144,3 +145,14 @@ func PgLease(mgr manager.Manager) *resourcelock.Lock {
 }
 
 var _ rl.Interface = (*Lock)(nil)
+
+// Fenced wraps r in leasectrl.Fenced with the pg_lease lock of mgr (made by
+// Flags.NewManager) so that every Reconcile carries the current epoch's
+// token and none runs without one; with a Kubernetes lock (or leader
+// election off) there are no epochs and r is returned as it is.
+func Fenced[request comparable](mgr manager.Manager, r reconcile.TypedReconciler[request]) reconcile.TypedReconciler[request] {
+	if pg := PgLease(mgr); pg != nil {
+		return leasectrl.Fenced(pg, r)
+	}
+	return r
+}
