@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	goflag "flag"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,11 +15,15 @@ import (
 	"github.com/pglease/pg_lease/internal/pgtest"
 	pgle "github.com/pglease/pg_lease/pkg/leaderelection"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leasectrl"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -251,4 +256,57 @@ func newPool(t *testing.T, dsn string) *pgxpool.Pool {
 	}
 	t.Cleanup(pool.Close)
 	return pool
+}
+
+// Flags.NewManager with pglease: the manager carries the pg_lease lock, and
+// Fenced refuses to reconcile before the lock holds a term; with leases
+// there is no pg_lease lock and Fenced returns the reconciler unchanged.
+func TestNewManagerFenced(t *testing.T) {
+	dsn := pgtest.NewLeaseDatabase(t)
+	t.Setenv("FENCED_DSN", dsn)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	unused := &rest.Config{Host: "http://" + l.Addr().String()} // never contacted: the manager is not started
+	l.Close()
+	inner := reconcile.Func(func(context.Context, reconcile.Request) (reconcile.Result, error) { return reconcile.Result{}, nil })
+
+	fs := goflag.NewFlagSet("x", goflag.ContinueOnError)
+	f := pgle.BindFlags(fs)
+	if err := fs.Parse([]string{"-leader-elect", "-leader-elect-resource-lock=pglease", "-leader-elect-resource-namespace=ns",
+		"-leader-elect-dsn-env=FENCED_DSN"}); err != nil {
+		t.Fatal(err)
+	}
+	mgr, err := f.NewManager(unused, manager.Options{LeaderElectionID: "op", Metrics: metricsserver.Options{BindAddress: "0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pg := pgle.PgLease(mgr)
+	if pg == nil || pg.Key() != "ns/op" {
+		t.Fatalf("PgLease = %v", pg)
+	}
+	if _, err := pgle.Fenced(mgr, reconcile.TypedReconciler[reconcile.Request](inner)).Reconcile(context.Background(), reconcile.Request{}); !errors.Is(err, leasectrl.ErrNoToken) {
+		t.Fatalf("fenced reconcile without a term: %v, want ErrNoToken", err)
+	}
+	// Start closes the lock's pool when it returns (here at once).
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	_ = mgr.Start(done)
+
+	fs = goflag.NewFlagSet("y", goflag.ContinueOnError)
+	f = pgle.BindFlags(fs)
+	if err := fs.Parse([]string{"-leader-elect", "-leader-elect-resource-namespace=ns"}); err != nil {
+		t.Fatal(err)
+	}
+	mgr, err = f.NewManager(unused, manager.Options{LeaderElectionID: "op", Metrics: metricsserver.Options{BindAddress: "0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pgle.PgLease(mgr) != nil {
+		t.Fatal("a leases manager has a pg_lease lock")
+	}
+	if _, err := pgle.Fenced(mgr, reconcile.TypedReconciler[reconcile.Request](inner)).Reconcile(context.Background(), reconcile.Request{}); err != nil {
+		t.Fatalf("leases: %v", err)
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/rest"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
 
 // inClusterNamespace is where a pod's namespace is mounted (controller-runtime
@@ -70,9 +71,9 @@ func (f *Flags) ManagerConfig(opts manager.Options) Config {
 //     itself, as without this package;
 //   - pglease or leases+pglease: New builds the lock (DSN from the file or
 //     the environment variable), leasectrl.NewManager runs it with its
-//     metrics and the manager's event recorder, and the manager's Start
-//     closes the pool after the manager stopped (after the release on
-//     cancel).
+//     metrics and the manager's event recorder, the lock's Check is added
+//     as the health check HealthzCheckName, and the manager's Start closes
+//     the pool after the manager stopped (after the release on cancel).
 //
 // The timings are validated against the TTL (Config.Validate); every error
 // names its field. LeaderElectionReleaseOnCancel is the caller's, never
@@ -109,8 +110,18 @@ func (f *Flags) NewManager(cfg *rest.Config, opts manager.Options) (manager.Mana
 		lock.Close()
 		return nil, fmt.Errorf("leaderelection: %w", err)
 	}
+	// /healthz fails when the lock holds a grant its elector stopped
+	// renewing (resourcelock.Lock.Check): restarting such a process ends it.
+	if err := mgr.AddHealthzCheck(HealthzCheckName, lock.PgLease.Check); err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("leaderelection: %w", err)
+	}
 	return &closingManager{Manager: mgr, lock: lock}, nil
 }
+
+// HealthzCheckName is the name of the health check Flags.NewManager adds
+// for the pg_lease lock.
+const HealthzCheckName = "leader-election-pglease"
 
 // closingManager closes the lock's pool when Start returns.
 type closingManager struct {
@@ -134,3 +145,14 @@ func PgLease(mgr manager.Manager) *resourcelock.Lock {
 }
 
 var _ rl.Interface = (*Lock)(nil)
+
+// Fenced wraps r in leasectrl.Fenced with the pg_lease lock of mgr (made by
+// Flags.NewManager) so that every Reconcile carries the current epoch's
+// token and none runs without one; with a Kubernetes lock (or leader
+// election off) there are no epochs and r is returned as it is.
+func Fenced[request comparable](mgr manager.Manager, r reconcile.TypedReconciler[request]) reconcile.TypedReconciler[request] {
+	if pg := PgLease(mgr); pg != nil {
+		return leasectrl.Fenced(pg, r)
+	}
+	return r
+}

@@ -33,6 +33,7 @@ type scaffoldProc struct {
 	cmd     *exec.Cmd
 	log     string
 	metrics string
+	probes  string
 	exited  chan struct{}
 }
 
@@ -42,8 +43,12 @@ func startScaffold(t *testing.T, bin, kubeconfig, dsn string, extra ...string) *
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &scaffoldProc{metrics: fmt.Sprintf("127.0.0.1:%d", port), exited: make(chan struct{}),
-		log: filepath.Join(t.TempDir(), "scaffold.log")}
+	probePort, err := freePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &scaffoldProc{metrics: fmt.Sprintf("127.0.0.1:%d", port), probes: fmt.Sprintf("127.0.0.1:%d", probePort),
+		exited: make(chan struct{}), log: filepath.Join(t.TempDir(), "scaffold.log")}
 	args := append([]string{
 		"--kubeconfig", kubeconfig,
 		"--leader-elect",
@@ -54,7 +59,7 @@ func startScaffold(t *testing.T, bin, kubeconfig, dsn string, extra ...string) *
 		"--leader-elect-retry-period=300ms",
 		"--metrics-bind-address=" + p.metrics,
 		"--metrics-secure=false",
-		"--health-probe-bind-address=0",
+		"--health-probe-bind-address=" + p.probes,
 	}, extra...)
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Env = append(os.Environ(), "PGLEASE_DSN="+dsn, "KUBECONFIG=")
@@ -83,8 +88,8 @@ func startScaffold(t *testing.T, bin, kubeconfig, dsn string, extra ...string) *
 	return p
 }
 
-// waitFor polls f (a bound of a minute, not an assertion on time).
-func waitFor(t *testing.T, what string, f func() (bool, error)) {
+// dropinWaitFor polls f (a bound of a minute, not an assertion on time).
+func dropinWaitFor(t *testing.T, what string, f func() (bool, error)) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	var last error
@@ -99,7 +104,7 @@ func waitFor(t *testing.T, what string, f func() (bool, error)) {
 	t.Fatalf("waiting for %s: not within a minute (last error: %v)", what, last)
 }
 
-func scrape(addr string) (string, error) {
+func dropinScrape(addr string) (string, error) {
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
 		return "", err
@@ -119,8 +124,8 @@ func scrape(addr string) (string, error) {
 func TestKubebuilderScaffold(t *testing.T) {
 	cfg := StartControlPlane(t)
 	kubeconfig := writeKubeconfig(t, cfg)
-	dsn := newLeaseDB(t)
-	bin := buildBinary(t, "./examples/kubebuilder")
+	dsn := dropinLeaseDB(t)
+	bin := dropinBuild(t, "./examples/kubebuilder")
 	kube, err := client.New(cfg, client.Options{Scheme: clientgoscheme.Scheme})
 	if err != nil {
 		t.Fatal(err)
@@ -137,17 +142,27 @@ func TestKubebuilderScaffold(t *testing.T) {
 	}
 	a := startScaffold(t, bin, kubeconfig, dsn)
 	var holderA string
-	waitFor(t, "the first replica to hold "+scaffoldKey+" at epoch 1", func() (ok bool, err error) {
+	dropinWaitFor(t, "the first replica to hold "+scaffoldKey+" at epoch 1", func() (ok bool, err error) {
 		holderA, ok, err = held(1)
 		return ok, err
 	})
 
 	// Metrics: the lock's epoch and controller-runtime's leader gauge.
 	epochLine := regexp.MustCompile(`(?m)^pg_lease_lock_epoch\{key="` + regexp.QuoteMeta(scaffoldKey) + `"\} 1$`)
-	waitFor(t, "pg_lease_lock_epoch 1 on the metrics endpoint", func() (bool, error) {
-		m, err := scrape(a.metrics)
+	dropinWaitFor(t, "pg_lease_lock_epoch 1 on the metrics endpoint", func() (bool, error) {
+		m, err := dropinScrape(a.metrics)
 		return epochLine.MatchString(m) &&
 			strings.Contains(m, `leader_election_master_status{name="`+scaffoldElectionID+`"} 1`), err
+	})
+
+	// The lock's health check is part of /healthz.
+	dropinWaitFor(t, "/healthz/leader-election-pglease to answer 200", func() (bool, error) {
+		resp, err := http.Get("http://" + a.probes + "/healthz/leader-election-pglease")
+		if err != nil {
+			return false, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, fmt.Errorf("status %d", resp.StatusCode)
 	})
 
 	// The election went to PostgreSQL, not to a Lease.
@@ -172,7 +187,7 @@ func TestKubebuilderScaffold(t *testing.T) {
 			return false, fmt.Errorf("no event %q among %d", want, len(evs.Items))
 		}
 	}
-	waitFor(t, "the became-leader Event of epoch 1", event(holderA, 1))
+	dropinWaitFor(t, "the became-leader Event of epoch 1", event(holderA, 1))
 
 	// A second replica takes over when the first stops (the scaffold leaves
 	// LeaderElectionReleaseOnCancel false, and the flags do not override
@@ -181,20 +196,20 @@ func TestKubebuilderScaffold(t *testing.T) {
 	_ = a.cmd.Process.Signal(syscall.SIGTERM)
 	<-a.exited
 	var holderB string
-	waitFor(t, "the second replica to hold the key at epoch 2", func() (ok bool, err error) {
+	dropinWaitFor(t, "the second replica to hold the key at epoch 2", func() (ok bool, err error) {
 		holderB, ok, err = held(2)
 		return ok, err
 	})
 	if holderB == holderA {
 		t.Fatalf("epoch 2 held by %s, the stopped replica", holderA)
 	}
-	waitFor(t, "the became-leader Event of epoch 2", event(holderB, 2))
+	dropinWaitFor(t, "the became-leader Event of epoch 2", event(holderB, 2))
 }
 
 // Wrong flags fail before anything runs, naming the field; a missing DSN
 // names where it was looked for.
 func TestKubebuilderScaffoldRefuses(t *testing.T) {
-	bin := buildBinary(t, "./examples/kubebuilder")
+	bin := dropinBuild(t, "./examples/kubebuilder")
 	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
 	// An unreachable server: nothing gets that far.
 	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1

@@ -27,7 +27,7 @@ func TestMigrationLockContract(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	leases := lease.New(newPool(t, newLeaseDB(t)))
+	leases := lease.New(newPool(t, dropinLeaseDB(t)))
 	ctx := context.Background()
 	const ns, name, key = "default", "contract", "default/contract"
 	leaseLock := func(id string) rl.Interface {
