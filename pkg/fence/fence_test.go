@@ -86,15 +86,21 @@ func TestInTx(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) }) // never leave the pool waiting on it
 	if _, err := lease.Fence(ctx, tx, g1.Token); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(400 * time.Millisecond) // the grant expires meanwhile
+	// A non-blocking acquire never waits for the fenced row (0.3.0): denied.
+	if _, ok, err := c.Acquire(ctx, "k", "b", time.Minute); err != nil || ok {
+		t.Fatalf("non-blocking takeover of a fenced key: ok=%v err=%v (want denied at once)", ok, err)
+	}
+	// A blocking one waits for the fenced transaction to end.
 	took := make(chan lease.Grant, 1)
 	go func() {
-		g, ok, err := c.Acquire(ctx, "k", "b", time.Minute)
-		if err != nil || !ok {
-			t.Errorf("takeover: ok=%v err=%v", ok, err)
+		g, err := c.AcquireWait(ctx, "k", "b", time.Minute, 20*time.Second)
+		if err != nil {
+			t.Errorf("takeover: %v", err)
 		}
 		took <- g
 	}()
