@@ -100,6 +100,15 @@ CREATE TABLE lease.settings (
 );
 COMMENT ON TABLE lease.settings IS
   'pg_lease internal: operator settings (lease.configure); no row means the defaults';
+-- Grants made before this update may be longer than the new default max_ttl
+-- (1 hour): the promotion grace covers them until the longest one ends, as if
+-- an operator had just lowered max_ttl from their length. (Their holders'
+-- renewals must ask for at most max_ttl from now on, or an operator raises it.)
+INSERT INTO lease.settings (max_ttl, prev_max_ttl, prev_until)
+SELECT interval '1 hour', lease._seconds(max(l.expires_at) - clock_timestamp()), max(l.expires_at)
+  FROM lease.leases l
+ WHERE l.owner IS NOT NULL AND l.expires_at > clock_timestamp() + interval '1 hour'
+HAVING count(*) > 0;
 
 -- ---------------------------------------------------------------------------
 -- Internal helpers
