@@ -355,7 +355,11 @@ BEGIN
     lease._text_violation('owner', v_owner),
     lease._duration_violation('ttl', ttl, true),
     lease._duration_violation('wait', wait, false),
-    lease._ttl_violation(ttl, wait)]);
+    -- (the max_ttl probe inline, a cached plan; the helper only when needed)
+    CASE WHEN ttl IS NOT NULL AND isfinite(ttl)
+          AND (extract(epoch FROM ttl) > extract(epoch FROM coalesce((SELECT s.max_ttl FROM lease.settings s), interval '1 hour'))
+               OR (wait IS NOT NULL AND isfinite(wait) AND extract(epoch FROM wait) > 0))
+         THEN lease._ttl_violation(ttl, wait) END]);
   IF current_setting('transaction_read_only') = 'on' THEN
     PERFORM lease._raise_read_only('lease.acquire');
   END IF;
@@ -551,7 +555,9 @@ BEGIN
     lease._text_violation('owner', v_owner),
     lease._epoch_violation(v_epoch),
     lease._duration_violation('ttl', ttl, true),
-    lease._ttl_violation(ttl, interval '0')]);
+    CASE WHEN ttl IS NOT NULL AND isfinite(ttl)
+          AND extract(epoch FROM ttl) > extract(epoch FROM coalesce((SELECT s.max_ttl FROM lease.settings s), interval '1 hour'))
+         THEN lease._ttl_violation(ttl, interval '0') END]);
   IF current_setting('transaction_read_only') = 'on' THEN
     PERFORM lease._raise_read_only('lease.renew');
   END IF;
