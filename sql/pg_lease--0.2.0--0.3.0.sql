@@ -100,6 +100,15 @@ CREATE TABLE lease.settings (
 );
 COMMENT ON TABLE lease.settings IS
   'pg_lease internal: operator settings (lease.configure); no row means the defaults';
+-- Grants made before this update may be longer than the new default max_ttl
+-- (1 hour): the promotion grace covers them until the longest one ends, as if
+-- an operator had just lowered max_ttl from their length. (Their holders'
+-- renewals must ask for at most max_ttl from now on, or an operator raises it.)
+INSERT INTO lease.settings (max_ttl, prev_max_ttl, prev_until)
+SELECT interval '1 hour', lease._seconds(max(l.expires_at) - clock_timestamp()), max(l.expires_at)
+  FROM lease.leases l
+ WHERE l.owner IS NOT NULL AND l.expires_at > clock_timestamp() + interval '1 hour'
+HAVING count(*) > 0;
 
 -- ---------------------------------------------------------------------------
 -- Internal helpers
@@ -346,7 +355,11 @@ BEGIN
     lease._text_violation('owner', v_owner),
     lease._duration_violation('ttl', ttl, true),
     lease._duration_violation('wait', wait, false),
-    lease._ttl_violation(ttl, wait)]);
+    -- (the max_ttl probe inline, a cached plan; the helper only when needed)
+    CASE WHEN ttl IS NOT NULL AND isfinite(ttl)
+          AND (extract(epoch FROM ttl) > extract(epoch FROM coalesce((SELECT s.max_ttl FROM lease.settings s), interval '1 hour'))
+               OR (wait IS NOT NULL AND isfinite(wait) AND extract(epoch FROM wait) > 0))
+         THEN lease._ttl_violation(ttl, wait) END]);
   IF current_setting('transaction_read_only') = 'on' THEN
     PERFORM lease._raise_read_only('lease.acquire');
   END IF;
@@ -542,7 +555,9 @@ BEGIN
     lease._text_violation('owner', v_owner),
     lease._epoch_violation(v_epoch),
     lease._duration_violation('ttl', ttl, true),
-    lease._ttl_violation(ttl, interval '0')]);
+    CASE WHEN ttl IS NOT NULL AND isfinite(ttl)
+          AND extract(epoch FROM ttl) > extract(epoch FROM coalesce((SELECT s.max_ttl FROM lease.settings s), interval '1 hour'))
+         THEN lease._ttl_violation(ttl, interval '0') END]);
   IF current_setting('transaction_read_only') = 'on' THEN
     PERFORM lease._raise_read_only('lease.renew');
   END IF;
