@@ -387,7 +387,21 @@ BEGIN
     v_now := clock_timestamp();
 
     IF v_found AND r_owner IS NOT NULL AND r_expires > v_now THEN
-      IF r_owner = v_owner AND (r_role IS NULL OR r_role = v_role OR lease._may_act(r_role)) THEN
+      IF r_owner = v_owner AND (r_role IS NULL OR r_role = v_role OR lease._may_act(r_role))
+         AND v_base IS NULL THEN
+        -- A grant of an earlier era seen during the grace after a timeline
+        -- change may be one whose release was lost with the old primary,
+        -- while a successor's grant, also lost, is still believed: it is not
+        -- handed back by an idempotent acquire until the grace ends (by then
+        -- it has lapsed: its ttl was at most max_ttl). Renewals with its
+        -- token go on. (Outside a grace this costs one timeline read.)
+        SELECT g.base, g.grace_until INTO v_base, v_grace FROM lease._grant_context() g;
+      END IF;
+      IF r_owner = v_owner AND (r_role IS NULL OR r_role = v_role OR lease._may_act(r_role))
+         AND v_grace IS NOT NULL AND clock_timestamp() < v_grace AND r_epoch <= v_base THEN
+        v_in_grace := true;
+        r_expires := least(r_expires, v_grace);
+      ELSIF r_owner = v_owner AND (r_role IS NULL OR r_role = v_role OR lease._may_act(r_role)) THEN
         -- Idempotent: the caller already holds it. Same epoch, same expiry.
         -- Under REPEATABLE READ / SERIALIZABLE the row read is the snapshot's:
         -- a locked read (FOR SHARE conflicts with every change of the row;
