@@ -747,3 +747,54 @@ func TestCleanupSkipsLockedRows(t *testing.T) {
 		}
 	}
 }
+
+// TestDurabilityForcingIsTransactionLocal: under synchronous_commit = off
+// set for the session, a call that changes a lease raises the setting for
+// its own transaction only: after the commit the session is back at off.
+// (07_durability checks this for acquire.) Kills renew.bool.2
+// (set_config(..., true) -> false in renew: the session keeps the forced
+// value for good).
+func TestDurabilityForcingIsTransactionLocal(t *testing.T) {
+	h := newHarness(t)
+	ctx := ctxFor(t)
+	conn, err := h.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	defer func() { _, _ = conn.Exec(context.Background(), "RESET synchronous_commit") }()
+	if _, err := conn.Exec(ctx, "SET synchronous_commit = off"); err != nil {
+		t.Fatal(err)
+	}
+	var epoch int64
+	if err := conn.QueryRow(ctx, "SELECT epoch FROM lease.acquire('dur-k', 'o', '1 hour')").Scan(&epoch); err != nil {
+		t.Fatal(err)
+	}
+	for _, call := range []string{
+		"SELECT status FROM lease.renew('dur-k', 'o', $1, '1 hour')",
+		"SELECT lease.release('dur-k', 'o', $1)",
+	} {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st, inside string
+		if err := tx.QueryRow(ctx, call, epoch).Scan(&st); err != nil || st != "ok" {
+			t.Fatalf("%s: %s %v", call, st, err)
+		}
+		if err := tx.QueryRow(ctx, "SHOW synchronous_commit").Scan(&inside); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var after string
+		if err := conn.QueryRow(ctx, "SHOW synchronous_commit").Scan(&after); err != nil {
+			t.Fatal(err)
+		}
+		if inside == "off" || after != "off" {
+			t.Fatalf("%s under a session's synchronous_commit = off: %q inside its transaction (want raised), %q after it (want off)",
+				call, inside, after)
+		}
+	}
+}
