@@ -742,13 +742,15 @@ def main():
     prev = []
     if args.resume:
         try:
-            again = ('error', 'stillborn') + (('survived', 'equivalent') if args.rerun_survivors else ())
             prev = [r for r in json.load(open(args.resume))['results']
-                    if r['id'] != 'control' and r['verdict'] not in again]  # those run again
+                    if r['id'] != 'control' and r['verdict'] not in ('error', 'stillborn')]  # those run again
         except (OSError, ValueError, KeyError) as e:
             die('--resume %s: %s' % (args.resume, e))
-        done = {r['id'] for r in prev}
+        again = {r['id'] for r in prev if args.rerun_survivors and r['verdict'] in ('survived', 'equivalent')}
+        done = {r['id'] for r in prev} - again
         selected = [m for m in selected if m['id'] not in done]
+        chosen = {m['id'] for m in selected}
+        prev = [r for r in prev if r['id'] not in chosen]  # the rest keep their earlier result
         print('mutate: --resume: %d results kept, %d mutants to run' % (len(prev), len(selected)))
     if args.shuffle:
         if args.seed is None:

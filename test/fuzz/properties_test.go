@@ -584,6 +584,11 @@ func TestNotificationPayloads(t *testing.T) {
 	if err := c.Release(ctx, g.Token); err != nil {
 		t.Fatal(err)
 	}
+	// a force-release of a free key changes nothing and announces nothing
+	// (kills force_release.stmt.9: its early RETURN removed)
+	if released, _, _, err := c.ForceRelease(ctx, "pay-k"); err != nil || released {
+		t.Fatal(released, err)
+	}
 	g2, ok, err := c.Acquire(ctx, "pay-k", "bob", time.Hour)
 	if err != nil || !ok {
 		t.Fatal(ok, err)
@@ -745,5 +750,116 @@ func TestCleanupSkipsLockedRows(t *testing.T) {
 			_ = tx.Rollback(ctx)
 			t.Fatalf("cleanup waits for a row another transaction has locked (then: %+v)", <-done)
 		}
+	}
+}
+
+// TestDurabilityForcingIsTransactionLocal: under synchronous_commit = off
+// set for the session, a call that changes a lease raises the setting for
+// its own transaction only: after the commit the session is back at off.
+// (07_durability checks this for acquire.) Kills renew.bool.2
+// (set_config(..., true) -> false in renew: the session keeps the forced
+// value for good).
+func TestDurabilityForcingIsTransactionLocal(t *testing.T) {
+	h := newHarness(t)
+	ctx := ctxFor(t)
+	conn, err := h.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	defer func() { _, _ = conn.Exec(context.Background(), "RESET synchronous_commit") }()
+	if _, err := conn.Exec(ctx, "SET synchronous_commit = off"); err != nil {
+		t.Fatal(err)
+	}
+	var epoch int64
+	if err := conn.QueryRow(ctx, "SELECT epoch FROM lease.acquire('dur-k', 'o', '1 hour')").Scan(&epoch); err != nil {
+		t.Fatal(err)
+	}
+	for _, call := range []string{
+		"SELECT status FROM lease.renew('dur-k', 'o', $1, '1 hour')",
+		"SELECT lease.release('dur-k', 'o', $1)",
+	} {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st, inside string
+		if err := tx.QueryRow(ctx, call, epoch).Scan(&st); err != nil || st != "ok" {
+			t.Fatalf("%s: %s %v", call, st, err)
+		}
+		if err := tx.QueryRow(ctx, "SHOW synchronous_commit").Scan(&inside); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var after string
+		if err := conn.QueryRow(ctx, "SHOW synchronous_commit").Scan(&after); err != nil {
+			t.Fatal(err)
+		}
+		if inside == "off" || after != "off" {
+			t.Fatalf("%s under a session's synchronous_commit = off: %q inside its transaction (want raised), %q after it (want off)",
+				call, inside, after)
+		}
+	}
+}
+
+// TestConcurrentReleasesOfOneGrant: the holder's release sent twice at once
+// (a retry over a second connection) ends the grant once: the second waits
+// for the first, then is told not_owner, and the counter is one above the
+// ended epoch. Kills release.lock.3 (FOR NO KEY UPDATE -> FOR KEY SHARE:
+// the second decides on the row the first is changing, both answer ok, the
+// counter moves by two).
+func TestConcurrentReleasesOfOneGrant(t *testing.T) {
+	h := newHarness(t)
+	ctx := ctxFor(t)
+	g, ok, err := h.client.Acquire(ctx, "rel-k", "o", time.Hour)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	tx, err := h.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	var st string
+	if err := tx.QueryRow(ctx, "SELECT lease.release('rel-k', 'o', $1)", g.Epoch).Scan(&st); err != nil || st != "ok" {
+		t.Fatal(st, err)
+	}
+	conn, err := h.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	var pid int
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	var st2 string
+	go func() { done <- conn.QueryRow(ctx, "SELECT lease.release('rel-k', 'o', $1)", g.Epoch).Scan(&st2) }()
+	for {
+		var waiting bool
+		if err := h.pool.QueryRow(ctx, "SELECT wait_event_type IS NOT DISTINCT FROM 'Lock' FROM pg_stat_activity WHERE pid = $1",
+			pid).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("the second release did not wait for the first: %s %v", st2, err)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil || st2 != "not_owner" {
+		t.Fatalf("second release after the first committed: %q %v, want not_owner", st2, err)
+	}
+	if s, err := h.client.Inspect(ctx, "rel-k"); err != nil || s.Held || s.Epoch != g.Epoch+1 {
+		t.Fatalf("after both releases: %+v %v, want free with counter %d", s, err, g.Epoch+1)
 	}
 }
