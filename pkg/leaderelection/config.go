@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/resourcelock"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/tools/leaderelection"
@@ -187,7 +188,7 @@ func (c *Config) Validate(fldPath *field.Path) error {
 		errs = append(errs, field.NotSupported(fldPath.Child("resourceLock"), c.ResourceLock,
 			[]string{rl.LeasesResourceLock, ResourceLockPgLease, ResourceLockMigration}))
 	}
-	errs = append(errs, checkTiming(c.LeaseDuration.Duration, c.RenewDeadline.Duration, c.RetryPeriod.Duration,
+	errs = append(errs, checkTiming(c.PgLeaseKey(), c.LeaseDuration.Duration, c.RenewDeadline.Duration, c.RetryPeriod.Duration,
 		c.pgTTL(), fldPath)...)
 	if len(errs) == 0 {
 		return nil
@@ -203,39 +204,26 @@ func (c *Config) pgTTL() time.Duration {
 	return c.LeaseDuration.Duration
 }
 
-// checkTiming checks client-go's rules for LeaderElectionConfig
-// (RenewDeadline > JitterFactor × RetryPeriod; component-base checks
-// LeaseDuration > RenewDeadline) and, when ttl > 0, that the elector stops
-// leading before a grant it stopped renewing lapses: client-go's renew loop
-// gives up RenewDeadline after it started a renewal attempt, which it starts
-// up to RetryPeriod after the last successful one, so RenewDeadline +
-// RetryPeriod must be below the TTL, minus the lock's default margin (the
-// lock ends its term that long before the server's expiry).
-//
-// The core package's timing helper for issue 12 (pkg/resourcelock) is to
-// replace this body at merge; the field paths stay.
-func checkTiming(leaseDuration, renewDeadline, retryPeriod, ttl time.Duration, fldPath *field.Path) field.ErrorList {
-	var errs field.ErrorList
-	if retryPeriod > 0 && renewDeadline > 0 &&
-		renewDeadline <= time.Duration(leaderelection.JitterFactor*float64(retryPeriod)) {
-		errs = append(errs, field.Invalid(fldPath.Child("renewDeadline"), renewDeadline.String(),
-			fmt.Sprintf("must be greater than retryPeriod (%v) × %v (client-go's JitterFactor)", retryPeriod, leaderelection.JitterFactor)))
-	}
+// checkTiming applies, when ttl > 0 (the pg_lease locks), the one timing
+// rule, the lock's own (resourcelock.Lock.LeaderElectionConfig: client-go's
+// rules, and RenewDeadline + RetryPeriod below the TTL minus the lock's
+// margin, so that a leader that stopped renewing stops leading before its
+// grant lapses), to a lock of that TTL made only to ask it. Its error is
+// reported at leaseDuration when the TTL itself is refused, else at
+// renewDeadline. The Kubernetes locks have no server TTL: component-base's
+// validation and client-go's own checks apply.
+func checkTiming(key string, leaseDuration, renewDeadline, retryPeriod, ttl time.Duration, fldPath *field.Path) field.ErrorList {
 	if ttl <= 0 || renewDeadline <= 0 || retryPeriod <= 0 {
-		return errs
+		return nil
 	}
-	if ttl < time.Second {
-		errs = append(errs, field.Invalid(fldPath.Child("leaseDuration"), leaseDuration.String(),
-			"must be at least 1s (client-go counts whole seconds)"))
-	}
-	margin, err := lease.CheckMargin(ttl, 0)
+	lock, err := resourcelock.New(lease.New(nil), key, "validation", resourcelock.WithLeaseDuration(ttl))
 	if err != nil {
-		return append(errs, field.Invalid(fldPath.Child("leaseDuration"), leaseDuration.String(), err.Error()))
+		return field.ErrorList{field.Invalid(fldPath.Child("leaseDuration"), leaseDuration.String(), err.Error())}
 	}
-	if renewDeadline+retryPeriod >= ttl-margin {
-		errs = append(errs, field.Invalid(fldPath.Child("renewDeadline"), renewDeadline.String(),
-			fmt.Sprintf("renewDeadline + retryPeriod (%v) must be below leaseDuration, the pg_lease TTL (%v), minus the lock's margin (%v): "+
-				"a leader that stopped renewing must stop leading before its grant lapses", renewDeadline+retryPeriod, ttl, margin)))
+	if _, err := lock.LeaderElectionConfig(leaderelection.LeaderElectionConfig{
+		LeaseDuration: leaseDuration, RenewDeadline: renewDeadline, RetryPeriod: retryPeriod,
+	}); err != nil {
+		return field.ErrorList{field.Invalid(fldPath.Child("renewDeadline"), renewDeadline.String(), err.Error())}
 	}
-	return errs
+	return nil
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/pglease/pg_lease/internal/pgtest"
 	pgle "github.com/pglease/pg_lease/pkg/leaderelection"
 	"github.com/pglease/pg_lease/pkg/lease"
-	"github.com/pglease/pg_lease/pkg/leasectrl"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -131,7 +130,7 @@ func TestValidateNamesFields(t *testing.T) {
 		want []string
 	}{
 		{"renew deadline + retry past the TTL", func(c *pgle.Config) { c.RenewDeadline.Duration = 13 * time.Second },
-			[]string{"leaderElection.renewDeadline", "renewDeadline + retryPeriod (15s)", "pg_lease TTL (15s)"}},
+			[]string{"leaderElection.renewDeadline", "RenewDeadline (13s) + RetryPeriod (2s) = 15s must be below", "lease duration (15s) minus its margin"}},
 		{"lease duration not above renew deadline", func(c *pgle.Config) { c.LeaseDuration.Duration = 5 * time.Second },
 			[]string{"leaderElection.leaseDuration", "must be greater than `RenewDeadline`"}},
 		{"retry jitter", func(c *pgle.Config) { c.RetryPeriod.Duration = 9 * time.Second; c.LeaseDuration.Duration = time.Minute },
@@ -286,8 +285,8 @@ func TestNewManagerFenced(t *testing.T) {
 	if pg == nil || pg.Key() != "ns/op" {
 		t.Fatalf("PgLease = %v", pg)
 	}
-	if _, err := pgle.Fenced(mgr, reconcile.TypedReconciler[reconcile.Request](inner)).Reconcile(context.Background(), reconcile.Request{}); !errors.Is(err, leasectrl.ErrNoToken) {
-		t.Fatalf("fenced reconcile without a term: %v, want ErrNoToken", err)
+	if _, err := pgle.Fenced(pgle.PgLease(mgr), reconcile.TypedReconciler[reconcile.Request](inner)).Reconcile(context.Background(), reconcile.Request{}); !errors.Is(err, resourcelock.ErrNotHolding) {
+		t.Fatalf("fenced reconcile without a term: %v, want ErrNotHolding", err)
 	}
 	// Start closes the lock's pool when it returns (here at once).
 	done, cancel := context.WithCancel(context.Background())
@@ -306,7 +305,7 @@ func TestNewManagerFenced(t *testing.T) {
 	if pgle.PgLease(mgr) != nil {
 		t.Fatal("a leases manager has a pg_lease lock")
 	}
-	if _, err := pgle.Fenced(mgr, reconcile.TypedReconciler[reconcile.Request](inner)).Reconcile(context.Background(), reconcile.Request{}); err != nil {
+	if _, err := pgle.Fenced(pgle.PgLease(mgr), reconcile.TypedReconciler[reconcile.Request](inner)).Reconcile(context.Background(), reconcile.Request{}); err != nil {
 		t.Fatalf("leases: %v", err)
 	}
 }

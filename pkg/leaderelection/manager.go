@@ -7,14 +7,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pglease/pg_lease/pkg/leasectrl"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/rest"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
 
 // inClusterNamespace is where a pod's namespace is mounted (controller-runtime
@@ -70,7 +68,7 @@ func (f *Flags) ManagerConfig(opts manager.Options) Config {
 //     merged in (ManagerConfig): the manager builds client-go's LeaseLock
 //     itself, as without this package;
 //   - pglease or leases+pglease: New builds the lock (DSN from the file or
-//     the environment variable), leasectrl.NewManager runs it with its
+//     the environment variable), NewManager runs it with its
 //     metrics and the manager's event recorder, the lock's Check is added
 //     as the health check HealthzCheckName, and the manager's Start closes
 //     the pool after the manager stopped (after the release on cancel).
@@ -105,7 +103,7 @@ func (f *Flags) NewManager(cfg *rest.Config, opts manager.Options) (manager.Mana
 	ld, rd, rp := lock.Timing()
 	opts.LeaseDuration, opts.RenewDeadline, opts.RetryPeriod = &ld, &rd, &rp
 	opts.LeaderElectionID, opts.LeaderElectionNamespace = c.ResourceName, c.ResourceNamespace
-	mgr, err := leasectrl.NewManager(cfg, opts, leasectrl.ManagerConfig{Lock: lock.Interface, PgLease: lock.PgLease})
+	mgr, err := NewManager(cfg, opts, ManagerConfig{Lock: lock.Interface, PgLease: lock.PgLease})
 	if err != nil {
 		lock.Close()
 		return nil, fmt.Errorf("leaderelection: %w", err)
@@ -135,7 +133,7 @@ func (m *closingManager) Start(ctx context.Context) error {
 }
 
 // PgLease returns the pg_lease lock of a manager made by Flags.NewManager
-// (for leasectrl.Fenced); nil when it elects through a Kubernetes lock or
+// (for Fenced); nil when it elects through a Kubernetes lock or
 // was made otherwise.
 func PgLease(mgr manager.Manager) *resourcelock.Lock {
 	if m, ok := mgr.(*closingManager); ok {
@@ -145,14 +143,3 @@ func PgLease(mgr manager.Manager) *resourcelock.Lock {
 }
 
 var _ rl.Interface = (*Lock)(nil)
-
-// Fenced wraps r in leasectrl.Fenced with the pg_lease lock of mgr (made by
-// Flags.NewManager) so that every Reconcile carries the current epoch's
-// token and none runs without one; with a Kubernetes lock (or leader
-// election off) there are no epochs and r is returned as it is.
-func Fenced[request comparable](mgr manager.Manager, r reconcile.TypedReconciler[request]) reconcile.TypedReconciler[request] {
-	if pg := PgLease(mgr); pg != nil {
-		return leasectrl.Fenced(pg, r)
-	}
-	return r
-}

@@ -53,7 +53,7 @@ import (
 //	        go stale (or, if the key is free, takes it at the next retry).
 //
 // The epoch (fencing token) is the pg_lease lock's: use PgLease.Token,
-// TokenContext or leasectrl.Fenced(PgLease, …) as with "pglease".
+// TokenContext or Fenced(PgLease, …) as with "pglease".
 type MigrationLock struct {
 	Lease   rl.Interface
 	PgLease *resourcelock.Lock
