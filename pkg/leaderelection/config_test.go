@@ -46,13 +46,13 @@ func TestBindFlagsStdlib(t *testing.T) {
 		c.RetryPeriod.Duration != 3*time.Second || c.DSN.File != "/run/secrets/dsn" || c.DSN.Env != pgle.DefaultDSNEnv {
 		t.Fatalf("config %+v", c)
 	}
-	if c.PgLeaseKey() != "ns/op" {
-		t.Errorf("key %q, want ns/op", c.PgLeaseKey())
+	if pgle.PgLeaseKey(&c) != "ns/op" {
+		t.Errorf("key %q, want ns/op", pgle.PgLeaseKey(&c))
 	}
-	if !f.IsSet("leader-elect-lease-duration") || f.IsSet("leader-elect-pglease-key") {
+	if !pgle.IsSet(f, "leader-elect-lease-duration") || pgle.IsSet(f, "leader-elect-pglease-key") {
 		t.Errorf("IsSet wrong")
 	}
-	if err := c.Validate(field.NewPath("leaderElection")); err != nil {
+	if err := pgle.Validate(&c, field.NewPath("leaderElection")); err != nil {
 		t.Errorf("valid config: %v", err)
 	}
 }
@@ -142,7 +142,7 @@ func TestValidateNamesFields(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := base()
 			tc.mod(&c)
-			err := c.Validate(field.NewPath("leaderElection"))
+			err := pgle.Validate(&c, field.NewPath("leaderElection"))
 			if !errors.Is(err, pgle.ErrInvalidConfig) {
 				t.Fatalf("Validate: %v, want ErrInvalidConfig", err)
 			}
@@ -158,7 +158,7 @@ func TestValidateNamesFields(t *testing.T) {
 	c := base()
 	c.ResourceLock = "leases"
 	c.RenewDeadline.Duration = 13 * time.Second
-	if err := c.Validate(field.NewPath("leaderElection")); err != nil {
+	if err := pgle.Validate(&c, field.NewPath("leaderElection")); err != nil {
 		t.Errorf("leases: %v", err)
 	}
 }
@@ -181,10 +181,10 @@ func TestDSNSource(t *testing.T) {
 		t.Fatalf("env: %q %v", got, err)
 	}
 	t.Setenv(pgle.DefaultDSNEnv, "")
-	if _, err := (pgle.DSNSource{}).Read(); !errors.Is(err, pgle.ErrNoDSN) || !strings.Contains(err.Error(), "$PGLEASE_DSN") {
+	if _, err := (pgle.DSNSource{}).Read(); !errors.Is(err, pgle.ErrInvalidConfig) || !strings.Contains(err.Error(), "$PGLEASE_DSN") {
 		t.Fatalf("empty default env: %v", err)
 	}
-	if _, err := (pgle.DSNSource{File: filepath.Join(dir, "missing")}).Read(); !errors.Is(err, pgle.ErrNoDSN) {
+	if _, err := (pgle.DSNSource{File: filepath.Join(dir, "missing")}).Read(); !errors.Is(err, pgle.ErrInvalidConfig) {
 		t.Fatalf("missing file: %v", err)
 	}
 	// A DSN that does not parse: New's error does not quote it.
@@ -221,13 +221,16 @@ func TestNewPgLeaseRunsWithClientGo(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	led := make(chan lease.Token, 1)
-	le, err := leaderelection.NewLeaderElector(lock.ElectionConfig(true, leaderelection.LeaderCallbacks{
-		OnStartedLeading: func(context.Context) {
-			tok, _ := lock.PgLease.Token()
-			led <- tok
-		},
-		OnStoppedLeading: func() {},
-	}))
+	ld, rd, rp := pgle.Timing(lock)
+	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+		Lock: lock, LeaseDuration: ld, RenewDeadline: rd, RetryPeriod: rp, ReleaseOnCancel: true,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(context.Context) {
+				tok, _ := lock.PgLease.Token()
+				led <- tok
+			},
+			OnStoppedLeading: func() {},
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}

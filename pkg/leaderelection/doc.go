@@ -7,7 +7,7 @@
 //
 //	resourceLock: leases          client-go's Lease lock (the default)
 //	resourceLock: pglease         one pg_lease key in PostgreSQL
-//	resourceLock: leases+pglease  both: the migration mode (MigrationLock)
+//	resourceLock: leases+pglease  both: the migration mode (NewMigrationLock)
 //
 // The pg_lease key is <resourceNamespace>/<resourceName> (the Lease's name)
 // unless --leader-elect-pglease-key says otherwise, its TTL is
@@ -57,7 +57,7 @@
 // the lock's (resourcelock.Lock.LeaderElectionConfig): zero ones are
 // filled from the TTL in client-go's proportions, and RenewDeadline +
 // RetryPeriod must stay below the TTL minus the lock's margin
-// (lease.CheckMargin). Config.Validate applies the same rule.
+// (lease.CheckMargin). Config.validate applies the same rule.
 //
 // controller-runtime runs the real client-go elector with the lock
 // (Options.LeaderElectionResourceLockInterface). The manager does not hand

@@ -37,7 +37,7 @@ func (f *Flags) ManagerConfig(opts manager.Options) Config {
 		c.LeaderElect = opts.LeaderElection
 	}
 	pick := func(flag string, cur *string, opt string) {
-		if !f.IsSet(flag) && opt != "" {
+		if !f.isSet(flag) && opt != "" {
 			*cur = opt
 		}
 	}
@@ -45,7 +45,7 @@ func (f *Flags) ManagerConfig(opts manager.Options) Config {
 	pick("leader-elect-resource-namespace", &c.ResourceNamespace, opts.LeaderElectionNamespace)
 	pick("leader-elect-resource-lock", &c.ResourceLock, opts.LeaderElectionResourceLock)
 	dur := func(flag string, cur *metav1.Duration, opt *time.Duration) {
-		if !f.IsSet(flag) && opt != nil {
+		if !f.isSet(flag) && opt != nil {
 			cur.Duration = *opt
 		}
 	}
@@ -70,23 +70,23 @@ func (f *Flags) ManagerConfig(opts manager.Options) Config {
 //   - pglease or leases+pglease: New builds the lock (DSN from the file or
 //     the environment variable), NewManager runs it with its
 //     metrics and the manager's event recorder, the lock's Check is added
-//     as the health check HealthzCheckName, and the manager's Start closes
+//     as the health check healthzCheckName, and the manager's Start closes
 //     the pool after the manager stopped (after the release on cancel).
 //
-// The timings are validated against the TTL (Config.Validate); every error
+// The timings are validated against the TTL (Config.validate); every error
 // names its field. LeaderElectionReleaseOnCancel is the caller's, never
 // overridden (kubebuilder scaffolds leave it false: a stopped leader's
 // successor then waits for the TTL; set it true to hand over at once).
 func (f *Flags) NewManager(cfg *rest.Config, opts manager.Options) (manager.Manager, error) {
 	c := f.ManagerConfig(opts)
-	if !c.LeaderElect || !c.UsesPgLease() {
+	if !c.LeaderElect || !c.usesPgLease() {
 		ld, rd, rp := c.LeaseDuration.Duration, c.RenewDeadline.Duration, c.RetryPeriod.Duration
 		opts.LeaderElection = c.LeaderElect
 		opts.LeaderElectionID, opts.LeaderElectionNamespace = c.ResourceName, c.ResourceNamespace
 		opts.LeaderElectionResourceLock = c.ResourceLock
 		opts.LeaseDuration, opts.RenewDeadline, opts.RetryPeriod = &ld, &rd, &rp
 		if c.LeaderElect {
-			if err := c.Validate(fieldRoot); err != nil {
+			if err := c.validate(fieldRoot); err != nil {
 				return nil, err
 			}
 		}
@@ -100,7 +100,7 @@ func (f *Flags) NewManager(cfg *rest.Config, opts manager.Options) (manager.Mana
 	if err != nil {
 		return nil, err
 	}
-	ld, rd, rp := lock.Timing()
+	ld, rd, rp := lock.timing()
 	opts.LeaseDuration, opts.RenewDeadline, opts.RetryPeriod = &ld, &rd, &rp
 	opts.LeaderElectionID, opts.LeaderElectionNamespace = c.ResourceName, c.ResourceNamespace
 	mgr, err := NewManager(cfg, opts, ManagerConfig{Lock: lock.Interface, PgLease: lock.PgLease})
@@ -110,16 +110,16 @@ func (f *Flags) NewManager(cfg *rest.Config, opts manager.Options) (manager.Mana
 	}
 	// /healthz fails when the lock holds a grant its elector stopped
 	// renewing (resourcelock.Lock.Check): restarting such a process ends it.
-	if err := mgr.AddHealthzCheck(HealthzCheckName, lock.PgLease.Check); err != nil {
+	if err := mgr.AddHealthzCheck(healthzCheckName, lock.PgLease.Check); err != nil {
 		lock.Close()
 		return nil, fmt.Errorf("leaderelection: %w", err)
 	}
 	return &closingManager{Manager: mgr, lock: lock}, nil
 }
 
-// HealthzCheckName is the name of the health check Flags.NewManager adds
+// healthzCheckName is the name of the health check Flags.NewManager adds
 // for the pg_lease lock.
-const HealthzCheckName = "leader-election-pglease"
+const healthzCheckName = "leader-election-pglease"
 
 // closingManager closes the lock's pool when Start returns.
 type closingManager struct {

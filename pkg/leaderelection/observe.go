@@ -102,7 +102,7 @@ func (c *epochCollector) Collect(ch chan<- prometheus.Metric) {
 
 // observedLock is the lock a manager runs when configured by this package:
 // it passes every call to the lock it wraps (a pg_lease lock, or a
-// composite such as leaderelection.MigrationLock whose pg_lease half is
+// composite such as the "leases+pglease" lock whose pg_lease half is
 // PgLease), counts the metrics above, and records the elector's events
 // through the recorder given by setEventRecorder (NewManager gives it the
 // manager's), naming the epoch:
