@@ -59,12 +59,6 @@ func (e *StaleError) Error() string {
 // Is makes a *StaleError match ErrStale.
 func (e *StaleError) Is(target error) bool { return target == ErrStale }
 
-// Beginner starts transactions: *pgxpool.Pool, *pgx.Conn and pgx.Tx (a
-// savepoint) satisfy it.
-type Beginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
 // lostError is InTx's rejection: it matches ErrStale and the lease error.
 type lostError struct{ err error }
 
@@ -78,7 +72,7 @@ func (e *lostError) Unwrap() []error { return []error{ErrStale, e.err} }
 // current when they committed. When the token is not the current grant,
 // fn is not called and the error matches ErrStale and lease.ErrLost. An
 // error from fn rolls the transaction back and is returned as is.
-func InTx(ctx context.Context, db Beginner, token lease.Token, fn func(tx pgx.Tx) error) error {
+func InTx(ctx context.Context, db lease.Beginner, token lease.Token, fn func(tx pgx.Tx) error) error {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("fence: begin: %w", err)
@@ -98,16 +92,3 @@ func InTx(ctx context.Context, db Beginner, token lease.Token, fn func(tx pgx.Tx
 	}
 	return nil
 }
-
-// InTxFromContext is InTx with the token carried by ctx (the elector's
-// leader context). Without one it fails with ErrNoToken.
-func InTxFromContext(ctx context.Context, db Beginner, fn func(tx pgx.Tx) error) error {
-	t, ok := lease.TokenFromContext(ctx)
-	if !ok {
-		return ErrNoToken
-	}
-	return InTx(ctx, db, t, fn)
-}
-
-// ErrNoToken: the context carries no fencing token.
-var ErrNoToken = errors.New("fence: context carries no fencing token")

@@ -142,7 +142,7 @@ func TestFencedEpochEndedIsNotTerminal(t *testing.T) {
 		t.Fatal(err)
 	}
 	reacquire() // epoch 5
-	// The controller retries with backoff (ErrNoToken in between is possible);
+	// The controller retries with backoff (resourcelock.ErrNotHolding in between is possible);
 	// the bound only ends a test whose request was dropped.
 	select {
 	case tok := <-inner.calls:
