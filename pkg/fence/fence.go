@@ -15,9 +15,10 @@
 //     accepted for a resource and refuses lower ones, as a conditional
 //     write (`... WHERE epoch <= $epoch`). PGGuard does this for a table in
 //     any PostgreSQL database (a fence_epochs table, or an epoch column on
-//     the caller's own rows); Watermark does it in memory for stores that
-//     can run a check-and-write under one lock. A writer whose epoch is
-//     lower than one already accepted gets an error matching ErrStale.
+//     the caller's own rows); another store must keep the watermark next to
+//     its data and compare and write atomically (a conditional put, a
+//     compare-and-swap). A writer whose epoch is lower than one already
+//     accepted gets an error matching ErrStale.
 //
 // An external guard orders writers by epoch, not by time: a stale writer
 // that writes before its successor's first guarded write is accepted (its
@@ -44,7 +45,7 @@ import (
 // error then also matches lease.ErrLost and its specific sentinel).
 var ErrStale = errors.New("fence: stale fencing token")
 
-// StaleError is the rejection by PGGuard and Watermark.
+// StaleError is PGGuard's rejection.
 type StaleError struct {
 	Resource string
 	// Epoch is the rejected token's epoch; Highest the highest epoch the

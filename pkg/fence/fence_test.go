@@ -177,10 +177,10 @@ func TestPGGuard(t *testing.T) {
 			t.Errorf("write with epoch %d: %v", step.epoch, err)
 		}
 	}
-	if e, err := g.Epoch(ctx, "job"); err != nil || e != 5 {
+	if e, err := fence.Epoch(g, ctx, "job"); err != nil || e != 5 {
 		t.Errorf("Epoch = %d, %v", e, err)
 	}
-	if e, err := g.Epoch(ctx, "other"); err != nil || e != 0 {
+	if e, err := fence.Epoch(g, ctx, "other"); err != nil || e != 0 {
 		t.Errorf("Epoch(other) = %d, %v", e, err)
 	}
 	var rows int
@@ -265,28 +265,5 @@ func TestPGGuardOptionsValidation(t *testing.T) {
 		if _, err := fence.NewPGGuard(&pgxpool.Pool{}, o); err == nil {
 			t.Errorf("NewPGGuard(%+v) accepted", o)
 		}
-	}
-}
-
-func TestWatermark(t *testing.T) {
-	var w fence.Watermark
-	var store []int64
-	put := func(e int64) error {
-		return w.Do("r", lease.Token{Epoch: e}, func() error { store = append(store, e); return nil })
-	}
-	for _, step := range []struct {
-		e     int64
-		stale bool
-	}{{2, false}, {2, false}, {1, true}, {4, false}, {3, true}} {
-		if err := put(step.e); errors.Is(err, fence.ErrStale) != step.stale {
-			t.Errorf("epoch %d: %v", step.e, err)
-		}
-	}
-	if w.Highest("r") != 4 || len(store) != 3 {
-		t.Errorf("highest %d, store %v", w.Highest("r"), store)
-	}
-	// A failed write does not raise the watermark.
-	if err := w.Do("r", lease.Token{Epoch: 9}, func() error { return errors.New("io") }); err == nil || w.Highest("r") != 4 {
-		t.Errorf("failed write: %v, highest %d", err, w.Highest("r"))
 	}
 }

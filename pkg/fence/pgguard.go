@@ -279,8 +279,8 @@ func (g *PGGuard) WriteResource(ctx context.Context, resource string, token leas
 	return nil
 }
 
-// Epoch returns the highest epoch accepted for resource (0 if none).
-func (g *PGGuard) Epoch(ctx context.Context, resource string) (int64, error) {
+// epoch returns the highest epoch accepted for resource (0 if none).
+func (g *PGGuard) epoch(ctx context.Context, resource string) (int64, error) {
 	tx, err := g.db.Begin(ctx)
 	if err != nil {
 		return 0, err

@@ -57,10 +57,13 @@ func TestBindFlagsStdlib(t *testing.T) {
 	}
 }
 
+// A pflag (cobra) program: BindFlags on a standard flag set, added to the
+// pflag set.
 func TestBindPFlags(t *testing.T) {
+	gofs := goflag.NewFlagSet("x", goflag.ContinueOnError)
+	f := pgle.BindFlags(gofs)
 	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
-	f := pgle.NewFlags()
-	f.BindPFlags(fs)
+	fs.AddGoFlagSet(gofs)
 	if err := fs.Parse([]string{"--leader-elect", "--leader-elect-resource-lock", "leases+pglease", "--leader-elect-dsn-env=MY_DSN"}); err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +84,7 @@ func TestScaffoldLeaderElectFlag(t *testing.T) {
 	}
 	d := 5 * time.Second
 	rp := 4 * time.Second
-	c := f.ManagerConfig(manager.Options{LeaderElection: enable, LeaderElectionID: "abc.example.com",
+	c := pgle.ManagerConfigOf(f, manager.Options{LeaderElection: enable, LeaderElectionID: "abc.example.com",
 		LeaderElectionNamespace: "ops", RenewDeadline: &d, RetryPeriod: &rp})
 	if !c.LeaderElect || c.ResourceName != "abc.example.com" || c.ResourceNamespace != "ops" || c.ResourceLock != "pglease" {
 		t.Fatalf("config %+v", c)
@@ -90,7 +93,7 @@ func TestScaffoldLeaderElectFlag(t *testing.T) {
 	if c.RenewDeadline.Duration != d || c.RetryPeriod.Duration != time.Second || c.LeaseDuration.Duration != pgle.DefaultLeaseDuration {
 		t.Fatalf("timings %v %v %v", c.LeaseDuration, c.RenewDeadline, c.RetryPeriod)
 	}
-	c = f.ManagerConfig(manager.Options{LeaderElection: false})
+	c = pgle.ManagerConfigOf(f, manager.Options{LeaderElection: false})
 	if c.LeaderElect {
 		t.Fatal("LeaderElect taken from the flag Flags did not bind")
 	}

@@ -115,18 +115,20 @@ func NewManager(cfg *rest.Config, opts manager.Options, c ManagerConfig) (manage
 	return mgr, nil
 }
 
-// ErrEpochEnded is returned by a Fenced reconciler whose epoch ended while it
+// errEpochEnded is wrapped by the error of a Fenced reconciler whose epoch ended while it
 // ran, whatever the wrapped reconciler returned: the request is requeued and
 // runs again under the next epoch. The reconciler's own error is wrapped too,
 // except a reconcile.TerminalError (it would make controller-runtime drop the
 // request), of which only the text is kept.
-var ErrEpochEnded = errors.New("leaderelection: the epoch ended during the reconcile")
+var errEpochEnded = errors.New("leaderelection: the epoch ended during the reconcile")
 
 // Fenced wraps r so that each Reconcile runs with a context that carries the
 // lock's current fencing token (lease.TokenFromContext) and is cancelled
 // when that epoch ends. Without a live, unexpired term it does not call r
 // and returns an error wrapping resourcelock.ErrNotHolding, so the request
-// is requeued.
+// is requeued. When the epoch ends while r runs, the error wraps the term's
+// cause (lease.ErrLost, lease.ErrLocalDeadline, lease.ErrReleased), and the
+// request is requeued whatever r returned.
 //
 // lock is the pg_lease lock the manager elects through: the one given to
 // NewManager or ConfigureManager, or PgLease(mgr) for a manager made by
@@ -160,14 +162,14 @@ func (f *fenced[request]) Reconcile(ctx context.Context, req request) (reconcile
 }
 
 // epochEnded is the error of a reconcile whose epoch ended while it ran: it
-// wraps ErrEpochEnded and the cause, and the reconciler's own error too
+// wraps errEpochEnded and the cause, and the reconciler's own error too
 // unless that one is (or contains) a reconcile.TerminalError. A terminal
 // error means "retrying cannot help" for the epoch the reconcile ran under;
 // under the next epoch it can, and controller-runtime drops, without a
 // requeue, every request whose error satisfies errors.Is(err,
 // reconcile.TerminalError(nil)). Then only the inner error's text is kept.
 func epochEnded(tok lease.Token, cause, inner error) error {
-	ended := fmt.Errorf("%w: %v: %w", ErrEpochEnded, tok, cause)
+	ended := fmt.Errorf("%w: %v: %w", errEpochEnded, tok, cause)
 	switch {
 	case inner == nil:
 		return ended

@@ -37,3 +37,7 @@ func PgLeaseKey(c *Config) string                   { return c.pgLeaseKey() }
 func IsSet(f *Flags, name string) bool              { return f.isSet(name) }
 func Validate(c *Config, fldPath *field.Path) error { return c.validate(fldPath) }
 func Timing(l *Lock) (ld, rd, rp time.Duration)     { return l.timing() }
+
+func ManagerConfigOf(f *Flags, opts manager.Options) Config { return f.managerConfig(opts) }
+
+var ErrEpochEnded = errEpochEnded

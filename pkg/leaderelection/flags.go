@@ -30,19 +30,17 @@ type Flags struct {
 	own map[string]bool // flags this Flags bound (others were defined already)
 }
 
-// NewFlags returns Flags with defaultConfig.
-func NewFlags() *Flags {
-	return &Flags{Config: defaultConfig(), set: map[string]bool{}, own: map[string]bool{}}
-}
-
 // BindFlags binds the flags into a standard library flag set (the
 // flag.CommandLine of a kubebuilder main.go) and returns them. A flag the
 // set already defines is left alone: a kubebuilder scaffold defines
 // --leader-elect itself (as enableLeaderElection, which it passes as
 // manager.Options.LeaderElection), and Flags.NewManager then takes that
 // value from the options.
+//
+// A pflag (cobra) program binds them on a standard flag set and adds that
+// to its own: pflagSet.AddGoFlagSet(goflagSet) after BindFlags(goflagSet).
 func BindFlags(fs *goflag.FlagSet) *Flags {
-	f := NewFlags()
+	f := &Flags{Config: defaultConfig(), set: map[string]bool{}, own: map[string]bool{}}
 	f.pflags().VisitAll(func(pf *pflag.Flag) {
 		if fs.Lookup(pf.Name) != nil {
 			return
@@ -51,18 +49,6 @@ func BindFlags(fs *goflag.FlagSet) *Flags {
 		fs.Var(pf.Value, pf.Name, pf.Usage)
 	})
 	return f
-}
-
-// BindPFlags binds the flags into a pflag (cobra) flag set, skipping names
-// it already defines.
-func (f *Flags) BindPFlags(fs *pflag.FlagSet) {
-	f.pflags().VisitAll(func(pf *pflag.Flag) {
-		if fs.Lookup(pf.Name) != nil {
-			return
-		}
-		f.own[pf.Name] = true
-		fs.AddFlag(pf)
-	})
 }
 
 // pflags builds the flags on a private pflag set, each value wrapped so that

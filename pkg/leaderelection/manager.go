@@ -23,7 +23,7 @@ var fieldRoot = field.NewPath("leaderElection")
 
 const inClusterNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
-// ManagerConfig merges the flags into a manager's options: a flag given on
+// managerConfig merges the flags into a manager's options: a flag given on
 // the command line wins; otherwise the option the program set
 // (LeaderElectionID as resourceName, LeaderElectionNamespace,
 // LeaderElectionResourceLock, LeaseDuration, RenewDeadline, RetryPeriod);
@@ -31,7 +31,7 @@ const inClusterNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/namesp
 // defines it itself (BindFlags then does not), comes from
 // opts.LeaderElection. The namespace defaults to the pod's own, as
 // controller-runtime's does.
-func (f *Flags) ManagerConfig(opts manager.Options) Config {
+func (f *Flags) managerConfig(opts manager.Options) Config {
 	c := f.Config
 	if !f.bound("leader-elect") {
 		c.LeaderElect = opts.LeaderElection
@@ -65,7 +65,7 @@ func (f *Flags) ManagerConfig(opts manager.Options) Config {
 //
 //   - --leader-elect off, or --leader-elect-resource-lock=leases: the
 //     options go to controller-runtime as they are, with the flags' values
-//     merged in (ManagerConfig): the manager builds client-go's LeaseLock
+//     merged in (managerConfig): the manager builds client-go's LeaseLock
 //     itself, as without this package;
 //   - pglease or leases+pglease: New builds the lock (DSN from the file or
 //     the environment variable), NewManager runs it with its
@@ -78,7 +78,7 @@ func (f *Flags) ManagerConfig(opts manager.Options) Config {
 // overridden (kubebuilder scaffolds leave it false: a stopped leader's
 // successor then waits for the TTL; set it true to hand over at once).
 func (f *Flags) NewManager(cfg *rest.Config, opts manager.Options) (manager.Manager, error) {
-	c := f.ManagerConfig(opts)
+	c := f.managerConfig(opts)
 	if !c.LeaderElect || !c.usesPgLease() {
 		ld, rd, rp := c.LeaseDuration.Duration, c.RenewDeadline.Duration, c.RetryPeriod.Duration
 		opts.LeaderElection = c.LeaderElect
