@@ -18,31 +18,14 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
+func testCtx(t *testing.T) context.Context { return pgtest.Context(t, time.Minute) }
 
+// newPool is a pool on a fresh database, with pg_lease created or not.
 func newPool(t *testing.T, withLease bool) *pgxpool.Pool {
-	t.Helper()
-	ctx := testCtx(t)
 	if withLease {
-		if err := pgtest.Shared(t).InstallExtensionFiles(ctx); err != nil {
-			t.Fatal(err)
-		}
+		return pgtest.NewLeasePool(t)
 	}
-	pool, err := pgxpool.New(ctx, pgtest.NewDatabase(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	if withLease {
-		if _, err := pool.Exec(ctx, "CREATE EXTENSION pg_lease"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return pool
+	return pgtest.NewPool(t, pgtest.NewDatabase(t))
 }
 
 func acquire(t *testing.T, c *lease.Client, key, owner string, ttl time.Duration) lease.Grant {

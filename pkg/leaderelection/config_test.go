@@ -253,15 +253,7 @@ func TestNewPgLeaseRunsWithClientGo(t *testing.T) {
 	}
 }
 
-func newPool(t *testing.T, dsn string) *pgxpool.Pool {
-	t.Helper()
-	pool, err := pgxpool.New(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
-}
+func newPool(t *testing.T, dsn string) *pgxpool.Pool { return pgtest.NewPool(t, dsn) }
 
 // Flags.NewManager with pglease: the manager carries the pg_lease lock, and
 // Fenced refuses to reconcile before the lock holds a term; with leases

@@ -15,8 +15,8 @@ import (
 )
 
 // ConfigureManager sets opts to elect the manager's leader through lock:
-// LeaderElection, LeaderElectionResourceLockInterface (lock, wrapped in an
-// ObservedLock for the metrics), LeaderElectionID (the key, when empty) and
+// LeaderElection, LeaderElectionResourceLockInterface (lock, wrapped in a
+// wrapper that counts the metrics), LeaderElectionID (the key, when empty) and
 // the timings. Timings left nil are filled and all are checked by the lock
 // (resourcelock.Lock.LeaderElectionConfig: LeaseDuration = TTL,
 // RenewDeadline = 2/3, RetryPeriod = 2/15 of it; RenewDeadline +
