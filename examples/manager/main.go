@@ -1,7 +1,7 @@
 // Command manager is a controller-runtime manager that elects its leader
-// through pg_lease (leasectrl.ConfigureManager) instead of a Kubernetes Lease,
+// through pg_lease (leaderelection.NewManager) instead of a Kubernetes Lease,
 // and reconciles ConfigMaps under the fencing token of the current epoch
-// (leasectrl.Fenced).
+// (leaderelection.Fenced).
 //
 //	export PGLEASE_DSN=...   # or -dsn-file /path/to/a/file/holding/it
 //	go run ./examples/manager -kubeconfig ~/.kube/config -namespace default -id a &
@@ -42,7 +42,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	pgle "github.com/pglease/pg_lease/pkg/leaderelection"
 	"github.com/pglease/pg_lease/pkg/lease"
-	"github.com/pglease/pg_lease/pkg/leasectrl"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -137,7 +136,7 @@ func run(dsn, key, id, namespace string, sel labels.Selector, leaseDuration time
 	// so that SIGTERM hands over at once), then the manager, whose event
 	// recorder then records "became leader (epoch N)"; the lock's metrics
 	// join controller-runtime's registry.
-	mgr, err := leasectrl.NewManager(cfg, opts, leasectrl.ManagerConfig{Lock: lock, PgLease: lock, ReleaseOnCancel: ptrTrue()})
+	mgr, err := pgle.NewManager(cfg, opts, pgle.ManagerConfig{Lock: lock, PgLease: lock, ReleaseOnCancel: ptrTrue()})
 	if err != nil {
 		return err
 	}
@@ -151,7 +150,7 @@ func run(dsn, key, id, namespace string, sel labels.Selector, leaseDuration time
 	}
 	err = ctrl.NewControllerManagedBy(mgr).
 		For(&corev1.ConfigMap{}).
-		Complete(leasectrl.Fenced(lock, reconcile.TypedReconciler[reconcile.Request](&configMapReconciler{c: mgr.GetClient()})))
+		Complete(pgle.Fenced(lock, reconcile.TypedReconciler[reconcile.Request](&configMapReconciler{c: mgr.GetClient()})))
 	if err != nil {
 		return err
 	}

@@ -13,8 +13,8 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	pgle "github.com/pglease/pg_lease/pkg/leaderelection"
 	"github.com/pglease/pg_lease/pkg/lease"
-	"github.com/pglease/pg_lease/pkg/leasectrl"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 )
 
@@ -33,7 +33,7 @@ type election struct {
 }
 
 // pgleaseElection: a pg_lease key through pkg/resourcelock, plugged in by
-// pkg/leasectrl. A term ends (and the contexts of the reconciles under it
+// pkg/leaderelection. A term ends (and the contexts of the reconciles under it
 // are cancelled) before its grant can expire on the server.
 func pgleaseElection(ctx context.Context, c config) (*election, error) {
 	pool, err := pgxpool.New(ctx, c.leaseDSN)
@@ -55,9 +55,9 @@ func pgleaseElection(ctx context.Context, c config) (*election, error) {
 		return nil, err
 	}
 	return &election{
-		configure: func(o *ctrl.Options) error { return leasectrl.ConfigureManager(o, lock) },
+		configure: func(o *ctrl.Options) error { return pgle.ConfigureManager(o, lock) },
 		fenced: func(r reconcile.Reconciler) reconcile.Reconciler {
-			return leasectrl.Fenced(lock, r)
+			return pgle.Fenced(lock, r)
 		},
 		epoch: func() int64 { t, _ := lock.Token(); return t.Epoch },
 		pool:  pool,

@@ -16,9 +16,9 @@
 //		-lease-dsn "$LEASE_DSN" -store-dsn "$STORE_DSN" -id "$POD_NAME"
 //
 // Run it with replicas: each process is a candidate with a unique identity.
-// The manager's options come from leasectrl.ConfigureManager (the pg_lease
+// The manager's options come from leaderelection.ConfigureManager (the pg_lease
 // lock, release on cancel, client-go timings consistent with the TTL), and
-// the reconciler is wrapped in leasectrl.Fenced, which puts the current
+// the reconciler is wrapped in leaderelection.Fenced, which puts the current
 // epoch's token in each Reconcile's context and cancels it when the epoch
 // ends. -lock=lease elects through client-go's own coordination.k8s.io Lease
 // instead (the epoch is then the Lease's leaseTransitions+1), for
@@ -72,7 +72,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	pgle "github.com/pglease/pg_lease/pkg/leaderelection"
-	"github.com/pglease/pg_lease/pkg/leasectrl"
 )
 
 // config is what the flags set.
@@ -112,8 +111,8 @@ func main() {
 	flag.StringVar(&c.lock, "lock", "pglease", "leader election lock: pglease (a pg_lease key) or lease (a coordination.k8s.io Lease)")
 	flag.StringVar(&c.electionID, "election-id", "pglease-example-operator", "lease key (pglease) or Lease name (lease)")
 	flag.DurationVar(&c.leaseDuration, "lease-duration", 15*time.Second, "lease TTL, and the manager's LeaseDuration")
-	flag.DurationVar(&c.renewDeadline, "renew-deadline", 0, "the manager's RenewDeadline (0: 2/3 of the TTL, leasectrl.TimingFor)")
-	flag.DurationVar(&c.retryPeriod, "retry-period", 0, "the manager's RetryPeriod (0: 2/15 of the TTL, leasectrl.TimingFor)")
+	flag.DurationVar(&c.renewDeadline, "renew-deadline", 0, "the manager's RenewDeadline (0: 2/3 of the TTL)")
+	flag.DurationVar(&c.retryPeriod, "retry-period", 0, "the manager's RetryPeriod (0: 2/15 of the TTL)")
 	flag.StringVar(&c.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
 	flag.StringVar(&c.metricsAddr, "metrics-bind-address", "0", `address of /metrics ("0": off)`)
 	flag.Parse()
@@ -154,16 +153,17 @@ func (c config) validate() error {
 	if _, err := labels.Parse(c.selector); err != nil {
 		errs = append(errs, fmt.Errorf("-selector: %w", err))
 	}
-	if err := c.timing().Check(c.leaseDuration); err != nil {
-		errs = append(errs, fmt.Errorf("-lease-duration, -renew-deadline, -retry-period: %w", err))
-	}
 	return errors.Join(errs...)
 }
 
 // timing is the manager's leader election timing: the flags, with those
-// left 0 following from the TTL.
-func (c config) timing() leasectrl.Timing {
-	t := leasectrl.TimingFor(c.leaseDuration)
+// left 0 in client-go's proportions of the lease duration (2/3 and 2/15:
+// 10s and 2s for 15s). They are checked when the manager is configured:
+// for -lock=pglease by the lock (leaderelection.ConfigureManager: also
+// RenewDeadline + RetryPeriod below the TTL minus the lock's margin), for
+// -lock=lease by client-go.
+func (c config) timing() (t struct{ LeaseDuration, RenewDeadline, RetryPeriod time.Duration }) {
+	t.LeaseDuration, t.RenewDeadline, t.RetryPeriod = c.leaseDuration, c.leaseDuration*2/3, c.leaseDuration*2/15
 	if c.renewDeadline != 0 {
 		t.RenewDeadline = c.renewDeadline
 	}

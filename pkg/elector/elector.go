@@ -19,11 +19,9 @@ import (
 // server answered a renewal with lapsed, not_owner or epoch_mismatch), or
 // lease.ErrReleased (Run's context ended, the cause then also matching that
 // context's cause, or OnStartedLeading returned).
-var (
-	// ErrAlreadyRunning: Run was called while another Run of the same
-	// Elector was running.
-	ErrAlreadyRunning = errors.New("elector: Run is already running")
-)
+// errAlreadyRunning: Run was called while another Run of the same Elector
+// was running (a programming error: nothing to branch on).
+var errAlreadyRunning = errors.New("elector: Run is already running")
 
 // Elector campaigns for one lease key and runs Callbacks.OnStartedLeading
 // for each term it wins. See the package documentation.
@@ -117,10 +115,11 @@ func (e *Elector) Check(_ *http.Request) error {
 // until OnStartedLeading has returned, and then the lease is released so
 // that another candidate takes over without waiting for the TTL. Run
 // returns nil after ctx ended, or an error that retrying cannot fix
-// (pg_lease not installed, invalid input, ErrAlreadyRunning).
+// (pg_lease not installed, invalid input, a second Run of the same
+// Elector while one runs).
 func (e *Elector) Run(ctx context.Context) error {
 	if !e.running.CompareAndSwap(false, true) {
-		return ErrAlreadyRunning
+		return errAlreadyRunning
 	}
 	defer e.running.Store(false)
 	log := e.cfg.Logger.WithValues("key", e.cfg.Key, "identity", e.cfg.Identity)

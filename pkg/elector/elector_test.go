@@ -80,7 +80,11 @@ func TestOneLeaderAtATime(t *testing.T) {
 	r := newRecorder()
 	var fenceErrs atomic.Int64
 	work := func(ctx context.Context, tr *termRec) {
-		err := fence.InTxFromContext(ctx, pool, func(tx pgx.Tx) error {
+		tok, ok := lease.TokenFromContext(ctx) // the leader context carries the token
+		if !ok || tok != tr.token {
+			t.Errorf("leader context carries %v (%v), want %s", tok, ok, tr.token)
+		}
+		err := fence.InTx(ctx, pool, tok, func(tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, "INSERT INTO writes VALUES ($1, $2)", tr.token.Epoch, tr.id)
 			return err
 		})

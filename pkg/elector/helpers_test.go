@@ -18,11 +18,7 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
+func testCtx(t *testing.T) context.Context { return pgtest.Context(t, 0) }
 
 // installed creates pg_lease in a fresh database on s (nil: the shared
 // server) and returns its DSN.
@@ -55,15 +51,7 @@ func installed(t *testing.T, s *pgtest.Server) string {
 	return dsn
 }
 
-func newPool(t *testing.T, dsn string) *pgxpool.Pool {
-	t.Helper()
-	pool, err := pgxpool.New(testCtx(t), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
-}
+func newPool(t *testing.T, dsn string) *pgxpool.Pool { return pgtest.NewPool(t, dsn) }
 
 func execSQL(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
 	t.Helper()

@@ -15,9 +15,10 @@
 //     accepted for a resource and refuses lower ones, as a conditional
 //     write (`... WHERE epoch <= $epoch`). PGGuard does this for a table in
 //     any PostgreSQL database (a fence_epochs table, or an epoch column on
-//     the caller's own rows); Watermark does it in memory for stores that
-//     can run a check-and-write under one lock. A writer whose epoch is
-//     lower than one already accepted gets an error matching ErrStale.
+//     the caller's own rows); another store must keep the watermark next to
+//     its data and compare and write atomically (a conditional put, a
+//     compare-and-swap). A writer whose epoch is lower than one already
+//     accepted gets an error matching ErrStale.
 //
 // An external guard orders writers by epoch, not by time: a stale writer
 // that writes before its successor's first guarded write is accepted (its
@@ -44,7 +45,7 @@ import (
 // error then also matches lease.ErrLost and its specific sentinel).
 var ErrStale = errors.New("fence: stale fencing token")
 
-// StaleError is the rejection by PGGuard and Watermark.
+// StaleError is PGGuard's rejection.
 type StaleError struct {
 	Resource string
 	// Epoch is the rejected token's epoch; Highest the highest epoch the
@@ -59,12 +60,6 @@ func (e *StaleError) Error() string {
 // Is makes a *StaleError match ErrStale.
 func (e *StaleError) Is(target error) bool { return target == ErrStale }
 
-// Beginner starts transactions: *pgxpool.Pool, *pgx.Conn and pgx.Tx (a
-// savepoint) satisfy it.
-type Beginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
 // lostError is InTx's rejection: it matches ErrStale and the lease error.
 type lostError struct{ err error }
 
@@ -78,7 +73,7 @@ func (e *lostError) Unwrap() []error { return []error{ErrStale, e.err} }
 // current when they committed. When the token is not the current grant,
 // fn is not called and the error matches ErrStale and lease.ErrLost. An
 // error from fn rolls the transaction back and is returned as is.
-func InTx(ctx context.Context, db Beginner, token lease.Token, fn func(tx pgx.Tx) error) error {
+func InTx(ctx context.Context, db lease.Beginner, token lease.Token, fn func(tx pgx.Tx) error) error {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("fence: begin: %w", err)
@@ -98,16 +93,3 @@ func InTx(ctx context.Context, db Beginner, token lease.Token, fn func(tx pgx.Tx
 	}
 	return nil
 }
-
-// InTxFromContext is InTx with the token carried by ctx (the elector's
-// leader context). Without one it fails with ErrNoToken.
-func InTxFromContext(ctx context.Context, db Beginner, fn func(tx pgx.Tx) error) error {
-	t, ok := lease.TokenFromContext(ctx)
-	if !ok {
-		return ErrNoToken
-	}
-	return InTx(ctx, db, t, fn)
-}
-
-// ErrNoToken: the context carries no fencing token.
-var ErrNoToken = errors.New("fence: context carries no fencing token")

@@ -59,7 +59,7 @@ type PGGuardOptions struct {
 // resource must be guarded by a single lease key: epochs of different keys
 // are unrelated.
 type PGGuard struct {
-	db                    Beginner
+	db                    lease.Beginner
 	table, resCol, epoCol string
 	ownRows               bool
 	claimSQL, readSQL     string
@@ -68,7 +68,7 @@ type PGGuard struct {
 var unquotedRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]*$`)
 
 // NewPGGuard returns a guard that runs its transactions on db.
-func NewPGGuard(db Beginner, opts PGGuardOptions) (*PGGuard, error) {
+func NewPGGuard(db lease.Beginner, opts PGGuardOptions) (*PGGuard, error) {
 	if db == nil {
 		return nil, errors.New("fence: NewPGGuard: db must not be nil")
 	}
@@ -216,12 +216,12 @@ func (g *PGGuard) exec(ctx context.Context, sql string) error {
 // ErrNoResource: with OwnRows, the resource's row does not exist.
 var ErrNoResource = errors.New("fence: no row for the resource")
 
-// Claim performs the conditional write for resource with token's epoch
+// claim performs the conditional write for resource with token's epoch
 // inside the caller's transaction tx, on the guarded database: it returns
 // nil once the epoch is recorded (the row stays locked until tx ends), or a
 // *StaleError when a higher epoch was accepted before (tx is then still
-// usable). Write is Claim in a transaction of its own.
-func (g *PGGuard) Claim(ctx context.Context, tx pgx.Tx, resource string, token lease.Token) error {
+// usable). WriteResource is claim in a transaction of its own.
+func (g *PGGuard) claim(ctx context.Context, tx pgx.Tx, resource string, token lease.Token) error {
 	if token.Epoch < 1 {
 		return fmt.Errorf("fence: token %s has no epoch", token)
 	}
@@ -265,7 +265,7 @@ func (g *PGGuard) WriteResource(ctx context.Context, resource string, token leas
 		return fmt.Errorf("fence: begin: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if err := g.Claim(ctx, tx, resource, token); err != nil {
+	if err := g.claim(ctx, tx, resource, token); err != nil {
 		return err
 	}
 	if fn != nil {
@@ -279,8 +279,8 @@ func (g *PGGuard) WriteResource(ctx context.Context, resource string, token leas
 	return nil
 }
 
-// Epoch returns the highest epoch accepted for resource (0 if none).
-func (g *PGGuard) Epoch(ctx context.Context, resource string) (int64, error) {
+// epoch returns the highest epoch accepted for resource (0 if none).
+func (g *PGGuard) epoch(ctx context.Context, resource string) (int64, error) {
 	tx, err := g.db.Begin(ctx)
 	if err != nil {
 		return 0, err

@@ -46,7 +46,7 @@ func TestPGGuardIdentifiersAsInSQL(t *testing.T) {
 		if err := g.WriteResource(ctx, "j1", lease.Token{Key: "jobs", Owner: "a", Epoch: epoch - 1}, nil); !errors.Is(err, fence.ErrStale) {
 			t.Fatalf("%+v: lower epoch: %v", o, err)
 		}
-		if got, err := g.Epoch(ctx, "j1"); err != nil || got != epoch {
+		if got, err := fence.Epoch(g, ctx, "j1"); err != nil || got != epoch {
 			t.Fatalf("%+v: Epoch = %d, %v; want %d", o, got, err, epoch)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/resourcelock"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/tools/leaderelection"
@@ -21,32 +22,30 @@ import (
 // Resource lock names (LeaderElectionConfiguration.ResourceLock and
 // --leader-elect-resource-lock) this package adds to client-go's "leases".
 const (
-	// ResourceLockPgLease elects through one pg_lease key in PostgreSQL.
-	ResourceLockPgLease = "pglease"
-	// ResourceLockMigration elects through both the coordination.k8s.io
+	// resourceLockPgLease elects through one pg_lease key in PostgreSQL.
+	resourceLockPgLease = "pglease"
+	// resourceLockMigration elects through both the coordination.k8s.io
 	// Lease and the pg_lease key: a candidate leads only while it holds both
-	// (see MigrationLock). It is the setting of the rollout that moves a
+	// (see NewMigrationLock). It is the setting of the rollout that moves a
 	// component from "leases" to "pglease".
-	ResourceLockMigration = rl.LeasesResourceLock + "+" + ResourceLockPgLease
+	resourceLockMigration = rl.LeasesResourceLock + "+" + resourceLockPgLease
 )
 
-// DefaultDSNEnv is the environment variable the DSN is read from when
+// defaultDSNEnv is the environment variable the DSN is read from when
 // neither DSNSource.File nor DSNSource.Env is set.
-const DefaultDSNEnv = "PGLEASE_DSN"
+const defaultDSNEnv = "PGLEASE_DSN"
 
 // Default timings: client-go's and controller-runtime's (component-base's
 // recommended defaults).
 const (
-	DefaultLeaseDuration = 15 * time.Second
-	DefaultRenewDeadline = 10 * time.Second
-	DefaultRetryPeriod   = 2 * time.Second
+	defaultLeaseDuration = 15 * time.Second
+	defaultRenewDeadline = 10 * time.Second
+	defaultRetryPeriod   = 2 * time.Second
 )
 
-// ErrInvalidConfig is wrapped by every validation error of a Config.
+// ErrInvalidConfig is wrapped by every validation error of a Config, and
+// by DSNSource.Read when the source holds no DSN.
 var ErrInvalidConfig = errors.New("leaderelection: invalid configuration")
-
-// ErrNoDSN is wrapped by DSNSource.Read when the source holds no DSN.
-var ErrNoDSN = errors.New("leaderelection: no PostgreSQL DSN")
 
 // DSNSource says where the PostgreSQL connection string is read from: a
 // file (such as a mounted Secret key) or an environment variable, never a
@@ -57,7 +56,7 @@ type DSNSource struct {
 	// trimmed). Takes precedence over Env.
 	File string
 	// Env is the name of the environment variable holding the DSN. Default
-	// DefaultDSNEnv.
+	// defaultDSNEnv.
 	Env string
 }
 
@@ -68,21 +67,21 @@ func (s DSNSource) Read() (string, error) {
 		b, err := os.ReadFile(s.File)
 		if err != nil {
 			// os errors name the path only.
-			return "", fmt.Errorf("%w: reading the DSN file: %w", ErrNoDSN, err)
+			return "", fmt.Errorf("%w: no PostgreSQL DSN: reading the DSN file: %w", ErrInvalidConfig, err)
 		}
 		dsn := strings.TrimSpace(string(b))
 		if dsn == "" {
-			return "", fmt.Errorf("%w: the DSN file %s is empty", ErrNoDSN, s.File)
+			return "", fmt.Errorf("%w: no PostgreSQL DSN: the DSN file %s is empty", ErrInvalidConfig, s.File)
 		}
 		return dsn, nil
 	}
 	env := s.Env
 	if env == "" {
-		env = DefaultDSNEnv
+		env = defaultDSNEnv
 	}
 	dsn := strings.TrimSpace(os.Getenv(env))
 	if dsn == "" {
-		return "", fmt.Errorf("%w: $%s is empty or unset (or name a file with --leader-elect-dsn-file)", ErrNoDSN, env)
+		return "", fmt.Errorf("%w: no PostgreSQL DSN: $%s is empty or unset (or name a file with --leader-elect-dsn-file)", ErrInvalidConfig, env)
 	}
 	return dsn, nil
 }
@@ -95,7 +94,7 @@ func (s DSNSource) String() string {
 	if s.Env != "" {
 		return "$" + s.Env
 	}
-	return "$" + DefaultDSNEnv
+	return "$" + defaultDSNEnv
 }
 
 // Config is component-base's LeaderElectionConfiguration (the type
@@ -115,15 +114,15 @@ type Config struct {
 	Key string
 }
 
-// DefaultConfig returns leader election off, resource lock "leases" (the
+// defaultConfig returns leader election off, resource lock "leases" (the
 // controller-runtime and kubebuilder default) and client-go's default
 // timings (15s/10s/2s): the defaults of the --leader-elect* flags.
-func DefaultConfig() Config {
+func defaultConfig() Config {
 	return Config{LeaderElectionConfiguration: config.LeaderElectionConfiguration{
 		LeaderElect:   false,
-		LeaseDuration: metav1.Duration{Duration: DefaultLeaseDuration},
-		RenewDeadline: metav1.Duration{Duration: DefaultRenewDeadline},
-		RetryPeriod:   metav1.Duration{Duration: DefaultRetryPeriod},
+		LeaseDuration: metav1.Duration{Duration: defaultLeaseDuration},
+		RenewDeadline: metav1.Duration{Duration: defaultRenewDeadline},
+		RetryPeriod:   metav1.Duration{Duration: defaultRetryPeriod},
 		ResourceLock:  rl.LeasesResourceLock,
 	}}
 }
@@ -155,13 +154,13 @@ func Decode(data []byte) (config.LeaderElectionConfiguration, error) {
 	return out, nil
 }
 
-// UsesPgLease reports whether the resource lock involves a pg_lease key.
-func (c *Config) UsesPgLease() bool {
-	return c.ResourceLock == ResourceLockPgLease || c.ResourceLock == ResourceLockMigration
+// usesPgLease reports whether the resource lock involves a pg_lease key.
+func (c *Config) usesPgLease() bool {
+	return c.ResourceLock == resourceLockPgLease || c.ResourceLock == resourceLockMigration
 }
 
-// PgLeaseKey is the pg_lease key: Config.Key, else "namespace/name".
-func (c *Config) PgLeaseKey() string {
+// pgLeaseKey is the pg_lease key: Config.Key, else "namespace/name".
+func (c *Config) pgLeaseKey() string {
 	if c.Key != "" {
 		return c.Key
 	}
@@ -174,20 +173,20 @@ func (c *Config) PgLeaseKey() string {
 // the TTL. Every error names the field (field paths under fldPath, e.g.
 // leaderElection.renewDeadline) and wraps ErrInvalidConfig. A disabled
 // election (LeaderElect false) is always valid.
-func (c *Config) Validate(fldPath *field.Path) error {
+func (c *Config) validate(fldPath *field.Path) error {
 	if !c.LeaderElect {
 		return nil
 	}
 	errs := cbvalidation.ValidateLeaderElectionConfiguration(&c.LeaderElectionConfiguration, fldPath)
 	switch c.ResourceLock {
-	case rl.LeasesResourceLock, ResourceLockPgLease, ResourceLockMigration:
+	case rl.LeasesResourceLock, resourceLockPgLease, resourceLockMigration:
 	case "":
 		// component-base reported it as required.
 	default:
 		errs = append(errs, field.NotSupported(fldPath.Child("resourceLock"), c.ResourceLock,
-			[]string{rl.LeasesResourceLock, ResourceLockPgLease, ResourceLockMigration}))
+			[]string{rl.LeasesResourceLock, resourceLockPgLease, resourceLockMigration}))
 	}
-	errs = append(errs, checkTiming(c.LeaseDuration.Duration, c.RenewDeadline.Duration, c.RetryPeriod.Duration,
+	errs = append(errs, checkTiming(c.pgLeaseKey(), c.LeaseDuration.Duration, c.RenewDeadline.Duration, c.RetryPeriod.Duration,
 		c.pgTTL(), fldPath)...)
 	if len(errs) == 0 {
 		return nil
@@ -197,45 +196,32 @@ func (c *Config) Validate(fldPath *field.Path) error {
 
 // pgTTL is the TTL the pg_lease lock sends (0 for the Kubernetes locks).
 func (c *Config) pgTTL() time.Duration {
-	if !c.UsesPgLease() {
+	if !c.usesPgLease() {
 		return 0
 	}
 	return c.LeaseDuration.Duration
 }
 
-// checkTiming checks client-go's rules for LeaderElectionConfig
-// (RenewDeadline > JitterFactor × RetryPeriod; component-base checks
-// LeaseDuration > RenewDeadline) and, when ttl > 0, that the elector stops
-// leading before a grant it stopped renewing lapses: client-go's renew loop
-// gives up RenewDeadline after it started a renewal attempt, which it starts
-// up to RetryPeriod after the last successful one, so RenewDeadline +
-// RetryPeriod must be below the TTL, minus the lock's default margin (the
-// lock ends its term that long before the server's expiry).
-//
-// The core package's timing helper for issue 12 (pkg/resourcelock) is to
-// replace this body at merge; the field paths stay.
-func checkTiming(leaseDuration, renewDeadline, retryPeriod, ttl time.Duration, fldPath *field.Path) field.ErrorList {
-	var errs field.ErrorList
-	if retryPeriod > 0 && renewDeadline > 0 &&
-		renewDeadline <= time.Duration(leaderelection.JitterFactor*float64(retryPeriod)) {
-		errs = append(errs, field.Invalid(fldPath.Child("renewDeadline"), renewDeadline.String(),
-			fmt.Sprintf("must be greater than retryPeriod (%v) × %v (client-go's JitterFactor)", retryPeriod, leaderelection.JitterFactor)))
-	}
+// checkTiming applies, when ttl > 0 (the pg_lease locks), the one timing
+// rule, the lock's own (resourcelock.Lock.LeaderElectionConfig: client-go's
+// rules, and RenewDeadline + RetryPeriod below the TTL minus the lock's
+// margin, so that a leader that stopped renewing stops leading before its
+// grant lapses), to a lock of that TTL made only to ask it. Its error is
+// reported at leaseDuration when the TTL itself is refused, else at
+// renewDeadline. The Kubernetes locks have no server TTL: component-base's
+// validation and client-go's own checks apply.
+func checkTiming(key string, leaseDuration, renewDeadline, retryPeriod, ttl time.Duration, fldPath *field.Path) field.ErrorList {
 	if ttl <= 0 || renewDeadline <= 0 || retryPeriod <= 0 {
-		return errs
+		return nil
 	}
-	if ttl < time.Second {
-		errs = append(errs, field.Invalid(fldPath.Child("leaseDuration"), leaseDuration.String(),
-			"must be at least 1s (client-go counts whole seconds)"))
-	}
-	margin, err := lease.CheckMargin(ttl, 0)
+	lock, err := resourcelock.New(lease.New(nil), key, "validation", resourcelock.WithLeaseDuration(ttl))
 	if err != nil {
-		return append(errs, field.Invalid(fldPath.Child("leaseDuration"), leaseDuration.String(), err.Error()))
+		return field.ErrorList{field.Invalid(fldPath.Child("leaseDuration"), leaseDuration.String(), err.Error())}
 	}
-	if renewDeadline+retryPeriod >= ttl-margin {
-		errs = append(errs, field.Invalid(fldPath.Child("renewDeadline"), renewDeadline.String(),
-			fmt.Sprintf("renewDeadline + retryPeriod (%v) must be below leaseDuration, the pg_lease TTL (%v), minus the lock's margin (%v): "+
-				"a leader that stopped renewing must stop leading before its grant lapses", renewDeadline+retryPeriod, ttl, margin)))
+	if _, err := lock.LeaderElectionConfig(leaderelection.LeaderElectionConfig{
+		LeaseDuration: leaseDuration, RenewDeadline: renewDeadline, RetryPeriod: retryPeriod,
+	}); err != nil {
+		return field.ErrorList{field.Invalid(fldPath.Child("renewDeadline"), renewDeadline.String(), err.Error())}
 	}
-	return errs
+	return nil
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/pglease/pg_lease/internal/pgtest"
 	pgle "github.com/pglease/pg_lease/pkg/leaderelection"
 	"github.com/pglease/pg_lease/pkg/lease"
-	"github.com/pglease/pg_lease/pkg/leasectrl"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -47,21 +46,24 @@ func TestBindFlagsStdlib(t *testing.T) {
 		c.RetryPeriod.Duration != 3*time.Second || c.DSN.File != "/run/secrets/dsn" || c.DSN.Env != pgle.DefaultDSNEnv {
 		t.Fatalf("config %+v", c)
 	}
-	if c.PgLeaseKey() != "ns/op" {
-		t.Errorf("key %q, want ns/op", c.PgLeaseKey())
+	if pgle.PgLeaseKey(&c) != "ns/op" {
+		t.Errorf("key %q, want ns/op", pgle.PgLeaseKey(&c))
 	}
-	if !f.IsSet("leader-elect-lease-duration") || f.IsSet("leader-elect-pglease-key") {
+	if !pgle.IsSet(f, "leader-elect-lease-duration") || pgle.IsSet(f, "leader-elect-pglease-key") {
 		t.Errorf("IsSet wrong")
 	}
-	if err := c.Validate(field.NewPath("leaderElection")); err != nil {
+	if err := pgle.Validate(&c, field.NewPath("leaderElection")); err != nil {
 		t.Errorf("valid config: %v", err)
 	}
 }
 
+// A pflag (cobra) program: BindFlags on a standard flag set, added to the
+// pflag set.
 func TestBindPFlags(t *testing.T) {
+	gofs := goflag.NewFlagSet("x", goflag.ContinueOnError)
+	f := pgle.BindFlags(gofs)
 	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
-	f := pgle.NewFlags()
-	f.BindPFlags(fs)
+	fs.AddGoFlagSet(gofs)
 	if err := fs.Parse([]string{"--leader-elect", "--leader-elect-resource-lock", "leases+pglease", "--leader-elect-dsn-env=MY_DSN"}); err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +84,7 @@ func TestScaffoldLeaderElectFlag(t *testing.T) {
 	}
 	d := 5 * time.Second
 	rp := 4 * time.Second
-	c := f.ManagerConfig(manager.Options{LeaderElection: enable, LeaderElectionID: "abc.example.com",
+	c := pgle.ManagerConfigOf(f, manager.Options{LeaderElection: enable, LeaderElectionID: "abc.example.com",
 		LeaderElectionNamespace: "ops", RenewDeadline: &d, RetryPeriod: &rp})
 	if !c.LeaderElect || c.ResourceName != "abc.example.com" || c.ResourceNamespace != "ops" || c.ResourceLock != "pglease" {
 		t.Fatalf("config %+v", c)
@@ -91,7 +93,7 @@ func TestScaffoldLeaderElectFlag(t *testing.T) {
 	if c.RenewDeadline.Duration != d || c.RetryPeriod.Duration != time.Second || c.LeaseDuration.Duration != pgle.DefaultLeaseDuration {
 		t.Fatalf("timings %v %v %v", c.LeaseDuration, c.RenewDeadline, c.RetryPeriod)
 	}
-	c = f.ManagerConfig(manager.Options{LeaderElection: false})
+	c = pgle.ManagerConfigOf(f, manager.Options{LeaderElection: false})
 	if c.LeaderElect {
 		t.Fatal("LeaderElect taken from the flag Flags did not bind")
 	}
@@ -131,7 +133,7 @@ func TestValidateNamesFields(t *testing.T) {
 		want []string
 	}{
 		{"renew deadline + retry past the TTL", func(c *pgle.Config) { c.RenewDeadline.Duration = 13 * time.Second },
-			[]string{"leaderElection.renewDeadline", "renewDeadline + retryPeriod (15s)", "pg_lease TTL (15s)"}},
+			[]string{"leaderElection.renewDeadline", "RenewDeadline (13s) + RetryPeriod (2s) = 15s must be below", "lease duration (15s) minus its margin"}},
 		{"lease duration not above renew deadline", func(c *pgle.Config) { c.LeaseDuration.Duration = 5 * time.Second },
 			[]string{"leaderElection.leaseDuration", "must be greater than `RenewDeadline`"}},
 		{"retry jitter", func(c *pgle.Config) { c.RetryPeriod.Duration = 9 * time.Second; c.LeaseDuration.Duration = time.Minute },
@@ -143,7 +145,7 @@ func TestValidateNamesFields(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := base()
 			tc.mod(&c)
-			err := c.Validate(field.NewPath("leaderElection"))
+			err := pgle.Validate(&c, field.NewPath("leaderElection"))
 			if !errors.Is(err, pgle.ErrInvalidConfig) {
 				t.Fatalf("Validate: %v, want ErrInvalidConfig", err)
 			}
@@ -159,7 +161,7 @@ func TestValidateNamesFields(t *testing.T) {
 	c := base()
 	c.ResourceLock = "leases"
 	c.RenewDeadline.Duration = 13 * time.Second
-	if err := c.Validate(field.NewPath("leaderElection")); err != nil {
+	if err := pgle.Validate(&c, field.NewPath("leaderElection")); err != nil {
 		t.Errorf("leases: %v", err)
 	}
 }
@@ -182,10 +184,10 @@ func TestDSNSource(t *testing.T) {
 		t.Fatalf("env: %q %v", got, err)
 	}
 	t.Setenv(pgle.DefaultDSNEnv, "")
-	if _, err := (pgle.DSNSource{}).Read(); !errors.Is(err, pgle.ErrNoDSN) || !strings.Contains(err.Error(), "$PGLEASE_DSN") {
+	if _, err := (pgle.DSNSource{}).Read(); !errors.Is(err, pgle.ErrInvalidConfig) || !strings.Contains(err.Error(), "$PGLEASE_DSN") {
 		t.Fatalf("empty default env: %v", err)
 	}
-	if _, err := (pgle.DSNSource{File: filepath.Join(dir, "missing")}).Read(); !errors.Is(err, pgle.ErrNoDSN) {
+	if _, err := (pgle.DSNSource{File: filepath.Join(dir, "missing")}).Read(); !errors.Is(err, pgle.ErrInvalidConfig) {
 		t.Fatalf("missing file: %v", err)
 	}
 	// A DSN that does not parse: New's error does not quote it.
@@ -222,13 +224,16 @@ func TestNewPgLeaseRunsWithClientGo(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	led := make(chan lease.Token, 1)
-	le, err := leaderelection.NewLeaderElector(lock.ElectionConfig(true, leaderelection.LeaderCallbacks{
-		OnStartedLeading: func(context.Context) {
-			tok, _ := lock.PgLease.Token()
-			led <- tok
-		},
-		OnStoppedLeading: func() {},
-	}))
+	ld, rd, rp := pgle.Timing(lock)
+	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+		Lock: lock, LeaseDuration: ld, RenewDeadline: rd, RetryPeriod: rp, ReleaseOnCancel: true,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(context.Context) {
+				tok, _ := lock.PgLease.Token()
+				led <- tok
+			},
+			OnStoppedLeading: func() {},
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,15 +253,7 @@ func TestNewPgLeaseRunsWithClientGo(t *testing.T) {
 	}
 }
 
-func newPool(t *testing.T, dsn string) *pgxpool.Pool {
-	t.Helper()
-	pool, err := pgxpool.New(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
-}
+func newPool(t *testing.T, dsn string) *pgxpool.Pool { return pgtest.NewPool(t, dsn) }
 
 // Flags.NewManager with pglease: the manager carries the pg_lease lock, and
 // Fenced refuses to reconcile before the lock holds a term; with leases
@@ -286,8 +283,8 @@ func TestNewManagerFenced(t *testing.T) {
 	if pg == nil || pg.Key() != "ns/op" {
 		t.Fatalf("PgLease = %v", pg)
 	}
-	if _, err := pgle.Fenced(mgr, reconcile.TypedReconciler[reconcile.Request](inner)).Reconcile(context.Background(), reconcile.Request{}); !errors.Is(err, leasectrl.ErrNoToken) {
-		t.Fatalf("fenced reconcile without a term: %v, want ErrNoToken", err)
+	if _, err := pgle.Fenced(pgle.PgLease(mgr), reconcile.TypedReconciler[reconcile.Request](inner)).Reconcile(context.Background(), reconcile.Request{}); !errors.Is(err, resourcelock.ErrNotHolding) {
+		t.Fatalf("fenced reconcile without a term: %v, want ErrNotHolding", err)
 	}
 	// Start closes the lock's pool when it returns (here at once).
 	done, cancel := context.WithCancel(context.Background())
@@ -306,7 +303,7 @@ func TestNewManagerFenced(t *testing.T) {
 	if pgle.PgLease(mgr) != nil {
 		t.Fatal("a leases manager has a pg_lease lock")
 	}
-	if _, err := pgle.Fenced(mgr, reconcile.TypedReconciler[reconcile.Request](inner)).Reconcile(context.Background(), reconcile.Request{}); err != nil {
+	if _, err := pgle.Fenced(pgle.PgLease(mgr), reconcile.TypedReconciler[reconcile.Request](inner)).Reconcile(context.Background(), reconcile.Request{}); err != nil {
 		t.Fatalf("leases: %v", err)
 	}
 }

@@ -7,7 +7,7 @@
 //
 //	resourceLock: leases          client-go's Lease lock (the default)
 //	resourceLock: pglease         one pg_lease key in PostgreSQL
-//	resourceLock: leases+pglease  both: the migration mode (MigrationLock)
+//	resourceLock: leases+pglease  both: the migration mode (NewMigrationLock)
 //
 // The pg_lease key is <resourceNamespace>/<resourceName> (the Lease's name)
 // unless --leader-elect-pglease-key says otherwise, its TTL is
@@ -30,4 +30,45 @@
 // and then runs with --leader-elect --leader-elect-resource-lock=pglease and
 // the DSN in $PGLEASE_DSN. With the default --leader-elect-resource-lock
 // (leases) it behaves exactly as before.
+//
+// # controller-runtime glue (formerly pkg/leasectrl)
+//
+// A program that builds its own pg_lease lock (resourcelock.New) plugs it
+// into a controller-runtime manager with NewManager, and hands each
+// reconcile the fencing token of the epoch it runs under with Fenced:
+//
+//	lock, _ := resourcelock.New(lease.New(pool), "my-operator", podName)
+//	opts := manager.Options{...}
+//	mgr, err := leaderelection.NewManager(cfg, opts, leaderelection.ManagerConfig{Lock: lock, PgLease: lock})
+//	ctrl.NewControllerManagedBy(mgr).For(&v1.Thing{}).Complete(leaderelection.Fenced(lock, &ThingReconciler{}))
+//
+// NewManager runs the lock wrapped so that the lock's epoch, transitions,
+// renewal latency and errors go to controller-runtime's metrics registry
+// (pg_lease_lock_epoch, pg_lease_lock_transitions_total,
+// pg_lease_lock_renew_duration_seconds, pg_lease_lock_errors_total: see
+// docs/operations.md), and client-go's election events are recorded
+// through the manager's event recorder with the epoch ("<identity> became
+// leader (epoch 7)"). It leaves LeaderElectionReleaseOnCancel as the caller
+// set it unless ManagerConfig.ReleaseOnCancel says otherwise;
+// ConfigureManager, the one-call form on manager.Options, sets it to true
+// (documented at the function). Flags.NewManager uses NewManager.
+//
+// The timings (LeaseDuration, RenewDeadline, RetryPeriod) follow one rule,
+// the lock's (resourcelock.Lock.LeaderElectionConfig): zero ones are
+// filled from the TTL in client-go's proportions, and RenewDeadline +
+// RetryPeriod must stay below the TTL minus the lock's margin
+// (lease.CheckMargin). Config.validate applies the same rule.
+//
+// controller-runtime runs the real client-go elector with the lock
+// (Options.LeaderElectionResourceLockInterface). The manager does not hand
+// its leader context to reconcilers, and a lapse followed by
+// re-acquisition under the same identity is, for client-go, one continuous
+// leadership with a new epoch (see package resourcelock). So reconcilers
+// must not take the token once: Fenced gives every Reconcile a context that
+// carries the token of the epoch current when it starts and is cancelled
+// when that epoch ends, and refuses to reconcile (returns an error wrapping
+// resourcelock.ErrNotHolding, so the request is requeued with backoff) when
+// the lock holds no live, unexpired term. With a manager made by
+// Flags.NewManager, wrap with Fenced(PgLease(mgr), r): with a Kubernetes
+// lock PgLease is nil and r runs as it is.
 package leaderelection

@@ -10,9 +10,9 @@ import (
 
 // Flag names this package adds to component-base's --leader-elect* flags.
 const (
-	FlagDSNFile = "leader-elect-dsn-file"
-	FlagDSNEnv  = "leader-elect-dsn-env"
-	FlagKey     = "leader-elect-pglease-key"
+	flagDSNFile = "leader-elect-dsn-file"
+	flagDSNEnv  = "leader-elect-dsn-env"
+	flagKey     = "leader-elect-pglease-key"
 )
 
 // Flags is a Config bound to command-line flags: the --leader-elect* flags
@@ -30,19 +30,17 @@ type Flags struct {
 	own map[string]bool // flags this Flags bound (others were defined already)
 }
 
-// NewFlags returns Flags with DefaultConfig.
-func NewFlags() *Flags {
-	return &Flags{Config: DefaultConfig(), set: map[string]bool{}, own: map[string]bool{}}
-}
-
 // BindFlags binds the flags into a standard library flag set (the
 // flag.CommandLine of a kubebuilder main.go) and returns them. A flag the
 // set already defines is left alone: a kubebuilder scaffold defines
 // --leader-elect itself (as enableLeaderElection, which it passes as
 // manager.Options.LeaderElection), and Flags.NewManager then takes that
 // value from the options.
+//
+// A pflag (cobra) program binds them on a standard flag set and adds that
+// to its own: pflagSet.AddGoFlagSet(goflagSet) after BindFlags(goflagSet).
 func BindFlags(fs *goflag.FlagSet) *Flags {
-	f := NewFlags()
+	f := &Flags{Config: defaultConfig(), set: map[string]bool{}, own: map[string]bool{}}
 	f.pflags().VisitAll(func(pf *pflag.Flag) {
 		if fs.Lookup(pf.Name) != nil {
 			return
@@ -53,29 +51,17 @@ func BindFlags(fs *goflag.FlagSet) *Flags {
 	return f
 }
 
-// BindPFlags binds the flags into a pflag (cobra) flag set, skipping names
-// it already defines.
-func (f *Flags) BindPFlags(fs *pflag.FlagSet) {
-	f.pflags().VisitAll(func(pf *pflag.Flag) {
-		if fs.Lookup(pf.Name) != nil {
-			return
-		}
-		f.own[pf.Name] = true
-		fs.AddFlag(pf)
-	})
-}
-
 // pflags builds the flags on a private pflag set, each value wrapped so that
 // Flags learns which were set.
 func (f *Flags) pflags() *pflag.FlagSet {
 	pfs := pflag.NewFlagSet("leader-elect", pflag.ContinueOnError)
 	options.BindLeaderElectionFlags(&f.Config.LeaderElectionConfiguration, pfs)
-	pfs.StringVar(&f.Config.DSN.File, FlagDSNFile, "",
+	pfs.StringVar(&f.Config.DSN.File, flagDSNFile, "",
 		"File holding the PostgreSQL connection string of the pg_lease lock (resource locks pglease and leases+pglease), "+
-			"e.g. a mounted Secret key. Takes precedence over --"+FlagDSNEnv+".")
-	pfs.StringVar(&f.Config.DSN.Env, FlagDSNEnv, DefaultDSNEnv,
+			"e.g. a mounted Secret key. Takes precedence over --"+flagDSNEnv+".")
+	pfs.StringVar(&f.Config.DSN.Env, flagDSNEnv, defaultDSNEnv,
 		"Name of the environment variable holding the PostgreSQL connection string of the pg_lease lock.")
-	pfs.StringVar(&f.Config.Key, FlagKey, "",
+	pfs.StringVar(&f.Config.Key, flagKey, "",
 		"The pg_lease key (default <resource-namespace>/<resource-name>).")
 	if rl := pfs.Lookup("leader-elect-resource-lock"); rl != nil {
 		rl.Usage = "The type of resource object that is used for locking during leader election. " +
@@ -88,8 +74,8 @@ func (f *Flags) pflags() *pflag.FlagSet {
 	return pfs
 }
 
-// IsSet reports whether the flag was given on the command line.
-func (f *Flags) IsSet(name string) bool {
+// isSet reports whether the flag was given on the command line.
+func (f *Flags) isSet(name string) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.set[name]

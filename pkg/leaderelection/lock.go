@@ -15,7 +15,6 @@ import (
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/leaderelection"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
 )
 
@@ -63,25 +62,15 @@ func (l *Lock) Close() {
 	}
 }
 
-// Timing returns the elector timings of the configuration.
-func (l *Lock) Timing() (leaseDuration, renewDeadline, retryPeriod time.Duration) {
+// timing returns the elector timings of the configuration.
+func (l *Lock) timing() (leaseDuration, renewDeadline, retryPeriod time.Duration) {
 	c := &l.Config
 	return c.LeaseDuration.Duration, c.RenewDeadline.Duration, c.RetryPeriod.Duration
 }
 
-// ElectionConfig returns a client-go LeaderElectionConfig that runs the
-// lock with the configured timings (ReleaseOnCancel as given).
-func (l *Lock) ElectionConfig(releaseOnCancel bool, cb leaderelection.LeaderCallbacks) leaderelection.LeaderElectionConfig {
-	ld, rd, rp := l.Timing()
-	return leaderelection.LeaderElectionConfig{
-		Lock: l, LeaseDuration: ld, RenewDeadline: rd, RetryPeriod: rp,
-		ReleaseOnCancel: releaseOnCancel, Callbacks: cb, Name: l.Config.ResourceName,
-	}
-}
-
-// DefaultIdentity is hostname + "_" + a random UUID (controller-runtime's
+// defaultIdentity is hostname + "_" + a random UUID (controller-runtime's
 // and kube-controller-manager's form).
-func DefaultIdentity() (string, error) {
+func defaultIdentity() (string, error) {
 	host, err := os.Hostname()
 	if err != nil {
 		return "", err
@@ -89,12 +78,12 @@ func DefaultIdentity() (string, error) {
 	return host + "_" + string(uuid.NewUUID()), nil
 }
 
-// New validates c (Config.Validate) and returns the lock it names:
+// New validates c (Config.validate) and returns the lock it names:
 //
 //	leases          client-go's LeaseLock (coordination.k8s.io/v1 Lease)
-//	pglease         a pg_lease lock (pkg/resourcelock) on Config.PgLeaseKey,
+//	pglease         a pg_lease lock (pkg/resourcelock) on Config.pgLeaseKey,
 //	                TTL = leaseDuration, over a pool opened from Config.DSN
-//	leases+pglease  a MigrationLock of both, with one identity
+//	leases+pglease  a NewMigrationLock of both, with one identity
 //
 // A disabled election (LeaderElect false) is an error: there is no lock to
 // build. The context bounds opening the pool (no connection is made yet).
@@ -102,11 +91,11 @@ func New(ctx context.Context, c Config, o BuildOptions) (*Lock, error) {
 	if !c.LeaderElect {
 		return nil, fmt.Errorf("%w: leaderElect is false: no lock to build", ErrInvalidConfig)
 	}
-	if err := c.Validate(fieldRoot); err != nil {
+	if err := c.validate(fieldRoot); err != nil {
 		return nil, err
 	}
 	if c.Identity == "" {
-		id, err := DefaultIdentity()
+		id, err := defaultIdentity()
 		if err != nil {
 			return nil, fmt.Errorf("leaderelection: identity: %w", err)
 		}
@@ -114,7 +103,7 @@ func New(ctx context.Context, c Config, o BuildOptions) (*Lock, error) {
 	}
 	out := &Lock{Config: c}
 	var kube rl.Interface
-	if c.ResourceLock == rl.LeasesResourceLock || c.ResourceLock == ResourceLockMigration {
+	if c.ResourceLock == rl.LeasesResourceLock || c.ResourceLock == resourceLockMigration {
 		if o.KubeConfig == nil {
 			return nil, fmt.Errorf("%w: resourceLock %q needs a Kubernetes API config", ErrInvalidConfig, c.ResourceLock)
 		}
@@ -164,7 +153,7 @@ func New(ctx context.Context, c Config, o BuildOptions) (*Lock, error) {
 		opts = append(opts, resourcelock.WithEventRecorder(o.EventRecorder, ev, c.ResourceNamespace))
 	}
 	opts = append(opts, o.PgLeaseOptions...)
-	pg, err := resourcelock.New(lease.New(pool), c.PgLeaseKey(), c.Identity, opts...)
+	pg, err := resourcelock.New(lease.New(pool), c.pgLeaseKey(), c.Identity, opts...)
 	if err != nil {
 		out.Close()
 		return nil, err

@@ -7,14 +7,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pglease/pg_lease/pkg/leasectrl"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/rest"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
 
 // inClusterNamespace is where a pod's namespace is mounted (controller-runtime
@@ -25,7 +23,7 @@ var fieldRoot = field.NewPath("leaderElection")
 
 const inClusterNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
-// ManagerConfig merges the flags into a manager's options: a flag given on
+// managerConfig merges the flags into a manager's options: a flag given on
 // the command line wins; otherwise the option the program set
 // (LeaderElectionID as resourceName, LeaderElectionNamespace,
 // LeaderElectionResourceLock, LeaseDuration, RenewDeadline, RetryPeriod);
@@ -33,13 +31,13 @@ const inClusterNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/namesp
 // defines it itself (BindFlags then does not), comes from
 // opts.LeaderElection. The namespace defaults to the pod's own, as
 // controller-runtime's does.
-func (f *Flags) ManagerConfig(opts manager.Options) Config {
+func (f *Flags) managerConfig(opts manager.Options) Config {
 	c := f.Config
 	if !f.bound("leader-elect") {
 		c.LeaderElect = opts.LeaderElection
 	}
 	pick := func(flag string, cur *string, opt string) {
-		if !f.IsSet(flag) && opt != "" {
+		if !f.isSet(flag) && opt != "" {
 			*cur = opt
 		}
 	}
@@ -47,7 +45,7 @@ func (f *Flags) ManagerConfig(opts manager.Options) Config {
 	pick("leader-elect-resource-namespace", &c.ResourceNamespace, opts.LeaderElectionNamespace)
 	pick("leader-elect-resource-lock", &c.ResourceLock, opts.LeaderElectionResourceLock)
 	dur := func(flag string, cur *metav1.Duration, opt *time.Duration) {
-		if !f.IsSet(flag) && opt != nil {
+		if !f.isSet(flag) && opt != nil {
 			cur.Duration = *opt
 		}
 	}
@@ -67,28 +65,28 @@ func (f *Flags) ManagerConfig(opts manager.Options) Config {
 //
 //   - --leader-elect off, or --leader-elect-resource-lock=leases: the
 //     options go to controller-runtime as they are, with the flags' values
-//     merged in (ManagerConfig): the manager builds client-go's LeaseLock
+//     merged in (managerConfig): the manager builds client-go's LeaseLock
 //     itself, as without this package;
 //   - pglease or leases+pglease: New builds the lock (DSN from the file or
-//     the environment variable), leasectrl.NewManager runs it with its
+//     the environment variable), NewManager runs it with its
 //     metrics and the manager's event recorder, the lock's Check is added
-//     as the health check HealthzCheckName, and the manager's Start closes
+//     as the health check healthzCheckName, and the manager's Start closes
 //     the pool after the manager stopped (after the release on cancel).
 //
-// The timings are validated against the TTL (Config.Validate); every error
+// The timings are validated against the TTL (Config.validate); every error
 // names its field. LeaderElectionReleaseOnCancel is the caller's, never
 // overridden (kubebuilder scaffolds leave it false: a stopped leader's
 // successor then waits for the TTL; set it true to hand over at once).
 func (f *Flags) NewManager(cfg *rest.Config, opts manager.Options) (manager.Manager, error) {
-	c := f.ManagerConfig(opts)
-	if !c.LeaderElect || !c.UsesPgLease() {
+	c := f.managerConfig(opts)
+	if !c.LeaderElect || !c.usesPgLease() {
 		ld, rd, rp := c.LeaseDuration.Duration, c.RenewDeadline.Duration, c.RetryPeriod.Duration
 		opts.LeaderElection = c.LeaderElect
 		opts.LeaderElectionID, opts.LeaderElectionNamespace = c.ResourceName, c.ResourceNamespace
 		opts.LeaderElectionResourceLock = c.ResourceLock
 		opts.LeaseDuration, opts.RenewDeadline, opts.RetryPeriod = &ld, &rd, &rp
 		if c.LeaderElect {
-			if err := c.Validate(fieldRoot); err != nil {
+			if err := c.validate(fieldRoot); err != nil {
 				return nil, err
 			}
 		}
@@ -102,26 +100,26 @@ func (f *Flags) NewManager(cfg *rest.Config, opts manager.Options) (manager.Mana
 	if err != nil {
 		return nil, err
 	}
-	ld, rd, rp := lock.Timing()
+	ld, rd, rp := lock.timing()
 	opts.LeaseDuration, opts.RenewDeadline, opts.RetryPeriod = &ld, &rd, &rp
 	opts.LeaderElectionID, opts.LeaderElectionNamespace = c.ResourceName, c.ResourceNamespace
-	mgr, err := leasectrl.NewManager(cfg, opts, leasectrl.ManagerConfig{Lock: lock.Interface, PgLease: lock.PgLease})
+	mgr, err := NewManager(cfg, opts, ManagerConfig{Lock: lock.Interface, PgLease: lock.PgLease})
 	if err != nil {
 		lock.Close()
 		return nil, fmt.Errorf("leaderelection: %w", err)
 	}
 	// /healthz fails when the lock holds a grant its elector stopped
 	// renewing (resourcelock.Lock.Check): restarting such a process ends it.
-	if err := mgr.AddHealthzCheck(HealthzCheckName, lock.PgLease.Check); err != nil {
+	if err := mgr.AddHealthzCheck(healthzCheckName, lock.PgLease.Check); err != nil {
 		lock.Close()
 		return nil, fmt.Errorf("leaderelection: %w", err)
 	}
 	return &closingManager{Manager: mgr, lock: lock}, nil
 }
 
-// HealthzCheckName is the name of the health check Flags.NewManager adds
+// healthzCheckName is the name of the health check Flags.NewManager adds
 // for the pg_lease lock.
-const HealthzCheckName = "leader-election-pglease"
+const healthzCheckName = "leader-election-pglease"
 
 // closingManager closes the lock's pool when Start returns.
 type closingManager struct {
@@ -135,7 +133,7 @@ func (m *closingManager) Start(ctx context.Context) error {
 }
 
 // PgLease returns the pg_lease lock of a manager made by Flags.NewManager
-// (for leasectrl.Fenced); nil when it elects through a Kubernetes lock or
+// (for Fenced); nil when it elects through a Kubernetes lock or
 // was made otherwise.
 func PgLease(mgr manager.Manager) *resourcelock.Lock {
 	if m, ok := mgr.(*closingManager); ok {
@@ -145,14 +143,3 @@ func PgLease(mgr manager.Manager) *resourcelock.Lock {
 }
 
 var _ rl.Interface = (*Lock)(nil)
-
-// Fenced wraps r in leasectrl.Fenced with the pg_lease lock of mgr (made by
-// Flags.NewManager) so that every Reconcile carries the current epoch's
-// token and none runs without one; with a Kubernetes lock (or leader
-// election off) there are no epochs and r is returned as it is.
-func Fenced[request comparable](mgr manager.Manager, r reconcile.TypedReconciler[request]) reconcile.TypedReconciler[request] {
-	if pg := PgLease(mgr); pg != nil {
-		return leasectrl.Fenced(pg, r)
-	}
-	return r
-}

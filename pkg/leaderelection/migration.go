@@ -11,7 +11,7 @@ import (
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
 )
 
-// MigrationLock is the resource lock "leases+pglease": a client-go
+// migrationLock is the resource lock "leases+pglease": a client-go
 // resourcelock.Interface over two locks with one identity, the
 // coordination.k8s.io Lease (Lease, client-go's LeaseLock) and the pg_lease
 // key (PgLease). A candidate using it leads only while it holds both, so
@@ -53,17 +53,19 @@ import (
 //	        go stale (or, if the key is free, takes it at the next retry).
 //
 // The epoch (fencing token) is the pg_lease lock's: use PgLease.Token,
-// TokenContext or leasectrl.Fenced(PgLease, …) as with "pglease".
-type MigrationLock struct {
+// TokenContext or Fenced(PgLease, …) as with "pglease".
+type migrationLock struct {
 	Lease   rl.Interface
 	PgLease *resourcelock.Lock
 }
 
-var _ rl.Interface = (*MigrationLock)(nil)
+var _ rl.Interface = (*migrationLock)(nil)
 
-// NewMigrationLock returns the composite of lease and pg, which must have
-// the same identity.
-func NewMigrationLock(lease rl.Interface, pg *resourcelock.Lock) (*MigrationLock, error) {
+// NewMigrationLock returns the "leases+pglease" lock (see migrationLock):
+// the composite of lease and pg, which must have the same identity. New
+// builds it from a Config; this is for a program that builds both halves
+// itself.
+func NewMigrationLock(lease rl.Interface, pg *resourcelock.Lock) (rl.Interface, error) {
 	if lease == nil || pg == nil {
 		return nil, errors.New("leaderelection.NewMigrationLock: both locks are required")
 	}
@@ -71,11 +73,11 @@ func NewMigrationLock(lease rl.Interface, pg *resourcelock.Lock) (*MigrationLock
 		return nil, fmt.Errorf("leaderelection.NewMigrationLock: the Lease lock's identity %q differs from the pg_lease lock's %q",
 			lease.Identity(), pg.Identity())
 	}
-	return &MigrationLock{Lease: lease, PgLease: pg}, nil
+	return &migrationLock{Lease: lease, PgLease: pg}, nil
 }
 
 // Get reads both locks; see the type's documentation.
-func (m *MigrationLock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error) {
+func (m *migrationLock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error) {
 	lrec, lraw, err := m.Lease.Get(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -103,14 +105,14 @@ func (m *MigrationLock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []by
 }
 
 // Create creates the Lease, then obtains the pg_lease key.
-func (m *MigrationLock) Create(ctx context.Context, ler rl.LeaderElectionRecord) error {
+func (m *migrationLock) Create(ctx context.Context, ler rl.LeaderElectionRecord) error {
 	if err := m.Lease.Create(ctx, ler); err != nil {
 		return err
 	}
 	return m.takeKey(ctx, ler)
 }
 
-func (m *MigrationLock) takeKey(ctx context.Context, ler rl.LeaderElectionRecord) error {
+func (m *migrationLock) takeKey(ctx context.Context, ler rl.LeaderElectionRecord) error {
 	err := m.PgLease.Create(ctx, ler)
 	if apierrors.IsAlreadyExists(err) {
 		err = m.PgLease.Update(ctx, ler)
@@ -123,7 +125,7 @@ func (m *MigrationLock) takeKey(ctx context.Context, ler rl.LeaderElectionRecord
 
 // Update renews or acquires (Lease, then key) or releases (key, then
 // Lease).
-func (m *MigrationLock) Update(ctx context.Context, ler rl.LeaderElectionRecord) error {
+func (m *migrationLock) Update(ctx context.Context, ler rl.LeaderElectionRecord) error {
 	if ler.HolderIdentity == "" {
 		perr := m.PgLease.Update(ctx, ler)
 		if errors.Is(perr, resourcelock.ErrNotHolding) {
@@ -148,12 +150,12 @@ func (m *MigrationLock) Update(ctx context.Context, ler rl.LeaderElectionRecord)
 
 // RecordEvent records through the pg_lease lock, whose events name the
 // epoch (give it an EventObject naming the Lease to see them on the Lease).
-func (m *MigrationLock) RecordEvent(s string) { m.PgLease.RecordEvent(s) }
+func (m *migrationLock) RecordEvent(s string) { m.PgLease.RecordEvent(s) }
 
 // Describe names both locks.
-func (m *MigrationLock) Describe() string {
-	return ResourceLockMigration + "/" + m.Lease.Describe() + "+" + m.PgLease.Describe()
+func (m *migrationLock) Describe() string {
+	return resourceLockMigration + "/" + m.Lease.Describe() + "+" + m.PgLease.Describe()
 }
 
 // Identity is the identity both locks share.
-func (m *MigrationLock) Identity() string { return m.PgLease.Identity() }
+func (m *migrationLock) Identity() string { return m.PgLease.Identity() }

@@ -3,11 +3,31 @@
 // installer, the held-grant primitive Term on which pkg/elector and
 // pkg/resourcelock are built, and Waiter, the process's one listener.
 //
-// Layers (the import graph): pkg/lease knows only PostgreSQL (pgx);
-// pkg/elector (plain Go services) and pkg/resourcelock (client-go's and
-// controller-runtime's elector) are thin users of Term and Waiter.Await;
-// pkg/fence guards writes with a Token; pkg/leasectrl wires resourcelock into
-// a controller-runtime manager.
+// # Layers
+//
+// This is the one description of how pkg/ is layered; it is the import
+// graph (go list -f '{{.ImportPath}} {{.Imports}}' ./pkg/...). Each package
+// imports only the ones below it, and none imports internal/, cmd/, test/
+// or examples/:
+//
+//	pkg/leaderelection  component-base config and --leader-elect* flags, the
+//	  |                 controller-runtime manager glue (NewManager,
+//	  |                 ConfigureManager, Fenced, metrics, events)
+//	  v
+//	pkg/resourcelock    client-go resourcelock.Interface over one key; the
+//	  |                 one timing rule (Lock.LeaderElectionConfig)
+//	  |   pkg/elector   leader election for plain Go services
+//	  |   pkg/fence     write guards (InTx, PGGuard)
+//	  v     v
+//	pkg/lease           the client, the installer, Term (the one held-grant
+//	                    primitive), Waiter (the one listener), CheckMargin
+//	                    (the one margin rule); imports only pgx, k8s.io/utils'
+//	                    clock and the embedded SQL scripts (package sql)
+//
+// pkg/elector, pkg/resourcelock and pkg/fence import pkg/lease only;
+// pkg/leaderelection imports pkg/resourcelock and pkg/lease. pkg/elector and
+// pkg/resourcelock are thin users of Term and Waiter.Await; pkg/fence
+// guards writes with a Token.
 //
 // # The client
 //

@@ -40,8 +40,9 @@ func (m Mode) String() string {
 // Version is the pg_lease version this module speaks and installs.
 const Version = pgleasesql.Version
 
-// Beginner is what the install functions need: *pgxpool.Pool, *pgx.Conn and
-// pgx.Tx (where Begin opens a savepoint) all satisfy it.
+// Beginner starts transactions: what the install functions and pkg/fence's
+// guards need. *pgxpool.Pool, *pgx.Conn and pgx.Tx (where Begin opens a
+// savepoint) all satisfy it.
 type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }

@@ -9,9 +9,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"k8s.io/client-go/tools/leaderelection"
 
+	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 )
@@ -223,16 +223,7 @@ func TestLeaderElectionConfig(t *testing.T) {
 func TestReleaseSurvivesADeadPooledConnection(t *testing.T) {
 	dsn := newDB(t)
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 1
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := pgtest.NewPool(t, dsn, pgtest.MaxConns(1))
 	admin := newPool(t, dsn)
 	a := mustLock(t, lease.New(pool), "k", "a", resourcelock.WithLeaseDuration(time.Hour))
 	if err := a.Create(ctx, rec("a")); err != nil {

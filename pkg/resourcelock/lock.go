@@ -50,11 +50,11 @@ type Option func(*options)
 // LeaseDurationSeconds (whole seconds, possibly 0) is never used for it.
 func WithLeaseDuration(d time.Duration) Option { return func(o *options) { o.leaseDuration = d } }
 
-// WithMargin sets how long before Grant.ValidUntil a term ends when no
+// withMargin sets how long before Grant.ValidUntil a term ends when no
 // renewal moved it: the term margin of lease.CheckMargin (the one margin
 // rule), default min(LeaseDuration/3, 100ms + LeaseDuration/1000), at least
 // the clock-rate drift floor LeaseDuration/1000, at most LeaseDuration/3.
-func WithMargin(d time.Duration) Option { return func(o *options) { o.margin = d } }
+func withMargin(d time.Duration) Option { return func(o *options) { o.margin = d } }
 
 // WithOnEpochChange sets a function called synchronously on every change of
 // the epoch under which this lock holds the key: (old, zero Token) when a

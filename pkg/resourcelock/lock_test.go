@@ -219,7 +219,7 @@ func TestTTLFromOwnConfiguration(t *testing.T) {
 	dsn := newDB(t)
 	ctx := context.Background()
 	admin := newClient(t, dsn)
-	ttl := 50*time.Minute + 500*time.Millisecond // within 0.3.0's default max_ttl (1 hour)
+	ttl := 50*time.Minute + 500*time.Millisecond // below 0.3.0's default max_ttl (1 hour)
 	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.WithLeaseDuration(ttl))
 	r := rec("a")
 	r.LeaseDurationSeconds = 0

@@ -16,15 +16,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // pg_lease installed.
 func newDB(t *testing.T) string { return pgtest.NewLeaseDatabase(t) }
 
-func newPool(t *testing.T, dsn string) *pgxpool.Pool {
-	t.Helper()
-	pool, err := pgxpool.New(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
-}
+func newPool(t *testing.T, dsn string) *pgxpool.Pool { return pgtest.NewPool(t, dsn) }
 
 // newClient returns a lease client on a pool of its own (one per candidate,
 // as separate processes would have).

@@ -35,7 +35,6 @@ import (
 
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
-	"github.com/pglease/pg_lease/pkg/leasectrl"
 )
 
 // Timings of every operator in these tests: short, so that the suite stays
@@ -44,9 +43,8 @@ import (
 const ttl = 3 * time.Second
 
 var (
-	timing        = leasectrl.TimingFor(ttl) // RenewDeadline 2s, RetryPeriod 400ms
-	renewDeadline = timing.RenewDeadline
-	retryPeriod   = timing.RetryPeriod
+	renewDeadline = ttl * 2 / 3  // 2s: client-go's proportions (what the lock fills for 0)
+	retryPeriod   = ttl * 2 / 15 // 400ms
 )
 
 // takeoverBound bounds a takeover after the leader died: its grant runs out

@@ -1,4 +1,4 @@
-package leasectrl
+package leaderelection
 
 import (
 	"context"
@@ -39,24 +39,24 @@ import (
 //	                                                connection, timeout, server). Get's NotFound and Create's
 //	                                                AlreadyExists are answers, not errors, and are not counted.
 const (
-	MetricEpoch       = "pg_lease_lock_epoch"
-	MetricTransitions = "pg_lease_lock_transitions_total"
-	MetricRenew       = "pg_lease_lock_renew_duration_seconds"
-	MetricErrors      = "pg_lease_lock_errors_total"
+	metricEpoch       = "pg_lease_lock_epoch"
+	metricTransitions = "pg_lease_lock_transitions_total"
+	metricRenew       = "pg_lease_lock_renew_duration_seconds"
+	metricErrors      = "pg_lease_lock_errors_total"
 )
 
 var (
 	transitionsVec = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: MetricTransitions,
+		Name: metricTransitions,
 		Help: "pg_lease terms this process saw start (transition=started) and end (transition=stopped).",
 	}, []string{"key", "transition"})
 	renewVec = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    MetricRenew,
+		Name:    metricRenew,
 		Help:    "Latency of the elector's renewals (Update while holding a live term), successful or not.",
 		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 	}, []string{"key"})
 	errorsVec = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: MetricErrors,
+		Name: metricErrors,
 		Help: "Failed lock calls by op (get, create, update, release) and kind (conflict, error).",
 	}, []string{"key", "op", "kind"})
 	epochs       = &epochCollector{locks: map[string][]*resourcelock.Lock{}}
@@ -68,7 +68,7 @@ func registerMetrics() error {
 	registerOnce.Do(func() {
 		for _, c := range []prometheus.Collector{transitionsVec, renewVec, errorsVec, epochs} {
 			if err := metrics.Registry.Register(c); err != nil {
-				registerErr = fmt.Errorf("leasectrl: registering metrics: %w", err)
+				registerErr = fmt.Errorf("leaderelection: registering metrics: %w", err)
 				return
 			}
 		}
@@ -83,7 +83,7 @@ type epochCollector struct {
 	locks map[string][]*resourcelock.Lock // by key; a process normally has one per key
 }
 
-var epochDesc = prometheus.NewDesc(MetricEpoch,
+var epochDesc = prometheus.NewDesc(metricEpoch,
 	"Fencing epoch of the pg_lease lock's live term; 0 when it holds none.", []string{"key"}, nil)
 
 func (c *epochCollector) Describe(ch chan<- *prometheus.Desc) { ch <- epochDesc }
@@ -100,15 +100,15 @@ func (c *epochCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// ObservedLock is the lock a manager runs when configured by this package:
+// observedLock is the lock a manager runs when configured by this package:
 // it passes every call to the lock it wraps (a pg_lease lock, or a
-// composite such as leaderelection.MigrationLock whose pg_lease half is
+// composite such as the "leases+pglease" lock whose pg_lease half is
 // PgLease), counts the metrics above, and records the elector's events
-// through the recorder given by SetEventRecorder (NewManager gives it the
+// through the recorder given by setEventRecorder (NewManager gives it the
 // manager's), naming the epoch:
 //
 //	<identity> became leader (epoch 7)
-type ObservedLock struct {
+type observedLock struct {
 	rl.Interface
 	pg  *resourcelock.Lock
 	key string
@@ -119,11 +119,11 @@ type ObservedLock struct {
 	object    runtime.Object
 }
 
-// Observe wraps lock, whose epochs are those of pg (lock itself, or the
+// observe wraps lock, whose epochs are those of pg (lock itself, or the
 // pg_lease half of a composite), and registers the metrics.
-func Observe(lock rl.Interface, pg *resourcelock.Lock) (*ObservedLock, error) {
+func observe(lock rl.Interface, pg *resourcelock.Lock) (*observedLock, error) {
 	if lock == nil || pg == nil {
-		return nil, fmt.Errorf("leasectrl.Observe: lock and pg must not be nil")
+		return nil, fmt.Errorf("leaderelection.observe: lock and pg must not be nil")
 	}
 	if err := registerMetrics(); err != nil {
 		return nil, err
@@ -133,16 +133,13 @@ func Observe(lock rl.Interface, pg *resourcelock.Lock) (*ObservedLock, error) {
 		epochs.locks[pg.Key()] = append(epochs.locks[pg.Key()], pg)
 	}
 	epochs.mu.Unlock()
-	return &ObservedLock{Interface: lock, pg: pg, key: pg.Key()}, nil
+	return &observedLock{Interface: lock, pg: pg, key: pg.Key()}, nil
 }
 
-// PgLease is the pg_lease lock whose epochs this lock reports.
-func (o *ObservedLock) PgLease() *resourcelock.Lock { return o.pg }
-
-// SetEventRecorder sets where RecordEvent records, about obj (nil: a
+// setEventRecorder sets where RecordEvent records, about obj (nil: a
 // coordination.k8s.io/v1 Lease named after the key, "namespace/name" keys
 // split; defaultNamespace for keys without one).
-func (o *ObservedLock) SetEventRecorder(r rl.EventRecorder, obj runtime.Object, defaultNamespace string) {
+func (o *observedLock) setEventRecorder(r rl.EventRecorder, obj runtime.Object, defaultNamespace string) {
 	if obj == nil {
 		ns, name := defaultNamespace, o.key
 		if i := strings.LastIndexByte(o.key, '/'); i >= 0 {
@@ -160,8 +157,8 @@ func (o *ObservedLock) SetEventRecorder(r rl.EventRecorder, obj runtime.Object, 
 
 // RecordEvent passes the event to the wrapped lock (which records it if it
 // was built with a recorder) and records it on the recorder set by
-// SetEventRecorder, with the epoch held at that moment.
-func (o *ObservedLock) RecordEvent(s string) {
+// setEventRecorder, with the epoch held at that moment.
+func (o *observedLock) RecordEvent(s string) {
 	o.Interface.RecordEvent(s)
 	o.mu.Lock()
 	r, obj := o.recorder, o.object
@@ -177,7 +174,7 @@ func (o *ObservedLock) RecordEvent(s string) {
 }
 
 // Get passes through, counting errors.
-func (o *ObservedLock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error) {
+func (o *observedLock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error) {
 	rec, raw, err := o.Interface.Get(ctx)
 	if err != nil && !apierrors.IsNotFound(err) {
 		o.countError("get", err)
@@ -187,7 +184,7 @@ func (o *ObservedLock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byt
 }
 
 // Create passes through, counting errors.
-func (o *ObservedLock) Create(ctx context.Context, ler rl.LeaderElectionRecord) error {
+func (o *observedLock) Create(ctx context.Context, ler rl.LeaderElectionRecord) error {
 	err := o.Interface.Create(ctx, ler)
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		o.countError("create", err)
@@ -197,7 +194,7 @@ func (o *ObservedLock) Create(ctx context.Context, ler rl.LeaderElectionRecord) 
 }
 
 // Update passes through, timing renewals and counting errors.
-func (o *ObservedLock) Update(ctx context.Context, ler rl.LeaderElectionRecord) error {
+func (o *observedLock) Update(ctx context.Context, ler rl.LeaderElectionRecord) error {
 	op := "update"
 	if ler.HolderIdentity == "" {
 		op = "release"
@@ -216,7 +213,7 @@ func (o *ObservedLock) Update(ctx context.Context, ler rl.LeaderElectionRecord) 
 	return err
 }
 
-func (o *ObservedLock) countError(op string, err error) {
+func (o *observedLock) countError(op string, err error) {
 	kind := "error"
 	if apierrors.IsConflict(err) {
 		kind = "conflict"
@@ -225,7 +222,7 @@ func (o *ObservedLock) countError(op string, err error) {
 }
 
 // sawEpoch counts a change of the live epoch since the last call.
-func (o *ObservedLock) sawEpoch() {
+func (o *observedLock) sawEpoch() {
 	e := liveEpoch(o.pg)
 	o.mu.Lock()
 	last := o.lastEpoch

@@ -1,4 +1,4 @@
-package leasectrl_test
+package leaderelection_test
 
 import (
 	"context"
@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	pgle "github.com/pglease/pg_lease/pkg/leaderelection"
 	"github.com/pglease/pg_lease/pkg/lease"
-	"github.com/pglease/pg_lease/pkg/leasectrl"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 	"k8s.io/apimachinery/pkg/types"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
@@ -82,7 +82,7 @@ func TestFencedEpochEndedIsNotTerminal(t *testing.T) {
 		}
 	}
 	inner := &terminalWhenEpochEnds{calls: make(chan lease.Token, 16)}
-	fenced := leasectrl.Fenced(lock, reconcile.TypedReconciler[reconcile.Request](inner))
+	fenced := pgle.Fenced(lock, reconcile.TypedReconciler[reconcile.Request](inner))
 
 	// 1. The error itself.
 	errc := make(chan error, 1)
@@ -97,7 +97,7 @@ func TestFencedEpochEndedIsNotTerminal(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = <-errc
-	if !errors.Is(err, leasectrl.ErrEpochEnded) {
+	if !errors.Is(err, pgle.ErrEpochEnded) {
 		t.Fatalf("error %v: want ErrEpochEnded", err)
 	}
 	if errors.Is(err, reconcile.TerminalError(nil)) {
@@ -142,7 +142,7 @@ func TestFencedEpochEndedIsNotTerminal(t *testing.T) {
 		t.Fatal(err)
 	}
 	reacquire() // epoch 5
-	// The controller retries with backoff (ErrNoToken in between is possible);
+	// The controller retries with backoff (resourcelock.ErrNotHolding in between is possible);
 	// the bound only ends a test whose request was dropped.
 	select {
 	case tok := <-inner.calls:

@@ -1,4 +1,4 @@
-package leasectrl_test
+package leaderelection_test
 
 import (
 	"context"
@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	pgle "github.com/pglease/pg_lease/pkg/leaderelection"
 	"github.com/pglease/pg_lease/pkg/lease"
-	"github.com/pglease/pg_lease/pkg/leasectrl"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -54,7 +54,7 @@ func startManager(t *testing.T, dsn, key, id string) *runningManager {
 		t.Fatal(err)
 	}
 	opts := manager.Options{Metrics: metricsserver.Options{BindAddress: "0"}}
-	if err := leasectrl.ConfigureManager(&opts, lock); err != nil {
+	if err := pgle.ConfigureManager(&opts, lock); err != nil {
 		t.Fatal(err)
 	}
 	mgr, err := manager.New(unusedAPIServer(t), opts)
@@ -67,7 +67,7 @@ func startManager(t *testing.T, dsn, key, id string) *runningManager {
 		Named("fenced-" + id).
 		WithOptions(controller.TypedOptions[reconcile.Request]{SkipNameValidation: &skip}).
 		WatchesRawSource(source.Channel(m.events, &handler.EnqueueRequestForObject{})).
-		Complete(leasectrl.Fenced(lock, reconcile.TypedReconciler[reconcile.Request](m.rec)))
+		Complete(pgle.Fenced(lock, reconcile.TypedReconciler[reconcile.Request](m.rec)))
 	if err != nil {
 		t.Fatal(err)
 	}

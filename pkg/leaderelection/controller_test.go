@@ -1,4 +1,4 @@
-package leasectrl_test
+package leaderelection_test
 
 import (
 	"context"
@@ -8,10 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pglease/pg_lease/internal/pgtest"
+	pgle "github.com/pglease/pg_lease/pkg/leaderelection"
 	"github.com/pglease/pg_lease/pkg/lease"
-	"github.com/pglease/pg_lease/pkg/leasectrl"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -19,22 +18,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
-
 func newClient(t *testing.T) (*lease.Client, string) {
 	t.Helper()
 	dsn := pgtest.NewLeaseDatabase(t)
 	return lease.New(newPool(t, dsn)), dsn
-}
-
-func newPool(t *testing.T, dsn string) *pgxpool.Pool {
-	t.Helper()
-	pool, err := pgxpool.New(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
 }
 
 func TestConfigureManager(t *testing.T) {
@@ -43,11 +30,11 @@ func TestConfigureManager(t *testing.T) {
 		t.Fatal(err)
 	}
 	var opts manager.Options
-	if err := leasectrl.ConfigureManager(&opts, lock); err != nil {
+	if err := pgle.ConfigureManager(&opts, lock); err != nil {
 		t.Fatal(err)
 	}
-	obs, ok := opts.LeaderElectionResourceLockInterface.(*leasectrl.ObservedLock)
-	if !ok || obs.Interface != rl.Interface(lock) || obs.PgLease() != lock {
+	obs, ok := opts.LeaderElectionResourceLockInterface.(*pgle.ObservedLock)
+	if !ok || obs.Interface != rl.Interface(lock) || pgle.ObservedPgLease(obs) != lock {
 		t.Fatalf("LeaderElectionResourceLockInterface = %T, want an ObservedLock of the lock", opts.LeaderElectionResourceLockInterface)
 	}
 	if !opts.LeaderElection || !opts.LeaderElectionReleaseOnCancel ||
@@ -61,13 +48,13 @@ func TestConfigureManager(t *testing.T) {
 		opts manager.Options
 		want string
 	}{
-		{"renew deadline past the TTL", manager.Options{RenewDeadline: d(14 * time.Second)}, "RenewDeadline + RetryPeriod"},
+		{"renew deadline past the TTL", manager.Options{RenewDeadline: d(14 * time.Second)}, "RenewDeadline (14s) + RetryPeriod (2s) = 16s must be below"},
 		{"lease duration not above renew deadline", manager.Options{LeaseDuration: d(5 * time.Second), RenewDeadline: d(6 * time.Second)}, "LeaseDuration (5s) must be greater than RenewDeadline"},
 		{"retry period too long", manager.Options{RetryPeriod: d(9 * time.Second)}, "RenewDeadline (10s) must be greater than RetryPeriod"},
-		{"zero retry", manager.Options{RetryPeriod: d(0)}, "RetryPeriod must be positive"},
+		{"negative retry", manager.Options{RetryPeriod: d(-time.Second)}, "RetryPeriod (-1s) must be positive"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := leasectrl.ConfigureManager(&tc.opts, lock)
+			err := pgle.ConfigureManager(&tc.opts, lock)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %v, want one naming %q", err, tc.want)
 			}
@@ -77,8 +64,13 @@ func TestConfigureManager(t *testing.T) {
 		})
 	}
 	for _, ttl := range []time.Duration{1500 * time.Millisecond, 2 * time.Second, 15 * time.Second, time.Minute} {
-		if err := leasectrl.TimingFor(ttl).Check(ttl); err != nil {
-			t.Errorf("TimingFor(%v) fails its own check: %v", ttl, err)
+		l, err := resourcelock.New(lease.New(nil), "k", "a", resourcelock.WithLeaseDuration(ttl))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var opts manager.Options
+		if err := pgle.ConfigureManager(&opts, l); err != nil {
+			t.Errorf("the default timings for TTL %v fail the lock's check: %v", ttl, err)
 		}
 	}
 }
@@ -115,8 +107,8 @@ func TestFenced(t *testing.T) {
 		t.Fatal(err)
 	}
 	inner := &recordingReconciler{}
-	r := leasectrl.Fenced(lock, reconcile.TypedReconciler[reconcile.Request](inner))
-	if _, err := r.Reconcile(ctx, reconcile.Request{}); !errors.Is(err, leasectrl.ErrNoToken) || len(inner.tokens) != 0 {
+	r := pgle.Fenced(lock, reconcile.TypedReconciler[reconcile.Request](inner))
+	if _, err := r.Reconcile(ctx, reconcile.Request{}); !errors.Is(err, resourcelock.ErrNotHolding) || len(inner.tokens) != 0 {
 		t.Fatalf("without a grant: %v, %d calls", err, len(inner.tokens))
 	}
 	if err := lock.Create(ctx, rl.LeaderElectionRecord{HolderIdentity: "a"}); err != nil {
@@ -148,10 +140,10 @@ func TestFenced(t *testing.T) {
 	if err := lock.Update(ctx, rl.LeaderElectionRecord{}); err != nil { // release
 		t.Fatal(err)
 	}
-	if err := <-errc; !errors.Is(err, leasectrl.ErrEpochEnded) || !errors.Is(err, lease.ErrReleased) {
+	if err := <-errc; !errors.Is(err, pgle.ErrEpochEnded) || !errors.Is(err, lease.ErrReleased) {
 		t.Fatalf("reconcile across the end of its epoch: %v", err)
 	}
-	if _, err := r.Reconcile(ctx, reconcile.Request{}); !errors.Is(err, leasectrl.ErrNoToken) {
+	if _, err := r.Reconcile(ctx, reconcile.Request{}); !errors.Is(err, resourcelock.ErrNotHolding) {
 		t.Fatalf("after release: %v", err)
 	}
 }
@@ -165,7 +157,7 @@ func TestObservedLockMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	obs, err := leasectrl.Observe(lock, lock)
+	obs, err := pgle.Observe(lock, lock)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,12 +175,12 @@ func TestObservedLockMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	obsB, err := leasectrl.Observe(other, other)
+	obsB, err := pgle.Observe(other, other)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// client-go always reads before it writes (an Update before any Get is
-	// refused as a bad request): b sees a's grant, then loses the race.
+	// b follows the holder (Get), then tries to take the key (Update): a
+	// conflict. (An Update before any Get or Create is a BadRequest.)
 	if _, _, err := obsB.Get(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -262,14 +254,14 @@ func TestConfigureReleaseOnCancel(t *testing.T) {
 		t.Fatal(err)
 	}
 	opts := manager.Options{LeaderElectionReleaseOnCancel: false}
-	if _, err := leasectrl.Configure(&opts, leasectrl.ManagerConfig{Lock: lock, PgLease: lock}); err != nil {
+	if _, err := pgle.Configure(&opts, pgle.ManagerConfig{Lock: lock, PgLease: lock}); err != nil {
 		t.Fatal(err)
 	}
 	if opts.LeaderElectionReleaseOnCancel {
 		t.Error("Configure overrode LeaderElectionReleaseOnCancel = false")
 	}
 	yes := true
-	if _, err := leasectrl.Configure(&opts, leasectrl.ManagerConfig{Lock: lock, PgLease: lock, ReleaseOnCancel: &yes}); err != nil {
+	if _, err := pgle.Configure(&opts, pgle.ManagerConfig{Lock: lock, PgLease: lock, ReleaseOnCancel: &yes}); err != nil {
 		t.Fatal(err)
 	}
 	if !opts.LeaderElectionReleaseOnCancel {
