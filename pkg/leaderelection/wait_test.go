@@ -58,7 +58,9 @@ func TestNewPgLeaseFollowerWaits(t *testing.T) {
 	if err := leader.Update(ctx, rl.LeaderElectionRecord{}); err != nil {
 		t.Fatalf("release: %v", err)
 	}
+	releasedAt := time.Now()
 	g := <-res
+	t.Logf("Get returned %v after the release", time.Since(releasedAt))
 	if g.err != nil || g.holder != "" {
 		t.Fatalf("the standby's second Get returned holder %q (err %v): want it to wait for the release and report the key free", g.holder, g.err)
 	}
