@@ -70,7 +70,9 @@ func handoffAndTakeover(e *env) string {
 		}
 		return p
 	}
-	settle := func() { time.Sleep(time.Duration((1+leaderelection.JitterFactor)*float64(crRetryPeriod)) + time.Second) }
+	settle := func() {
+		time.Sleep(time.Duration((1+leaderelection.JitterFactor)*float64(crRetryPeriod)) + time.Second)
+	}
 	p1 := startOne(1)
 	l1 := e.awaitLeader(0, 30*time.Second, "")
 	p2 := startOne(2)
