@@ -201,13 +201,6 @@ func New(ctx context.Context, c Config, o BuildOptions) (*Lock, error) {
 		return nil, err
 	}
 	out.PgLease = pg
-	// The lock's own timing rule (its margin, which PgLeaseOptions may set),
-	// besides Validate's check with the default margin.
-	if _, err := pg.LeaderElectionConfig(leaderelection.LeaderElectionConfig{LeaseDuration: c.LeaseDuration.Duration,
-		RenewDeadline: c.RenewDeadline.Duration, RetryPeriod: c.RetryPeriod.Duration}); err != nil {
-		out.Close()
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
-	}
 	if kube == nil {
 		out.Interface = pg
 		return out, nil

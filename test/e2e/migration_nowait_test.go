@@ -6,8 +6,10 @@ import (
 	"time"
 
 	pgle "github.com/pglease/pg_lease/pkg/leaderelection"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/component-base/config"
 )
 
 // TestMigrationLockGetDoesNotWait: the "leases+pglease" lock that
@@ -33,8 +35,12 @@ func TestMigrationLockGetDoesNotWait(t *testing.T) {
 	if err := old.Create(ctx, rl.LeaderElectionRecord{HolderIdentity: "old", LeaseDurationSeconds: 15}); err != nil {
 		t.Fatal(err)
 	}
-	c := pgle.DefaultConfig()
-	c.LeaderElect, c.ResourceLock, c.ResourceName, c.ResourceNamespace = true, pgle.ResourceLockMigration, name, ns
+	// controller-runtime's default timings; the resource lock by its name.
+	c := pgle.Config{LeaderElectionConfiguration: config.LeaderElectionConfiguration{
+		LeaderElect: true, ResourceLock: "leases+pglease", ResourceName: name, ResourceNamespace: ns,
+		LeaseDuration: metav1.Duration{Duration: 15 * time.Second}, RenewDeadline: metav1.Duration{Duration: 10 * time.Second},
+		RetryPeriod: metav1.Duration{Duration: 2 * time.Second},
+	}}
 	c.DSN.Env, c.Identity = "NOWAIT_LEASE_DSN", "new"
 	lock, err := pgle.New(ctx, c, pgle.BuildOptions{KubeConfig: cfg})
 	if err != nil {
