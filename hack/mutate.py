@@ -65,6 +65,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -497,11 +498,18 @@ def line_of(s, a):
 # ---------------------------------------------------------------------------
 
 def sh(cmd, log, env=None, timeout=None, cwd=None):
+    """Runs cmd in a process group of its own; on timeout the whole group is
+    killed (make's children, pg_regress and its psql, would go on otherwise)."""
     with open(log, 'w') as f:
+        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)
         try:
-            p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=timeout, cwd=cwd)
-            return p.returncode
+            return p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
             f.write('\nmutate: TIMEOUT after %ss\n' % timeout)
             return 124
 

@@ -100,6 +100,15 @@ CREATE TABLE lease.settings (
 );
 COMMENT ON TABLE lease.settings IS
   'pg_lease internal: operator settings (lease.configure); no row means the defaults';
+-- Grants made before this update may be longer than the new default max_ttl
+-- (1 hour): the promotion grace covers them until the longest one ends, as if
+-- an operator had just lowered max_ttl from their length. (Their holders'
+-- renewals must ask for at most max_ttl from now on, or an operator raises it.)
+INSERT INTO lease.settings (max_ttl, prev_max_ttl, prev_until)
+SELECT interval '1 hour', lease._seconds(max(l.expires_at) - clock_timestamp()), max(l.expires_at)
+  FROM lease.leases l
+ WHERE l.owner IS NOT NULL AND l.expires_at > clock_timestamp() + interval '1 hour'
+HAVING count(*) > 0;
 
 -- ---------------------------------------------------------------------------
 -- Internal helpers
@@ -346,7 +355,11 @@ BEGIN
     lease._text_violation('owner', v_owner),
     lease._duration_violation('ttl', ttl, true),
     lease._duration_violation('wait', wait, false),
-    lease._ttl_violation(ttl, wait)]);
+    -- (the max_ttl probe inline, a cached plan; the helper only when needed)
+    CASE WHEN ttl IS NOT NULL AND isfinite(ttl)
+          AND (extract(epoch FROM ttl) > extract(epoch FROM coalesce((SELECT s.max_ttl FROM lease.settings s), interval '1 hour'))
+               OR (wait IS NOT NULL AND isfinite(wait) AND extract(epoch FROM wait) > 0))
+         THEN lease._ttl_violation(ttl, wait) END]);
   IF current_setting('transaction_read_only') = 'on' THEN
     PERFORM lease._raise_read_only('lease.acquire');
   END IF;
@@ -374,7 +387,21 @@ BEGIN
     v_now := clock_timestamp();
 
     IF v_found AND r_owner IS NOT NULL AND r_expires > v_now THEN
-      IF r_owner = v_owner AND (r_role IS NULL OR r_role = v_role OR lease._may_act(r_role)) THEN
+      IF r_owner = v_owner AND (r_role IS NULL OR r_role = v_role OR lease._may_act(r_role))
+         AND v_base IS NULL THEN
+        -- A grant of an earlier era seen during the grace after a timeline
+        -- change may be one whose release was lost with the old primary,
+        -- while a successor's grant, also lost, is still believed: it is not
+        -- handed back by an idempotent acquire until the grace ends (by then
+        -- it has lapsed: its ttl was at most max_ttl). Renewals with its
+        -- token go on. (Outside a grace this costs one timeline read.)
+        SELECT g.base, g.grace_until INTO v_base, v_grace FROM lease._grant_context() g;
+      END IF;
+      IF r_owner = v_owner AND (r_role IS NULL OR r_role = v_role OR lease._may_act(r_role))
+         AND v_grace IS NOT NULL AND clock_timestamp() < v_grace AND r_epoch <= v_base THEN
+        v_in_grace := true;
+        r_expires := least(r_expires, v_grace);
+      ELSIF r_owner = v_owner AND (r_role IS NULL OR r_role = v_role OR lease._may_act(r_role)) THEN
         -- Idempotent: the caller already holds it. Same epoch, same expiry.
         -- Under REPEATABLE READ / SERIALIZABLE the row read is the snapshot's:
         -- a locked read (FOR SHARE conflicts with every change of the row;
@@ -542,7 +569,9 @@ BEGIN
     lease._text_violation('owner', v_owner),
     lease._epoch_violation(v_epoch),
     lease._duration_violation('ttl', ttl, true),
-    lease._ttl_violation(ttl, interval '0')]);
+    CASE WHEN ttl IS NOT NULL AND isfinite(ttl)
+          AND extract(epoch FROM ttl) > extract(epoch FROM coalesce((SELECT s.max_ttl FROM lease.settings s), interval '1 hour'))
+         THEN lease._ttl_violation(ttl, interval '0') END]);
   IF current_setting('transaction_read_only') = 'on' THEN
     PERFORM lease._raise_read_only('lease.renew');
   END IF;

@@ -29,9 +29,9 @@ func TestOperationTransactionAborted(t *testing.T) {
 
 	held := map[string]lease.Grant{}
 	for _, k := range []string{"h-renew", "h-release", "h-error", "h-crash"} {
-		held[k] = mustAcquire(t, holder, k, "a", time.Hour)
+		held[k] = mustAcquire(t, holder, k, "a", 30*time.Minute)
 	}
-	mustRelease(t, setup, mustAcquire(t, setup, "free", "a", time.Hour))
+	mustRelease(t, setup, mustAcquire(t, setup, "free", "a", 30*time.Minute))
 	mustAcquire(t, setup, "lapsed", "a", 200*time.Millisecond)
 	waitLapsed(t, setup, "lapsed", 30*time.Second)
 	// The setup session ends (and with it anything it kept beyond its
@@ -52,7 +52,7 @@ func TestOperationTransactionAborted(t *testing.T) {
 		ops: func(t *testing.T, tx pgx.Tx) {
 			c := lease.New(tx)
 			for _, k := range []string{"never", "free", "lapsed"} {
-				g := mustAcquire(t, c, k, "x", time.Hour)
+				g := mustAcquire(t, c, k, "x", 30*time.Minute)
 				if s := inspect(t, c, k); !s.Held || s.Owner != "x" || s.Epoch != g.Epoch {
 					t.Fatalf("inside the transaction: %s", stateString(s))
 				}
@@ -65,7 +65,7 @@ func TestOperationTransactionAborted(t *testing.T) {
 			}
 			// What was free or lapsed is still acquirable, by another session.
 			for k, want := range map[string]int64{"never": 1, "free": 3, "lapsed": 2} {
-				g, ok, err := other.Acquire(pgtest.Context(t, time.Minute), k, "y", time.Hour)
+				g, ok, err := other.Acquire(pgtest.Context(t, time.Minute), k, "y", 30*time.Minute)
 				if err != nil || !ok || g.Epoch != want {
 					t.Fatalf("acquire of %s by another session after the rollback: %v ok=%t err=%v, want epoch %d",
 						k, g.Token, ok, err, want)
@@ -75,7 +75,7 @@ func TestOperationTransactionAborted(t *testing.T) {
 	}, {
 		name: "renew/rollback",
 		ops: func(t *testing.T, tx pgx.Tx) {
-			if _, err := lease.New(tx).Renew(pgtest.Context(t, time.Minute), held["h-renew"].Token, 2*time.Hour); err != nil {
+			if _, err := lease.New(tx).Renew(pgtest.Context(t, time.Minute), held["h-renew"].Token, time.Hour); err != nil {
 				t.Fatal(err)
 			}
 		},
@@ -91,10 +91,10 @@ func TestOperationTransactionAborted(t *testing.T) {
 		},
 		end: "rollback",
 		then: func(t *testing.T) {
-			if _, ok, err := other.Acquire(pgtest.Context(t, time.Minute), "h-release", "y", time.Hour); err != nil || ok {
+			if _, ok, err := other.Acquire(pgtest.Context(t, time.Minute), "h-release", "y", 30*time.Minute); err != nil || ok {
 				t.Fatalf("another owner acquired h-release after the rolled-back release: ok=%t err=%v", ok, err)
 			}
-			if _, err := holder.Renew(pgtest.Context(t, time.Minute), held["h-release"].Token, time.Hour); err != nil {
+			if _, err := holder.Renew(pgtest.Context(t, time.Minute), held["h-release"].Token, 30*time.Minute); err != nil {
 				t.Fatalf("holder's renew after the rolled-back release: %v", err)
 			}
 		},
@@ -102,7 +102,7 @@ func TestOperationTransactionAborted(t *testing.T) {
 		name: "acquire+release/error",
 		ops: func(t *testing.T, tx pgx.Tx) {
 			c := lease.New(tx)
-			mustAcquire(t, c, "never-err", "x", time.Hour)
+			mustAcquire(t, c, "never-err", "x", 30*time.Minute)
 			mustRelease(t, c, held["h-error"])
 			if _, err := tx.Exec(pgtest.Context(t, time.Minute), `SELECT 1/0`); pgCode(err) != "22012" {
 				t.Fatalf("SELECT 1/0: %v", err)
@@ -118,8 +118,8 @@ func TestOperationTransactionAborted(t *testing.T) {
 		name: "acquire+renew/client-dies",
 		ops: func(t *testing.T, tx pgx.Tx) {
 			c := lease.New(tx)
-			mustAcquire(t, c, "never-crash", "x", time.Hour)
-			if _, err := c.Renew(pgtest.Context(t, time.Minute), held["h-crash"].Token, 2*time.Hour); err != nil {
+			mustAcquire(t, c, "never-crash", "x", 30*time.Minute)
+			if _, err := c.Renew(pgtest.Context(t, time.Minute), held["h-crash"].Token, time.Hour); err != nil {
 				t.Fatal(err)
 			}
 		},

@@ -168,7 +168,7 @@ func TestResourceExhaustionFailsClosed(t *testing.T) {
 			t.Fatal(err)
 		}
 		before := rawRows(t, admin)
-		if rg, err := holder.Renew(ctx, g.Token, 2*time.Hour); pgCode(err) != "55P03" {
+		if rg, err := holder.Renew(ctx, g.Token, 50*time.Minute); pgCode(err) != "55P03" {
 			t.Fatalf("renew behind the fence's row lock: %v %v, want SQLSTATE 55P03 (lock_not_available)", rg.Token, err)
 		} else {
 			t.Logf("renew: %v", err)

@@ -47,8 +47,11 @@ SELECT * FROM lease.configure(max_ttl => interval '1 hour');
 DELETE FROM lease.settings;
 INSERT INTO lease.settings (max_ttl) VALUES (interval '1 s');
 UPDATE lease.timeline_state SET timeline = 0;
--- The holder of tl-2 (replicated) renews and re-acquires during the grace;
--- nothing else is granted before it ends: a free key, a new key, a lapsed one.
+-- The holder of tl-2 (replicated) renews during the grace; an idempotent
+-- re-acquire of that earlier-era grant is refused until the grace ends (its
+-- release may have been lost with the old primary while a successor's lost
+-- grant is still believed); nothing else is granted before it ends either: a
+-- free key, a new key, a lapsed one.
 SELECT status FROM lease.renew('tl-2', 'h', 1, interval '1 s');
 SELECT acquired, epoch FROM lease.acquire('tl-2', 'h', interval '1 s');
 SELECT acquired, epoch FROM lease.acquire('tl-new', 'n', interval '1 s');

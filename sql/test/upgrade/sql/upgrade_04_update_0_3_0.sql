@@ -38,6 +38,10 @@ SELECT floor FROM lease.epoch_floor;
 -- The timeline is recorded (a fresh cluster: 1), era 0, no grace.
 SELECT timeline, era, grace_until FROM lease.timeline_state;
 SELECT max_ttl, timeline, era, grace_until, epoch_floor FROM lease.status();
+-- up-held was renewed for 2 hours by 0.2.0: the promotion grace covers it
+-- (longer than the new default max_ttl of 1 hour) until it ends.
+SELECT promotion_grace > interval '1 hour 59 min' AS grace_covers_the_2h_grant,
+       promotion_grace <= interval '2 hours' AS no_longer FROM lease.status();
 
 -- The state tables are configuration tables: pg_dump keeps their rows.
 SELECT extconfig::regclass[] AS config_tables, extcondition FROM pg_extension WHERE extname = 'pg_lease';
