@@ -110,9 +110,20 @@ func run(dsn, key, id, namespace string, sel labels.Selector, leaseDuration time
 		return err
 	}
 	defer pool.Close()
+	// The process's one listener: the lock's Get waits on it while this
+	// replica is a standby, so that it takes over within milliseconds of
+	// the leader's release (and at the server's expiry of a crashed
+	// leader's grant) instead of at client-go's next RetryPeriod. Closed
+	// after the manager stopped (after the release on cancel).
+	w, err := lease.NewWaiter(ctx, dsn, lease.WaiterOptions{})
+	if err != nil {
+		return err
+	}
+	defer w.Close()
 
 	lock, err := resourcelock.New(lease.New(pool), key, id,
 		resourcelock.WithLeaseDuration(leaseDuration),
+		resourcelock.WithWaiter(w),
 		resourcelock.WithOnEpochChange(func(old, new lease.Token) {
 			if old.Epoch != 0 {
 				say("epoch-end %s", old)

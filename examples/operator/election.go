@@ -40,8 +40,17 @@ func pgleaseElection(ctx context.Context, c config) (*election, error) {
 	if err != nil {
 		return nil, fmt.Errorf("lease database: %w", err)
 	}
+	// The process's one listener: a follower's Get waits on it, so that a
+	// standby takes over within milliseconds of a release and at the
+	// server's expiry of a crashed leader's grant.
+	w, err := lease.NewWaiter(ctx, c.leaseDSN, lease.WaiterOptions{})
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("lease database (listen connection): %w", err)
+	}
 	lock, err := resourcelock.New(lease.New(pool), c.electionID, c.id,
 		resourcelock.WithLeaseDuration(c.leaseDuration),
+		resourcelock.WithWaiter(w),
 		resourcelock.WithOnEpochChange(func(old, new lease.Token) {
 			if old.Epoch != 0 {
 				emit(event{Event: "epoch-end", Epoch: old.Epoch})
@@ -51,6 +60,7 @@ func pgleaseElection(ctx context.Context, c config) (*election, error) {
 			}
 		}))
 	if err != nil {
+		_ = w.Close()
 		pool.Close()
 		return nil, err
 	}
@@ -61,7 +71,7 @@ func pgleaseElection(ctx context.Context, c config) (*election, error) {
 		},
 		epoch: func() int64 { t, _ := lock.Token(); return t.Epoch },
 		pool:  pool,
-		close: func() { closeSoon(pool) },
+		close: func() { closeWithin(func() { _ = w.Close() }); closeSoon(pool) },
 	}, nil
 }
 

@@ -278,9 +278,12 @@ func run(ctx context.Context, c config) error {
 // closeSoon closes pool, waiting at most a second: connections to an
 // unreachable database (their cancel requests hang) must not hold back the
 // exit after a lost leadership.
-func closeSoon(pool *pgxpool.Pool) {
+func closeSoon(pool *pgxpool.Pool) { closeWithin(pool.Close) }
+
+// closeWithin runs closeFn, waiting for it at most a second.
+func closeWithin(closeFn func()) {
 	done := make(chan struct{})
-	go func() { pool.Close(); close(done) }()
+	go func() { closeFn(); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(time.Second):

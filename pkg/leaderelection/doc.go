@@ -37,10 +37,17 @@
 // into a controller-runtime manager with NewManager, and hands each
 // reconcile the fencing token of the epoch it runs under with Fenced:
 //
-//	lock, _ := resourcelock.New(lease.New(pool), "my-operator", podName)
+//	w, _ := lease.NewWaiter(ctx, dsn, lease.WaiterOptions{}) // one per process; Close after mgr.Start returns
+//	lock, _ := resourcelock.New(lease.New(pool), "my-operator", podName, resourcelock.WithWaiter(w))
 //	opts := manager.Options{...}
 //	mgr, err := leaderelection.NewManager(cfg, opts, leaderelection.ManagerConfig{Lock: lock, PgLease: lock})
 //	ctrl.NewControllerManagedBy(mgr).For(&v1.Thing{}).Complete(leaderelection.Fenced(lock, &ThingReconciler{}))
+//
+// Build the lock with resourcelock.WithWaiter: a standby's elector then
+// waits for news of the key and takes over within milliseconds of the
+// leader's release (and at the server's expiry of a crashed leader's
+// grant) instead of at its next RetryPeriod (up to 2.4 s at
+// controller-runtime's defaults). Flags.NewManager and New do it for you.
 //
 // NewManager runs the lock wrapped so that the lock's epoch, transitions,
 // renewal latency and errors go to controller-runtime's metrics registry

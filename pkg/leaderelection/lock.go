@@ -38,6 +38,13 @@ type BuildOptions struct {
 	// Pool, when set, is used for the pg_lease lock instead of a pool New
 	// opens from Config.DSN (and Close then leaves it open).
 	Pool *pgxpool.Pool
+	// Waiter, when set, is the process's listener the "pglease" lock waits
+	// on (resourcelock.WithWaiter), shared with the process's other locks;
+	// Close then leaves it open. When nil, New opens one for the lock (one
+	// connection LISTENing on channel pg_lease, from the pool's connection
+	// settings) and Close closes it. "leases+pglease" never waits (see
+	// MigrationLock) and gets none.
+	Waiter *lease.Waiter
 }
 
 // Lock is a ready client-go resourcelock.Interface built from a Config,
@@ -52,11 +59,16 @@ type Lock struct {
 	// Identity filled).
 	Config Config
 
-	pool *pgxpool.Pool
+	pool   *pgxpool.Pool
+	waiter *lease.Waiter
 }
 
-// Close closes the pool New opened (if any).
+// Close closes the listener and the pool New opened (if any). Call it after
+// the elector or the manager stopped.
 func (l *Lock) Close() {
+	if l.waiter != nil {
+		_ = l.waiter.Close()
+	}
 	if l.pool != nil {
 		l.pool.Close()
 	}
@@ -82,11 +94,16 @@ func defaultIdentity() (string, error) {
 //
 //	leases          client-go's LeaseLock (coordination.k8s.io/v1 Lease)
 //	pglease         a pg_lease lock (pkg/resourcelock) on Config.pgLeaseKey,
-//	                TTL = leaseDuration, over a pool opened from Config.DSN
-//	leases+pglease  a NewMigrationLock of both, with one identity
+//	                TTL = leaseDuration, over a pool opened from Config.DSN,
+//	                whose followers wait for news (resourcelock.WithWaiter):
+//	                a standby takes over within milliseconds of a release and
+//	                at the server's expiry of a crashed leader's grant
+//	leases+pglease  a NewMigrationLock of both, with one identity (its
+//	                followers poll: see NewMigrationLock)
 //
 // A disabled election (LeaderElect false) is an error: there is no lock to
-// build. The context bounds opening the pool (no connection is made yet).
+// build. For "pglease" New opens the listen connection (BuildOptions.Waiter
+// unset), so PostgreSQL must answer; ctx bounds that connection.
 func New(ctx context.Context, c Config, o BuildOptions) (*Lock, error) {
 	if !c.LeaderElect {
 		return nil, fmt.Errorf("%w: leaderElect is false: no lock to build", ErrInvalidConfig)
@@ -151,6 +168,20 @@ func New(ctx context.Context, c Config, o BuildOptions) (*Lock, error) {
 	opts := []resourcelock.Option{resourcelock.WithLeaseDuration(c.LeaseDuration.Duration)}
 	if o.EventRecorder != nil {
 		opts = append(opts, resourcelock.WithEventRecorder(o.EventRecorder, ev, c.ResourceNamespace))
+	}
+	if kube == nil {
+		// pglease: followers wait for news. Not for leases+pglease: there
+		// the elector must see the Lease half at every RetryPeriod.
+		w := o.Waiter
+		if w == nil {
+			var err error
+			if w, err = lease.NewWaiterConfig(ctx, pool.Config().ConnConfig, lease.WaiterOptions{}); err != nil {
+				out.Close()
+				return nil, fmt.Errorf("leaderelection: opening the listen connection (DSN from %s): %w", c.DSN, err)
+			}
+			out.waiter = w
+		}
+		opts = append(opts, resourcelock.WithWaiter(w))
 	}
 	opts = append(opts, o.PgLeaseOptions...)
 	pg, err := resourcelock.New(lease.New(pool), c.pgLeaseKey(), c.Identity, opts...)

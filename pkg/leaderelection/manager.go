@@ -71,7 +71,11 @@ func (f *Flags) managerConfig(opts manager.Options) Config {
 //     the environment variable), NewManager runs it with its
 //     metrics and the manager's event recorder, the lock's Check is added
 //     as the health check healthzCheckName, and the manager's Start closes
-//     the pool after the manager stopped (after the release on cancel).
+//     the pool and the listen connection after the manager stopped (after
+//     the release on cancel). With pglease a standby's elector waits for
+//     news (resourcelock.WithWaiter): it takes over within milliseconds of
+//     the leader's release, and at the server's expiry of a crashed
+//     leader's grant, at any RetryPeriod; nothing to configure.
 //
 // The timings are validated against the TTL (Config.validate); every error
 // names its field. LeaderElectionReleaseOnCancel is the caller's, never

@@ -52,6 +52,18 @@ import (
 //	        reports the key's holder, so it waits for that holder's lease to
 //	        go stale (or, if the key is free, takes it at the next retry).
 //
+// Get never waits for news, and PgLease must be built without
+// resourcelock.WithWaiter (New builds it so): the Lease half is what keeps
+// old pods out, and client-go's elector learns that a Lease holder is gone
+// only by reading the Lease every RetryPeriod and seeing the same record
+// for LeaseDuration. A waiting pg_lease Get returns only when the key
+// changes; while an old pod holds the Lease the key may never change
+// (nobody takes it), so the follower would sit in Get (up to the lock's
+// ten-minute bound) long after the Lease went stale, and every Lease write
+// it did not see would be missing from its record. Handoffs in this mode
+// therefore take client-go's polling time, as with "leases"; the
+// millisecond handoff comes with the switch to "pglease".
+//
 // The epoch (fencing token) is the pg_lease lock's: use PgLease.Token,
 // TokenContext or Fenced(PgLease, …) as with "pglease".
 type migrationLock struct {

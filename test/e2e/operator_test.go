@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -171,6 +172,10 @@ type env struct {
 	// dsnFor returns the lease and store DSNs an operator slot connects
 	// with (through a proxy in scenario f).
 	dsnFor func(slot int) (leaseDSN, storeDSN string)
+
+	// ld, rd, rp override the operators' timings (ttl, renewDeadline,
+	// retryPeriod) when set.
+	ld, rd, rp time.Duration
 
 	mu       sync.Mutex
 	events   []opEvent
@@ -360,9 +365,9 @@ func (e *env) start(slot int) (*opProc, error) {
 		"-namespace", e.name,
 		"-lock", e.lock,
 		"-election-id", e.name,
-		"-lease-duration", ttl.String(),
-		"-renew-deadline", renewDeadline.String(),
-		"-retry-period", retryPeriod.String(),
+		"-lease-duration", cmp.Or(e.ld, ttl).String(),
+		"-renew-deadline", cmp.Or(e.rd, renewDeadline).String(),
+		"-retry-period", cmp.Or(e.rp, retryPeriod).String(),
 		"-health-probe-bind-address", p.probe,
 	}
 	if e.lock == "pglease" {

@@ -1,0 +1,67 @@
+package leaderelection_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/pglease/pg_lease/internal/pgtest"
+	pgle "github.com/pglease/pg_lease/pkg/leaderelection"
+	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/resourcelock"
+	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
+)
+
+// New("pglease") builds a lock whose follower Get waits for news: a
+// standby's Get, issued while another candidate holds the key, returns
+// only after that candidate released it, with the key free (without the
+// waiter it returns at once, naming the holder). Close stops the listener.
+func TestNewPgLeaseFollowerWaits(t *testing.T) {
+	dsn := pgtest.NewLeaseDatabase(t)
+	t.Setenv("WAIT_LEASE_DSN", dsn)
+	c := pgle.DefaultConfig()
+	c.LeaderElect, c.ResourceLock, c.ResourceName, c.ResourceNamespace = true, "pglease", "op", "ns"
+	c.DSN.Env = "WAIT_LEASE_DSN"
+	c.Identity = "standby"
+	lock, err := pgle.New(context.Background(), c, pgle.BuildOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+
+	leader, err := resourcelock.New(lease.New(newPool(t, dsn)), "ns/op", "leader")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := leader.Create(ctx, rl.LeaderElectionRecord{HolderIdentity: "leader"}); err != nil {
+		t.Fatal(err)
+	}
+	if r, _, err := lock.Get(ctx); err != nil || r.HolderIdentity != "leader" {
+		t.Fatalf("first Get: %+v %v", r, err)
+	}
+	type got struct {
+		holder string
+		err    error
+	}
+	res := make(chan got, 1)
+	go func() {
+		r, _, err := lock.Get(ctx)
+		if err != nil {
+			res <- got{err: err}
+			return
+		}
+		res <- got{holder: r.HolderIdentity}
+	}()
+	time.Sleep(500 * time.Millisecond) // the Get is waiting (or, broken, has returned)
+	if err := leader.Update(ctx, rl.LeaderElectionRecord{}); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	releasedAt := time.Now()
+	g := <-res
+	t.Logf("Get returned %v after the release", time.Since(releasedAt))
+	if g.err != nil || g.holder != "" {
+		t.Fatalf("the standby's second Get returned holder %q (err %v): want it to wait for the release and report the key free", g.holder, g.err)
+	}
+}
