@@ -40,6 +40,11 @@ type Result struct {
 	// FailoverMode: the history has failover faults, so only the rules
 	// that hold across a promotion were checked (see Check).
 	FailoverMode bool
+	// Denials: acquire denials (wait 0) and acquire_wait timeouts;
+	// BusyDenials: those of them modelled as busy-possible (see Check).
+	Denials     int
+	BusyDenials int
+	busy        map[int]bool // op IDs of the busy-possible ones (for Report)
 	// RenewAfterRelease: failover runs, renewals reported ok for a token
 	// its owner had released (the release lost with the old primary); not
 	// taken as the owner's belief by I1.
@@ -105,6 +110,31 @@ type CheckOptions struct {
 //
 // LIN: per key, porcupine with the model of model.go.
 //
+// Busy denials (pg_lease 0.3.0). A non-blocking acquire (wait 0) never
+// waits for a row lock: when its unlocked read finds the key free, lapsed
+// or absent, it locks the row NOWAIT (a first grant's INSERT waits at most
+// 1 ms for a concurrent uncommitted first grant) and answers acquired = f
+// if another transaction has the row locked; an acquire_wait times out
+// (57014) when the row stays locked for its whole wait. So a denial or a
+// timeout no longer implies "held by another owner": it may be "busy". A
+// denial or timeout is busy-possible when its interval [Call, Return]
+// overlaps that of an operation on the same key that can lock the key's
+// row (locksRow: acquire granted, unknown or failed, acquire_wait, renew
+// and release in every outcome); the model takes it as a no-op that is
+// legal in every state except one where the caller itself certainly holds
+// the key through its whole bracket (that would be an idempotent grant).
+// A denial or timeout that overlaps no such operation must still be
+// explained by a holder other than the caller (as in 0.2.0). Row locks are
+// taken and released inside the statement of the operation that takes
+// them, which ends before its response (or before its backend is seen gone,
+// for an unknown outcome), so a busy answer always overlaps its locker in
+// real time. Not lockers: inspect (an unlocked read), a definite wait-0
+// denial (it locks only after a concurrent grant committed between its
+// unlocked read and its lock, and lets go at once; whoever it blocked
+// overlaps that grant, see locksRow), and the guard write (a plain UPDATE of
+// robustness_guard, which never touches lease.leases). No other rule uses a
+// denial or a timeout: they observe no epoch and name no owner.
+//
 // A history with failover faults (FaultFailover: what the old primary
 // acknowledged after its standby was cut off is lost) is checked with the
 // rules that hold across a promotion only: I1; of I2/I3, one owner per (key,
@@ -123,6 +153,8 @@ func Check(h *History, opts CheckOptions) *Result {
 	c := newChecker(h)
 	c.count()
 	c.classifyFresh()
+	c.classifyBusy()
+	c.res.busy = c.busyOps
 	for _, f := range h.Faults {
 		if f.Kind == FaultFailover {
 			c.failover = true
@@ -164,7 +196,8 @@ type checker struct {
 	seen   map[string]bool
 
 	freshOps map[int]bool
-	failover bool // the history has failover faults: see Check
+	busyOps  map[int]bool // busy-possible denials and timeouts (see Check)
+	failover bool         // the history has failover faults: see Check
 }
 
 func newChecker(h *History) *checker {
@@ -313,6 +346,61 @@ func (c *checker) classifyFresh() {
 					shown[owner] = map[int64]bool{}
 				}
 				shown[owner][e] = true
+			}
+		}
+	}
+}
+
+// denial: o answered "not acquired" (acquired = f for wait 0, the timeout
+// 57014 for a wait > 0).
+func denial(o *Op) bool {
+	return definite(o) && (o.Kind == KAcquire && o.Status == SDenied || o.Kind == KAcquireWait && o.Status == STimeout)
+}
+
+// locksRow: o may have held a lock on its key's row of lease.leases while
+// it ran. acquire locks only on its grant path (a granted, unknown or
+// failed one may have); a definite wait-0 denial takes a lock only when a
+// grant committed between its unlocked read and its lock (it then lets go
+// at once and reads again), and whoever that brief lock made busy had read
+// the key not held before that grant committed, so it overlaps the grant
+// itself. acquire_wait, renew and release lock the row (FOR NO KEY UPDATE)
+// whatever they answer. inspect reads without a lock; guard writes only
+// robustness_guard (ops of kind guard are not in byKey).
+func locksRow(o *Op) bool {
+	switch o.Kind {
+	case KAcquire:
+		return !(definite(o) && o.Status == SDenied)
+	case KAcquireWait, KRenew, KRelease:
+		return true
+	}
+	return false
+}
+
+// classifyBusy: a denial (or timeout) is busy-possible when it overlaps in
+// real time an operation on the same key that can lock the row.
+func (c *checker) classifyBusy() {
+	c.busyOps = map[int]bool{}
+	for _, ops := range c.byKey {
+		var lockers []*Op
+		for _, o := range ops {
+			if locksRow(o) {
+				lockers = append(lockers, o)
+			}
+		}
+		for _, d := range ops {
+			if !denial(d) {
+				continue
+			}
+			c.res.Denials++
+			for _, l := range lockers {
+				if l.Call > ret(d) {
+					break // lockers are by Call
+				}
+				if l != d && ret(l) >= d.Call {
+					c.busyOps[d.ID] = true
+					c.res.BusyDenials++
+					break
+				}
 			}
 		}
 	}
@@ -731,8 +819,10 @@ func (c *checker) checkGuard(key string) {
 func (c *checker) mops(key string) []porcupine.Operation {
 	var out []porcupine.Operation
 	for _, o := range c.byKey[key] {
-		m := mop{Op: o, b0: o.T0, b1: o.T1}
-		if c.loose(o) || o.Outcome != OK {
+		m := mop{Op: o, b0: o.T0, b1: o.T1, busy: c.busyOps[o.ID]}
+		if c.loose(o) || o.Outcome != OK || o.Status == STimeout {
+			// (a timeout is an error: the statement's clock readings
+			// never reach the client)
 			m.b0, m.b1 = negInf, posInf
 		}
 		r := ret(o)
@@ -864,11 +954,15 @@ func Report(w io.Writer, h *History, r *Result, limit int) {
 					mark = "*"
 				}
 			}
-			r := "never"
+			rt := "never"
 			if ret(o) != Never {
-				r = fmt.Sprintf("%.3f", float64(ret(o)-h.Meta.Start)/1e9)
+				rt = fmt.Sprintf("%.3f", float64(ret(o)-h.Meta.Start)/1e9)
 			}
-			fmt.Fprintf(w, "%s op %d client %d [%.3f, %s] %s\n", mark, o.ID, o.Client, float64(o.Call-h.Meta.Start)/1e9, r, describeOp(o))
+			busy := ""
+			if r.busy[o.ID] {
+				busy = " (busy-possible: overlaps a row locker)"
+			}
+			fmt.Fprintf(w, "%s op %d client %d [%.3f, %s] %s%s\n", mark, o.ID, o.Client, float64(o.Call-h.Meta.Start)/1e9, rt, describeOp(o), busy)
 		}
 		for _, f := range h.Faults {
 			if f.Start <= hi && f.End >= lo {
@@ -914,6 +1008,7 @@ func Summary(w io.Writer, h *History, r *Result) {
 	fmt.Fprintf(w, "faults: %d  %s\n", len(h.Faults), strings.Join(fk, " "))
 	fmt.Fprintf(w, "unknown outcomes: %d (unbounded: %d); operations overlapping a clock step: %d\n", r.UnknownOps, r.UnboundedOps, r.LooseBrackets)
 	fmt.Fprintf(w, "grants observed: %d (deciding acquire seen: %d); I1 pairs compared: %d, skipped: %d\n", r.Grants, r.FreshGrants, r.I1Pairs, r.I1Skipped)
+	fmt.Fprintf(w, "denials (wait 0) and timeouts: %d, busy-possible (overlapping a row locker): %d\n", r.Denials, r.BusyDenials)
 	if r.FailoverMode {
 		fmt.Fprintf(w, "failover run: checked I1, one owner per epoch, fresh grants above every earlier observation; not I9, I11, FENCE, LIN; renewals ok after the owner's own release (lost): %d\n", r.RenewAfterRelease)
 	}

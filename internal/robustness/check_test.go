@@ -425,3 +425,137 @@ func TestCheckFailoverMode(t *testing.T) {
 		}
 	}
 }
+
+// span sets the local interval of the last operation added: [callMs, retMs].
+func (b *hb) span(retMs int64) *Op {
+	o := &b.h.Ops[len(b.h.Ops)-1]
+	o.Return = retMs * int64(time.Millisecond)
+	return o
+}
+
+// busyHistory is the shape of seed 2979760 under pg_lease 0.3.0: A's grant
+// lapsed at 500; C's acquire of the lapsed key is in flight [1000, 1030]
+// (it has locked the row, its grant decided at 1010 and not yet
+// committed); B's wait-0 acquire finds the row locked and is denied
+// (NOWAIT) at 1002; an inspect after B's answer still reads the key free
+// (C's grant uncommitted). No order of the operations explains B's denial
+// by a holder: only the row lock does.
+func busyHistory() *hb {
+	b := &hb{}
+	b.acquire(0, "A", 0, 0, 500, 1)
+	b.acquire(2, "C", 1000, 1010, 500, 2)
+	b.span(1030)
+	b.denied(1, "B", 1002, 1002, 500)
+	b.inspectFree(3, 1005, 1005, 1)
+	return b
+}
+
+// TestCheckBusyDenial: a wait-0 denial that overlaps an operation that can
+// lock the key's row (here an in-flight grant) may be the answer to the
+// lock (0.3.0's NOWAIT): legal.
+func TestCheckBusyDenial(t *testing.T) {
+	r := check(t, busyHistory())
+	if len(r.Violations) != 0 {
+		t.Fatalf("violations in a history whose denial is busy: %v", r.Violations)
+	}
+	wantLin(t, r, porcupine.Ok)
+	if r.Denials != 1 || r.BusyDenials != 1 {
+		t.Errorf("denials %d, busy-possible %d: want 1, 1", r.Denials, r.BusyDenials)
+	}
+	// Every kind that locks the row makes it busy-possible: renew and
+	// release (whatever their answer), acquire_wait, an unknown acquire.
+	lockers := []Op{
+		{Client: 2, Kind: KRenew, Key: "k", Owner: "C", Epoch: 7, TTL: 500_000, Status: SNotOwner},
+		{Client: 2, Kind: KRelease, Key: "k", Owner: "C", Epoch: 7, Status: SNotOwner},
+		{Client: 2, Kind: KAcquireWait, Key: "k", Owner: "C", TTL: 500_000, Wait: 100_000, Status: STimeout},
+		{Client: 2, Kind: KAcquire, Key: "k", Owner: "C", TTL: 500_000, Outcome: Unknown},
+	}
+	for _, l := range lockers {
+		b := &hb{}
+		b.acquire(0, "A", 0, 0, 500, 1)
+		b.add(l, 1000)
+		b.span(1030)
+		b.denied(1, "B", 1002, 1002, 500)
+		r := check(t, b)
+		if len(r.Violations) != 0 || r.BusyDenials != 1 {
+			t.Errorf("denial beside %s %s: busy-possible %d, violations %v", l.Kind, l.Status+l.Outcome, r.BusyDenials, r.Violations)
+		}
+	}
+}
+
+// TestCheckDenialNeedsHolder: a wait-0 denial that overlaps no operation
+// able to lock the row must still be explained by another owner holding
+// the key: denying a lapsed key is a violation, also beside an inspect and
+// a guard write (neither locks the lease row), and also beside a locker
+// when the caller itself holds the key (it would have been handed its
+// grant back).
+func TestCheckDenialNeedsHolder(t *testing.T) {
+	b := &hb{}
+	b.acquire(0, "A", 0, 0, 500, 1)
+	b.denied(1, "B", 1002, 1002, 500) // A lapsed at 500
+	r := check(t, b)
+	wantLin(t, r, porcupine.Illegal)
+	if r.BusyDenials != 0 {
+		t.Errorf("busy-possible %d, want 0", r.BusyDenials)
+	}
+
+	b = &hb{}
+	b.acquire(0, "A", 0, 0, 500, 1)
+	b.inspectFree(2, 1000, 1001, 1)
+	b.span(1030)
+	b.guard(3, "C", 1000, 1, true, 1)
+	b.span(1030)
+	b.denied(1, "B", 1002, 1002, 500)
+	r = check(t, b)
+	wantLin(t, r, porcupine.Illegal)
+	if r.BusyDenials != 0 {
+		t.Errorf("an inspect and a guard made a denial busy-possible")
+	}
+
+	// Never leased at all: still a violation.
+	b = &hb{}
+	b.denied(1, "B", 1002, 1002, 500)
+	wantLin(t, check(t, b), porcupine.Illegal)
+
+	// The caller holds it (until 1000) through its whole bracket: an
+	// overlapping locker cannot excuse a denial.
+	b = &hb{}
+	b.acquire(1, "B", 0, 0, 1000, 1)
+	b.renew(2, "C", 500, 500, 500, 1, SNotOwner)
+	b.span(530)
+	b.denied(1, "B", 502, 502, 1000)
+	r = check(t, b)
+	wantLin(t, r, porcupine.Illegal)
+	if r.BusyDenials != 1 {
+		t.Errorf("busy-possible %d, want 1", r.BusyDenials)
+	}
+}
+
+// TestCheckBusyTimeout: an acquire_wait that times out (57014) while the
+// row stays locked is busy too; with no locker beside it a timeout on a
+// key nobody holds (released) is a violation. (A timeout carries no server
+// clock readings, so the model cannot tell a lapsed holder from a live one
+// for it: any other owner recorded in the row explains it.)
+func TestCheckBusyTimeout(t *testing.T) {
+	timeout := Op{Client: 1, Kind: KAcquireWait, Key: "k", Owner: "B", TTL: 500_000, Wait: 100_000, Status: STimeout}
+	b := &hb{}
+	b.acquire(0, "A", 0, 0, 500, 1)
+	b.release(0, "A", 10, 10, 1, SOk)
+	b.add(timeout, 1000)
+	b.span(1100)
+	r := check(t, b)
+	wantLin(t, r, porcupine.Illegal)
+
+	b = &hb{}
+	b.acquire(0, "A", 0, 0, 500, 1)
+	b.release(0, "A", 10, 10, 1, SOk)
+	b.release(2, "C", 1000, 1001, 1, SNotOwner)
+	b.span(1150)
+	b.add(timeout, 1000)
+	b.span(1100)
+	r = check(t, b)
+	wantLin(t, r, porcupine.Ok)
+	if r.BusyDenials != 1 {
+		t.Errorf("busy-possible %d, want 1", r.BusyDenials)
+	}
+}
