@@ -42,9 +42,9 @@ const (
 type mop struct {
 	*Op
 	b0, b1 int64 // bracket of the decision's server time
-	// busy: a wait-0 denial or a timeout that overlapped (real time) an
-	// operation on the key that can lock its row (locksRow): it may be the
-	// answer to a locked row rather than to a holder (see Check, "busy").
+	// busy: a wait-0 denial or a timeout that may have found the key's row
+	// locked by another operation (locksRow, mayBlock): it may answer the
+	// lock rather than a holder (see Check, "Busy denials").
 	busy bool
 }
 
