@@ -513,6 +513,13 @@ func TestCheckDenialNeedsHolder(t *testing.T) {
 		t.Errorf("busy-possible %d, want 0", r.BusyDenials)
 	}
 
+	// Released (free, no owner): still a violation.
+	b = &hb{}
+	b.acquire(0, "A", 0, 0, 500, 1)
+	b.release(0, "A", 10, 10, 1, SOk)
+	b.denied(1, "B", 1002, 1002, 500)
+	wantLin(t, check(t, b), porcupine.Illegal)
+
 	// Never leased at all: still a violation.
 	b = &hb{}
 	b.denied(1, "B", 1002, 1002, 500)
