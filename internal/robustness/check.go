@@ -40,6 +40,11 @@ type Result struct {
 	// FailoverMode: the history has failover faults, so only the rules
 	// that hold across a promotion were checked (see Check).
 	FailoverMode bool
+	// Denials: acquire denials (wait 0) and acquire_wait timeouts;
+	// BusyDenials: those of them modelled as busy-possible (see Check).
+	Denials     int
+	BusyDenials int
+	busy        map[int]bool // op IDs of the busy-possible ones (for Report)
 	// RenewAfterRelease: failover runs, renewals reported ok for a token
 	// its owner had released (the release lost with the old primary); not
 	// taken as the owner's belief by I1.
@@ -105,6 +110,36 @@ type CheckOptions struct {
 //
 // LIN: per key, porcupine with the model of model.go.
 //
+// Busy denials (pg_lease 0.3.0). A non-blocking acquire (wait 0) never
+// waits for a row lock: when its unlocked read finds the key free, lapsed
+// or absent, it locks the row NOWAIT (a first grant's INSERT waits at most
+// 1 ms for a concurrent uncommitted first grant) and answers acquired = f
+// if another transaction has it locked; an acquire_wait times out (57014)
+// when the row stays locked for its whole wait. So a denial or a timeout
+// no longer implies "held by another owner": it may be "busy". A denial or
+// timeout d is busy-possible when some operation l on the same key that can
+// lock the key's row (locksRow) may have held that lock while d tried
+// (mayBlock): their intervals [Call, Return] overlap in real time (a lock
+// is taken and let go inside the statement, which ends before the response,
+// or before the backend is seen gone for an unknown outcome) and, where
+// both brackets are valid, l's statement read its first clock (T0) no later
+// than d's read its last (T1), and a renew or release that did not answer
+// ok (its lock goes with the subtransaction that took it, inside the
+// function) read its last clock no earlier than d's first. Lockers: acquire
+// and acquire_wait that granted (not idempotently), or have an unknown or
+// failed outcome; renew and release whatever they answered; a denial or a
+// timeout only if it overlapped a clock step (see locksRow: otherwise it
+// locks only right after a concurrent grant committed, and whatever it
+// blocked overlaps that grant). Not lockers: inspect (an unlocked read)
+// and the guard write (a plain UPDATE of robustness_guard, which never
+// touches lease.leases). The model takes a busy-possible denial or timeout
+// as a no-op legal in every state except one where the caller itself
+// certainly holds the key through its whole bracket (that would have been
+// an idempotent grant); one that is not busy-possible must still be
+// explained by a holder other than the caller, as in 0.2.0. No other rule
+// uses denials or timeouts: they observe no epoch and name no owner, so
+// I1, I2/I3, I9, I11 and FENCE make no "denied => held" assumption.
+//
 // A history with failover faults (FaultFailover: what the old primary
 // acknowledged after its standby was cut off is lost) is checked with the
 // rules that hold across a promotion only: I1; of I2/I3, one owner per (key,
@@ -123,6 +158,8 @@ func Check(h *History, opts CheckOptions) *Result {
 	c := newChecker(h)
 	c.count()
 	c.classifyFresh()
+	c.classifyBusy()
+	c.res.busy = c.busyOps
 	for _, f := range h.Faults {
 		if f.Kind == FaultFailover {
 			c.failover = true
@@ -164,7 +201,8 @@ type checker struct {
 	seen   map[string]bool
 
 	freshOps map[int]bool
-	failover bool // the history has failover faults: see Check
+	busyOps  map[int]bool // busy-possible denials and timeouts (see Check)
+	failover bool         // the history has failover faults: see Check
 }
 
 func newChecker(h *History) *checker {
@@ -316,6 +354,97 @@ func (c *checker) classifyFresh() {
 			}
 		}
 	}
+}
+
+// denial: o answered "not acquired" (acquired = f for wait 0, the timeout
+// 57014 for a wait > 0).
+func denial(o *Op) bool {
+	return definite(o) && (o.Kind == KAcquire && o.Status == SDenied || o.Kind == KAcquireWait && o.Status == STimeout)
+}
+
+// locksRow: o may have held a lock on its key's row of lease.leases (or,
+// for a first grant, on its uncommitted insertion) that another
+// transaction found (c.loose: see below). acquire and acquire_wait keep a
+// lock only on their grant path, so a granted, unknown or failed one may
+// have. One that answered "not acquired" (denied, timeout) takes a lock
+// only when its unlocked read found the key free or lapsed and its locked
+// read then found it held: either a grant G committed in between (whoever
+// that brief lock made busy had read the key not held before G committed,
+// so it overlaps G itself in real time, and G's bracket starts before the
+// lock: mayBlock(G, it) holds), or the server clock stepped back in between
+// (o is loose): it is a locker only when loose; likewise an idempotent
+// grant (decided before its bracket). renew and release lock the
+// row (FOR NO KEY UPDATE) whatever they answer. inspect reads without a
+// lock; guard writes only robustness_guard (guard ops are not in byKey).
+func (c *checker) locksRow(o *Op) bool {
+	switch o.Kind {
+	case KAcquire, KAcquireWait:
+		if definite(o) && o.Status == SGranted && !c.loose(o) && o.Expires-o.TTL < o.T0 {
+			// Idempotent: it returned its owner's grant from the unlocked
+			// read, decided before this call (a fresh grant decides inside
+			// its bracket); no lasting lock, as for a denial.
+			return false
+		}
+		return !denial(o) || c.loose(o)
+	case KRenew, KRelease:
+		return true
+	}
+	return false
+}
+
+// classifyBusy: a denial (or timeout) is busy-possible when it overlaps in
+// real time an operation on the same key that can lock the row.
+func (c *checker) classifyBusy() {
+	c.busyOps = map[int]bool{}
+	for _, ops := range c.byKey {
+		var lockers []*Op
+		for _, o := range ops {
+			if c.locksRow(o) {
+				lockers = append(lockers, o)
+			}
+		}
+		for _, d := range ops {
+			if !denial(d) {
+				continue
+			}
+			c.res.Denials++
+			for _, l := range lockers {
+				if l.Call > ret(d) {
+					break // lockers are by Call
+				}
+				if c.mayBlock(l, d) {
+					c.busyOps[d.ID] = true
+					c.res.BusyDenials++
+					break
+				}
+			}
+		}
+	}
+}
+
+// mayBlock: a row lock of l's may have been what d found (l locksRow, d a
+// denial). First, real time: l's locks are taken and let go between its
+// Call and Return, d's lock attempt lies between its own. Then, where both
+// brackets are valid (neither overlapped a clock step; overlapping in real
+// time, no step lies between them either), raw server time: d tried the
+// lock in [d.T0, d.T1]; l took its locks after l.T0; a renew or release
+// that did not answer ok let its lock go inside the function (the
+// subtransaction that took it is rolled back), before l.T1, while any
+// other l may keep it until its commit (after l.T1, before its Return).
+func (c *checker) mayBlock(l, d *Op) bool {
+	if l == d || l.Call > ret(d) || ret(l) < d.Call {
+		return false
+	}
+	if !definite(l) || l.T0 == 0 || d.T0 == 0 || c.loose(l) || c.loose(d) {
+		return true // real time is all that is known
+	}
+	if l.T0 > d.T1 {
+		return false
+	}
+	if (l.Kind == KRenew || l.Kind == KRelease) && l.Status != SOk {
+		return l.T1 >= d.T0
+	}
+	return true
 }
 
 // grantEvidence: the owner o names for (key, epoch), if any.
@@ -731,8 +860,10 @@ func (c *checker) checkGuard(key string) {
 func (c *checker) mops(key string) []porcupine.Operation {
 	var out []porcupine.Operation
 	for _, o := range c.byKey[key] {
-		m := mop{Op: o, b0: o.T0, b1: o.T1}
-		if c.loose(o) || o.Outcome != OK {
+		m := mop{Op: o, b0: o.T0, b1: o.T1, busy: c.busyOps[o.ID]}
+		if c.loose(o) || o.Outcome != OK || o.Status == STimeout {
+			// (a timeout is an error: the statement's clock readings
+			// never reach the client)
 			m.b0, m.b1 = negInf, posInf
 		}
 		r := ret(o)
@@ -864,11 +995,15 @@ func Report(w io.Writer, h *History, r *Result, limit int) {
 					mark = "*"
 				}
 			}
-			r := "never"
+			rt := "never"
 			if ret(o) != Never {
-				r = fmt.Sprintf("%.3f", float64(ret(o)-h.Meta.Start)/1e9)
+				rt = fmt.Sprintf("%.3f", float64(ret(o)-h.Meta.Start)/1e9)
 			}
-			fmt.Fprintf(w, "%s op %d client %d [%.3f, %s] %s\n", mark, o.ID, o.Client, float64(o.Call-h.Meta.Start)/1e9, r, describeOp(o))
+			busy := ""
+			if r.busy[o.ID] {
+				busy = " (busy-possible: may have found the row locked)"
+			}
+			fmt.Fprintf(w, "%s op %d client %d [%.3f, %s] %s%s\n", mark, o.ID, o.Client, float64(o.Call-h.Meta.Start)/1e9, rt, describeOp(o), busy)
 		}
 		for _, f := range h.Faults {
 			if f.Start <= hi && f.End >= lo {
@@ -914,6 +1049,7 @@ func Summary(w io.Writer, h *History, r *Result) {
 	fmt.Fprintf(w, "faults: %d  %s\n", len(h.Faults), strings.Join(fk, " "))
 	fmt.Fprintf(w, "unknown outcomes: %d (unbounded: %d); operations overlapping a clock step: %d\n", r.UnknownOps, r.UnboundedOps, r.LooseBrackets)
 	fmt.Fprintf(w, "grants observed: %d (deciding acquire seen: %d); I1 pairs compared: %d, skipped: %d\n", r.Grants, r.FreshGrants, r.I1Pairs, r.I1Skipped)
+	fmt.Fprintf(w, "denials (wait 0) and timeouts: %d, busy-possible (may have found the row locked): %d\n", r.Denials, r.BusyDenials)
 	if r.FailoverMode {
 		fmt.Fprintf(w, "failover run: checked I1, one owner per epoch, fresh grants above every earlier observation; not I9, I11, FENCE, LIN; renewals ok after the owner's own release (lost): %d\n", r.RenewAfterRelease)
 	}

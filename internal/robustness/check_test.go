@@ -425,3 +425,186 @@ func TestCheckFailoverMode(t *testing.T) {
 		}
 	}
 }
+
+// span sets the local interval of the last operation added: [callMs, retMs].
+func (b *hb) span(retMs int64) *Op {
+	o := &b.h.Ops[len(b.h.Ops)-1]
+	o.Return = retMs * int64(time.Millisecond)
+	return o
+}
+
+// busyHistory is the shape of seed 2979760 under pg_lease 0.3.0: A's grant
+// lapsed at 500; C's acquire of the lapsed key is in flight [1000, 1030]
+// (it locked the row and decided its grant at 1001, not yet committed);
+// B's wait-0 acquire finds the row locked and is denied (NOWAIT) at 1002;
+// an inspect after B's answer still reads the key free (C's grant
+// uncommitted). No order of the operations explains B's denial by a
+// holder: only the row lock does.
+func busyHistory() *hb {
+	b := &hb{}
+	b.acquire(0, "A", 0, 0, 500, 1)
+	b.acquire(2, "C", 1000, 1001, 500, 2)
+	b.span(1030)
+	b.denied(1, "B", 1002, 1002, 500)
+	b.inspectFree(3, 1005, 1005, 1)
+	return b
+}
+
+// besideDenial: A's grant lapsed at 500, l runs [1000, 1030] locally, B's
+// wait-0 acquire is denied at server time 1002 (local [1002, 1003]).
+func besideDenial(l Op) *hb {
+	b := &hb{}
+	b.acquire(0, "A", 0, 0, 500, 1)
+	b.add(l, 1000)
+	b.span(1030)
+	b.denied(1, "B", 1002, 1002, 500)
+	return b
+}
+
+// TestCheckBusyDenial: a wait-0 denial that overlaps an operation that can
+// lock the key's row (here an in-flight grant) may be the answer to the
+// lock (0.3.0's NOWAIT): legal.
+func TestCheckBusyDenial(t *testing.T) {
+	r := check(t, busyHistory())
+	if len(r.Violations) != 0 {
+		t.Fatalf("violations in a history whose denial is busy: %v", r.Violations)
+	}
+	wantLin(t, r, porcupine.Ok)
+	if r.Denials != 1 || r.BusyDenials != 1 {
+		t.Errorf("denials %d, busy-possible %d: want 1, 1", r.Denials, r.BusyDenials)
+	}
+	// Every operation that may hold the row's lock then makes it
+	// busy-possible: renew and release whatever their answer (their server
+	// bracket overlaps the denial's), a grant of acquire_wait, unknown and
+	// failed acquires (real time is all that is known of them).
+	at := func(o Op, t0, t1 int64) Op { o.T0, o.T1 = srv(t0), srv(t1); return o }
+	lockers := []Op{
+		at(Op{Client: 2, Kind: KRenew, Key: "k", Owner: "C", Epoch: 7, TTL: 500_000, Status: SNotOwner}, 1001, 1003),
+		at(Op{Client: 2, Kind: KRelease, Key: "k", Owner: "C", Epoch: 7, Status: SNotOwner}, 1001, 1003),
+		at(Op{Client: 0, Kind: KRenew, Key: "k", Owner: "A", Epoch: 1, TTL: 500_000, Status: SLapsed}, 1001, 1003),
+		at(Op{Client: 2, Kind: KAcquireWait, Key: "k", Owner: "C", TTL: 500_000, Wait: 100_000, Status: SGranted,
+			OutEpoch: 2, Expires: srv(1001 + 500)}, 990, 1004),
+		{Client: 2, Kind: KAcquire, Key: "k", Owner: "C", TTL: 500_000, Outcome: Unknown},
+		{Client: 2, Kind: KRelease, Key: "k", Owner: "C", Epoch: 7, Outcome: Fail},
+	}
+	for _, l := range lockers {
+		r := check(t, besideDenial(l))
+		if len(r.Violations) != 0 || r.BusyDenials != 1 {
+			t.Errorf("denial beside %s: busy-possible %d, violations %v", describeOp(&l), r.BusyDenials, r.Violations)
+		}
+	}
+}
+
+// TestCheckDenialNeedsHolder: a wait-0 denial that overlaps no operation
+// able to lock the row when it tried must still be explained by another
+// owner holding the key: denying a lapsed key is a violation, also beside
+// operations that hold no lock then (an inspect, a guard write, another
+// denial, an acquire_wait that timed out, an idempotent re-acquire, a renew
+// whose server bracket ended before the denial's began), and also beside a
+// locker when the caller itself holds the key (it would have been handed
+// its grant back).
+func TestCheckDenialNeedsHolder(t *testing.T) {
+	b := &hb{}
+	b.acquire(0, "A", 0, 0, 500, 1)
+	b.denied(1, "B", 1002, 1002, 500) // A lapsed at 500
+	r := check(t, b)
+	wantLin(t, r, porcupine.Illegal)
+	if r.BusyDenials != 0 {
+		t.Errorf("busy-possible %d, want 0", r.BusyDenials)
+	}
+
+	// Released (free, no owner): still a violation.
+	b = &hb{}
+	b.acquire(0, "A", 0, 0, 500, 1)
+	b.release(0, "A", 10, 10, 1, SOk)
+	b.denied(1, "B", 1002, 1002, 500)
+	wantLin(t, check(t, b), porcupine.Illegal)
+
+	// Never leased at all: still a violation.
+	b = &hb{}
+	b.denied(1, "B", 1002, 1002, 500)
+	wantLin(t, check(t, b), porcupine.Illegal)
+
+	at := func(o Op, t0, t1 int64) Op { o.T0, o.T1 = srv(t0), srv(t1); return o }
+	for _, l := range []Op{
+		at(Op{Client: 2, Kind: KInspect, Key: "k", Owner: "i", Status: SFree, OutEpoch: 1}, 1001, 1003),
+		{Client: 2, Kind: KGuard, Key: "k", Owner: "C", Epoch: 1, Status: SAccepted, GuardSeq: 1},
+		at(Op{Client: 2, Kind: KAcquire, Key: "k", Owner: "C", TTL: 500_000, Status: SDenied}, 1001, 1003),
+		{Client: 2, Kind: KAcquireWait, Key: "k", Owner: "C", TTL: 500_000, Wait: 100_000, Status: STimeout},
+		at(Op{Client: 2, Kind: KRenew, Key: "k", Owner: "C", Epoch: 7, TTL: 500_000, Status: SNotOwner}, 1000, 1001),
+	} {
+		r := check(t, besideDenial(l))
+		wantLin(t, r, porcupine.Illegal)
+		if r.BusyDenials != 0 {
+			t.Errorf("a denial beside %s was taken as busy-possible", describeOp(&l))
+		}
+	}
+
+	// The seed-2979760 shape, but C's statement read its first clock (1003.9)
+	// after B's denial had read its last (1002.1): C took its lock too late
+	// to have been what B found.
+	b = busyHistory()
+	b.h.Ops[1].T0, b.h.Ops[1].T1 = srv(1004)-100, srv(1004)+100
+	b.h.Ops[1].Expires = srv(1004 + 500)
+	r = check(t, b)
+	wantLin(t, r, porcupine.Illegal)
+	if r.BusyDenials != 0 {
+		t.Errorf("a grant whose statement began after the denial made it busy-possible")
+	}
+
+	// An idempotent re-acquire (C's grant of time 0 handed back at 1001)
+	// takes no lock: B's denial at 1002 is explained by C's grant alone.
+	b = &hb{}
+	b.acquire(2, "C", 0, 0, 2000, 1)
+	b.acquire(2, "C", 1000, 1001, 2000, 1)
+	b.Ops()[len(b.h.Ops)-1].Expires = srv(2000) // decided at 0, before its bracket
+	b.span(1030)
+	b.denied(1, "B", 1002, 1002, 500)
+	r = check(t, b)
+	wantLin(t, r, porcupine.Ok)
+	if len(r.Violations) != 0 || r.BusyDenials != 0 {
+		t.Errorf("an idempotent re-acquire was taken as a row locker (busy-possible %d) or violations %v", r.BusyDenials, r.Violations)
+	}
+
+	// The caller holds it (until 1000) through its whole bracket: an
+	// overlapping locker cannot excuse a denial.
+	b = &hb{}
+	b.acquire(1, "B", 0, 0, 1000, 1)
+	b.renew(2, "C", 500, 502, 500, 1, SNotOwner)
+	b.span(530)
+	b.denied(1, "B", 502, 502, 1000)
+	r = check(t, b)
+	wantLin(t, r, porcupine.Illegal)
+	if r.BusyDenials != 1 {
+		t.Errorf("busy-possible %d, want 1", r.BusyDenials)
+	}
+}
+
+// TestCheckBusyTimeout: an acquire_wait that times out (57014) while the
+// row stays locked is busy too; with no locker beside it a timeout on a
+// key nobody holds (released) is a violation. (A timeout carries no server
+// clock readings, so the model cannot tell a lapsed holder from a live one
+// for it: any other owner recorded in the row explains it.)
+func TestCheckBusyTimeout(t *testing.T) {
+	timeout := Op{Client: 1, Kind: KAcquireWait, Key: "k", Owner: "B", TTL: 500_000, Wait: 100_000, Status: STimeout}
+	b := &hb{}
+	b.acquire(0, "A", 0, 0, 500, 1)
+	b.release(0, "A", 10, 10, 1, SOk)
+	b.add(timeout, 1000)
+	b.span(1100)
+	r := check(t, b)
+	wantLin(t, r, porcupine.Illegal)
+
+	b = &hb{}
+	b.acquire(0, "A", 0, 0, 500, 1)
+	b.release(0, "A", 10, 10, 1, SOk)
+	b.release(2, "C", 1000, 1001, 1, SNotOwner)
+	b.span(1150)
+	b.add(timeout, 1000)
+	b.span(1100)
+	r = check(t, b)
+	wantLin(t, r, porcupine.Ok)
+	if r.BusyDenials != 1 {
+		t.Errorf("busy-possible %d, want 1", r.BusyDenials)
+	}
+}

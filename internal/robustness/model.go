@@ -42,6 +42,10 @@ const (
 type mop struct {
 	*Op
 	b0, b1 int64 // bracket of the decision's server time
+	// busy: a wait-0 denial or a timeout that may have found the key's row
+	// locked by another operation (locksRow, mayBlock): it may answer the
+	// lock rather than a holder (see Check, "Busy denials").
+	busy bool
 }
 
 func (s kstate) held(by string) bool { return s.Exists && s.Owner != "" && s.Owner == by }
@@ -136,6 +140,20 @@ func step(s kstate, o mop) []kstate {
 				out = append(out, n)
 			}
 			return out
+		case o.busy && (o.Status == SDenied || o.Status == STimeout):
+			// Busy-possible: the answer to a locked row or to a holder. The
+			// unlocked read that precedes every lock saw either a holder
+			// other than the caller or a key not held at all; only "held by
+			// the caller" (an idempotent grant) is excluded. No effect.
+			if s.held(o.Owner) {
+				if s.ExpLo > o.b1 {
+					return nil
+				}
+				n := s
+				n.ExpHi = min(n.ExpHi, o.b1)
+				return []kstate{n}
+			}
+			return []kstate{s}
 		case o.Status == SDenied || o.Status == STimeout:
 			if s.Exists && s.Owner != "" && s.Owner != o.Owner && s.ExpHi > o.b0 {
 				n := s
