@@ -388,3 +388,112 @@ func TestWatch(t *testing.T) {
 		}
 	})
 }
+
+// registrations counts the waiter backends' lease.listen registrations of
+// key in db (lease.listeners is owner-only: the test role is a superuser).
+func registrations(t *testing.T, db *testDB, key string) int {
+	t.Helper()
+	var n int
+	if err := db.pool.QueryRow(testCtx(t), `SELECT count(*) FROM lease.listeners l
+		  JOIN pg_stat_activity a ON a.pid = l.pid
+		 WHERE a.application_name = 'pg_lease waiter' AND a.datname = current_database()
+		   AND l.key = $1`, key).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// sawNotified drains what the waiter's hook recorded so far and reports
+// whether a notification for key was among it.
+func (r *recorder) sawNotified(key string) bool {
+	for {
+		select {
+		case ev := <-r.ch:
+			if ev.kind == "notified" && ev.detail == key {
+				return true
+			}
+		default:
+			return false
+		}
+	}
+}
+
+// TestAwaitRegisters (issue 17 item 1): with the default pg_lease.notify
+// (waiters), a change notifies only keys some backend registered with
+// lease.listen. Await registers its key on the waiter's connection before
+// its first read, is woken by the release's notification (the poll and the
+// TTL are far out; the hook shows the notification arrived), drops the
+// registration when it returns, and registers again after the listen
+// connection is re-established. Watch without keys registers '*'.
+func TestAwaitRegisters(t *testing.T) {
+	forEachMode(t, func(t *testing.T, db *testDB) {
+		ctx := testCtx(t)
+		w, rec := newWaiter(t, db, lease.WaiterOptions{ReconnectMin: time.Millisecond})
+		rec.next(t, "listening")
+		round := func(key string) {
+			t.Helper()
+			h, ok, err := db.c.Acquire(ctx, key, "holder", never)
+			if err != nil || !ok {
+				t.Fatal(ok, err)
+			}
+			c, reads := watched(db)
+			res := awaitAsync(ctx, w, c, key, never)
+			<-reads // registered before this read
+			if n := registrations(t, db, key); n != 1 {
+				t.Fatalf("%d registrations of %q while Await waits, want 1", n, key)
+			}
+			rec.sawNotified(key) // drop what came before the release
+			if err := db.c.Release(ctx, h.Token); err != nil {
+				t.Fatal(err)
+			}
+			mustFree(t, res)
+			if !rec.sawNotified(key) {
+				t.Fatalf("Await on %q returned without the release's notification", key)
+			}
+			rec.next(t, "unlisten")
+			if n := registrations(t, db, key); n != 0 {
+				t.Fatalf("%d registrations of %q after Await returned, want 0", n, key)
+			}
+		}
+		round("reg")
+
+		// Reconnect: a subscription that outlives its connection is
+		// registered again on the new one before the resync.
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		events := w.Watch(wctx, "again")
+		if n := registrations(t, db, "again"); n != 1 {
+			t.Fatalf("%d registrations after Watch returned, want 1", n)
+		}
+		var n int
+		if err := db.pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+			WHERE application_name = 'pg_lease waiter' AND datname = current_database()`).Scan(&n); err != nil || n != 1 {
+			t.Fatal(n, err)
+		}
+		if ev := <-events; ev.Type != lease.EventResync {
+			t.Fatalf("after reconnecting: %+v, want resync", ev)
+		}
+		if n := registrations(t, db, "again"); n != 1 {
+			t.Fatalf("%d registrations after the reconnection's resync, want 1", n)
+		}
+		if _, _, err := db.c.Acquire(ctx, "again", "holder", never); err != nil {
+			t.Fatal(err)
+		}
+		if ev := <-events; ev.Type != lease.EventAcquired || ev.Key != "again" {
+			t.Fatalf("after reconnecting: %+v, want the grant of again", ev)
+		}
+		cancel()
+		round("reg2")
+
+		all := w.Watch(ctx)
+		if n := registrations(t, db, "*"); n != 1 {
+			t.Fatalf("%d registrations of '*' after Watch(), want 1", n)
+		}
+		if _, _, err := db.c.Acquire(ctx, "any", "holder", never); err != nil {
+			t.Fatal(err)
+		}
+		if ev := <-all; ev.Type != lease.EventAcquired || ev.Key != "any" {
+			t.Fatalf("Watch(): %+v, want the grant of any", ev)
+		}
+	})
+}
