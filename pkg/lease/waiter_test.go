@@ -497,3 +497,37 @@ func TestAwaitRegisters(t *testing.T) {
 		}
 	})
 }
+
+// TestAwaitRegistersBeforeReading: the key's registration is committed
+// before Await's first read (else a release in between, deciding not to
+// notify, would be missed): when the waiter's goroutine reports the listen,
+// no read has happened yet.
+func TestAwaitRegistersBeforeReading(t *testing.T) {
+	forEachMode(t, func(t *testing.T, db *testDB) {
+		ctx := testCtx(t)
+		c, reads := watched(db)
+		readsAtListen := make(chan int, 1)
+		rec := &recorder{ch: make(chan hookEvent, 4096), block: func(ev hookEvent) {
+			if ev.kind == "listen" && ev.detail == "order" {
+				readsAtListen <- len(reads)
+			}
+		}}
+		w, err := lease.NewWaiterWithHook(ctx, db.dsn, lease.WaiterOptions{}, rec.hook)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Close()
+		if _, _, err := db.c.Acquire(ctx, "order", "holder", never); err != nil {
+			t.Fatal(err)
+		}
+		res := awaitAsync(ctx, w, c, "order", never)
+		if n := <-readsAtListen; n != 0 {
+			t.Fatalf("%d reads before the key was registered, want 0", n)
+		}
+		<-reads
+		if _, _, _, err := db.c.ForceRelease(ctx, "order"); err != nil {
+			t.Fatal(err)
+		}
+		mustFree(t, res)
+	})
+}
