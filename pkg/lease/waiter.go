@@ -103,6 +103,8 @@ type Waiter struct {
 	closed   bool
 	watchers map[*watcher]struct{}
 	regs     registry
+	seq      uint64                  // notifications and resyncs dispatched
+	reads    map[readKey]*sharedRead // Await's reads in flight, shared
 
 	hook func(kind, detail string) // tests: see export_test.go
 }
@@ -494,10 +496,21 @@ func (w *Waiter) Await(ctx context.Context, c *Client, key string, poll time.Dur
 		callTimeout = w.opts.QueryTimeout
 	}
 	clk := c.clock
+	var after uint64 // the events dispatched when this Await woke
+	shared := false  // woken by an event: a read begun since then will do
 	for {
-		ictx, cancel := context.WithTimeout(ctx, callTimeout)
-		st, err := c.Inspect(ictx, key)
-		cancel()
+		var (
+			st  State
+			err error
+		)
+		if shared {
+			st, err = w.sharedInspect(ctx, c, key, after, callTimeout)
+		} else {
+			ictx, cancel := context.WithTimeout(ctx, callTimeout)
+			st, err = c.Inspect(ictx, key)
+			cancel()
+		}
+		shared = false
 		if err != nil {
 			if ctx.Err() != nil {
 				return State{}, fmt.Errorf("lease: await %q: %w", key, context.Cause(ctx))
@@ -519,10 +532,75 @@ func (w *Waiter) Await(ctx context.Context, c *Client, key string, poll time.Dur
 		case _, ok := <-events:
 			if !ok {
 				events = nil // the Waiter was closed: poll from now on
+			} else {
+				after, shared = w.dispatched(), true
 			}
 		case <-timer.C():
 		}
 		timer.Stop()
+	}
+}
+
+// readKey names the reads Awaits of one Waiter may share.
+type readKey struct {
+	c   *Client
+	key string
+}
+
+// sharedRead is one Inspect of a key that the Awaits woken by the same
+// notification share: a herd of followers of one key in one process costs
+// one read per notification, not one per follower.
+type sharedRead struct {
+	seq  uint64 // events dispatched when the read began
+	done chan struct{}
+	st   State
+	err  error
+}
+
+// dispatched is the number of notifications and resyncs dispatched so far.
+func (w *Waiter) dispatched() uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.seq
+}
+
+// sharedInspect reads key through c, joining a read of the same key and
+// client that began after the first after events were dispatched (and so
+// after the change that woke the caller committed), or starting one. The
+// read runs to its end (bounded by timeout) even if the caller stops
+// waiting, for the others.
+func (w *Waiter) sharedInspect(ctx context.Context, c *Client, key string, after uint64, timeout time.Duration) (State, error) {
+	k := readKey{c, key}
+	w.mu.Lock()
+	r := w.reads[k]
+	joined := r != nil && r.seq >= after
+	if !joined {
+		r = &sharedRead{seq: w.seq, done: make(chan struct{})}
+		if w.reads == nil {
+			w.reads = map[readKey]*sharedRead{}
+		}
+		w.reads[k] = r
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+		go func() {
+			defer cancel()
+			r.st, r.err = c.Inspect(rctx, key)
+			w.mu.Lock()
+			if w.reads[k] == r {
+				delete(w.reads, k)
+			}
+			w.mu.Unlock()
+			close(r.done)
+		}()
+	}
+	w.mu.Unlock()
+	if joined {
+		w.event("read_shared", key)
+	}
+	select {
+	case <-r.done:
+		return r.st, r.err
+	case <-ctx.Done():
+		return State{}, ctx.Err()
 	}
 }
 
@@ -685,6 +763,7 @@ func (w *Waiter) shutdown() {
 func (w *Waiter) resync() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.seq++
 	now := time.Now()
 	for wt := range w.watchers {
 		wt.lost = true
@@ -713,6 +792,7 @@ func (w *Waiter) notified(n *pgconn.Notification) {
 	w.event("notified", p.Key)
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.seq++
 	for wt := range w.watchers {
 		if wt.keys != nil && !wt.keys[p.Key] {
 			continue

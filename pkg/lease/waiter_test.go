@@ -531,3 +531,63 @@ func TestAwaitRegistersBeforeReading(t *testing.T) {
 		mustFree(t, res)
 	})
 }
+
+// gatedReads is a Querier whose lease.inspect calls wait for the gate (when
+// one is set) before they run.
+type gatedReads struct {
+	lease.Querier
+	mu   sync.Mutex
+	gate chan struct{}
+}
+
+func (q *gatedReads) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	q.mu.Lock()
+	g := q.gate
+	q.mu.Unlock()
+	if g != nil && strings.Contains(sql, "lease.inspect") {
+		<-g
+	}
+	return q.Querier.QueryRow(ctx, sql, args...)
+}
+
+// TestAwaitSharesReads (issue 17 item 4, no herd of queries): Awaits of one
+// key through one client and one Waiter, woken by the same notification,
+// share one read: while the first one's read is held at the gate, every
+// other one joins it.
+func TestAwaitSharesReads(t *testing.T) {
+	forEachMode(t, func(t *testing.T, db *testDB) {
+		ctx := testCtx(t)
+		w, rec := newWaiter(t, db, lease.WaiterOptions{})
+		gq := &gatedReads{Querier: db.pool}
+		counted := make(chan struct{}, 64)
+		c := lease.New(readSignal{gq, counted}) // every Await through the same client
+		if _, ok, err := db.c.Acquire(ctx, "herd", "holder", never); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		const n = 8
+		var res []<-chan awaited
+		for i := 0; i < n; i++ {
+			res = append(res, awaitAsync(ctx, w, c, "herd", never))
+		}
+		for i := 0; i < n; i++ {
+			<-counted // every first read (each Await's own) saw the key held
+		}
+		gate := make(chan struct{})
+		gq.mu.Lock()
+		gq.gate = gate
+		gq.mu.Unlock()
+		if _, _, _, err := db.c.ForceRelease(ctx, "herd"); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < n-1; i++ {
+			rec.next(t, "read_shared")
+		}
+		close(gate)
+		for _, r := range res {
+			mustFree(t, r)
+		}
+		if extra := len(counted); extra != 1 {
+			t.Fatalf("%d reads after the release for %d Awaits, want 1 shared", extra, n)
+		}
+	})
+}
