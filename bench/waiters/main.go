@@ -53,6 +53,7 @@ var (
 	poolF    = flag.Int("pool", 50, "connections of the pool the waiters read and acquire through")
 	releases = flag.Int("releases", 30, "releases (rounds) per run")
 	baseline = flag.Int("baseline", 1, "waiters of the baseline run (on one listen connection); 0: none")
+	alsoF    = flag.String("also", "50x50", "more runs, WAITERSxCONNS comma-separated (50x50: one waiter per simulated process); empty: none")
 	settle   = flag.Duration("settle", 300*time.Millisecond, "pause after each grant, so each round's herd has finished before the next release")
 	fsync    = flag.String("fsync", "on", "server fsync (on: durable commits)")
 )
@@ -100,6 +101,16 @@ func main() {
 	shapes := [][2]int{}
 	if *baseline > 0 {
 		shapes = append(shapes, [2]int{*baseline, 1})
+	}
+	for _, a := range strings.Split(*alsoF, ",") {
+		if a == "" {
+			continue
+		}
+		var wn, cn int
+		if _, err := fmt.Sscanf(a, "%dx%d", &wn, &cn); err != nil || wn < 1 || cn < 1 {
+			log.Fatalf("-also %q: want WAITERSxCONNS", a)
+		}
+		shapes = append(shapes, [2]int{wn, cn})
 	}
 	shapes = append(shapes, [2]int{*waitersF, *connsF})
 	failed := false
@@ -311,10 +322,13 @@ func report(rs []result) string {
 			r.Waiters, r.Conns, r.Pool, r.Releases, r.ReleaseGrant.P50, r.ReleaseGrant.P99, r.ReleaseGrant.Max,
 			r.MinWinners, r.MaxWinners, r.CPUms, r.Statements, r.Load)
 	}
-	if len(rs) == 2 && rs[0].Statements > 0 && rs[0].ReleaseGrant.P50 > 0 {
-		fmt.Fprintf(&b, "\nHerd vs baseline (same run): release-to-grant p50 %.2f×, p99 %.2f×; server CPU %.1f×; statements %.1f×.\n",
-			rs[1].ReleaseGrant.P50/rs[0].ReleaseGrant.P50, rs[1].ReleaseGrant.P99/rs[0].ReleaseGrant.P99,
-			rs[1].CPUms/max(rs[0].CPUms, 1e-9), rs[1].Statements/rs[0].Statements)
+	if len(rs) >= 2 && rs[0].Statements > 0 && rs[0].ReleaseGrant.P50 > 0 {
+		fmt.Fprintf(&b, "\nVs the first row (same run):\n\n")
+		for _, r := range rs[1:] {
+			fmt.Fprintf(&b, "- %d waiters over %d: release-to-grant p50 %.2f×, p99 %.2f×; server CPU %.1f×; statements %.1f×\n",
+				r.Waiters, r.Conns, r.ReleaseGrant.P50/rs[0].ReleaseGrant.P50, r.ReleaseGrant.P99/rs[0].ReleaseGrant.P99,
+				r.CPUms/max(rs[0].CPUms, 1e-9), r.Statements/rs[0].Statements)
+		}
 	}
 	return b.String()
 }
