@@ -130,6 +130,10 @@ type registry struct {
 	up    bool                     // a connection listens (registration is possible)
 	dirty bool                     // want and live differ: the run goroutine must sync
 	kick  func()                   // interrupts the run goroutine's wait for a notification
+	// late: keys whose listen waited behind a locked row (55P03, retried):
+	// their subscribers may have stopped waiting and read without the
+	// registration, so the listen that succeeds sends them an EventResync.
+	late map[string]bool
 	// unsupported: the server has no lease.listen (pg_lease before 0.3.0,
 	// which notifies every change): registering is a no-op.
 	unsupported bool
@@ -207,8 +211,9 @@ func (w *Waiter) Close() error {
 //
 // Watch registers its keys ('*' when none is given) with lease.listen on the
 // listen connection and returns once the server holds the registrations (or
-// the connection is down, or ctx ends, or QueryTimeout passed: then the
-// registration completes in the background and an EventResync follows), so
+// the connection is down, or ctx ends, or QueryTimeout passed while a
+// transaction kept the key's row locked: then the registration completes in
+// the background and an EventResync follows), so
 // that with pg_lease.notify = waiters every change committed after Watch
 // returns is notified. The registrations are dropped (lease.unlisten) when
 // the last subscription of a key ends.
@@ -366,6 +371,12 @@ func (w *Waiter) syncRegistrations(conn *pgx.Conn) (retry bool, err error) {
 				// A transaction keeps the key's row locked: try again soon,
 				// after dispatching what arrived meanwhile.
 				w.event("listen_locked", k)
+				w.mu.Lock()
+				if r.late == nil {
+					r.late = map[string]bool{}
+				}
+				r.late[k] = true
+				w.mu.Unlock()
 				retry = true
 				continue
 			case !isPgError(err):
@@ -376,6 +387,10 @@ func (w *Waiter) syncRegistrations(conn *pgx.Conn) (retry bool, err error) {
 				w.event("listen_failed", k+": "+err.Error())
 			}
 			w.mu.Lock()
+			if r.late[k] {
+				delete(r.late, k)
+				w.resyncKeyLocked(k)
+			}
 			r.live[k] = true // dropped on the next pass if nobody wants it any more
 			if ch := r.ready[k]; ch != nil {
 				close(ch)
@@ -455,6 +470,7 @@ func (w *Waiter) connUp(up bool) {
 	r.up = up
 	r.unsupported = false
 	r.live = map[string]bool{}
+	r.late = nil // the reconnection's EventResync covers them
 	for k, ch := range r.ready {
 		close(ch)
 		delete(r.ready, k)
@@ -768,6 +784,18 @@ func (w *Waiter) resync() {
 	for wt := range w.watchers {
 		wt.lost = true
 		flushLocked(wt, now)
+	}
+}
+
+// resyncKeyLocked sends an EventResync to the subscribers of key.
+func (w *Waiter) resyncKeyLocked(key string) {
+	w.seq++
+	now := time.Now()
+	for wt := range w.watchers {
+		if key == "*" || wt.keys == nil || wt.keys[key] {
+			wt.lost = true
+			flushLocked(wt, now)
+		}
 	}
 }
 

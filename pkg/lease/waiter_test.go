@@ -591,3 +591,47 @@ func TestAwaitSharesReads(t *testing.T) {
 		}
 	})
 }
+
+// TestWatchBehindALockedRow: lease.listen waits behind a transaction that
+// keeps the key's row locked; the waiter bounds that wait (lock_timeout),
+// keeps delivering other keys' notifications meanwhile, and registers the
+// key once the transaction ends.
+func TestWatchBehindALockedRow(t *testing.T) {
+	forEachMode(t, func(t *testing.T, db *testDB) {
+		ctx := testCtx(t)
+		w, rec := newWaiter(t, db, lease.WaiterOptions{})
+		rec.next(t, "listening")
+		other := w.Watch(ctx, "other")
+		if _, _, err := db.c.Acquire(ctx, "locked", "holder", never); err != nil {
+			t.Fatal(err)
+		}
+		locker := connect(t, db.dsn)
+		if _, err := locker.Exec(ctx, `BEGIN; SELECT FROM lease.leases WHERE key = 'locked' FOR UPDATE`); err != nil {
+			t.Fatal(err)
+		}
+		watched := make(chan (<-chan lease.Event), 1)
+		go func() { watched <- w.Watch(ctx, "locked") }()
+		rec.next(t, "listen_locked")
+		if _, _, err := db.c.Acquire(ctx, "other", "holder", never); err != nil {
+			t.Fatal(err)
+		}
+		if ev := <-other; ev.Type != lease.EventAcquired || ev.Key != "other" {
+			t.Fatalf("while listen waits: %+v, want the grant of other", ev)
+		}
+		if _, err := locker.Exec(ctx, `COMMIT`); err != nil {
+			t.Fatal(err)
+		}
+		locked := <-watched
+		if n := registrations(t, db, "locked"); n != 1 {
+			t.Fatalf("%d registrations of locked after Watch returned, want 1", n)
+		}
+		if _, _, _, err := db.c.ForceRelease(ctx, "locked"); err != nil {
+			t.Fatal(err)
+		}
+		for ev := range locked {
+			if ev.Type == lease.EventForceReleased {
+				break
+			}
+		}
+	})
+}
