@@ -767,6 +767,11 @@ func (w *Waiter) shutdown() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.closed = true
+	w.regs.up = false
+	for k, ch := range w.regs.ready { // a Watch waiting for a registration returns
+		close(ch)
+		delete(w.regs.ready, k)
+	}
 	for wt := range w.watchers {
 		wt.stop()
 		delete(w.watchers, wt)

@@ -565,6 +565,10 @@ func TestNotificationPayloads(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer listener.Close(context.Background())
+	// 0.3.0: by default only registered keys notify (lease.listen).
+	if _, err := listener.Exec(ctx, "SELECT lease.listen('pay-k')"); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := listener.Exec(ctx, "LISTEN pg_lease"); err != nil {
 		t.Fatal(err)
 	}
