@@ -407,6 +407,11 @@ func startListener(keys []string) (stop func(), err error) {
 	return func() {
 		cancel()
 		n := <-done
+		// Drop the registrations: those of a gone backend linger (notifying)
+		// until the next lease.listen by anyone.
+		if _, err := conn.Exec(context.Background(), `SELECT lease.unlisten('*')`); err != nil {
+			log.Printf("lease.unlisten('*'): %v", err)
+		}
 		conn.Close(context.Background())
 		log.Printf("listener on %d key(s): %d notifications", len(keys), n)
 	}, nil

@@ -648,6 +648,14 @@ func (w *Waiter) run(conn *pgx.Conn) {
 	defer func() {
 		if conn != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			// Best effort: a gone backend's registrations linger (costing
+			// notifications) until the next lease.listen by anyone.
+			w.mu.Lock()
+			registered := len(w.regs.live) > 0 && !w.regs.unsupported
+			w.mu.Unlock()
+			if registered {
+				_, _ = conn.Exec(ctx, `SELECT lease.unlisten('*')`)
+			}
 			_ = conn.Close(ctx)
 			cancel()
 		}

@@ -495,6 +495,14 @@ func TestAwaitRegisters(t *testing.T) {
 		if ev := <-all; ev.Type != lease.EventAcquired || ev.Key != "any" {
 			t.Fatalf("Watch(): %+v, want the grant of any", ev)
 		}
+
+		// Close drops the registrations (a gone backend's would linger,
+		// notifying, until the next lease.listen by anyone).
+		_ = w.Close()
+		var left int
+		if err := db.pool.QueryRow(ctx, `SELECT count(*) FROM lease.listeners`).Scan(&left); err != nil || left != 0 {
+			t.Fatalf("%d registrations after Close, want 0 (%v)", left, err)
+		}
 	})
 }
 
