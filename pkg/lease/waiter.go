@@ -130,6 +130,11 @@ type registry struct {
 	up    bool                     // a connection listens (registration is possible)
 	dirty bool                     // want and live differ: the run goroutine must sync
 	kick  func()                   // interrupts the run goroutine's wait for a notification
+	// idle: when the last subscription of a live key ended; the key is
+	// dropped registrationLinger later unless a subscription comes back
+	// (a follower that re-awaits right away costs no unlisten + listen).
+	idle     map[string]time.Time
+	nextDrop time.Time // the earliest pending drop (zero: none)
 	// late: keys whose listen waited behind a locked row (55P03, retried):
 	// their subscribers may have stopped waiting and read without the
 	// registration, so the listen that succeeds sends them an EventResync.
@@ -275,6 +280,7 @@ func (w *Waiter) registerLocked(keys []string) []chan struct{} {
 	var pending []chan struct{}
 	for _, k := range keys {
 		r.want[k]++
+		delete(r.idle, k)
 		if r.live[k] || !r.up || r.unsupported {
 			// live: nothing to do. Not up: the reconnection registers every
 			// wanted key before its EventResync, which makes the subscriber
@@ -303,6 +309,10 @@ func (w *Waiter) unregisterLocked(keys []string) {
 		if r.want[k]--; r.want[k] <= 0 {
 			delete(r.want, k)
 			if r.live[k] {
+				if r.idle == nil {
+					r.idle = map[string]time.Time{}
+				}
+				r.idle[k] = time.Now()
 				r.dirty = true
 			}
 		}
@@ -337,17 +347,28 @@ func (w *Waiter) syncRegistrations(conn *pgx.Conn) (retry bool, err error) {
 					add = append(add, k)
 				}
 			}
+			r.nextDrop = time.Time{}
+			now := time.Now()
 			for k := range r.live {
-				if r.want[k] == 0 {
-					drop = append(drop, k)
-					delete(r.live, k) // a new subscriber waits for the next listen
+				if r.want[k] > 0 {
+					continue
 				}
+				if at := r.idle[k].Add(registrationLinger); now.Before(at) {
+					if r.nextDrop.IsZero() || at.Before(r.nextDrop) {
+						r.nextDrop = at
+					}
+					continue
+				}
+				drop = append(drop, k)
+				delete(r.live, k) // a new subscriber waits for the next listen
+				delete(r.idle, k)
 			}
 		}
 		w.mu.Unlock()
 		if len(add) == 0 && len(drop) == 0 {
 			return retry, nil
 		}
+		// (drop happens only once the key's linger passed)
 		for _, k := range drop {
 			if err := w.regQuery(conn, `SELECT lease.unlisten($1)`, k); err != nil {
 				if w.noListen(err) {
@@ -403,6 +424,10 @@ func (w *Waiter) syncRegistrations(conn *pgx.Conn) (retry bool, err error) {
 		}
 	}
 }
+
+// registrationLinger is how long a key stays registered after its last
+// subscription ended.
+const registrationLinger = time.Second
 
 // resyncRegistrations is syncRegistrations until nothing is left to retry
 // (at most QueryTimeout).
@@ -471,6 +496,7 @@ func (w *Waiter) connUp(up bool) {
 	r.unsupported = false
 	r.live = map[string]bool{}
 	r.late = nil // the reconnection's EventResync covers them
+	r.idle, r.nextDrop = nil, time.Time{}
 	for k, ch := range r.ready {
 		close(ch)
 		delete(r.ready, k)
@@ -706,6 +732,11 @@ func (w *Waiter) run(conn *pgx.Conn) {
 			if retry {
 				retryAt = time.Now().Add(10 * time.Millisecond)
 			}
+			w.mu.Lock()
+			if nd := w.regs.nextDrop; !nd.IsZero() && (retryAt.IsZero() || nd.Before(retryAt)) {
+				retryAt = nd
+			}
+			w.mu.Unlock()
 		}
 		if err == nil {
 			err = w.step(conn, retryAt)

@@ -403,6 +403,23 @@ func registrations(t *testing.T, db *testDB, key string) int {
 	return n
 }
 
+// nextFor waits for the next step of the given kind and detail.
+func (r *recorder) nextFor(t testing.TB, kind, detail string) {
+	t.Helper()
+	timeout := time.NewTimer(time.Minute)
+	defer timeout.Stop()
+	for {
+		select {
+		case ev := <-r.ch:
+			if ev.kind == kind && ev.detail == detail {
+				return
+			}
+		case <-timeout.C:
+			t.Fatalf("waiter step %s %q did not come", kind, detail)
+		}
+	}
+}
+
 // sawNotified drains what the waiter's hook recorded so far and reports
 // whether a notification for key was among it.
 func (r *recorder) sawNotified(key string) bool {
@@ -450,7 +467,7 @@ func TestAwaitRegisters(t *testing.T) {
 			if !rec.sawNotified(key) {
 				t.Fatalf("Await on %q returned without the release's notification", key)
 			}
-			rec.next(t, "unlisten")
+			rec.nextFor(t, "unlisten", key) // after registrationLinger
 			if n := registrations(t, db, key); n != 0 {
 				t.Fatalf("%d registrations of %q after Await returned, want 0", n, key)
 			}
