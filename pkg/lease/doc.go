@@ -88,8 +88,9 @@
 // registers every key a Watch (and so an Await) waits for on its connection,
 // each in its own short transaction and before the subscription reads
 // anything ('*' for a Watch of every key), drops a key with lease.unlisten
-// when its last subscription ends, and registers everything again after a
-// reconnection, before the EventResync. Events are at-most-once: after a reconnection, or when
+// a second after its last subscription ends, and registers everything again
+// after a reconnection, before the EventResync. Awaits of one key woken by
+// the same notification share one read. Events are at-most-once: after a reconnection, or when
 // a subscriber's channel was full, it receives EventResync and should re-read
 // the state.
 //

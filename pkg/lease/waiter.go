@@ -220,8 +220,9 @@ func (w *Waiter) Close() error {
 // transaction kept the key's row locked: then the registration completes in
 // the background and an EventResync follows), so
 // that with pg_lease.notify = waiters every change committed after Watch
-// returns is notified. The registrations are dropped (lease.unlisten) when
-// the last subscription of a key ends.
+// returns is notified. The registrations are dropped (lease.unlisten) a
+// second (registrationLinger) after the last subscription of a key ends,
+// and all of them at Close.
 func (w *Waiter) Watch(ctx context.Context, keys ...string) <-chan Event {
 	wt := &watcher{ch: make(chan Event, w.opts.WatchBuffer)}
 	regKeys := []string{"*"}
