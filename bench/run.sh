@@ -10,6 +10,9 @@
 #                  client-go + LeaseLock on kube-apiserver; handoff.svg (ECDF plot)
 #   scale.*        1k/10k/100k keys renew throughput, size after 10M renewals, HOT
 #                  ratio, lease.cleanup size benefit
+#   waiters.*      1,000 waiters on one key (goroutines over 50 listen connections)
+#                  vs 1 waiter: release-to-grant, one winner per release, server
+#                  CPU and statements per release
 #
 # Usage: bench/run.sh [full|smoke]   (smoke: every benchmark, tiny sizes, < 2 min
 # with a cached control plane). Benchmarks print numbers; nothing asserts a time.
@@ -29,12 +32,14 @@ full)
 	pgbench_args=(-duration 8s -rounds 2 -clients 1,4,16)
 	handoff_args=(-trials 60)
 	scale_args=(-duration 30s -rounds 2 -keys 1000,10000,100000 -renewals 10000000 -cleanup-keys 100000)
+	waiters_args=(-waiters 1000 -conns 50 -pool 50 -releases 30)
 	;;
 smoke)
 	physical_args=(-samples 200 -fsync-seconds 1)
 	pgbench_args=(-duration 1s -rounds 1 -clients 1)
 	handoff_args=(-trials 2)
 	scale_args=(-duration 2s -rounds 1 -keys 100,1000 -renewals 20000 -cleanup-keys 2000)
+	waiters_args=(-waiters 20 -conns 4 -pool 8 -releases 3 -settle 100ms -also 4x4)
 	;;
 *)
 	echo "usage: $0 [full|smoke]" >&2
@@ -76,6 +81,7 @@ step physical go run ./bench/physical -out "$out" "${physical_args[@]}"
 step pgbench go run ./bench/pgbench -out "$out" "${pgbench_args[@]}"
 step handoff go run ./bench/handoff -out "$out" "${handoff_args[@]}"
 step scale go run ./bench/scale -out "$out" "${scale_args[@]}"
+step waiters go run ./bench/waiters -out "$out" "${waiters_args[@]}"
 echo "load_after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/env.txt"
 echo "results in $out"
 if ((${#failed[@]})); then

@@ -295,12 +295,13 @@ $$;
 -- Durability as in 0.2.0, raised to 'on': off and local do not wait for
 -- synchronous standbys; on does (and is a local flush without any).
 --
--- Notification: as in 0.1.0 (pg_lease.notify off/false/no/0/f/n: none), plus
--- pg_lease.notify = 'waiters': notify only when some session registered
--- with lease.listen for this key or for '*' (issue 17: a NOTIFY takes a
--- server-wide lock through its commit's flush, so notifying nobody has a
--- price). Any other value, and no value, notify always (the default until
--- every waiter registers).
+-- Notification (pg_lease.notify): by default (unset, 'waiters', any other
+-- value) only when some session registered with lease.listen for this key
+-- or for '*' (issue 17: a NOTIFY takes a server-wide lock through its
+-- commit's flush, so notifying nobody has a price; the Go module of this
+-- release registers every key it waits for). on/always/true/yes/1/t/y:
+-- always, as 0.1.0/0.2.0 did (for listeners that do not register).
+-- off/false/no/0/f/n: never.
 CREATE OR REPLACE FUNCTION lease._changed(event text, key text, owner text, epoch bigint)
 RETURNS void LANGUAGE plpgsql VOLATILE
 AS $$
@@ -313,7 +314,7 @@ BEGIN
   IF v_mode IN ('off', 'false', 'no', '0', 'f', 'n') THEN
     RETURN;
   END IF;
-  IF v_mode = 'waiters'
+  IF v_mode NOT IN ('on', 'always', 'true', 'yes', '1', 't', 'y')
      AND NOT EXISTS (SELECT 1 FROM lease.listeners w WHERE w.key = _changed.key OR w.key = '*') THEN
     RETURN;
   END IF;

@@ -149,6 +149,11 @@ func runMode(ctx context.Context, mode string, clients []int, tmp string) (modeR
 	scratch, _ := files.ReadFile("scratch.sql")
 	dsn, err := benchutil.CreateDB(ctx, s, "bench",
 		`CREATE EXTENSION pg_stat_statements`,
+		// The module's own version (0.3.0: pg_lease.notify = waiters by
+		// default), with room for the 100 h TTLs of the R keys.
+		`ALTER EXTENSION pg_lease UPDATE`,
+		`DO $$ BEGIN IF to_regprocedure('lease.configure(interval)') IS NOT NULL THEN
+		   PERFORM lease.configure(max_ttl => interval '1000 h'); END IF; END $$`,
 		`CREATE SCHEMA bench`,
 		`CREATE TABLE bench.bare (key text NOT NULL PRIMARY KEY, owner text, epoch bigint NOT NULL CHECK (epoch >= 1),
 		   expires_at timestamptz NOT NULL, acquired_at timestamptz NOT NULL, lapsed_owner text, lapsed_epoch bigint)
@@ -164,6 +169,7 @@ func runMode(ctx context.Context, mode string, clients []int, tmp string) (modeR
 	if err != nil {
 		return res, err
 	}
+	benchDSN = dsn
 	if res.Server, err = benchutil.ReadServerInfo(ctx, dsn); err != nil {
 		return res, err
 	}
@@ -181,7 +187,7 @@ func runMode(ctx context.Context, mode string, clients []int, tmp string) (modeR
 		}
 	}
 
-	main := []string{"w1_lease", "w1_lease_nonotify", "w1_bare", "w1_select1", "w2_lease", "w2_bare", "w2_select1",
+	main := []string{"w1_lease", "w1_lease_nonotify", "w1_lease_always", "w1_lease_wother", "w1_lease_wsame", "w1_bare", "w1_select1", "w2_lease", "w2_bare", "w2_select1",
 		"r_lease", "r_lease_nonotify", "r_bare", "r_select1"}
 	if *only == "none" {
 		main = nil
@@ -277,6 +283,25 @@ func pgbench(s *pgtest.Server, tmp, workload string, clients int, d time.Duratio
 		workload = base
 		env = append(env, "PGOPTIONS=-c pg_lease.notify=off")
 	}
+	// <w>_always: pg_lease.notify = always (0.2.0's behaviour: every grant
+	// and release notifies, registered or not).
+	if base, ok := strings.CutSuffix(workload, "_always"); ok {
+		workload = base
+		env = append(env, "PGOPTIONS=-c pg_lease.notify=always")
+	}
+	// <w>_wother / <w>_wsame: the default (waiters) with one waiter present:
+	// a connection that registered (lease.listen) an unrelated key, or every
+	// W1 key (then every grant and release notifies), LISTENs and drains.
+	for suffix, keys := range map[string][]string{"_wother": {"unrelated"}, "_wsame": w1Keys()} {
+		if base, ok := strings.CutSuffix(workload, suffix); ok {
+			workload = base
+			stop, err := startListener(keys)
+			if err != nil {
+				return o, err
+			}
+			defer stop()
+		}
+	}
 	script, err := files.ReadFile("scripts/" + workload + ".sql")
 	if err != nil {
 		return o, err
@@ -333,6 +358,63 @@ func pgbench(s *pgtest.Server, tmp, workload string, clients int, d time.Duratio
 		return o, fmt.Errorf("pgbench %s: no transactions logged\n%s", workload, outb)
 	}
 	return o, nil
+}
+
+// benchDSN is the bench database of the current mode (for startListener).
+var benchDSN string
+
+func w1Keys() []string {
+	var ks []string
+	for g := 0; g < 64; g++ {
+		ks = append(ks, "w1-"+strconv.Itoa(g))
+	}
+	return ks
+}
+
+// startListener is one waiter process's listen connection: it registers
+// keys with lease.listen (each in its own transaction), LISTENs and drains
+// notifications until stop, which returns how many arrived.
+func startListener(keys []string) (stop func(), err error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	conn, err := pgx.Connect(ctx, benchDSN)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	for _, k := range keys {
+		if _, err := conn.Exec(ctx, `SELECT lease.listen($1)`, k); err != nil {
+			cancel()
+			conn.Close(context.Background())
+			return nil, fmt.Errorf("lease.listen(%q): %w", k, err)
+		}
+	}
+	if _, err := conn.Exec(ctx, `LISTEN pg_lease`); err != nil {
+		cancel()
+		conn.Close(context.Background())
+		return nil, err
+	}
+	done := make(chan int)
+	go func() {
+		n := 0
+		for {
+			if _, err := conn.WaitForNotification(ctx); err != nil {
+				done <- n
+				return
+			}
+			n++
+		}
+	}()
+	return func() {
+		cancel()
+		n := <-done
+		// Drop the registrations: those of a gone backend linger (notifying)
+		// until the next lease.listen by anyone.
+		if _, err := conn.Exec(context.Background(), `SELECT lease.unlisten('*')`); err != nil {
+			log.Printf("lease.unlisten('*'): %v", err)
+		}
+		conn.Close(context.Background())
+		log.Printf("listener on %d key(s): %d notifications", len(keys), n)
+	}, nil
 }
 
 func pgbenchBin(s *pgtest.Server) string {

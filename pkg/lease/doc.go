@@ -103,7 +103,14 @@
 // and fans notifications out to Watch subscribers. pg_lease notifies on
 // channel pg_lease, at commit, for every grant, release and force_release
 // (not renewals, not lapses: expiry is lazy), with a JSON payload {event,
-// key, owner, epoch}. Events are at-most-once: after a reconnection, or when
+// key, owner, epoch} — since 0.3.0, by default (pg_lease.notify = waiters),
+// only for keys some backend registered with lease.listen. The Waiter
+// registers every key a Watch (and so an Await) waits for on its connection,
+// each in its own short transaction and before the subscription reads
+// anything ('*' for a Watch of every key), drops a key with lease.unlisten
+// a second after its last subscription ends, and registers everything again
+// after a reconnection, before the EventResync. Awaits of one key woken by
+// the same notification share one read. Events are at-most-once: after a reconnection, or when
 // a subscriber's channel was full, it receives EventResync and should re-read
 // the state.
 //

@@ -388,3 +388,275 @@ func TestWatch(t *testing.T) {
 		}
 	})
 }
+
+// registrations counts the waiter backends' lease.listen registrations of
+// key in db (lease.listeners is owner-only: the test role is a superuser).
+func registrations(t *testing.T, db *testDB, key string) int {
+	t.Helper()
+	var n int
+	if err := db.pool.QueryRow(testCtx(t), `SELECT count(*) FROM lease.listeners l
+		  JOIN pg_stat_activity a ON a.pid = l.pid
+		 WHERE a.application_name = 'pg_lease waiter' AND a.datname = current_database()
+		   AND l.key = $1`, key).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// nextFor waits for the next step of the given kind and detail.
+func (r *recorder) nextFor(t testing.TB, kind, detail string) {
+	t.Helper()
+	timeout := time.NewTimer(time.Minute)
+	defer timeout.Stop()
+	for {
+		select {
+		case ev := <-r.ch:
+			if ev.kind == kind && ev.detail == detail {
+				return
+			}
+		case <-timeout.C:
+			t.Fatalf("waiter step %s %q did not come", kind, detail)
+		}
+	}
+}
+
+// sawNotified drains what the waiter's hook recorded so far and reports
+// whether a notification for key was among it.
+func (r *recorder) sawNotified(key string) bool {
+	for {
+		select {
+		case ev := <-r.ch:
+			if ev.kind == "notified" && ev.detail == key {
+				return true
+			}
+		default:
+			return false
+		}
+	}
+}
+
+// TestAwaitRegisters (issue 17 item 1): with the default pg_lease.notify
+// (waiters), a change notifies only keys some backend registered with
+// lease.listen. Await registers its key on the waiter's connection before
+// its first read, is woken by the release's notification (the poll and the
+// TTL are far out; the hook shows the notification arrived), drops the
+// registration when it returns, and registers again after the listen
+// connection is re-established. Watch without keys registers '*'.
+func TestAwaitRegisters(t *testing.T) {
+	forEachMode(t, func(t *testing.T, db *testDB) {
+		ctx := testCtx(t)
+		w, rec := newWaiter(t, db, lease.WaiterOptions{ReconnectMin: time.Millisecond})
+		rec.next(t, "listening")
+		round := func(key string) {
+			t.Helper()
+			h, ok, err := db.c.Acquire(ctx, key, "holder", never)
+			if err != nil || !ok {
+				t.Fatal(ok, err)
+			}
+			c, reads := watched(db)
+			res := awaitAsync(ctx, w, c, key, never)
+			<-reads // registered before this read
+			if n := registrations(t, db, key); n != 1 {
+				t.Fatalf("%d registrations of %q while Await waits, want 1", n, key)
+			}
+			rec.sawNotified(key) // drop what came before the release
+			if err := db.c.Release(ctx, h.Token); err != nil {
+				t.Fatal(err)
+			}
+			mustFree(t, res)
+			if !rec.sawNotified(key) {
+				t.Fatalf("Await on %q returned without the release's notification", key)
+			}
+			rec.nextFor(t, "unlisten", key) // after registrationLinger
+			if n := registrations(t, db, key); n != 0 {
+				t.Fatalf("%d registrations of %q after Await returned, want 0", n, key)
+			}
+		}
+		round("reg")
+
+		// Reconnect: a subscription that outlives its connection is
+		// registered again on the new one before the resync.
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		events := w.Watch(wctx, "again")
+		if n := registrations(t, db, "again"); n != 1 {
+			t.Fatalf("%d registrations after Watch returned, want 1", n)
+		}
+		var n int
+		if err := db.pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+			WHERE application_name = 'pg_lease waiter' AND datname = current_database()`).Scan(&n); err != nil || n != 1 {
+			t.Fatal(n, err)
+		}
+		if ev := <-events; ev.Type != lease.EventResync {
+			t.Fatalf("after reconnecting: %+v, want resync", ev)
+		}
+		if n := registrations(t, db, "again"); n != 1 {
+			t.Fatalf("%d registrations after the reconnection's resync, want 1", n)
+		}
+		if _, _, err := db.c.Acquire(ctx, "again", "holder", never); err != nil {
+			t.Fatal(err)
+		}
+		if ev := <-events; ev.Type != lease.EventAcquired || ev.Key != "again" {
+			t.Fatalf("after reconnecting: %+v, want the grant of again", ev)
+		}
+		cancel()
+		round("reg2")
+
+		all := w.Watch(ctx)
+		if n := registrations(t, db, "*"); n != 1 {
+			t.Fatalf("%d registrations of '*' after Watch(), want 1", n)
+		}
+		if _, _, err := db.c.Acquire(ctx, "any", "holder", never); err != nil {
+			t.Fatal(err)
+		}
+		if ev := <-all; ev.Type != lease.EventAcquired || ev.Key != "any" {
+			t.Fatalf("Watch(): %+v, want the grant of any", ev)
+		}
+
+		// Close drops the registrations (a gone backend's would linger,
+		// notifying, until the next lease.listen by anyone).
+		_ = w.Close()
+		var left int
+		if err := db.pool.QueryRow(ctx, `SELECT count(*) FROM lease.listeners`).Scan(&left); err != nil || left != 0 {
+			t.Fatalf("%d registrations after Close, want 0 (%v)", left, err)
+		}
+	})
+}
+
+// TestAwaitRegistersBeforeReading: the key's registration is committed
+// before Await's first read (else a release in between, deciding not to
+// notify, would be missed): when the waiter's goroutine reports the listen,
+// no read has happened yet.
+func TestAwaitRegistersBeforeReading(t *testing.T) {
+	forEachMode(t, func(t *testing.T, db *testDB) {
+		ctx := testCtx(t)
+		c, reads := watched(db)
+		readsAtListen := make(chan int, 1)
+		rec := &recorder{ch: make(chan hookEvent, 4096), block: func(ev hookEvent) {
+			if ev.kind == "listen" && ev.detail == "order" {
+				readsAtListen <- len(reads)
+			}
+		}}
+		w, err := lease.NewWaiterWithHook(ctx, db.dsn, lease.WaiterOptions{}, rec.hook)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Close()
+		if _, _, err := db.c.Acquire(ctx, "order", "holder", never); err != nil {
+			t.Fatal(err)
+		}
+		res := awaitAsync(ctx, w, c, "order", never)
+		if n := <-readsAtListen; n != 0 {
+			t.Fatalf("%d reads before the key was registered, want 0", n)
+		}
+		<-reads
+		if _, _, _, err := db.c.ForceRelease(ctx, "order"); err != nil {
+			t.Fatal(err)
+		}
+		mustFree(t, res)
+	})
+}
+
+// gatedReads is a Querier whose lease.inspect calls wait for the gate (when
+// one is set) before they run.
+type gatedReads struct {
+	lease.Querier
+	mu   sync.Mutex
+	gate chan struct{}
+}
+
+func (q *gatedReads) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	q.mu.Lock()
+	g := q.gate
+	q.mu.Unlock()
+	if g != nil && strings.Contains(sql, "lease.inspect") {
+		<-g
+	}
+	return q.Querier.QueryRow(ctx, sql, args...)
+}
+
+// TestAwaitSharesReads (issue 17 item 4, no herd of queries): Awaits of one
+// key through one client and one Waiter, woken by the same notification,
+// share one read: while the first one's read is held at the gate, every
+// other one joins it.
+func TestAwaitSharesReads(t *testing.T) {
+	forEachMode(t, func(t *testing.T, db *testDB) {
+		ctx := testCtx(t)
+		w, rec := newWaiter(t, db, lease.WaiterOptions{})
+		gq := &gatedReads{Querier: db.pool}
+		counted := make(chan struct{}, 64)
+		c := lease.New(readSignal{gq, counted}) // every Await through the same client
+		if _, ok, err := db.c.Acquire(ctx, "herd", "holder", never); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		const n = 8
+		var res []<-chan awaited
+		for i := 0; i < n; i++ {
+			res = append(res, awaitAsync(ctx, w, c, "herd", never))
+		}
+		for i := 0; i < n; i++ {
+			<-counted // every first read (each Await's own) saw the key held
+		}
+		gate := make(chan struct{})
+		gq.mu.Lock()
+		gq.gate = gate
+		gq.mu.Unlock()
+		if _, _, _, err := db.c.ForceRelease(ctx, "herd"); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < n-1; i++ {
+			rec.next(t, "read_shared")
+		}
+		close(gate)
+		for _, r := range res {
+			mustFree(t, r)
+		}
+		if extra := len(counted); extra != 1 {
+			t.Fatalf("%d reads after the release for %d Awaits, want 1 shared", extra, n)
+		}
+	})
+}
+
+// TestWatchBehindALockedRow: lease.listen waits behind a transaction that
+// keeps the key's row locked; the waiter bounds that wait (lock_timeout),
+// keeps delivering other keys' notifications meanwhile, and registers the
+// key once the transaction ends.
+func TestWatchBehindALockedRow(t *testing.T) {
+	forEachMode(t, func(t *testing.T, db *testDB) {
+		ctx := testCtx(t)
+		w, rec := newWaiter(t, db, lease.WaiterOptions{})
+		rec.next(t, "listening")
+		other := w.Watch(ctx, "other")
+		if _, _, err := db.c.Acquire(ctx, "locked", "holder", never); err != nil {
+			t.Fatal(err)
+		}
+		locker := connect(t, db.dsn)
+		if _, err := locker.Exec(ctx, `BEGIN; SELECT FROM lease.leases WHERE key = 'locked' FOR UPDATE`); err != nil {
+			t.Fatal(err)
+		}
+		watched := make(chan (<-chan lease.Event), 1)
+		go func() { watched <- w.Watch(ctx, "locked") }()
+		rec.next(t, "listen_locked")
+		if _, _, err := db.c.Acquire(ctx, "other", "holder", never); err != nil {
+			t.Fatal(err)
+		}
+		if ev := <-other; ev.Type != lease.EventAcquired || ev.Key != "other" {
+			t.Fatalf("while listen waits: %+v, want the grant of other", ev)
+		}
+		if _, err := locker.Exec(ctx, `COMMIT`); err != nil {
+			t.Fatal(err)
+		}
+		locked := <-watched
+		if n := registrations(t, db, "locked"); n != 1 {
+			t.Fatalf("%d registrations of locked after Watch returned, want 1", n)
+		}
+		if _, _, _, err := db.c.ForceRelease(ctx, "locked"); err != nil {
+			t.Fatal(err)
+		}
+		for ev := range locked {
+			if ev.Type == lease.EventForceReleased {
+				break
+			}
+		}
+	})
+}

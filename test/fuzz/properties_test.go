@@ -17,8 +17,11 @@ import (
 
 // TestNotifySwitchValues: every spelling of "off" that lease._changed
 // documents (off, false, no, 0, f, n, any case) turns notifications off for
-// the session; anything else leaves them on. Kills _changed.inlist.* (one
-// value dropped from the list).
+// the session; every spelling of "on" (on, always, true, yes, 1, t, y)
+// notifies always; anything else (unset, waiters, unknown: the 0.3.0
+// default) notifies only keys a backend registered with lease.listen, which
+// this listener does not. Kills _changed.inlist.* (one value dropped from
+// the list).
 func TestNotifySwitchValues(t *testing.T) {
 	h := newHarness(t)
 	ctx := ctxFor(t)
@@ -61,7 +64,9 @@ func TestNotifySwitchValues(t *testing.T) {
 		rest := n.Payload[i+len(`"key" : "`):]
 		return rest[:strings.IndexByte(rest, '"')]
 	}
-	for i, v := range []string{"off", "false", "no", "0", "f", "n", "OFF", "False", "NO", "F", "N"} {
+	// 0.3.0: unset, waiters and any unknown value notify only where a
+	// backend registered with lease.listen (this listener does not).
+	for i, v := range []string{"off", "false", "no", "0", "f", "n", "OFF", "False", "NO", "F", "N", "", "offf", "waiters"} {
 		if _, err := conn.Exec(ctx, "SELECT set_config('pg_lease.notify', $1, false)", v); err != nil {
 			t.Fatal(err)
 		}
@@ -80,7 +85,7 @@ func TestNotifySwitchValues(t *testing.T) {
 			t.Fatalf("pg_lease.notify = %q: second notification for %q, want the marker's release", v, k)
 		}
 	}
-	for _, v := range []string{"on", "true", "yes", "1", "", "offf"} {
+	for _, v := range []string{"on", "true", "yes", "1", "always", "ALWAYS", "t", "y"} {
 		if _, err := conn.Exec(ctx, "SELECT set_config('pg_lease.notify', $1, false)", v); err != nil {
 			t.Fatal(err)
 		}
@@ -560,6 +565,10 @@ func TestNotificationPayloads(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer listener.Close(context.Background())
+	// 0.3.0: by default only registered keys notify (lease.listen).
+	if _, err := listener.Exec(ctx, "SELECT lease.listen('pay-k')"); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := listener.Exec(ctx, "LISTEN pg_lease"); err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,334 @@
+// Command waiters measures many waiters on one key (issue 17 item 4): W
+// waiters (goroutines, each a follower in lease.(*Waiter).Await on the key,
+// then a wait-0 acquire when it sees the key free) spread over N
+// lease.Waiters (N listen connections: N simulated processes, each
+// registering the key once with lease.listen), reading and acquiring through
+// one pgxpool of P connections. The key is always held: each round the
+// driver releases the current holder's grant and the herd competes; the one
+// winner holds until the next round.
+//
+// Per run it prints and records (waiters.json, waiters.md in -out):
+//
+//   - release-to-grant latency (driver's release call start to the winner's
+//     acquire returning), p50/p99/max;
+//   - winners per release (the bench's own check: exactly one, or it fails);
+//   - the server's CPU (utime+stime of every server process, from
+//     /proc/<pid>/stat, before and after the rounds) and the number of
+//     statements (pg_stat_statements calls, top level) per release, i.e.
+//     the herd's cost;
+//
+// for the herd (-waiters over -conns) and, in the same run, a baseline of
+// -baseline waiters on one connection. Nothing asserts a time.
+//
+// Why goroutines over ~50 connections: one listen connection per simulated
+// process is what a real deployment has, but 1,000 backends on a 2-core
+// host would measure process scheduling, not pg_lease; the fan-out of a
+// notification is per listening backend (N), the reads are per waiter (W).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pg_lease/bench/internal/benchutil"
+	"github.com/pglease/pg_lease/pkg/lease"
+)
+
+var (
+	out      = flag.String("out", "bench/results/waiters", "results folder")
+	waitersF = flag.Int("waiters", 1000, "waiters on the key (goroutines)")
+	connsF   = flag.Int("conns", 50, "lease.Waiters (listen connections) the waiters are spread over")
+	poolF    = flag.Int("pool", 50, "connections of the pool the waiters read and acquire through")
+	releases = flag.Int("releases", 30, "releases (rounds) per run")
+	baseline = flag.Int("baseline", 1, "waiters of the baseline run (on one listen connection); 0: none")
+	alsoF    = flag.String("also", "50x50", "more runs, WAITERSxCONNS comma-separated (50x50: one waiter per simulated process); empty: none")
+	settle   = flag.Duration("settle", 300*time.Millisecond, "pause after each grant, so each round's herd has finished before the next release")
+	fsync    = flag.String("fsync", "on", "server fsync (on: durable commits)")
+)
+
+const key = "hot"
+
+type result struct {
+	Waiters      int                  `json:"waiters"`
+	Conns        int                  `json:"listen_conns"`
+	Pool         int                  `json:"pool_conns"`
+	Releases     int                  `json:"releases"`
+	ReleaseGrant benchutil.Stats      `json:"release_to_grant"`
+	MinWinners   int                  `json:"min_winners_per_release"`
+	MaxWinners   int                  `json:"max_winners_per_release"`
+	CPUms        float64              `json:"server_cpu_ms_per_release"`
+	Statements   float64              `json:"statements_per_release"`
+	Load         float64              `json:"load"`
+	Server       benchutil.ServerInfo `json:"server"`
+}
+
+func main() {
+	flag.Parse()
+	log.SetFlags(log.Ltime)
+	ctx := context.Background()
+	s, err := benchutil.StartServer(ctx, map[string]string{
+		"shared_preload_libraries": "pg_stat_statements",
+		"pg_stat_statements.track": "top",
+		"max_connections":          strconv.Itoa(*connsF + *poolF + 30),
+		"fsync":                    *fsync,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close()
+	dsn, err := benchutil.CreateDB(ctx, s, "bench", `CREATE EXTENSION pg_stat_statements`, `ALTER EXTENSION pg_lease UPDATE`)
+	if err != nil {
+		log.Fatal(err)
+	}
+	info, err := benchutil.ReadServerInfo(ctx, dsn)
+	if err != nil {
+		log.Fatal(err)
+	}
+	log.Printf("%s, pg_lease %s, fsync=%s", info.Version, info.ExtensionVersion, info.Fsync)
+	var results []result
+	shapes := [][2]int{}
+	if *baseline > 0 {
+		shapes = append(shapes, [2]int{*baseline, 1})
+	}
+	for _, a := range strings.Split(*alsoF, ",") {
+		if a == "" {
+			continue
+		}
+		var wn, cn int
+		if _, err := fmt.Sscanf(a, "%dx%d", &wn, &cn); err != nil || wn < 1 || cn < 1 {
+			log.Fatalf("-also %q: want WAITERSxCONNS", a)
+		}
+		shapes = append(shapes, [2]int{wn, cn})
+	}
+	shapes = append(shapes, [2]int{*waitersF, *connsF})
+	failed := false
+	for _, sh := range shapes {
+		r, err := run(ctx, dsn, sh[0], sh[1])
+		r.Server = info
+		if err != nil {
+			log.Printf("waiters=%d conns=%d: %v", sh[0], sh[1], err)
+			failed = true
+			continue
+		}
+		results = append(results, r)
+		log.Printf("waiters=%d conns=%d releases=%d: release-to-grant p50=%.0fus p99=%.0fus max=%.0fus; winners per release %d..%d; server CPU %.2f ms and %.1f statements per release",
+			r.Waiters, r.Conns, r.Releases, r.ReleaseGrant.P50, r.ReleaseGrant.P99, r.ReleaseGrant.Max, r.MinWinners, r.MaxWinners, r.CPUms, r.Statements)
+	}
+	if err := benchutil.WriteJSON(*out, "waiters.json", results); err != nil {
+		log.Fatal(err)
+	}
+	md := report(results)
+	fmt.Print(md)
+	if err := os.WriteFile(filepath.Join(*out, "waiters.md"), []byte(md), 0o644); err != nil {
+		log.Fatal(err)
+	}
+	if failed {
+		os.Exit(1)
+	}
+}
+
+type win struct {
+	g  lease.Grant
+	at time.Time
+}
+
+func run(ctx context.Context, dsn string, nWaiters, nConns int) (result, error) {
+	res := result{Waiters: nWaiters, Conns: nConns, Pool: min(*poolF, nWaiters+1), Releases: *releases}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return res, err
+	}
+	defer admin.Close(context.Background())
+	if _, err := admin.Exec(ctx, `DELETE FROM lease.leases WHERE key = $1`, key); err != nil {
+		return res, err
+	}
+	pcfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return res, err
+	}
+	pcfg.MaxConns = int32(res.Pool)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return res, err
+	}
+	defer pool.Close()
+	c := lease.New(pool)
+	held, ok, err := c.Acquire(ctx, key, "driver", time.Minute)
+	if err != nil || !ok {
+		return res, fmt.Errorf("driver's first grant: %v %v", ok, err)
+	}
+	ws := make([]*lease.Waiter, nConns)
+	for i := range ws {
+		if ws[i], err = lease.NewWaiter(ctx, dsn, lease.WaiterOptions{}); err != nil {
+			return res, err
+		}
+		defer ws[i].Close()
+	}
+	wins := make(chan win, nWaiters)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	for i := 0; i < nWaiters; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			w, owner := ws[i%nConns], "w"+strconv.Itoa(i)
+			for ctx.Err() == nil {
+				if _, err := w.Await(ctx, c, key, 5*time.Second, func(s lease.State) bool { return !s.Held }); err != nil {
+					continue
+				}
+				g, ok, err := c.Acquire(ctx, key, owner, time.Minute)
+				if err == nil && ok {
+					wins <- win{g, time.Now()}
+				}
+			}
+		}(i)
+	}
+	// Every listen connection registered the key, and the herd has read it.
+	for deadline := time.Now().Add(time.Minute); ; {
+		var n int
+		if err := admin.QueryRow(ctx, `SELECT count(DISTINCT pid) FROM lease.listeners WHERE key = $1`, key).Scan(&n); err != nil {
+			return res, err
+		}
+		if n >= nConns {
+			break
+		}
+		if time.Now().After(deadline) {
+			return res, fmt.Errorf("only %d of %d listen connections registered %q", n, nConns, key)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(*settle)
+
+	cpu0, st0, err := snapshot(ctx, admin)
+	if err != nil {
+		return res, err
+	}
+	var lat []float64
+	res.MinWinners = 1 << 30
+	for r := 0; r < *releases; r++ {
+		t0 := time.Now()
+		if err := c.Release(ctx, held.Token); err != nil {
+			return res, fmt.Errorf("release %d: %w", r, err)
+		}
+		var first win
+		select {
+		case first = <-wins:
+		case <-time.After(30 * time.Second):
+			return res, fmt.Errorf("release %d: no winner within 30 s", r)
+		}
+		lat = append(lat, benchutil.Micros(first.at.Sub(t0)))
+		time.Sleep(*settle)
+		n := 1
+		for more := true; more; {
+			select {
+			case <-wins:
+				n++
+			default:
+				more = false
+			}
+		}
+		res.MinWinners, res.MaxWinners = min(res.MinWinners, n), max(res.MaxWinners, n)
+		if n != 1 {
+			return res, fmt.Errorf("release %d: %d winners, want exactly one", r, n)
+		}
+		if first.g.Epoch <= held.Epoch {
+			return res, fmt.Errorf("release %d: winner's epoch %d not above the released %d", r, first.g.Epoch, held.Epoch)
+		}
+		held = first.g
+	}
+	cpu1, st1, err := snapshot(ctx, admin)
+	if err != nil {
+		return res, err
+	}
+	rel := float64(*releases)
+	res.CPUms = (cpu1 - cpu0) / rel
+	res.Statements = float64(st1-st0-1) / rel // minus the snapshot's own statement
+	res.ReleaseGrant = benchutil.Summarize(lat)
+	res.Load = benchutil.LoadAvg()
+	return res, nil
+}
+
+// clkTck is USER_HZ, the unit of utime and stime in /proc/<pid>/stat
+// (100 on every Linux ABI Go supports).
+const clkTck = 100
+
+// snapshot reads the server's CPU (ms, summed over every server process),
+// and the statements executed (pg_stat_statements, top level: exact, unlike
+// pg_stat_database's lazily flushed xact_commit).
+func snapshot(ctx context.Context, admin *pgx.Conn) (cpuMs float64, statements int64, err error) {
+	var pids []int32
+	if err := admin.QueryRow(ctx, `SELECT array_agg(pid) FROM pg_stat_activity`).Scan(&pids); err != nil {
+		return 0, 0, err
+	}
+	var ppid int32
+	if err := admin.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&ppid); err != nil {
+		return 0, 0, err
+	}
+	if pm, err := postmasterPID(ppid); err == nil {
+		pids = append(pids, pm)
+	}
+	var ticks int64
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue // gone meanwhile
+		}
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+		// fields after the command: state(3) ... utime(14) stime(15)
+		u, _ := strconv.ParseInt(f[11], 10, 64)
+		s, _ := strconv.ParseInt(f[12], 10, 64)
+		ticks += u + s
+	}
+	if err := admin.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements`).Scan(&statements); err != nil {
+		return 0, 0, err
+	}
+	return float64(ticks) * 1000 / clkTck, statements, nil
+}
+
+func postmasterPID(backend int32) (int32, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", backend))
+	if err != nil {
+		return 0, err
+	}
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	p, err := strconv.ParseInt(f[1], 10, 32)
+	if err != nil {
+		return 0, errors.New("no ppid")
+	}
+	return int32(p), nil
+}
+
+func report(rs []result) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "### waiters: many waiters on one key (release, herd, one winner)\n\n")
+	fmt.Fprintf(&b, "| waiters | listen conns | pool | releases | release-to-grant p50 µs | p99 µs | max µs | winners/release | server CPU ms/release | statements/release | load |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range rs {
+		fmt.Fprintf(&b, "| %d | %d | %d | %d | %.0f | %.0f | %.0f | %d..%d | %.2f | %.1f | %.1f |\n",
+			r.Waiters, r.Conns, r.Pool, r.Releases, r.ReleaseGrant.P50, r.ReleaseGrant.P99, r.ReleaseGrant.Max,
+			r.MinWinners, r.MaxWinners, r.CPUms, r.Statements, r.Load)
+	}
+	if len(rs) >= 2 && rs[0].Statements > 0 && rs[0].ReleaseGrant.P50 > 0 {
+		fmt.Fprintf(&b, "\nVs the first row (same run):\n\n")
+		for _, r := range rs[1:] {
+			fmt.Fprintf(&b, "- %d waiters over %d: release-to-grant p50 %.2f×, p99 %.2f×; server CPU %.1f×; statements %.1f×\n",
+				r.Waiters, r.Conns, r.ReleaseGrant.P50/rs[0].ReleaseGrant.P50, r.ReleaseGrant.P99/rs[0].ReleaseGrant.P99,
+				r.CPUms/max(rs[0].CPUms, 1e-9), r.Statements/rs[0].Statements)
+		}
+	}
+	return b.String()
+}
