@@ -27,7 +27,9 @@ var (
 	// ErrInvalidInput: the server rejected an argument (SQLSTATE 22023,
 	// invalid_input); the PgError's Detail names every violated constraint.
 	// Also returned, without a round trip, for arguments that cannot be sent
-	// faithfully (a TTL below one microsecond).
+	// faithfully (a TTL below one microsecond), and for a key or owner that
+	// the server cannot receive as text (a NUL byte or invalid UTF-8:
+	// SQLSTATE 22021).
 	ErrInvalidInput = errors.New("lease: invalid input")
 	// ErrWaitTimeout: a server-side blocking acquire saw the key held for its
 	// whole wait (SQLSTATE 57014, message "timeout").
@@ -131,6 +133,13 @@ func mapError(op string, t Token, err error) error {
 	switch {
 	case pg.Code == "22023" && pg.Message == "invalid_input":
 		return &serverError{op: op, kind: ErrInvalidInput, pg: pg}
+	case pg.Code == "22021":
+		// character_not_in_repertoire: a key or owner with a NUL byte or
+		// invalid UTF-8 cannot even be received as text (the server refuses
+		// the parameter before pg_lease runs; nothing changed). Reported as
+		// the client's own refusal: no pg_lease constraint was checked.
+		return fmt.Errorf("%s %q: %w: key and owner must be valid UTF-8 without NUL bytes (the server refused the text: %s)",
+			op, t.Key, ErrInvalidInput, pg.Message)
 	case pg.Code == "57014" && pg.Message == "timeout":
 		return &serverError{op: op, kind: ErrWaitTimeout, pg: pg}
 	case pg.Code == "25000" && pg.Message == "invalid_isolation":

@@ -125,13 +125,16 @@ func (c *Client) Acquire(ctx context.Context, key, owner string, ttl time.Durati
 }
 
 // AcquireWait is lease.acquire with a server-side wait: the server polls until
-// the key can be taken or wait passes (ErrWaitTimeout). It occupies a
+// the key can be taken or wait passes (ErrWaitTimeout, also for wait 0 on a
+// held key). It occupies a
 // connection and keeps a transaction open for the whole wait; Waiter waits
 // without either.
 func (c *Client) AcquireWait(ctx context.Context, key, owner string, ttl, wait time.Duration) (Grant, error) {
 	g, ok, err := c.acquire(ctx, "acquire", key, owner, ttl, wait)
 	if err == nil && !ok {
-		err = fmt.Errorf("acquire %q: server returned no grant after waiting", key)
+		// Only wait 0 answers "not acquired" (a longer wait raises timeout):
+		// the key stayed held for the whole (empty) wait.
+		err = fmt.Errorf("acquire %q: held by another owner (wait %v): %w", key, wait, ErrWaitTimeout)
 	}
 	return g, err
 }

@@ -78,14 +78,13 @@ func rulesFor(version string) (rules, error) {
 const (
 	// unrepresentableCode (finding of this fuzzing, for pkg/lease): a key or
 	// owner with a NUL byte or invalid UTF-8 cannot be sent as text; the
-	// server refuses the parameter with this SQLSTATE before pg_lease runs,
-	// and lease.Client returns it unmapped instead of ErrInvalidInput. Set
-	// to "" once the client rejects such strings itself.
-	unrepresentableCode = "22021"
+	// server refuses the parameter (22021) before pg_lease runs. Fixed:
+	// lease.Client maps it to ErrInvalidInput, so this is "".
+	unrepresentableCode = ""
 	// acquireWaitZeroUntyped (finding, pkg/lease): AcquireWait with wait 0
-	// on a key held by another owner returns an untyped error ("server
-	// returned no grant after waiting") instead of ErrWaitTimeout.
-	acquireWaitZeroUntyped = true
+	// on a key held by another owner returned an untyped error instead of
+	// ErrWaitTimeout. Fixed: false.
+	acquireWaitZeroUntyped = false
 )
 
 // representable: the server can receive s as text at all (UTF-8 database).
