@@ -37,7 +37,7 @@ full)
 smoke)
 	physical_args=(-samples 200 -fsync-seconds 1)
 	pgbench_args=(-duration 1s -rounds 1 -clients 1)
-	handoff_args=(-trials 2)
+	handoff_args=(-trials 2 -default-trials 1)
 	scale_args=(-duration 2s -rounds 1 -keys 100,1000 -renewals 20000 -cleanup-keys 2000)
 	waiters_args=(-waiters 20 -conns 4 -pool 8 -releases 3 -settle 100ms -also 4x4)
 	;;
