@@ -1,5 +1,5 @@
 // Package benchutil holds what the benchmark programs under bench/ share:
-// throwaway servers with pg_lease 0.2.0, percentiles, JSON output and a small
+// throwaway servers with pg_lease (the shipped version), percentiles, JSON output and a small
 // SVG plotter. Benchmarks print numbers; nothing here asserts a timing.
 package benchutil
 
@@ -16,12 +16,13 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pg_lease/internal/pgtest"
+	pgleasesql "github.com/pglease/pg_lease/sql"
 )
 
-// ExtensionVersion is the pg_lease version the benchmarks install: 0.2.0 has
-// lease.cleanup. CREATE EXTENSION ... VERSION follows the update chain from
-// the 0.1.0 base script, so this works before and after default_version moves.
-const ExtensionVersion = "0.2.0"
+// ExtensionVersion is the pg_lease version the benchmarks install: the one
+// this module ships (CREATE EXTENSION ... VERSION follows the update chain
+// from the 0.1.0 base script).
+const ExtensionVersion = pgleasesql.Version
 
 // StartServer starts a throwaway server with settings (see pgtest.Options)
 // and installs the extension files into its installation.
