@@ -346,6 +346,7 @@ DECLARE
   v_base     bigint;
   v_grace    timestamptz;
   v_in_grace boolean;
+  v_mine     boolean;
   r_owner    text;
   r_epoch    bigint;
   r_expires  timestamptz;
@@ -388,8 +389,9 @@ BEGIN
     v_now := clock_timestamp();
 
     IF v_found AND r_owner IS NOT NULL AND r_expires > v_now THEN
-      IF r_owner = v_owner AND (r_role IS NULL OR r_role = v_role OR lease._may_act(r_role))
-         AND v_base IS NULL THEN
+      -- The caller's own grant: same owner string, and its role (or a member).
+      v_mine := r_owner = v_owner AND (r_role IS NULL OR r_role = v_role OR lease._may_act(r_role));
+      IF v_mine AND v_base IS NULL THEN
         -- A grant of an earlier era seen during the grace after a timeline
         -- change may be one whose release was lost with the old primary,
         -- while a successor's grant, also lost, is still believed: it is not
@@ -398,11 +400,10 @@ BEGIN
         -- token go on. (Outside a grace this costs one timeline read.)
         SELECT g.base, g.grace_until INTO v_base, v_grace FROM lease._grant_context() g;
       END IF;
-      IF r_owner = v_owner AND (r_role IS NULL OR r_role = v_role OR lease._may_act(r_role))
-         AND v_grace IS NOT NULL AND clock_timestamp() < v_grace AND r_epoch <= v_base THEN
+      IF v_mine AND v_grace IS NOT NULL AND clock_timestamp() < v_grace AND r_epoch <= v_base THEN
         v_in_grace := true;
         r_expires := least(r_expires, v_grace);
-      ELSIF r_owner = v_owner AND (r_role IS NULL OR r_role = v_role OR lease._may_act(r_role)) THEN
+      ELSIF v_mine THEN
         -- Idempotent: the caller already holds it. Same epoch, same expiry.
         -- Under REPEATABLE READ / SERIALIZABLE the row read is the snapshot's:
         -- a locked read (FOR SHARE conflicts with every change of the row;
