@@ -24,23 +24,7 @@ func TestMain(m *testing.M) {
 // seed, the command that replays the schedule, and the offending operations;
 // the history is kept in $PGLEASE_ROBUSTNESS_OUT or a temporary file.
 func TestRobustness(t *testing.T) {
-	d := 45 * time.Second
-	if testing.Short() {
-		d = 15 * time.Second
-	}
-	if v := os.Getenv("PGLEASE_ROBUSTNESS_DURATION"); v != "" {
-		var err error
-		if d, err = time.ParseDuration(v); err != nil {
-			t.Fatal(err)
-		}
-	}
-	seed := time.Now().UnixNano() % 1_000_000_007
-	if v := os.Getenv("PGLEASE_ROBUSTNESS_SEED"); v != "" {
-		var err error
-		if seed, err = strconv.ParseInt(v, 10, 64); err != nil {
-			t.Fatal(err)
-		}
-	}
+	d, seed := runParams(t, 45*time.Second)
 	t.Logf("seed %d; replay: PGLEASE_ROBUSTNESS_SEED=%d PGLEASE_ROBUSTNESS_DURATION=%v go test -count=1 -run TestRobustness ./test/robustness/", seed, seed, d)
 
 	ctx, cancel := context.WithTimeout(context.Background(), d+90*time.Second)
@@ -92,23 +76,7 @@ func TestRobustness(t *testing.T) {
 // (robustness.Check). Needs pg_lease 0.3.0: under 0.2.0 the promoted
 // standby grants epochs the old primary already gave (I2/I3).
 func TestRobustnessFailover(t *testing.T) {
-	d := 30 * time.Second
-	if testing.Short() {
-		d = 15 * time.Second
-	}
-	if v := os.Getenv("PGLEASE_ROBUSTNESS_DURATION"); v != "" {
-		var err error
-		if d, err = time.ParseDuration(v); err != nil {
-			t.Fatal(err)
-		}
-	}
-	seed := time.Now().UnixNano() % 1_000_000_007
-	if v := os.Getenv("PGLEASE_ROBUSTNESS_SEED"); v != "" {
-		var err error
-		if seed, err = strconv.ParseInt(v, 10, 64); err != nil {
-			t.Fatal(err)
-		}
-	}
+	d, seed := runParams(t, 30*time.Second)
 	t.Logf("seed %d; replay: PGLEASE_ROBUSTNESS_SEED=%d PGLEASE_ROBUSTNESS_DURATION=%v go test -count=1 -run TestRobustnessFailover ./test/robustness/", seed, seed, d)
 	ctx, cancel := context.WithTimeout(context.Background(), d+2*time.Minute)
 	defer cancel()
@@ -147,4 +115,28 @@ func TestRobustnessFailover(t *testing.T) {
 	if res.OpsByKind[robustness.KAcquire][robustness.SGranted] == 0 {
 		t.Errorf("the workload made no progress: %v", res.OpsByKind)
 	}
+}
+
+// runParams is a run's duration and seed: $PGLEASE_ROBUSTNESS_DURATION, or
+// def (15 s with -short); $PGLEASE_ROBUSTNESS_SEED, or one from the clock.
+func runParams(t *testing.T, def time.Duration) (time.Duration, int64) {
+	t.Helper()
+	d := def
+	if testing.Short() {
+		d = 15 * time.Second
+	}
+	if v := os.Getenv("PGLEASE_ROBUSTNESS_DURATION"); v != "" {
+		var err error
+		if d, err = time.ParseDuration(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seed := time.Now().UnixNano() % 1_000_000_007
+	if v := os.Getenv("PGLEASE_ROBUSTNESS_SEED"); v != "" {
+		var err error
+		if seed, err = strconv.ParseInt(v, 10, 64); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return d, seed
 }
