@@ -334,6 +334,40 @@ func TestCheckUnknownOutcomes(t *testing.T) {
 	wantLin(t, r, porcupine.Illegal)
 }
 
+// An unknown acquire may have been decided at any later server time, so
+// also after the current grant lapsed: the holder's own re-acquire then is a
+// fresh grant (epoch + 1) and its old epoch's renewal is an epoch_mismatch.
+// (CI seed 630320688: the request reached the server as the proxy cut the
+// connection, 1 s after the grant it was sent under had lapsed.)
+func TestCheckUnknownAcquireAfterLapse(t *testing.T) {
+	b := &hb{}
+	b.acquire(0, "A", 0, 0, 500, 1) // expires 500
+	o := b.add(Op{Client: 0, Kind: KAcquire, Key: "k", Owner: "A", TTL: 500_000, Outcome: Unknown}, 10)
+	o.Return = 1600 * int64(time.Millisecond)
+	b.renew(1, "A", 1610, 1610, 500, 1, SEpochMismatch)
+	b.inspectHeld(2, 1620, 1620, "A", 2, 2000) // granted at 1500
+	r := check(t, b)
+	if len(r.Violations) != 0 {
+		t.Fatalf("violations: %v", r.Violations)
+	}
+	wantLin(t, r, porcupine.Ok)
+	// Another owner's unknown acquire may likewise have taken the lapsed key.
+	b = &hb{}
+	b.acquire(0, "A", 0, 0, 500, 1)
+	o = b.add(Op{Client: 1, Kind: KAcquire, Key: "k", Owner: "B", TTL: 500_000, Outcome: Unknown}, 10)
+	o.Return = Never
+	b.renew(0, "A", 1610, 1610, 500, 1, SLapsed)
+	b.inspectHeld(2, 1620, 1620, "B", 2, 2000)
+	r = check(t, b)
+	if len(r.Violations) != 0 {
+		t.Fatalf("violations: %v", r.Violations)
+	}
+	// The fresh grant's epoch is the counter + 1, never more.
+	b.h.Ops[len(b.h.Ops)-1].OutEpoch = 3
+	r = check(t, b)
+	wantLin(t, r, porcupine.Illegal)
+}
+
 // A backward clock step: the server's raw time goes back, the stored expiry
 // does not; a renewal after the step can set an earlier expiry, and a
 // takeover after that is legal.

@@ -120,11 +120,17 @@ func step(s kstate, o mop) []kstate {
 			return []kstate{s}
 		case o.Outcome == Unknown:
 			out = append(out, s) // no effect (or idempotent)
-			n, _ := grantFresh(s, o.Owner, s.Epoch+1, 0, negInf)
+			// Or a fresh grant: its decision may have come at any later
+			// server time (a request can reach the server as its
+			// connection is cut), so also after the current grant,
+			// the caller's own included, lapsed.
+			want := s.Epoch + 1
 			if !s.Exists {
-				n, _ = grantFresh(s, o.Owner, 1, 0, negInf)
+				want = 1
 			}
-			out = append(out, unknownExpiry(n))
+			if n, ok := grantFresh(s, o.Owner, want, 0, posInf); ok {
+				out = append(out, unknownExpiry(n))
+			}
 			return out
 		case o.Status == SGranted:
 			d := o.Expires - o.TTL
