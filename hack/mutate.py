@@ -347,6 +347,14 @@ def plpgsql_statements(s, a, b):
     return out
 
 
+def unit_sha(texts, st):
+    """sha1 of the mutated unit's text: the function definition (or DO
+    block, ACL statement) around the site, after the change."""
+    s = texts[st.script]
+    a, b = st.unit_span
+    return hashlib.sha1((st.script + '\0' + s[a:st.a] + st.new + s[st.b:b]).encode()).hexdigest()[:16]
+
+
 def units(path_texts, final_scripts):
     """(script, a, b, kind, name) of every mutable unit: final function
     definitions, DO blocks, and top-level ACL/ownership statements."""
@@ -385,7 +393,10 @@ def sites(texts, unit_list, ops):
     out = []
     for script, a, b, kind, name in unit_list:
         s = texts[script]
-        add = lambda x, y, new, op, what: out.append(Site(script, x, y, new, op, what, name))
+        def add(x, y, new, op, what, script=script, a=a, b=b, name=name):
+            st = Site(script, x, y, new, op, what, name)
+            st.unit_span = (a, b)
+            out.append(st)
         if kind == 'acl':
             if 'acl' in ops:
                 st = s[a:b]
@@ -569,7 +580,7 @@ END $$'''], os.path.join(out, '%s.reset.log' % mid), env=env, timeout=60)
                         '-c', 'ALTER EXTENSION pg_lease UPDATE',
                         '-c', '\\c postgres', '-c', 'DROP DATABASE mutate_probe']
         r = {'id': mid, 'op': m['op'], 'what': m['what'], 'script': m['script'], 'line': m['line'],
-             'unit': m['unit'], 'suites': {}}
+             'unit': m['unit'], 'unit_sha': m.get('unit_sha', ''), 'suites': {}}
         if sh(probe, os.path.join(out, '%s.probe.log' % mid), env=env, timeout=120) != 0:
             r['verdict'] = 'stillborn'
         else:
@@ -747,6 +758,24 @@ def main():
         except (OSError, ValueError, KeyError) as e:
             die('--resume %s: %s' % (args.resume, e))
         again = {r['id'] for r in prev if args.rerun_survivors and r['verdict'] in ('survived', 'equivalent')}
+        # An earlier result is kept only for the same mutant: the same id AND
+        # the same mutated text (unit_sha). A result recorded before unit_sha
+        # existed is kept only when its site is in a script that is not the
+        # chain's newest (released scripts never change) and reads the same;
+        # a unit redefined by a newer script gets a new id's site there.
+        cur = {m['id']: m for m in selected}
+        newest = order[-1]
+        def same(r):
+            m = cur.get(r['id'])
+            if m is None:
+                return True  # not selected now: keep it, it is not run anyway
+            if 'unit_sha' in r:
+                return r['unit_sha'] == unit_sha(texts, m['site'])
+            return (r.get('script') == m['site'].script != newest and r.get('what') == m['site'].what)
+        stale = {r['id'] for r in prev if not same(r)}
+        if stale:
+            print('mutate: --resume: %d earlier results are of other text, run again' % len(stale))
+        again |= stale
         done = {r['id'] for r in prev} - again
         selected = [m for m in selected if m['id'] not in done]
         chosen = {m['id'] for m in selected}
@@ -822,7 +851,8 @@ def main():
             plain = plain_sql(files, order)
             open(os.path.join(args.out, m['id'] + '.plain.sql'), 'w').write(plain)
             plan_mutants.append({'id': m['id'], 'op': op, 'what': what, 'script': script, 'line': line,
-                                 'unit': unit, 'files': files})
+                                 'unit': unit, 'files': files,
+                                 'unit_sha': unit_sha(texts, st) if st is not None else ''})
         base = order[0][len('pg_lease--'):-len('.sql')]
         plan = {'prev': prev, 'seed': args.seed, 'max': args.max, 'out': args.out, 'extdir': extdir, 'work': work, 'bindir': sbin, 'pg_config': spgconfig,
                 'suites': suites, 'go_pkg': args.go_pkg, 'control_files': control, 'mutants': plan_mutants,
