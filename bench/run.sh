@@ -8,6 +8,7 @@
 #   pgbench.*      W1-cycle, W2-contend and R (renew) vs bare-SQL baselines
 #   handoff.*      handoff/takeover for pkg/elector, client-go + pkg/resourcelock,
 #                  client-go + LeaseLock on kube-apiserver; handoff.svg (ECDF plot)
+#   elector-200/   (full only) pkg/elector alone, fast profile, 200 trials
 #   scale.*        1k/10k/100k keys renew throughput, size after 10M renewals, HOT
 #                  ratio, lease.cleanup size benefit
 #   waiters.*      1,000 waiters on one key (goroutines over 50 listen connections)
@@ -31,6 +32,8 @@ full)
 	physical_args=(-samples 5000 -fsync-seconds 2)
 	pgbench_args=(-duration 8s -rounds 2 -clients 1,4,16)
 	handoff_args=(-trials 60)
+	# pkg/elector alone over 200 trials (issue 17 item 3: p99 over >= 200)
+	elector_args=(-systems elector -profiles fast -trials 200)
 	scale_args=(-duration 30s -rounds 2 -keys 1000,10000,100000 -renewals 10000000 -cleanup-keys 100000)
 	waiters_args=(-waiters 1000 -conns 50 -pool 50 -releases 30)
 	;;
@@ -38,6 +41,7 @@ smoke)
 	physical_args=(-samples 200 -fsync-seconds 1)
 	pgbench_args=(-duration 1s -rounds 1 -clients 1)
 	handoff_args=(-trials 2 -default-trials 1)
+	elector_args=()
 	scale_args=(-duration 2s -rounds 1 -keys 100,1000 -renewals 20000 -cleanup-keys 2000)
 	waiters_args=(-waiters 20 -conns 4 -pool 8 -releases 3 -settle 100ms -also 4x4)
 	;;
@@ -80,6 +84,9 @@ step() {
 step physical go run ./bench/physical -out "$out" "${physical_args[@]}"
 step pgbench go run ./bench/pgbench -out "$out" "${pgbench_args[@]}"
 step handoff go run ./bench/handoff -out "$out" "${handoff_args[@]}"
+if ((${#elector_args[@]})); then
+	step handoff-elector go run ./bench/handoff -out "$out/elector-200" "${elector_args[@]}"
+fi
 step scale go run ./bench/scale -out "$out" "${scale_args[@]}"
 step waiters go run ./bench/waiters -out "$out" "${waiters_args[@]}"
 echo "load_after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/env.txt"

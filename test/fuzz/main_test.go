@@ -35,6 +35,25 @@ type harness struct {
 
 func newHarness(tb testing.TB) *harness { return newHarnessWith(tb, "") }
 
+// hasCleanup gates a property of lease.cleanup by the installed version's
+// rules: true when the version has it; otherwise (0.1.0, through
+// PGLEASE_FUZZ_SQL) it checks that the version indeed has no lease.cleanup
+// (42883 undefined_function) and returns false, so the property is not
+// skipped silently: a version the rules misdescribe fails here.
+func (h *harness) hasCleanup(t *testing.T) bool {
+	t.Helper()
+	if h.rules.hasCleanup {
+		return true
+	}
+	_, err := h.pool.Exec(ctxFor(t), "SELECT lease.cleanup('1 hour')")
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != "42883" {
+		t.Fatalf("pg_lease %s: the rules say it has no lease.cleanup, but calling it gave %v (want 42883)", h.version, err)
+	}
+	t.Logf("pg_lease %s has no lease.cleanup (42883): the property does not apply", h.version)
+	return false
+}
+
 // newHarnessWith runs pre (SQL, as the superuser that then installs) in the
 // new database before pg_lease is installed there.
 func newHarnessWith(tb testing.TB, pre string) *harness {

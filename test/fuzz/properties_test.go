@@ -274,8 +274,8 @@ func checkOtherRoles(t *testing.T, h *harness, role string) {
 // first removed could be granted an epoch it already had.
 func TestConcurrentCleanupsKeepTheHighestFloor(t *testing.T) {
 	h := newHarness(t)
-	if !h.rules.hasCleanup {
-		t.Skipf("pg_lease %s has no lease.cleanup", h.version)
+	if !h.hasCleanup(t) {
+		return
 	}
 	ctx := ctxFor(t)
 	c := h.client
@@ -373,8 +373,8 @@ func TestConcurrentCleanupsKeepTheHighestFloor(t *testing.T) {
 // re-read of the floor after the INSERT, and the UPDATE above it, removed).
 func TestFirstGrantAboveAFloorRaisedWhileItWaited(t *testing.T) {
 	h := newHarness(t)
-	if !h.rules.hasCleanup {
-		t.Skipf("pg_lease %s has no lease.cleanup", h.version)
+	if !h.hasCleanup(t) {
+		return
 	}
 	ctx := ctxFor(t)
 	c := h.client
@@ -694,8 +694,8 @@ func TestConcurrentForceReleases(t *testing.T) {
 // locking clause: each waits for, or fails on, the locked row).
 func TestCleanupSkipsLockedRows(t *testing.T) {
 	h := newHarness(t)
-	if !h.rules.hasCleanup {
-		t.Skipf("pg_lease %s has no lease.cleanup", h.version)
+	if !h.hasCleanup(t) {
+		return
 	}
 	ctx := ctxFor(t)
 	for _, k := range []string{"skip-locked", "skip-free"} {
