@@ -23,7 +23,10 @@
 //	                     once and then every WRITE (Go duration), without
 //	                     looking at the leader context between the pause and
 //	                     the write (a zombie writer): event "working" before
-//	                     each pause, "write" after each write
+//	                     each pause, "write" after each write; once the
+//	                     leader context is done it stops after a failed
+//	                     write, or after one more write if the last one
+//	                     succeeded (frozen mid-write)
 //
 // Holder mode (the failure suite's hung holder): acquire, then renew every
 // PGLEASE_TC_EVERY, after every successful renewal a write through the
@@ -174,6 +177,7 @@ func runElector(ctx context.Context, id string) error {
 				return
 			}
 			zombie := context.WithoutCancel(lctx)
+			extra := false
 			for {
 				err := guard.Write(zombie, tok, func(tx pgx.Tx) error {
 					_, err := tx.Exec(zombie, "INSERT INTO writes (epoch, owner) VALUES ($1, $2)", tok.Epoch, id)
@@ -185,7 +189,15 @@ func runElector(ctx context.Context, id string) error {
 				}
 				emit(ev)
 				if lctx.Err() != nil {
-					return
+					// A process frozen in the middle of a write (not in
+					// the pause) resumes with that write accepted (it
+					// committed before the freeze) and a context already
+					// cancelled: it still writes once more, as the zombie
+					// it models, so that the guard's rejection is seen.
+					if err != nil || extra {
+						return
+					}
+					extra = true
 				}
 				// The pause between the check above and the next write:
 				// a process stopped here writes once more after it
