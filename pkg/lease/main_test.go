@@ -20,12 +20,12 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 type installMode struct {
 	name    string
 	install func(context.Context, lease.Beginner) error
-	mode    lease.Mode
+	ext     bool // installed as the extension (Installed's extension)
 }
 
 var installModes = []installMode{
-	{"extension", lease.InstallExtension, lease.ModeExtension},
-	{"schema", lease.InstallSchema, lease.ModeSchema},
+	{"extension", lease.InstallExtension, true},
+	{"schema", lease.InstallSchema, false},
 }
 
 func testCtx(t testing.TB) context.Context {
@@ -90,7 +90,7 @@ func connect(t testing.TB, dsn string) *pgx.Conn {
 // pg_lease installed in mode m.
 func newDB(t testing.TB, m installMode) *testDB {
 	t.Helper()
-	if m.mode == lease.ModeExtension {
+	if m.ext {
 		ensureExtensionFiles(t, pgtest.Shared(t))
 	}
 	return installInto(t, pgtest.NewDatabase(t), m)
@@ -99,7 +99,7 @@ func newDB(t testing.TB, m installMode) *testDB {
 // newDBOn is newDB on a server of the test's own.
 func newDBOn(t testing.TB, s *pgtest.Server, m installMode) *testDB {
 	t.Helper()
-	if m.mode == lease.ModeExtension {
+	if m.ext {
 		ensureExtensionFiles(t, s)
 	}
 	dsn, err := s.NewDatabase(testCtx(t))
