@@ -363,7 +363,7 @@ func electorCandidate(dsn, key string) func(context.Context, profile, string) (*
 		if err != nil {
 			return nil, err
 		}
-		w, err := lease.NewWaiter(ctx, dsn, lease.WaiterOptions{})
+		w, err := lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{})
 		if err != nil {
 			pool.Close()
 			return nil, err
@@ -413,7 +413,7 @@ func clientgoPGCandidate(dsn, key string) func(context.Context, profile, string)
 		if err != nil {
 			return nil, err
 		}
-		w, err := lease.NewWaiter(ctx, dsn, lease.WaiterOptions{})
+		w, err := lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{})
 		if err != nil {
 			pool.Close()
 			return nil, err

@@ -129,7 +129,7 @@ func (a *app) watch(ctx context.Context, keys []string, format string, poll time
 	if _, err := wt.sess.get(ctx); err != nil {
 		return err
 	}
-	w, err := lease.NewWaiterConfig(ctx, a.cfg.Copy(), lease.WaiterOptions{})
+	w, err := lease.NewWaiter(ctx, a.cfg, lease.WaiterOptions{})
 	if err != nil {
 		var pce *pgconn.ConnectError
 		if errors.As(err, &pce) {

@@ -91,7 +91,7 @@ func run(dsn, key, id string, leaseDuration, renewDeadline, retryPeriod, leadFor
 
 	// One listener per process: a follower's Get waits for the release (or
 	// the server-side lapse) instead of polling every RetryPeriod.
-	w, err := lease.NewWaiter(ctx, dsn, lease.WaiterOptions{})
+	w, err := lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{})
 	if err != nil {
 		return err
 	}

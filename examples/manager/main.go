@@ -115,7 +115,7 @@ func run(dsn, key, id, namespace string, sel labels.Selector, leaseDuration time
 	// the leader's release (and at the server's expiry of a crashed
 	// leader's grant) instead of at client-go's next RetryPeriod. Closed
 	// after the manager stopped (after the release on cancel).
-	w, err := lease.NewWaiter(ctx, dsn, lease.WaiterOptions{})
+	w, err := lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{})
 	if err != nil {
 		return err
 	}

@@ -43,7 +43,7 @@ func pgleaseElection(ctx context.Context, c config) (*election, error) {
 	// The process's one listener: a follower's Get waits on it, so that a
 	// standby takes over within milliseconds of a release and at the
 	// server's expiry of a crashed leader's grant.
-	w, err := lease.NewWaiter(ctx, c.leaseDSN, lease.WaiterOptions{})
+	w, err := lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{})
 	if err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("lease database (listen connection): %w", err)

@@ -185,7 +185,7 @@ func testReleaseOnCancel(t *testing.T, useWaiter bool) {
 	retry := 50 * time.Millisecond
 	var waiter *lease.Waiter
 	if useWaiter {
-		w, err := lease.NewWaiter(testCtx(t), dsn, lease.WaiterOptions{})
+		w, err := lease.NewWaiter(testCtx(t), pool.Config().ConnConfig, lease.WaiterOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -37,7 +37,7 @@
 // into a controller-runtime manager with NewManager, and hands each
 // reconcile the fencing token of the epoch it runs under with Fenced:
 //
-//	w, _ := lease.NewWaiter(ctx, dsn, lease.WaiterOptions{}) // one per process; Close after mgr.Start returns
+//	w, _ := lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{}) // one per process; Close after mgr.Start returns
 //	lock, _ := resourcelock.New(lease.New(pool), "my-operator", podName, resourcelock.WithWaiter(w))
 //	opts := manager.Options{...}
 //	mgr, err := leaderelection.NewManager(cfg, opts, leaderelection.ManagerConfig{Lock: lock, PgLease: lock})

@@ -175,7 +175,7 @@ func New(ctx context.Context, c Config, o BuildOptions) (*Lock, error) {
 		w := o.Waiter
 		if w == nil {
 			var err error
-			if w, err = lease.NewWaiterConfig(ctx, pool.Config().ConnConfig, lease.WaiterOptions{}); err != nil {
+			if w, err = lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{}); err != nil {
 				out.Close()
 				return nil, fmt.Errorf("leaderelection: opening the listen connection (DSN from %s): %w", c.DSN, err)
 			}

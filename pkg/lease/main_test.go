@@ -86,6 +86,16 @@ func connect(t testing.TB, dsn string) *pgx.Conn {
 	return conn
 }
 
+// connConfig parses dsn for NewWaiter.
+func connConfig(t testing.TB, dsn string) *pgx.ConnConfig {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
 // newDB creates a database on the shared server (or PGLEASE_TEST_DSN) with
 // pg_lease installed in mode m.
 func newDB(t testing.TB, m installMode) *testDB {

@@ -144,28 +144,21 @@ type registry struct {
 	unsupported bool
 }
 
-// NewWaiter connects to connString (a libpq DSN or URL) and returns a Waiter
-// listening on channel pg_lease. It fails if the first connection cannot be
-// made; later losses of the connection are repaired in the background.
-func NewWaiter(ctx context.Context, connString string, opts WaiterOptions) (*Waiter, error) {
-	cfg, err := pgx.ParseConfig(connString)
-	if err != nil {
-		return nil, fmt.Errorf("lease: NewWaiter: %w", err)
-	}
-	return NewWaiterConfig(ctx, cfg, opts)
-}
-
-// NewWaiterConfig is NewWaiter from a parsed configuration (copied: the
-// caller may change cfg afterwards). The connection always interrupts waits
-// with deadlines (pgconn.DeadlineContextWatcherHandler), never with cancel
-// requests, whatever cfg says.
-func NewWaiterConfig(ctx context.Context, cfg *pgx.ConnConfig, opts WaiterOptions) (*Waiter, error) {
+// NewWaiter connects with cfg and returns a Waiter listening on channel
+// pg_lease. cfg is copied (the caller may change it afterwards): pass
+// pool.Config().ConnConfig to listen on a pool's database, or the result of
+// pgx.ParseConfig(dsn). The connection always interrupts waits with
+// deadlines (pgconn.DeadlineContextWatcherHandler), never with cancel
+// requests, whatever cfg says. NewWaiter fails if the first connection
+// cannot be made; later losses of the connection are repaired in the
+// background.
+func NewWaiter(ctx context.Context, cfg *pgx.ConnConfig, opts WaiterOptions) (*Waiter, error) {
 	return newWaiter(ctx, cfg, opts, nil)
 }
 
 func newWaiter(ctx context.Context, cfg *pgx.ConnConfig, opts WaiterOptions, hook func(kind, detail string)) (*Waiter, error) {
 	if cfg == nil {
-		return nil, errors.New("lease: NewWaiterConfig: nil config")
+		return nil, errors.New("lease: NewWaiter: nil config")
 	}
 	if err := opts.validate(); err != nil {
 		return nil, err

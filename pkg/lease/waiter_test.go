@@ -53,7 +53,7 @@ func (r *recorder) next(t testing.TB, kind string) {
 func newWaiter(t testing.TB, db *testDB, opts lease.WaiterOptions) (*lease.Waiter, *recorder) {
 	t.Helper()
 	rec := &recorder{ch: make(chan hookEvent, 4096)}
-	w, err := lease.NewWaiterWithHook(testCtx(t), db.dsn, opts, rec.hook)
+	w, err := lease.NewWaiterWithHook(testCtx(t), connConfig(t, db.dsn), opts, rec.hook)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,7 +231,7 @@ func TestAwaitSurvivesTerminatedConnection(t *testing.T) {
 				f() // runs on the waiter's goroutine, while it has no connection
 			}
 		}}
-		w, err := lease.NewWaiterWithHook(ctx, db.dsn, lease.WaiterOptions{ReconnectMin: time.Millisecond}, rec.hook)
+		w, err := lease.NewWaiterWithHook(ctx, connConfig(t, db.dsn), lease.WaiterOptions{ReconnectMin: time.Millisecond}, rec.hook)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -320,12 +320,12 @@ func TestWaiterOptions(t *testing.T) {
 		{ReconnectMin: -1}, {ReconnectMin: time.Second, ReconnectMax: time.Millisecond},
 		{QueryTimeout: -1}, {WatchBuffer: -1},
 	} {
-		if _, err := lease.NewWaiter(context.Background(), "postgres://invalid.invalid/x", o); err == nil {
+		if _, err := lease.NewWaiter(context.Background(), connConfig(t, "postgres://invalid.invalid/x"), o); err == nil {
 			t.Errorf("%+v accepted", o)
 		}
 	}
-	if _, err := lease.NewWaiter(context.Background(), "::not a dsn", lease.WaiterOptions{}); err == nil {
-		t.Error("bad DSN accepted")
+	if _, err := lease.NewWaiter(context.Background(), nil, lease.WaiterOptions{}); err == nil {
+		t.Error("nil config accepted")
 	}
 }
 
@@ -551,7 +551,7 @@ func TestAwaitRegistersBeforeReading(t *testing.T) {
 				readsAtListen <- len(reads)
 			}
 		}}
-		w, err := lease.NewWaiterWithHook(ctx, db.dsn, lease.WaiterOptions{}, rec.hook)
+		w, err := lease.NewWaiterWithHook(ctx, connConfig(t, db.dsn), lease.WaiterOptions{}, rec.hook)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -4,7 +4,7 @@
 // leader through PostgreSQL instead of the Kubernetes API, and so that what
 // runs under the leadership can carry the grant's epoch as a fencing token.
 //
-//	w, _ := lease.NewWaiter(ctx, dsn, lease.WaiterOptions{}) // one per process
+//	w, _ := lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{}) // one per process
 //	lock, err := resourcelock.New(lease.New(pool), "my-controller", podName,
 //		resourcelock.WithLeaseDuration(15*time.Second), resourcelock.WithWaiter(w))
 //	cfg, err := lock.LeaderElectionConfig(leaderelection.LeaderElectionConfig{

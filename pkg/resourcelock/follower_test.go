@@ -18,7 +18,11 @@ import (
 
 func newWaiter(t *testing.T, dsn string) *lease.Waiter {
 	t.Helper()
-	w, err := lease.NewWaiter(context.Background(), dsn, lease.WaiterOptions{})
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := lease.NewWaiter(context.Background(), cfg, lease.WaiterOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
