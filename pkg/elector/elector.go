@@ -105,7 +105,7 @@ func (e *Elector) Check(_ *http.Request) error {
 	}
 	if late := e.clock.Since(t.Deadline()); late > e.cfg.HealthTolerance {
 		return fmt.Errorf("elector: unhealthy: term %s is still running %v past its local deadline (tolerance %v)",
-			t.Token(), late.Round(time.Millisecond), e.cfg.HealthTolerance)
+			t.Grant().Token, late.Round(time.Millisecond), e.cfg.HealthTolerance)
 	}
 	return nil
 }

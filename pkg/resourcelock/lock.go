@@ -168,7 +168,7 @@ func (l *Lock) RecordEvent(s string) {
 	}
 	msg := l.identity + " " + s
 	if t := l.liveTerm(); t != nil {
-		msg = fmt.Sprintf("%s (epoch %d)", msg, t.Token().Epoch)
+		msg = fmt.Sprintf("%s (epoch %d)", msg, t.Grant().Epoch)
 	}
 	l.opts.eventRecorder.Eventf(l.opts.eventObject, corev1.EventTypeNormal, "LeaderElection", "%s", msg)
 }
@@ -189,7 +189,7 @@ func (l *Lock) liveTerm() *lease.Term {
 // holds no live, unexpired term.
 func (l *Lock) Token() (t lease.Token, ok bool) {
 	if tm := l.liveTerm(); tm != nil && l.client.Clock().Now().Before(tm.Deadline()) {
-		return tm.Token(), true
+		return tm.Grant().Token, true
 	}
 	return lease.Token{}, false
 }
@@ -441,7 +441,7 @@ func (l *Lock) Update(ctx context.Context, ler rl.LeaderElectionRecord) error {
 		if err := l.giveBack(ctx, t); err != nil {
 			return err
 		}
-		return l.conflict(fmt.Errorf("%w: term %s ended", lease.ErrLocalDeadline, t.Token()))
+		return l.conflict(fmt.Errorf("%w: term %s ended", lease.ErrLocalDeadline, t.Grant().Token))
 	}
 
 	actx, cancel := context.WithTimeout(ctx, l.followerTimeout())
@@ -505,7 +505,7 @@ func (l *Lock) giveBack(ctx context.Context, t *lease.Term) error {
 	l.drop(t)
 	if err == nil {
 		l.mu.Lock()
-		l.obs = rawRecord{Key: l.key, Epoch: t.Token().Epoch + 1}
+		l.obs = rawRecord{Key: l.key, Epoch: t.Grant().Epoch + 1}
 		l.mu.Unlock()
 	}
 	return nil
@@ -534,7 +534,7 @@ func (l *Lock) release(ctx context.Context) error {
 	}
 	l.drop(t)
 	l.mu.Lock()
-	l.obs = rawRecord{Key: l.key, Epoch: t.Token().Epoch + 1}
+	l.obs = rawRecord{Key: l.key, Epoch: t.Grant().Epoch + 1}
 	l.mu.Unlock()
 	return nil
 }

@@ -432,7 +432,7 @@ func TestNoSuccessForALostEpoch(t *testing.T) {
 			if term == nil {
 				t.Fatal("no live term before the loss")
 			}
-			old := term.Token()
+			old := term.Grant().Token
 			tctx, cancel, err := a.TokenContext(ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -651,7 +651,7 @@ func TestCheckDetectsAStuckElector(t *testing.T) {
 // epochOf is the epoch of l's live term, 0 when there is none.
 func epochOf(l *resourcelock.Lock) int64 {
 	if t := resourcelock.TermOf(l); t != nil {
-		return t.Token().Epoch
+		return t.Grant().Epoch
 	}
 	return 0
 }
