@@ -356,10 +356,10 @@ func TestWatch(t *testing.T) {
 			t.Fatal(err)
 		}
 		want := []lease.Event{
-			{Type: lease.EventAcquired, Key: "a", Owner: "alice", Epoch: 1},
-			{Type: lease.EventAcquired, Key: "b", Owner: "bob", Epoch: 1},
-			{Type: lease.EventReleased, Key: "a", Owner: "alice", Epoch: 1},
-			{Type: lease.EventForceReleased, Key: "b", Owner: "bob", Epoch: 1},
+			{Type: "acquired", Key: "a", Owner: "alice", Epoch: 1},
+			{Type: "acquired", Key: "b", Owner: "bob", Epoch: 1},
+			{Type: "released", Key: "a", Owner: "alice", Epoch: 1},
+			{Type: "force_released", Key: "b", Owner: "bob", Epoch: 1},
 		}
 		expect := func(ch <-chan lease.Event, want []lease.Event) {
 			t.Helper()
@@ -383,7 +383,7 @@ func TestWatch(t *testing.T) {
 			t.Fatal(n, err)
 		}
 		rec.next(t, "conn_lost")
-		if ev := <-all; ev.Type != lease.EventResync {
+		if ev := <-all; ev.Type != "resync" {
 			t.Fatalf("after reconnecting: %+v, want resync", ev)
 		}
 	})
@@ -490,7 +490,7 @@ func TestAwaitRegisters(t *testing.T) {
 		if _, err := db.pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, old[0]); err != nil {
 			t.Fatal(err)
 		}
-		if ev := <-events; ev.Type != lease.EventResync {
+		if ev := <-events; ev.Type != "resync" {
 			t.Fatalf("after reconnecting: %+v, want resync", ev)
 		}
 		// pg_terminate_backend only signals: the old backend (and its
@@ -510,7 +510,7 @@ func TestAwaitRegisters(t *testing.T) {
 		if _, _, err := db.c.Acquire(ctx, "again", "holder", never); err != nil {
 			t.Fatal(err)
 		}
-		if ev := <-events; ev.Type != lease.EventAcquired || ev.Key != "again" {
+		if ev := <-events; ev.Type != "acquired" || ev.Key != "again" {
 			t.Fatalf("after reconnecting: %+v, want the grant of again", ev)
 		}
 		cancel()
@@ -523,7 +523,7 @@ func TestAwaitRegisters(t *testing.T) {
 		if _, _, err := db.c.Acquire(ctx, "any", "holder", never); err != nil {
 			t.Fatal(err)
 		}
-		if ev := <-all; ev.Type != lease.EventAcquired || ev.Key != "any" {
+		if ev := <-all; ev.Type != "acquired" || ev.Key != "any" {
 			t.Fatalf("Watch(): %+v, want the grant of any", ev)
 		}
 
@@ -654,7 +654,7 @@ func TestWatchBehindALockedRow(t *testing.T) {
 		if _, _, err := db.c.Acquire(ctx, "other", "holder", never); err != nil {
 			t.Fatal(err)
 		}
-		if ev := <-other; ev.Type != lease.EventAcquired || ev.Key != "other" {
+		if ev := <-other; ev.Type != "acquired" || ev.Key != "other" {
 			t.Fatalf("while listen waits: %+v, want the grant of other", ev)
 		}
 		if _, err := locker.Exec(ctx, `COMMIT`); err != nil {
@@ -668,7 +668,7 @@ func TestWatchBehindALockedRow(t *testing.T) {
 			t.Fatal(err)
 		}
 		for ev := range locked {
-			if ev.Type == lease.EventForceReleased {
+			if ev.Type == "force_released" {
 				break
 			}
 		}
