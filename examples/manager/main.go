@@ -121,17 +121,18 @@ func run(dsn, key, id, namespace string, sel labels.Selector, leaseDuration time
 	}
 	defer w.Close()
 
-	lock, err := resourcelock.New(lease.New(pool), key, id,
-		resourcelock.WithLeaseDuration(leaseDuration),
-		resourcelock.WithWaiter(w),
-		resourcelock.WithOnEpochChange(func(old, new lease.Token) {
+	lock, err := resourcelock.New(lease.New(pool), key, id, resourcelock.Options{
+		LeaseDuration: leaseDuration,
+		Waiter:        w,
+		OnEpochChange: func(old, new lease.Token) {
 			if old.Epoch != 0 {
 				say("epoch-end %s", old)
 			}
 			if new.Epoch != 0 {
 				say("epoch-start %s", new)
 			}
-		}))
+		},
+	})
 	if err != nil {
 		return err
 	}

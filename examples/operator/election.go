@@ -48,17 +48,18 @@ func pgleaseElection(ctx context.Context, c config) (*election, error) {
 		pool.Close()
 		return nil, fmt.Errorf("lease database (listen connection): %w", err)
 	}
-	lock, err := resourcelock.New(lease.New(pool), c.electionID, c.id,
-		resourcelock.WithLeaseDuration(c.leaseDuration),
-		resourcelock.WithWaiter(w),
-		resourcelock.WithOnEpochChange(func(old, new lease.Token) {
+	lock, err := resourcelock.New(lease.New(pool), c.electionID, c.id, resourcelock.Options{
+		LeaseDuration: c.leaseDuration,
+		Waiter:        w,
+		OnEpochChange: func(old, new lease.Token) {
 			if old.Epoch != 0 {
 				emit(event{Event: "epoch-end", Epoch: old.Epoch})
 			}
 			if new.Epoch != 0 {
 				emit(event{Event: "epoch-start", Epoch: new.Epoch})
 			}
-		}))
+		},
+	})
 	if err != nil {
 		_ = w.Close()
 		pool.Close()

@@ -214,7 +214,7 @@ func checkTiming(key string, leaseDuration, renewDeadline, retryPeriod, ttl time
 	if ttl <= 0 || renewDeadline <= 0 || retryPeriod <= 0 {
 		return nil
 	}
-	lock, err := resourcelock.New(lease.New(nil), key, "validation", resourcelock.WithLeaseDuration(ttl))
+	lock, err := resourcelock.New(lease.New(nil), key, "validation", resourcelock.Options{LeaseDuration: ttl})
 	if err != nil {
 		return field.ErrorList{field.Invalid(fldPath.Child("leaseDuration"), leaseDuration.String(), err.Error())}
 	}

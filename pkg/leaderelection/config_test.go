@@ -216,8 +216,12 @@ func TestNewPgLeaseRunsWithClientGo(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lock.Close()
-	if lock.PgLease == nil || lock.PgLease.Key() != "ns/op" || lock.PgLease.LeaseDuration() != 3*time.Second || lock.Identity() != "me" {
+	if lock.PgLease == nil || lock.PgLease.Key() != "ns/op" || lock.Identity() != "me" {
 		t.Fatalf("lock %+v", lock)
+	}
+	// The lock's TTL is leaseDuration (it fills a zero LeaseDuration with it).
+	if lc, _ := lock.PgLease.LeaderElectionConfig(leaderelection.LeaderElectionConfig{}); lc.LeaseDuration != 3*time.Second {
+		t.Fatalf("pg_lease lock's lease duration %v, want 3s", lc.LeaseDuration)
 	}
 	if _, ok := lock.Interface.(*resourcelock.Lock); !ok {
 		t.Fatalf("pglease built %T", lock.Interface)

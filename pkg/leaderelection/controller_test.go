@@ -25,7 +25,7 @@ func newClient(t *testing.T) (*lease.Client, string) {
 }
 
 func TestConfigureManager(t *testing.T) {
-	lock, err := resourcelock.New(lease.New(nil), "k", "a", resourcelock.WithLeaseDuration(15*time.Second))
+	lock, err := resourcelock.New(lease.New(nil), "k", "a", resourcelock.Options{LeaseDuration: 15 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,7 @@ func TestConfigureManager(t *testing.T) {
 		})
 	}
 	for _, ttl := range []time.Duration{1500 * time.Millisecond, 2 * time.Second, 15 * time.Second, time.Minute} {
-		l, err := resourcelock.New(lease.New(nil), "k", "a", resourcelock.WithLeaseDuration(ttl))
+		l, err := resourcelock.New(lease.New(nil), "k", "a", resourcelock.Options{LeaseDuration: ttl})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -102,7 +102,7 @@ func (r *recordingReconciler) Reconcile(ctx context.Context, _ reconcile.Request
 func TestFenced(t *testing.T) {
 	client, _ := newClient(t)
 	ctx := context.Background()
-	lock, err := resourcelock.New(client, "k", "a", resourcelock.WithLeaseDuration(time.Hour))
+	lock, err := resourcelock.New(client, "k", "a", resourcelock.Options{LeaseDuration: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +153,7 @@ func TestFenced(t *testing.T) {
 func TestObservedLockMetrics(t *testing.T) {
 	client, _ := newClient(t)
 	key := "metrics-" + t.Name()
-	lock, err := resourcelock.New(client, key, "a", resourcelock.WithLeaseDuration(3*time.Second))
+	lock, err := resourcelock.New(client, key, "a", resourcelock.Options{LeaseDuration: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +171,7 @@ func TestObservedLockMetrics(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	other, err := resourcelock.New(client, key, "b", resourcelock.WithLeaseDuration(3*time.Second))
+	other, err := resourcelock.New(client, key, "b", resourcelock.Options{LeaseDuration: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,7 +249,7 @@ func gather(t *testing.T, key string) map[string]float64 {
 // Configure leaves LeaderElectionReleaseOnCancel as the caller set it
 // unless told; ConfigureManager's override is documented at the call.
 func TestConfigureReleaseOnCancel(t *testing.T) {
-	lock, err := resourcelock.New(lease.New(nil), "k", "a")
+	lock, err := resourcelock.New(lease.New(nil), "k", "a", resourcelock.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

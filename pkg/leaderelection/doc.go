@@ -38,14 +38,14 @@
 // reconcile the fencing token of the epoch it runs under with Fenced:
 //
 //	w, _ := lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{}) // one per process; Close after mgr.Start returns
-//	lock, _ := resourcelock.New(lease.New(pool), "my-operator", podName, resourcelock.WithWaiter(w))
+//	lock, _ := resourcelock.New(lease.New(pool), "my-operator", podName, resourcelock.Options{Waiter: w})
 //	opts := manager.Options{...}
 //	mgr, err := leaderelection.NewManager(cfg, opts, leaderelection.ManagerConfig{Lock: lock, PgLease: lock})
 //	ctrl.NewControllerManagedBy(mgr).For(&v1.Thing{}).Complete(leaderelection.Fenced(lock, &ThingReconciler{}))
 //
-// Build the lock with resourcelock.WithWaiter: a standby's elector then
-// waits for news of the key and takes over within milliseconds of the
-// leader's release (and at the server's expiry of a crashed leader's
+// Build the lock with a Waiter (resourcelock.Options.Waiter): a standby's
+// elector then waits for news of the key and takes over within milliseconds
+// of the leader's release (and at the server's expiry of a crashed leader's
 // grant) instead of at its next RetryPeriod (up to 2.4 s at
 // controller-runtime's defaults). Flags.NewManager and New do it for you.
 //

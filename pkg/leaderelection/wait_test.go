@@ -29,7 +29,7 @@ func TestNewPgLeaseFollowerWaits(t *testing.T) {
 	}
 	defer lock.Close()
 
-	leader, err := resourcelock.New(lease.New(newPool(t, dsn)), "ns/op", "leader")
+	leader, err := resourcelock.New(lease.New(newPool(t, dsn)), "ns/op", "leader", resourcelock.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
