@@ -36,6 +36,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -80,7 +81,7 @@ func main() {
 		os.Exit(2)
 	}
 	if *dsn == "" {
-		if *dsn, err = (pgle.DSNSource{File: *dsnFile}).Read(); err != nil {
+		if *dsn, err = readDSN(*dsnFile, "PGLEASE_DSN"); err != nil {
 			fmt.Fprintln(os.Stderr, "manager:", err)
 			os.Exit(2)
 		}
@@ -89,6 +90,26 @@ func main() {
 		fmt.Fprintln(os.Stderr, "manager:", err)
 		os.Exit(1)
 	}
+}
+
+// readDSN returns the connection string held in file (surrounding white
+// space trimmed) or, when file is empty, in $env. Its errors name the file or
+// the variable, never any part of the DSN.
+func readDSN(file, env string) (string, error) {
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", err // names the path only
+		}
+		if dsn := strings.TrimSpace(string(b)); dsn != "" {
+			return dsn, nil
+		}
+		return "", fmt.Errorf("the DSN file %s is empty", file)
+	}
+	if dsn := strings.TrimSpace(os.Getenv(env)); dsn != "" {
+		return dsn, nil
+	}
+	return "", fmt.Errorf("no PostgreSQL DSN: $%s is empty or unset (or pass -dsn-file)", env)
 }
 
 var outMu sync.Mutex

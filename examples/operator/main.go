@@ -53,6 +53,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -70,8 +71,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-
-	pgle "github.com/pglease/pg_lease/pkg/leaderelection"
 )
 
 // config is what the flags set.
@@ -118,10 +117,10 @@ func main() {
 	flag.Parse()
 	identity = c.id
 	if c.leaseDSN == "" {
-		c.leaseDSN, _ = (pgle.DSNSource{File: leaseDSNFile}).Read() // empty: validate says what is missing
+		c.leaseDSN, _ = readDSN(leaseDSNFile, "PGLEASE_DSN") // empty: validate says what is missing
 	}
 	if c.storeDSN == "" {
-		c.storeDSN, _ = (pgle.DSNSource{File: storeDSNFile, Env: "PGLEASE_STORE_DSN"}).Read()
+		c.storeDSN, _ = readDSN(storeDSNFile, "PGLEASE_STORE_DSN")
 	}
 
 	err := run(ctrl.SetupSignalHandler(), c)
@@ -134,6 +133,26 @@ func main() {
 		fmt.Fprintln(os.Stderr, "operator:", err)
 	}
 	os.Exit(code)
+}
+
+// readDSN returns the connection string held in file (surrounding white
+// space trimmed) or, when file is empty, in $env. Its errors name the file or
+// the variable, never any part of the DSN.
+func readDSN(file, env string) (string, error) {
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", err // names the path only
+		}
+		if dsn := strings.TrimSpace(string(b)); dsn != "" {
+			return dsn, nil
+		}
+		return "", fmt.Errorf("the DSN file %s is empty", file)
+	}
+	if dsn := strings.TrimSpace(os.Getenv(env)); dsn != "" {
+		return dsn, nil
+	}
+	return "", fmt.Errorf("no PostgreSQL DSN: $%s is empty or unset", env)
 }
 
 func (c config) validate() error {

@@ -39,7 +39,8 @@ type BuildOptions struct {
 	// (about the Lease named above).
 	PgLease resourcelock.Options
 	// Pool, when set, is used for the pg_lease lock instead of a pool New
-	// opens from Config.DSN (and Close then leaves it open).
+	// opens from the Config's DSNFile or DSNEnv (and Close then leaves it
+	// open).
 	Pool *pgxpool.Pool
 	// Waiter, when set, is the process's listener the "pglease" lock waits
 	// on (resourcelock.Options.Waiter), shared with the process's other locks;
@@ -97,7 +98,7 @@ func defaultIdentity() (string, error) {
 //
 //	leases          client-go's LeaseLock (coordination.k8s.io/v1 Lease)
 //	pglease         a pg_lease lock (pkg/resourcelock) on Config.pgLeaseKey,
-//	                TTL = leaseDuration, over a pool opened from Config.DSN,
+//	                TTL = leaseDuration, over a pool opened from the DSN (Config.DSNFile or DSNEnv),
 //	                whose followers wait for news (resourcelock.Options.Waiter):
 //	                a standby takes over within milliseconds of a release and
 //	                at the server's expiry of a crashed leader's grant
@@ -150,7 +151,7 @@ func New(ctx context.Context, c Config, o BuildOptions) (*Lock, error) {
 
 	pool := o.Pool
 	if pool == nil {
-		dsn, err := c.DSN.Read()
+		dsn, err := c.readDSN()
 		if err != nil {
 			return nil, err
 		}
@@ -158,10 +159,10 @@ func New(ctx context.Context, c Config, o BuildOptions) (*Lock, error) {
 		if err != nil {
 			// pgx's parse errors can quote the connection string: never
 			// pass them on.
-			return nil, fmt.Errorf("%w: the DSN from %s does not parse as a PostgreSQL connection string", ErrInvalidConfig, c.DSN)
+			return nil, fmt.Errorf("%w: the DSN from %s does not parse as a PostgreSQL connection string", ErrInvalidConfig, c.dsnSource())
 		}
 		if pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
-			return nil, fmt.Errorf("leaderelection: opening the pool (DSN from %s): %w", c.DSN, err)
+			return nil, fmt.Errorf("leaderelection: opening the pool (DSN from %s): %w", c.dsnSource(), err)
 		}
 		out.pool = pool
 	}
@@ -182,7 +183,7 @@ func New(ctx context.Context, c Config, o BuildOptions) (*Lock, error) {
 			var err error
 			if w, err = lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{}); err != nil {
 				out.Close()
-				return nil, fmt.Errorf("leaderelection: opening the listen connection (DSN from %s): %w", c.DSN, err)
+				return nil, fmt.Errorf("leaderelection: opening the listen connection (DSN from %s): %w", c.dsnSource(), err)
 			}
 			out.waiter = w
 		}
