@@ -165,10 +165,11 @@ func run(dsn, key, id, namespace string, sel labels.Selector, leaseDuration time
 			ByObject:          map[client.Object]cache.ByObject{&corev1.ConfigMap{}: {Label: sel}},
 		},
 	}
-	// NewManager: ConfigureManager (which sets LeaderElectionReleaseOnCancel,
-	// so that SIGTERM hands over at once), then the manager, whose event
-	// recorder then records "became leader (epoch N)"; the lock's metrics
-	// join controller-runtime's registry.
+	// NewManager: the options set for the lock (timings checked against the
+	// TTL; LeaderElectionReleaseOnCancel, so that SIGTERM hands over at
+	// once), then the manager, whose event recorder then records "became
+	// leader (epoch N)"; the lock's metrics join controller-runtime's
+	// registry.
 	mgr, err := pgle.NewManager(cfg, opts, pgle.ManagerConfig{Lock: lock, PgLease: lock, ReleaseOnCancel: ptrTrue()})
 	if err != nil {
 		return err

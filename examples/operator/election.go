@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/rest"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	pgle "github.com/pglease/pg_lease/pkg/leaderelection"
@@ -21,9 +22,9 @@ import (
 // election is how the manager elects its leader and where each reconcile
 // gets its fencing token from.
 type election struct {
-	// configure sets the leader election fields of the manager's options
-	// (the timings are already set).
-	configure func(*ctrl.Options) error
+	// newManager makes the manager, electing as this election does (the
+	// timings are already set in the options).
+	newManager func(*rest.Config, ctrl.Options) (manager.Manager, error)
 	// fenced wraps the reconciler so that each Reconcile's context carries
 	// the token of the current term.
 	fenced func(reconcile.Reconciler) reconcile.Reconciler
@@ -66,7 +67,13 @@ func pgleaseElection(ctx context.Context, c config) (*election, error) {
 		return nil, err
 	}
 	return &election{
-		configure: func(o *ctrl.Options) error { return pgle.ConfigureManager(o, lock) },
+		newManager: func(cfg *rest.Config, o ctrl.Options) (manager.Manager, error) {
+			// Release on cancel: a stopping leader frees the key (after
+			// its term ended, cancelling every fenced reconcile), so that
+			// its successor takes over at once instead of after the TTL.
+			releaseOnCancel := true
+			return pgle.NewManager(cfg, o, pgle.ManagerConfig{Lock: lock, PgLease: lock, ReleaseOnCancel: &releaseOnCancel})
+		},
 		fenced: func(r reconcile.Reconciler) reconcile.Reconciler {
 			return pgle.Fenced(lock, r)
 		},
@@ -97,11 +104,11 @@ func leaseElection(cfg *rest.Config, c config) (*election, error) {
 		key: c.namespace + "/" + c.electionID,
 	}
 	return &election{
-		configure: func(o *ctrl.Options) error {
+		newManager: func(cfg *rest.Config, o ctrl.Options) (manager.Manager, error) {
 			o.LeaderElection = true
 			o.LeaderElectionResourceLockInterface = l
 			o.LeaderElectionReleaseOnCancel = true
-			return nil
+			return ctrl.NewManager(cfg, o)
 		},
 		fenced: func(r reconcile.Reconciler) reconcile.Reconciler {
 			return reconcile.Func(func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {

@@ -16,11 +16,11 @@
 //		-lease-dsn "$LEASE_DSN" -store-dsn "$STORE_DSN" -id "$POD_NAME"
 //
 // Run it with replicas: each process is a candidate with a unique identity.
-// The manager's options come from leaderelection.ConfigureManager (the pg_lease
-// lock, release on cancel, client-go timings consistent with the TTL), and
-// the reconciler is wrapped in leaderelection.Fenced, which puts the current
-// epoch's token in each Reconcile's context and cancels it when the epoch
-// ends. -lock=lease elects through client-go's own coordination.k8s.io Lease
+// The manager is made by leaderelection.NewManager (the pg_lease lock,
+// release on cancel, client-go timings consistent with the TTL, the
+// election's events through the manager's recorder), and the reconciler is
+// wrapped in leaderelection.Fenced, which puts the current epoch's token in
+// each Reconcile's context and cancels it when the epoch ends. -lock=lease elects through client-go's own coordination.k8s.io Lease
 // instead (the epoch is then the Lease's leaseTransitions+1), for
 // comparison.
 //
@@ -178,7 +178,7 @@ func (c config) validate() error {
 // timing is the manager's leader election timing: the flags, with those
 // left 0 in client-go's proportions of the lease duration (2/3 and 2/15:
 // 10s and 2s for 15s). They are checked when the manager is configured:
-// for -lock=pglease by the lock (leaderelection.ConfigureManager: also
+// for -lock=pglease by the lock (leaderelection.NewManager: also
 // RenewDeadline + RetryPeriod below the TTL minus the lock's margin), for
 // -lock=lease by client-go.
 func (c config) timing() (t struct{ LeaseDuration, RenewDeadline, RetryPeriod time.Duration }) {
@@ -251,10 +251,7 @@ func run(ctx context.Context, c config) error {
 		RenewDeadline:           &timing.RenewDeadline,
 		RetryPeriod:             &timing.RetryPeriod,
 	}
-	if err := el.configure(&opts); err != nil {
-		return err
-	}
-	mgr, err := ctrl.NewManager(restCfg, opts)
+	mgr, err := el.newManager(restCfg, opts)
 	if err != nil {
 		return err
 	}

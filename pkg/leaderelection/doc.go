@@ -56,9 +56,9 @@
 // docs/operations.md), and client-go's election events are recorded
 // through the manager's event recorder with the epoch ("<identity> became
 // leader (epoch 7)"). It leaves LeaderElectionReleaseOnCancel as the caller
-// set it unless ManagerConfig.ReleaseOnCancel says otherwise;
-// ConfigureManager, the one-call form on manager.Options, sets it to true
-// (documented at the function). Flags.NewManager uses NewManager.
+// set it unless ManagerConfig.ReleaseOnCancel says otherwise (set it true
+// to hand over at once when the leader stops). Flags.NewManager uses
+// NewManager.
 //
 // The timings (LeaseDuration, RenewDeadline, RetryPeriod) follow one rule,
 // the lock's (resourcelock.Lock.LeaderElectionConfig): zero ones are

@@ -12,7 +12,7 @@
 //
 //	pkg/leaderelection  component-base config and --leader-elect* flags, the
 //	  |                 controller-runtime manager glue (NewManager,
-//	  |                 ConfigureManager, Fenced, metrics, events)
+//	  |                 Fenced, metrics, events)
 //	  v
 //	pkg/resourcelock    client-go resourcelock.Interface over one key; the
 //	  |                 one timing rule (Lock.LeaderElectionConfig)
