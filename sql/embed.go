@@ -1,5 +1,7 @@
 // Package pgleasesql embeds the pg_lease extension's SQL so that Go code
 // installs exactly the files in this folder: there is one copy of the SQL.
+// SchemaScript assembles from it the script of a schema-only install (what
+// lease.InstallSchema runs).
 package pgleasesql
 
 import (
