@@ -203,6 +203,8 @@ func TestReadDSN(t *testing.T) {
 
 // New("pglease") returns a pg_lease lock that client-go's own elector runs
 // against real PostgreSQL: it leads under epoch 1 on the key ns/name.
+// BuildOptions.PgLease reaches the lock (its OnEpochChange is called),
+// under what New derives (its LeaseDuration is not the TTL).
 func TestNewPgLeaseRunsWithClientGo(t *testing.T) {
 	dsn := pgtest.NewLeaseDatabase(t)
 	t.Setenv("TEST_LEASE_DSN", dsn)
@@ -211,7 +213,15 @@ func TestNewPgLeaseRunsWithClientGo(t *testing.T) {
 	c.LeaseDuration.Duration, c.RenewDeadline.Duration, c.RetryPeriod.Duration = 3*time.Second, 2*time.Second, 200*time.Millisecond
 	c.DSNEnv = "TEST_LEASE_DSN"
 	c.Identity = "me"
-	lock, err := pgle.New(context.Background(), c, pgle.BuildOptions{})
+	started := make(chan lease.Token, 10)
+	lock, err := pgle.New(context.Background(), c, pgle.BuildOptions{PgLease: resourcelock.Options{
+		LeaseDuration: time.Hour, // New's own (leaseDuration) wins
+		OnEpochChange: func(_, new lease.Token) {
+			if new.Epoch != 0 {
+				started <- new
+			}
+		},
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,6 +256,14 @@ func TestNewPgLeaseRunsWithClientGo(t *testing.T) {
 	tok := <-led
 	if tok.Key != "ns/op" || tok.Owner != "me" || tok.Epoch != 1 {
 		t.Fatalf("token %v", tok)
+	}
+	select {
+	case s := <-started:
+		if s != tok {
+			t.Fatalf("OnEpochChange started %v, the elector leads under %v", s, tok)
+		}
+	default:
+		t.Fatal("BuildOptions.PgLease.OnEpochChange was not called for the term")
 	}
 	cancel()
 	<-done
