@@ -1,5 +1,7 @@
 // Package pgleasesql embeds the pg_lease extension's SQL so that Go code
 // installs exactly the files in this folder: there is one copy of the SQL.
+// SchemaScript assembles from it the script of a schema-only install (what
+// lease.InstallSchema runs).
 package pgleasesql
 
 import (
@@ -9,6 +11,8 @@ import (
 	"path"
 	"sort"
 	"strings"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Version is the extension version this module ships (default_version in
@@ -73,3 +77,50 @@ func UpdateScripts(from string) ([]string, error) {
 	}
 	return out, nil
 }
+
+// SchemaScript is the SQL that installs pg_lease as a plain schema, without
+// CREATE EXTENSION (what lease.InstallSchema runs), with owner (a role name,
+// quoted here) as the owner of every object: from a database without
+// pg_lease (from ""), the base install script and every update script up to
+// Version; from a schema-only install of version from, the update scripts
+// from there. The scripts' "\echo ... \quit" guards are left out, and a
+// COMMENT that marks the schema-only install follows them.
+func SchemaScript(owner, from string) (string, error) {
+	if owner == "" {
+		return "", fmt.Errorf("pg_lease: SchemaScript: empty owner")
+	}
+	var srcs []string
+	if from == "" {
+		srcs = append(srcs, InstallScript())
+		from = BaseVersion
+	}
+	updates, err := UpdateScripts(from)
+	if err != nil {
+		return "", fmt.Errorf("pg_lease: SchemaScript: %w", err)
+	}
+	srcs = append(srcs, updates...)
+	var b strings.Builder
+	for _, src := range srcs {
+		for _, l := range strings.SplitAfter(src, "\n") {
+			t := strings.TrimSpace(l)
+			if strings.HasPrefix(t, `\echo`) {
+				continue // the guard against running the script outside CREATE/ALTER EXTENSION
+			}
+			if strings.HasPrefix(t, `\`) {
+				return "", fmt.Errorf("pg_lease: SchemaScript: unexpected psql meta-command in the SQL: %q", t)
+			}
+			b.WriteString(l)
+		}
+		b.WriteString("\n")
+	}
+	out := strings.ReplaceAll(b.String(), "@extowner@", pgx.Identifier{owner}.Sanitize())
+	if i := strings.Index(out, "@ext"); i >= 0 {
+		end := min(len(out), i+24)
+		return "", fmt.Errorf("pg_lease: SchemaScript: unhandled extension placeholder near %q", out[i:end])
+	}
+	out += fmt.Sprintf("\nCOMMENT ON SCHEMA lease IS %s;\n",
+		quoteLiteral("pg_lease "+Version+": time-bounded leases with fencing epochs (schema-only install, without CREATE EXTENSION)"))
+	return out, nil
+}
+
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

@@ -3,7 +3,7 @@
 //
 //	elector        pkg/elector (with a lease.Waiter) over pg_lease
 //	clientgo-pg    client-go's leaderelection with pkg/resourcelock's Lock
-//	               (WithWaiter: a follower's Get waits for news; timings
+//	               (Options.Waiter: a follower's Get waits for news; timings
 //	               checked by Lock.LeaderElectionConfig)
 //	clientgo-k8s   client-go's leaderelection with its LeaseLock on a real
 //	               kube-apiserver + etcd (envtest, binaries from
@@ -363,7 +363,7 @@ func electorCandidate(dsn, key string) func(context.Context, profile, string) (*
 		if err != nil {
 			return nil, err
 		}
-		w, err := lease.NewWaiter(ctx, dsn, lease.WaiterOptions{})
+		w, err := lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{})
 		if err != nil {
 			pool.Close()
 			return nil, err
@@ -413,13 +413,13 @@ func clientgoPGCandidate(dsn, key string) func(context.Context, profile, string)
 		if err != nil {
 			return nil, err
 		}
-		w, err := lease.NewWaiter(ctx, dsn, lease.WaiterOptions{})
+		w, err := lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{})
 		if err != nil {
 			pool.Close()
 			return nil, err
 		}
 		closeAll := func() { w.Close(); pool.Close() }
-		lock, err := pgrl.New(lease.New(pool), key, id, pgrl.WithLeaseDuration(p.ttl), pgrl.WithWaiter(w))
+		lock, err := pgrl.New(lease.New(pool), key, id, pgrl.Options{LeaseDuration: p.ttl, Waiter: w})
 		if err != nil {
 			closeAll()
 			return nil, err

@@ -173,7 +173,7 @@ func run(ctx context.Context, dsn string, nWaiters, nConns int) (result, error) 
 	}
 	ws := make([]*lease.Waiter, nConns)
 	for i := range ws {
-		if ws[i], err = lease.NewWaiter(ctx, dsn, lease.WaiterOptions{}); err != nil {
+		if ws[i], err = lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{}); err != nil {
 			return res, err
 		}
 		defer ws[i].Close()

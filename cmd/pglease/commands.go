@@ -47,17 +47,26 @@ updated; an install at this version is left as it is. Needs CREATE on the databa
 				if err != nil {
 					return err
 				}
-				v, mode, err := lease.Installed(ctx, conn)
+				v, ext, err := lease.Installed(ctx, conn)
 				if err != nil {
 					return err
 				}
-				fmt.Fprintf(a.stdout, "pg_lease %s installed (%s) in database %s\n", v, mode, quoteField(conn.Config().Database))
+				fmt.Fprintf(a.stdout, "pg_lease %s installed (%s) in database %s\n", v, installMode(ext), quoteField(conn.Config().Database))
 				return nil
 			})
 		}),
 	}
 	cmd.Flags().BoolVar(&schemaOnly, "schema-only", false, "install as a plain schema, without CREATE EXTENSION")
 	return cmd
+}
+
+// installMode names how pg_lease is installed, as install and version print
+// it: "extension" (CREATE EXTENSION) or "schema" (a plain schema).
+func installMode(extension bool) string {
+	if extension {
+		return "extension"
+	}
+	return "schema"
 }
 
 func (a *app) versionCmd() *cobra.Command {
@@ -77,7 +86,7 @@ func (a *app) versionCmd() *cobra.Command {
 				if err := conn.QueryRow(ctx, "SHOW server_version").Scan(&server); err != nil {
 					return err
 				}
-				sqlv, mode, err := lease.Installed(ctx, conn)
+				sqlv, ext, err := lease.Installed(ctx, conn)
 				if err != nil && !errors.Is(err, lease.ErrNotInstalled) {
 					return err
 				}
@@ -87,9 +96,9 @@ func (a *app) versionCmd() *cobra.Command {
 					sqlv = "not installed"
 				case sqlv != lease.Version:
 					note = fmt.Sprintf("  (differs from the %s this pglease ships)", lease.Version)
-					sqlv += " (" + mode.String() + ")"
+					sqlv += " (" + installMode(ext) + ")"
 				default:
-					sqlv += " (" + mode.String() + ")"
+					sqlv += " (" + installMode(ext) + ")"
 				}
 				fmt.Fprintf(a.stdout, "sql:     %s%s\nserver:  PostgreSQL %s\n", sqlv, note, server)
 				return nil

@@ -234,7 +234,7 @@ func (a *app) lock(ctx context.Context, o lockOpts) error {
 // read), and every second in case a notification was missed. (With core's
 // lease.(*Waiter).Await this loop becomes one call.)
 func (a *app) waitFor(ctx context.Context, sess *session, o lockOpts) (lease.Grant, error) {
-	w, err := lease.NewWaiterConfig(ctx, a.cfg.Copy(), lease.WaiterOptions{})
+	w, err := lease.NewWaiter(ctx, a.cfg, lease.WaiterOptions{})
 	if err != nil {
 		return lease.Grant{}, err
 	}

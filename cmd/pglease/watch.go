@@ -129,7 +129,7 @@ func (a *app) watch(ctx context.Context, keys []string, format string, poll time
 	if _, err := wt.sess.get(ctx); err != nil {
 		return err
 	}
-	w, err := lease.NewWaiterConfig(ctx, a.cfg.Copy(), lease.WaiterOptions{})
+	w, err := lease.NewWaiter(ctx, a.cfg, lease.WaiterOptions{})
 	if err != nil {
 		var pce *pgconn.ConnectError
 		if errors.As(err, &pce) {
@@ -172,7 +172,7 @@ func (a *app) watch(ctx context.Context, keys []string, format string, poll time
 			if !ok {
 				return ctx.Err()
 			}
-			if ev.Type == lease.EventResync {
+			if ev.Type == "resync" {
 				resync = true
 				continue
 			}
@@ -285,7 +285,7 @@ func (wt *watcher) notified(ctx context.Context, conn *pgx.Conn, ev lease.Event)
 		return nil // older than what watch has already read
 	}
 	switch ev.Type {
-	case lease.EventAcquired:
+	case "acquired":
 		if seen && o.Held && o.Epoch == ev.Epoch {
 			return nil // already read by a poll
 		}
@@ -306,12 +306,12 @@ func (wt *watcher) notified(ctx context.Context, conn *pgx.Conn, ev lease.Event)
 			s.Held, s.Holder, s.Status = true, ev.Owner, statusHeld
 			wt.known[ev.Key] = wt.diff(s, true, states[0])
 		}
-	case lease.EventReleased, lease.EventForceReleased:
+	case "released", "force_released":
 		if seen && !o.Held && o.Epoch == ev.Epoch+1 {
 			return nil // a poll already saw the release
 		}
 		s := keyState{State: lease.State{Key: ev.Key, Exists: true, Epoch: ev.Epoch}, Status: statusReleased}
-		wt.print(string(ev.Type), s, ev.Owner)
+		wt.print(ev.Type, s, ev.Owner)
 		s.Epoch = ev.Epoch + 1 // the release moved the counter past the grant
 		wt.known[ev.Key] = s
 	}

@@ -32,12 +32,12 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	pgle "github.com/pglease/pg_lease/pkg/leaderelection"
 	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 	"k8s.io/client-go/tools/leaderelection"
@@ -58,7 +58,7 @@ func main() {
 	flag.Parse()
 	if *dsn == "" {
 		var err error
-		if *dsn, err = (pgle.DSNSource{File: *dsnFile}).Read(); err != nil {
+		if *dsn, err = readDSN(*dsnFile, "PGLEASE_DSN"); err != nil {
 			fmt.Fprintln(os.Stderr, "clientgo:", err)
 			os.Exit(2)
 		}
@@ -67,6 +67,26 @@ func main() {
 		fmt.Fprintln(os.Stderr, "clientgo:", err)
 		os.Exit(1)
 	}
+}
+
+// readDSN returns the connection string held in file (surrounding white
+// space trimmed) or, when file is empty, in $env. Its errors name the file or
+// the variable, never any part of the DSN.
+func readDSN(file, env string) (string, error) {
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", err // names the path only
+		}
+		if dsn := strings.TrimSpace(string(b)); dsn != "" {
+			return dsn, nil
+		}
+		return "", fmt.Errorf("the DSN file %s is empty", file)
+	}
+	if dsn := strings.TrimSpace(os.Getenv(env)); dsn != "" {
+		return dsn, nil
+	}
+	return "", fmt.Errorf("no PostgreSQL DSN: $%s is empty or unset (or pass -dsn-file)", env)
 }
 
 var outMu sync.Mutex
@@ -91,23 +111,24 @@ func run(dsn, key, id string, leaseDuration, renewDeadline, retryPeriod, leadFor
 
 	// One listener per process: a follower's Get waits for the release (or
 	// the server-side lapse) instead of polling every RetryPeriod.
-	w, err := lease.NewWaiter(ctx, dsn, lease.WaiterOptions{})
+	w, err := lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{})
 	if err != nil {
 		return err
 	}
 	defer w.Close()
 
-	lock, err := resourcelock.New(lease.New(pool), key, id,
-		resourcelock.WithLeaseDuration(leaseDuration),
-		resourcelock.WithWaiter(w),
-		resourcelock.WithOnEpochChange(func(old, new lease.Token) {
+	lock, err := resourcelock.New(lease.New(pool), key, id, resourcelock.Options{
+		LeaseDuration: leaseDuration,
+		Waiter:        w,
+		OnEpochChange: func(old, new lease.Token) {
 			if old.Epoch != 0 {
 				say("epoch-end %s", old)
 			}
 			if new.Epoch != 0 {
 				say("epoch-start %s", new)
 			}
-		}))
+		},
+	})
 	if err != nil {
 		return err
 	}

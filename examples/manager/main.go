@@ -36,6 +36,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -80,7 +81,7 @@ func main() {
 		os.Exit(2)
 	}
 	if *dsn == "" {
-		if *dsn, err = (pgle.DSNSource{File: *dsnFile}).Read(); err != nil {
+		if *dsn, err = readDSN(*dsnFile, "PGLEASE_DSN"); err != nil {
 			fmt.Fprintln(os.Stderr, "manager:", err)
 			os.Exit(2)
 		}
@@ -89,6 +90,26 @@ func main() {
 		fmt.Fprintln(os.Stderr, "manager:", err)
 		os.Exit(1)
 	}
+}
+
+// readDSN returns the connection string held in file (surrounding white
+// space trimmed) or, when file is empty, in $env. Its errors name the file or
+// the variable, never any part of the DSN.
+func readDSN(file, env string) (string, error) {
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", err // names the path only
+		}
+		if dsn := strings.TrimSpace(string(b)); dsn != "" {
+			return dsn, nil
+		}
+		return "", fmt.Errorf("the DSN file %s is empty", file)
+	}
+	if dsn := strings.TrimSpace(os.Getenv(env)); dsn != "" {
+		return dsn, nil
+	}
+	return "", fmt.Errorf("no PostgreSQL DSN: $%s is empty or unset (or pass -dsn-file)", env)
 }
 
 var outMu sync.Mutex
@@ -115,23 +136,24 @@ func run(dsn, key, id, namespace string, sel labels.Selector, leaseDuration time
 	// the leader's release (and at the server's expiry of a crashed
 	// leader's grant) instead of at client-go's next RetryPeriod. Closed
 	// after the manager stopped (after the release on cancel).
-	w, err := lease.NewWaiter(ctx, dsn, lease.WaiterOptions{})
+	w, err := lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{})
 	if err != nil {
 		return err
 	}
 	defer w.Close()
 
-	lock, err := resourcelock.New(lease.New(pool), key, id,
-		resourcelock.WithLeaseDuration(leaseDuration),
-		resourcelock.WithWaiter(w),
-		resourcelock.WithOnEpochChange(func(old, new lease.Token) {
+	lock, err := resourcelock.New(lease.New(pool), key, id, resourcelock.Options{
+		LeaseDuration: leaseDuration,
+		Waiter:        w,
+		OnEpochChange: func(old, new lease.Token) {
 			if old.Epoch != 0 {
 				say("epoch-end %s", old)
 			}
 			if new.Epoch != 0 {
 				say("epoch-start %s", new)
 			}
-		}))
+		},
+	})
 	if err != nil {
 		return err
 	}
@@ -143,10 +165,11 @@ func run(dsn, key, id, namespace string, sel labels.Selector, leaseDuration time
 			ByObject:          map[client.Object]cache.ByObject{&corev1.ConfigMap{}: {Label: sel}},
 		},
 	}
-	// NewManager: ConfigureManager (which sets LeaderElectionReleaseOnCancel,
-	// so that SIGTERM hands over at once), then the manager, whose event
-	// recorder then records "became leader (epoch N)"; the lock's metrics
-	// join controller-runtime's registry.
+	// NewManager: the options set for the lock (timings checked against the
+	// TTL; LeaderElectionReleaseOnCancel, so that SIGTERM hands over at
+	// once), then the manager, whose event recorder then records "became
+	// leader (epoch N)"; the lock's metrics join controller-runtime's
+	// registry.
 	mgr, err := pgle.NewManager(cfg, opts, pgle.ManagerConfig{Lock: lock, PgLease: lock, ReleaseOnCancel: ptrTrue()})
 	if err != nil {
 		return err

@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/rest"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	pgle "github.com/pglease/pg_lease/pkg/leaderelection"
@@ -21,9 +22,9 @@ import (
 // election is how the manager elects its leader and where each reconcile
 // gets its fencing token from.
 type election struct {
-	// configure sets the leader election fields of the manager's options
-	// (the timings are already set).
-	configure func(*ctrl.Options) error
+	// newManager makes the manager, electing as this election does (the
+	// timings are already set in the options).
+	newManager func(*rest.Config, ctrl.Options) (manager.Manager, error)
 	// fenced wraps the reconciler so that each Reconcile's context carries
 	// the token of the current term.
 	fenced func(reconcile.Reconciler) reconcile.Reconciler
@@ -43,29 +44,36 @@ func pgleaseElection(ctx context.Context, c config) (*election, error) {
 	// The process's one listener: a follower's Get waits on it, so that a
 	// standby takes over within milliseconds of a release and at the
 	// server's expiry of a crashed leader's grant.
-	w, err := lease.NewWaiter(ctx, c.leaseDSN, lease.WaiterOptions{})
+	w, err := lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{})
 	if err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("lease database (listen connection): %w", err)
 	}
-	lock, err := resourcelock.New(lease.New(pool), c.electionID, c.id,
-		resourcelock.WithLeaseDuration(c.leaseDuration),
-		resourcelock.WithWaiter(w),
-		resourcelock.WithOnEpochChange(func(old, new lease.Token) {
+	lock, err := resourcelock.New(lease.New(pool), c.electionID, c.id, resourcelock.Options{
+		LeaseDuration: c.leaseDuration,
+		Waiter:        w,
+		OnEpochChange: func(old, new lease.Token) {
 			if old.Epoch != 0 {
 				emit(event{Event: "epoch-end", Epoch: old.Epoch})
 			}
 			if new.Epoch != 0 {
 				emit(event{Event: "epoch-start", Epoch: new.Epoch})
 			}
-		}))
+		},
+	})
 	if err != nil {
 		_ = w.Close()
 		pool.Close()
 		return nil, err
 	}
 	return &election{
-		configure: func(o *ctrl.Options) error { return pgle.ConfigureManager(o, lock) },
+		newManager: func(cfg *rest.Config, o ctrl.Options) (manager.Manager, error) {
+			// Release on cancel: a stopping leader frees the key (after
+			// its term ended, cancelling every fenced reconcile), so that
+			// its successor takes over at once instead of after the TTL.
+			releaseOnCancel := true
+			return pgle.NewManager(cfg, o, pgle.ManagerConfig{Lock: lock, PgLease: lock, ReleaseOnCancel: &releaseOnCancel})
+		},
 		fenced: func(r reconcile.Reconciler) reconcile.Reconciler {
 			return pgle.Fenced(lock, r)
 		},
@@ -96,11 +104,11 @@ func leaseElection(cfg *rest.Config, c config) (*election, error) {
 		key: c.namespace + "/" + c.electionID,
 	}
 	return &election{
-		configure: func(o *ctrl.Options) error {
+		newManager: func(cfg *rest.Config, o ctrl.Options) (manager.Manager, error) {
 			o.LeaderElection = true
 			o.LeaderElectionResourceLockInterface = l
 			o.LeaderElectionReleaseOnCancel = true
-			return nil
+			return ctrl.NewManager(cfg, o)
 		},
 		fenced: func(r reconcile.Reconciler) reconcile.Reconciler {
 			return reconcile.Func(func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {

@@ -16,11 +16,11 @@
 //		-lease-dsn "$LEASE_DSN" -store-dsn "$STORE_DSN" -id "$POD_NAME"
 //
 // Run it with replicas: each process is a candidate with a unique identity.
-// The manager's options come from leaderelection.ConfigureManager (the pg_lease
-// lock, release on cancel, client-go timings consistent with the TTL), and
-// the reconciler is wrapped in leaderelection.Fenced, which puts the current
-// epoch's token in each Reconcile's context and cancels it when the epoch
-// ends. -lock=lease elects through client-go's own coordination.k8s.io Lease
+// The manager is made by leaderelection.NewManager (the pg_lease lock,
+// release on cancel, client-go timings consistent with the TTL, the
+// election's events through the manager's recorder), and the reconciler is
+// wrapped in leaderelection.Fenced, which puts the current epoch's token in
+// each Reconcile's context and cancels it when the epoch ends. -lock=lease elects through client-go's own coordination.k8s.io Lease
 // instead (the epoch is then the Lease's leaseTransitions+1), for
 // comparison.
 //
@@ -53,6 +53,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -70,8 +71,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-
-	pgle "github.com/pglease/pg_lease/pkg/leaderelection"
 )
 
 // config is what the flags set.
@@ -118,10 +117,10 @@ func main() {
 	flag.Parse()
 	identity = c.id
 	if c.leaseDSN == "" {
-		c.leaseDSN, _ = (pgle.DSNSource{File: leaseDSNFile}).Read() // empty: validate says what is missing
+		c.leaseDSN, _ = readDSN(leaseDSNFile, "PGLEASE_DSN") // empty: validate says what is missing
 	}
 	if c.storeDSN == "" {
-		c.storeDSN, _ = (pgle.DSNSource{File: storeDSNFile, Env: "PGLEASE_STORE_DSN"}).Read()
+		c.storeDSN, _ = readDSN(storeDSNFile, "PGLEASE_STORE_DSN")
 	}
 
 	err := run(ctrl.SetupSignalHandler(), c)
@@ -134,6 +133,26 @@ func main() {
 		fmt.Fprintln(os.Stderr, "operator:", err)
 	}
 	os.Exit(code)
+}
+
+// readDSN returns the connection string held in file (surrounding white
+// space trimmed) or, when file is empty, in $env. Its errors name the file or
+// the variable, never any part of the DSN.
+func readDSN(file, env string) (string, error) {
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", err // names the path only
+		}
+		if dsn := strings.TrimSpace(string(b)); dsn != "" {
+			return dsn, nil
+		}
+		return "", fmt.Errorf("the DSN file %s is empty", file)
+	}
+	if dsn := strings.TrimSpace(os.Getenv(env)); dsn != "" {
+		return dsn, nil
+	}
+	return "", fmt.Errorf("no PostgreSQL DSN: $%s is empty or unset", env)
 }
 
 func (c config) validate() error {
@@ -159,7 +178,7 @@ func (c config) validate() error {
 // timing is the manager's leader election timing: the flags, with those
 // left 0 in client-go's proportions of the lease duration (2/3 and 2/15:
 // 10s and 2s for 15s). They are checked when the manager is configured:
-// for -lock=pglease by the lock (leaderelection.ConfigureManager: also
+// for -lock=pglease by the lock (leaderelection.NewManager: also
 // RenewDeadline + RetryPeriod below the TTL minus the lock's margin), for
 // -lock=lease by client-go.
 func (c config) timing() (t struct{ LeaseDuration, RenewDeadline, RetryPeriod time.Duration }) {
@@ -232,10 +251,7 @@ func run(ctx context.Context, c config) error {
 		RenewDeadline:           &timing.RenewDeadline,
 		RetryPeriod:             &timing.RetryPeriod,
 	}
-	if err := el.configure(&opts); err != nil {
-		return err
-	}
-	mgr, err := ctrl.NewManager(restCfg, opts)
+	mgr, err := el.newManager(restCfg, opts)
 	if err != nil {
 		return err
 	}

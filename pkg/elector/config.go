@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pglease/pg_lease/pkg/lease"
 )
@@ -102,9 +103,22 @@ type Config struct {
 	// Default: discard.
 	Logger logr.Logger
 
-	// Metrics to update; several electors may share one (their series are
-	// labelled by key). Nil: metrics are kept but not registered anywhere.
-	Metrics *Metrics
+	// Registerer is where New registers the elector's Prometheus metrics,
+	// labelled by lease key (nil: they are kept but not registered
+	// anywhere); pass controller-runtime's metrics.Registry to serve them
+	// beside a manager's:
+	//
+	//	pg_lease_elector_leader{key}                       1 while this process leads, else 0
+	//	pg_lease_elector_epoch{key}                        epoch of the term this process leads, 0 when not leading
+	//	pg_lease_elector_renew_duration_seconds{key}       latency of every renew call, successful or not
+	//	pg_lease_elector_transitions_total{key,transition} "started" and "stopped" terms
+	//	pg_lease_elector_errors_total{key,kind}            failures by kind (acquire, inspect, renew, release,
+	//	                                                   lapsed, not_owner, epoch_mismatch, deadline)
+	//
+	// Several electors may share one Registerer: the collectors one
+	// registered are reused by the next. Electors sharing one must have
+	// distinct keys.
+	Registerer prometheus.Registerer
 }
 
 func configErr(field, format string, args ...any) error {
@@ -160,13 +174,6 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Logger.GetSink() == nil {
 		c.Logger = logr.Discard()
-	}
-	if c.Metrics == nil {
-		m, err := NewMetrics(nil)
-		if err != nil {
-			return c, err
-		}
-		c.Metrics = m
 	}
 	return c, nil
 }

@@ -119,11 +119,11 @@
 // # Observability
 //
 // Status reports the current view; Check has the shape of
-// controller-runtime's healthz.Checker; Metrics (NewMetrics: pass
-// controller-runtime's metrics.Registry to serve them beside a manager's,
-// or any prometheus.Registerer) exports the leader
-// status, the epoch led under, renew latency, transitions and errors by
-// kind (acquire, inspect, renew, release, lapsed, not_owner,
-// epoch_mismatch, deadline). The leader context's cause (context.Cause)
-// says why a term ended.
+// controller-runtime's healthz.Checker; the Prometheus metrics, registered
+// on Config.Registerer (controller-runtime's metrics.Registry to serve them
+// beside a manager's, or any prometheus.Registerer; the series are listed
+// there), export the leader status, the epoch led under, renew latency,
+// transitions and errors by kind (acquire, inspect, renew, release, lapsed,
+// not_owner, epoch_mismatch, deadline). The leader context's cause
+// (context.Cause) says why a term ended.
 package elector

@@ -26,9 +26,10 @@ var errAlreadyRunning = errors.New("elector: Run is already running")
 // Elector campaigns for one lease key and runs Callbacks.OnStartedLeading
 // for each term it wins. See the package documentation.
 type Elector struct {
-	client *lease.Client
-	cfg    Config
-	clock  clock.WithDelayedExecution // the client's
+	client  *lease.Client
+	cfg     Config
+	clock   clock.WithDelayedExecution // the client's
+	metrics *metrics
 
 	running atomic.Bool
 
@@ -55,7 +56,11 @@ func New(client *lease.Client, cfg Config) (*Elector, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Elector{client: client, cfg: c, clock: client.Clock()}, nil
+	m, err := newMetrics(c.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Elector{client: client, cfg: c, clock: client.Clock(), metrics: m}, nil
 }
 
 // Status is a snapshot of an elector's view.
@@ -105,7 +110,7 @@ func (e *Elector) Check(_ *http.Request) error {
 	}
 	if late := e.clock.Since(t.Deadline()); late > e.cfg.HealthTolerance {
 		return fmt.Errorf("elector: unhealthy: term %s is still running %v past its local deadline (tolerance %v)",
-			t.Token(), late.Round(time.Millisecond), e.cfg.HealthTolerance)
+			t.Grant().Token, late.Round(time.Millisecond), e.cfg.HealthTolerance)
 	}
 	return nil
 }
@@ -281,9 +286,9 @@ func (e *Elector) lead(ctx context.Context, g lease.Grant) (resigned bool) {
 	e.term, e.lctx = t, lctx
 	e.mu.Unlock()
 	e.observe(c.Identity, g.Epoch)
-	c.Metrics.leader.WithLabelValues(key).Set(1)
-	c.Metrics.epoch.WithLabelValues(key).Set(float64(g.Epoch))
-	c.Metrics.transitions.WithLabelValues(key, "started").Inc()
+	e.metrics.leader.WithLabelValues(key).Set(1)
+	e.metrics.epoch.WithLabelValues(key).Set(float64(g.Epoch))
+	e.metrics.transitions.WithLabelValues(key, "started").Inc()
 	log.Info("started leading", "validFor", t.Deadline().Sub(e.clock.Now()).Round(time.Millisecond))
 
 	done := make(chan struct{})
@@ -315,7 +320,7 @@ loop:
 		case <-renewC:
 			start := e.clock.Now()
 			err := t.Renew(context.WithoutCancel(ctx)) // resigning: renew until OnStartedLeading returns
-			c.Metrics.renew.WithLabelValues(key).Observe(e.clock.Since(start).Seconds())
+			e.metrics.renew.WithLabelValues(key).Observe(e.clock.Since(start).Seconds())
 			switch {
 			case err == nil:
 				renewTimer.Reset(c.RenewInterval)
@@ -357,9 +362,9 @@ loop:
 	if f := c.Callbacks.OnStoppedLeading; f != nil {
 		f()
 	}
-	c.Metrics.leader.WithLabelValues(key).Set(0)
-	c.Metrics.epoch.WithLabelValues(key).Set(0)
-	c.Metrics.transitions.WithLabelValues(key, "stopped").Inc()
+	e.metrics.leader.WithLabelValues(key).Set(0)
+	e.metrics.epoch.WithLabelValues(key).Set(0)
+	e.metrics.transitions.WithLabelValues(key, "stopped").Inc()
 	e.mu.Lock()
 	e.lastTerm = t.Grant()
 	e.term, e.lctx = nil, nil
@@ -392,7 +397,7 @@ func (e *Elector) observe(identity string, epoch int64) {
 }
 
 func (e *Elector) countError(kind string) {
-	e.cfg.Metrics.errors.WithLabelValues(e.cfg.Key, kind).Inc()
+	e.metrics.errors.WithLabelValues(e.cfg.Key, kind).Inc()
 }
 
 func lostKind(err error) string {

@@ -55,7 +55,7 @@ func TestConfigValidation(t *testing.T) {
 	}
 	got := elector.ConfigOf(el)
 	if got.TTL != 15*time.Second || got.RenewInterval != 5*time.Second || got.RetryInterval != 2500*time.Millisecond ||
-		got.Margin != 115*time.Millisecond || got.HealthTolerance != 5*time.Second || got.Identity == "" || got.Metrics == nil {
+		got.Margin != 115*time.Millisecond || got.HealthTolerance != 5*time.Second || got.Identity == "" || got.Registerer != nil {
 		t.Errorf("defaults: %+v", got)
 	}
 	el, err = elector.New(c, elector.Config{Key: "k", Callbacks: cb, TTL: 30 * time.Millisecond})
@@ -185,7 +185,7 @@ func testReleaseOnCancel(t *testing.T, useWaiter bool) {
 	retry := 50 * time.Millisecond
 	var waiter *lease.Waiter
 	if useWaiter {
-		w, err := lease.NewWaiter(testCtx(t), dsn, lease.WaiterOptions{})
+		w, err := lease.NewWaiter(testCtx(t), pool.Config().ConnConfig, lease.WaiterOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -249,15 +249,11 @@ func testReleaseOnCancel(t *testing.T, useWaiter bool) {
 func TestLostStopsAtOnce(t *testing.T) {
 	pool := newPool(t, installed(t, nil))
 	reg := prometheus.NewRegistry()
-	m, err := elector.NewMetrics(reg)
-	if err != nil {
-		t.Fatal(err)
-	}
 	r := newRecorder()
 	var el *elector.Elector
-	el, err = elector.New(lease.New(pool), elector.Config{
+	el, err := elector.New(lease.New(pool), elector.Config{
 		Key: "lost", Identity: "solo", TTL: 3 * time.Second, RetryInterval: 50 * time.Millisecond,
-		Metrics: m, Callbacks: r.callbacks("solo", &el, nil),
+		Registerer: reg, Callbacks: r.callbacks("solo", &el, nil),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -265,10 +261,10 @@ func TestLostStopsAtOnce(t *testing.T) {
 	runElector(t, el)
 	t1 := waitTerm(t, r.events, 10*time.Second)
 	time.Sleep(1200 * time.Millisecond) // at least one renewal
-	if v := value(t, elector.LeaderOf(m, "lost")); v != 1 {
+	if v := value(t, elector.LeaderOf(el, "lost")); v != 1 {
 		t.Errorf("leader gauge %v", v)
 	}
-	if v := value(t, elector.EpochOf(m, "lost")); v != float64(t1.token.Epoch) {
+	if v := value(t, elector.EpochOf(el, "lost")); v != float64(t1.token.Epoch) {
 		t.Errorf("epoch gauge %v, want %d", v, t1.token.Epoch)
 	}
 	if n := seriesCount(t, reg, "pg_lease_elector_renew_duration_seconds"); n != 1 {
@@ -292,16 +288,16 @@ func TestLostStopsAtOnce(t *testing.T) {
 	if !t1.cancelled.Before(t2.start) || !t1.returned.Before(t2.start) {
 		t.Errorf("new term started before the old one ended")
 	}
-	if v := value(t, elector.ErrorsOf(m, "lost", "not_owner")); v != 1 {
+	if v := value(t, elector.ErrorsOf(el, "lost", "not_owner")); v != 1 {
 		t.Errorf("not_owner errors: %v", v)
 	}
-	if v := value(t, elector.TransitionsOf(m, "lost", "stopped")); v != 1 {
+	if v := value(t, elector.TransitionsOf(el, "lost", "stopped")); v != 1 {
 		t.Errorf("stopped transitions: %v", v)
 	}
-	if v := value(t, elector.TransitionsOf(m, "lost", "started")); v != 2 {
+	if v := value(t, elector.TransitionsOf(el, "lost", "started")); v != 2 {
 		t.Errorf("started transitions: %v", v)
 	}
-	if v := value(t, elector.EpochOf(m, "lost")); v != float64(t2.token.Epoch) {
+	if v := value(t, elector.EpochOf(el, "lost")); v != float64(t2.token.Epoch) {
 		t.Errorf("epoch gauge %v, want %d", v, t2.token.Epoch)
 	}
 	t.Logf("not_owner noticed %v after force_release; new epoch %d",
@@ -405,19 +401,26 @@ func TestLapseThenReacquire(t *testing.T) {
 	}
 }
 
-// TestMetricsRegistry: metrics register once per registry and are shared.
+// TestMetricsRegistry: several electors on one registry register the
+// metrics once and share them, each key its own series.
 func TestMetricsRegistry(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	m1, err := elector.NewMetrics(reg)
+	c := lease.New(nil)
+	cb := elector.Callbacks{OnStartedLeading: func(context.Context) {}}
+	e1, err := elector.New(c, elector.Config{Key: "x", Callbacks: cb, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
-	m2, err := elector.NewMetrics(reg)
+	e2, err := elector.New(c, elector.Config{Key: "y", Callbacks: cb, Registerer: reg})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("second elector on one registry: %v", err)
 	}
-	elector.LeaderOf(m1, "x").Set(1)
-	if v := value(t, elector.LeaderOf(m2, "x")); v != 1 {
-		t.Errorf("second NewMetrics on one registry does not share: %v", v)
+	elector.LeaderOf(e1, "x").Set(1)
+	if v := value(t, elector.LeaderOf(e2, "x")); v != 1 {
+		t.Errorf("the second elector on one registry does not share the first's metrics: %v", v)
+	}
+	elector.LeaderOf(e2, "y").Set(1)
+	if n := seriesCount(t, reg, "pg_lease_elector_leader"); n != 2 {
+		t.Errorf("leader gauge series on the registry: %d, want 2 (x and y)", n)
 	}
 }

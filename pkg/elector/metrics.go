@@ -19,17 +19,9 @@ const (
 	errorKindDeadline      = "deadline"       // renewals failed until the local deadline
 )
 
-// Metrics are the elector's Prometheus metrics, labelled by lease key:
-//
-//	pg_lease_elector_leader{key}                      1 while this process leads, else 0
-//	pg_lease_elector_epoch{key}                       epoch of the term this process leads, 0 when not leading
-//	pg_lease_elector_renew_duration_seconds{key}      latency of every renew call, successful or not
-//	pg_lease_elector_transitions_total{key,transition} "started" and "stopped" terms
-//	pg_lease_elector_errors_total{key,kind}           failures by kind (acquire, inspect, renew, release,
-//	                                                  lapsed, not_owner, epoch_mismatch, deadline)
-//
-// Electors sharing one Metrics must have distinct keys.
-type Metrics struct {
+// metrics are an elector's Prometheus metrics, labelled by lease key (the
+// series are listed at Config.Registerer).
+type metrics struct {
 	leader      *prometheus.GaugeVec
 	epoch       *prometheus.GaugeVec
 	renew       *prometheus.HistogramVec
@@ -37,11 +29,11 @@ type Metrics struct {
 	errors      *prometheus.CounterVec
 }
 
-// NewMetrics creates the metrics and registers them with reg (nil: not
+// newMetrics creates the metrics and registers them with reg (nil: not
 // registered). If reg already holds collectors of the same description
-// (another NewMetrics on the same registry), those are reused.
-func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
-	m := &Metrics{
+// (another elector's on the same registry), those are reused.
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
 		leader: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "pg_lease_elector_leader",
 			Help: "1 while this process leads the key, else 0.",

@@ -32,7 +32,7 @@ const (
 )
 
 // defaultDSNEnv is the environment variable the DSN is read from when
-// neither DSNSource.File nor DSNSource.Env is set.
+// neither Config.DSNFile nor Config.DSNEnv is set.
 const defaultDSNEnv = "PGLEASE_DSN"
 
 // Default timings: client-go's and controller-runtime's (component-base's
@@ -44,58 +44,9 @@ const (
 )
 
 // ErrInvalidConfig is wrapped by every validation error of a Config, and
-// by DSNSource.Read when the source holds no DSN.
+// by New's error when the DSN's source holds no DSN or one that does not
+// parse.
 var ErrInvalidConfig = errors.New("leaderelection: invalid configuration")
-
-// DSNSource says where the PostgreSQL connection string is read from: a
-// file (such as a mounted Secret key) or an environment variable, never a
-// flag value, so that the DSN (and its password) never appears in usage
-// text, flag defaults, process listings or errors.
-type DSNSource struct {
-	// File is the path of a file holding the DSN (surrounding white space is
-	// trimmed). Takes precedence over Env.
-	File string
-	// Env is the name of the environment variable holding the DSN. Default
-	// defaultDSNEnv.
-	Env string
-}
-
-// Read returns the DSN. Its errors name the file or the variable, never
-// any part of the DSN.
-func (s DSNSource) Read() (string, error) {
-	if s.File != "" {
-		b, err := os.ReadFile(s.File)
-		if err != nil {
-			// os errors name the path only.
-			return "", fmt.Errorf("%w: no PostgreSQL DSN: reading the DSN file: %w", ErrInvalidConfig, err)
-		}
-		dsn := strings.TrimSpace(string(b))
-		if dsn == "" {
-			return "", fmt.Errorf("%w: no PostgreSQL DSN: the DSN file %s is empty", ErrInvalidConfig, s.File)
-		}
-		return dsn, nil
-	}
-	env := s.Env
-	if env == "" {
-		env = defaultDSNEnv
-	}
-	dsn := strings.TrimSpace(os.Getenv(env))
-	if dsn == "" {
-		return "", fmt.Errorf("%w: no PostgreSQL DSN: $%s is empty or unset (or name a file with --leader-elect-dsn-file)", ErrInvalidConfig, env)
-	}
-	return dsn, nil
-}
-
-// String names the source (never its content).
-func (s DSNSource) String() string {
-	if s.File != "" {
-		return "file " + s.File
-	}
-	if s.Env != "" {
-		return "$" + s.Env
-	}
-	return "$" + defaultDSNEnv
-}
 
 // Config is component-base's LeaderElectionConfiguration (the type
 // kube-controller-manager, kube-scheduler and component configs embed) plus
@@ -103,15 +54,65 @@ func (s DSNSource) String() string {
 // optionally, the identity.
 type Config struct {
 	config.LeaderElectionConfiguration
-	// DSN is where the PostgreSQL connection string comes from (pglease and
-	// leases+pglease only).
-	DSN DSNSource
+	// DSNFile is the path of a file holding the PostgreSQL connection
+	// string of the pg_lease lock (pglease and leases+pglease only), such
+	// as a mounted Secret key; surrounding white space is trimmed. Takes
+	// precedence over DSNEnv.
+	//
+	// The DSN is read from a file or an environment variable, never a flag
+	// value, so that it (and its password) never appears in usage text,
+	// flag defaults or process listings; errors name the file or the
+	// variable, never any part of the DSN.
+	DSNFile string
+	// DSNEnv is the name of the environment variable holding the DSN when
+	// DSNFile is empty. Default PGLEASE_DSN.
+	DSNEnv string
 	// Identity of this candidate; must be unique among candidates. Default:
 	// hostname + "_" + a random UUID, as controller-runtime does.
 	Identity string
 	// Key overrides the pg_lease key. Default ResourceNamespace + "/" +
 	// ResourceName, the same name as the Lease of the Kubernetes locks.
 	Key string
+}
+
+// readDSN returns the DSN, from DSNFile or else DSNEnv. Its errors wrap
+// ErrInvalidConfig and name the file or the variable, never any part of the
+// DSN.
+func (c *Config) readDSN() (string, error) {
+	if c.DSNFile != "" {
+		b, err := os.ReadFile(c.DSNFile)
+		if err != nil {
+			// os errors name the path only.
+			return "", fmt.Errorf("%w: no PostgreSQL DSN: reading the DSN file: %w", ErrInvalidConfig, err)
+		}
+		dsn := strings.TrimSpace(string(b))
+		if dsn == "" {
+			return "", fmt.Errorf("%w: no PostgreSQL DSN: the DSN file %s is empty", ErrInvalidConfig, c.DSNFile)
+		}
+		return dsn, nil
+	}
+	env := c.dsnEnv()
+	dsn := strings.TrimSpace(os.Getenv(env))
+	if dsn == "" {
+		return "", fmt.Errorf("%w: no PostgreSQL DSN: $%s is empty or unset (or name a file with --leader-elect-dsn-file)", ErrInvalidConfig, env)
+	}
+	return dsn, nil
+}
+
+// dsnEnv is DSNEnv, or its default.
+func (c *Config) dsnEnv() string {
+	if c.DSNEnv != "" {
+		return c.DSNEnv
+	}
+	return defaultDSNEnv
+}
+
+// dsnSource names where the DSN comes from (never its content), for errors.
+func (c *Config) dsnSource() string {
+	if c.DSNFile != "" {
+		return "file " + c.DSNFile
+	}
+	return "$" + c.dsnEnv()
 }
 
 // defaultConfig returns leader election off, resource lock "leases" (the
@@ -127,7 +128,7 @@ func defaultConfig() Config {
 	}}
 }
 
-// Decode reads a serialized (v1alpha1) LeaderElectionConfiguration, as it
+// decode reads a serialized (v1alpha1) LeaderElectionConfiguration, as it
 // appears under leaderElection: in a component config file, strictly (an
 // unknown field is an error), fills component-base's recommended defaults
 // (except the resource lock, which defaults to "leases", not the removed
@@ -138,7 +139,7 @@ func defaultConfig() Config {
 //	resourceName: my-operator
 //	resourceNamespace: my-namespace
 //	leaseDuration: 15s
-func Decode(data []byte) (config.LeaderElectionConfiguration, error) {
+func decode(data []byte) (config.LeaderElectionConfiguration, error) {
 	var v v1alpha1.LeaderElectionConfiguration
 	var out config.LeaderElectionConfiguration
 	if err := yaml.UnmarshalStrict(data, &v); err != nil {
@@ -214,7 +215,7 @@ func checkTiming(key string, leaseDuration, renewDeadline, retryPeriod, ttl time
 	if ttl <= 0 || renewDeadline <= 0 || retryPeriod <= 0 {
 		return nil
 	}
-	lock, err := resourcelock.New(lease.New(nil), key, "validation", resourcelock.WithLeaseDuration(ttl))
+	lock, err := resourcelock.New(lease.New(nil), key, "validation", resourcelock.Options{LeaseDuration: ttl})
 	if err != nil {
 		return field.ErrorList{field.Invalid(fldPath.Child("leaseDuration"), leaseDuration.String(), err.Error())}
 	}

@@ -43,7 +43,7 @@ func TestBindFlagsStdlib(t *testing.T) {
 	c := f.Config
 	if !c.LeaderElect || c.ResourceLock != "pglease" || c.ResourceName != "op" || c.ResourceNamespace != "ns" ||
 		c.LeaseDuration.Duration != 20*time.Second || c.RenewDeadline.Duration != 12*time.Second ||
-		c.RetryPeriod.Duration != 3*time.Second || c.DSN.File != "/run/secrets/dsn" || c.DSN.Env != pgle.DefaultDSNEnv {
+		c.RetryPeriod.Duration != 3*time.Second || c.DSNFile != "/run/secrets/dsn" || c.DSNEnv != pgle.DefaultDSNEnv {
 		t.Fatalf("config %+v", c)
 	}
 	if pgle.PgLeaseKey(&c) != "ns/op" {
@@ -67,7 +67,7 @@ func TestBindPFlags(t *testing.T) {
 	if err := fs.Parse([]string{"--leader-elect", "--leader-elect-resource-lock", "leases+pglease", "--leader-elect-dsn-env=MY_DSN"}); err != nil {
 		t.Fatal(err)
 	}
-	if !f.Config.LeaderElect || f.Config.ResourceLock != pgle.ResourceLockMigration || f.Config.DSN.Env != "MY_DSN" {
+	if !f.Config.LeaderElect || f.Config.ResourceLock != pgle.ResourceLockMigration || f.Config.DSNEnv != "MY_DSN" {
 		t.Fatalf("config %+v", f.Config)
 	}
 }
@@ -169,32 +169,32 @@ func TestValidateNamesFields(t *testing.T) {
 const secret = "s3cr3t-Pa55"
 
 // DSN errors name the source, never the DSN.
-func TestDSNSource(t *testing.T) {
+func TestReadDSN(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "dsn")
 	if err := os.WriteFile(file, []byte("  postgres://u:"+secret+"@h/db \n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	got, err := pgle.DSNSource{File: file, Env: "NOPE"}.Read()
+	got, err := pgle.ReadDSN(pgle.Config{DSNFile: file, DSNEnv: "NOPE"})
 	if err != nil || got != "postgres://u:"+secret+"@h/db" {
 		t.Fatalf("file: %q %v", got, err)
 	}
 	t.Setenv("TEST_DSN", "postgres://u:"+secret+"@h/db")
-	if got, err := (pgle.DSNSource{Env: "TEST_DSN"}).Read(); err != nil || !strings.Contains(got, secret) {
+	if got, err := pgle.ReadDSN(pgle.Config{DSNEnv: "TEST_DSN"}); err != nil || !strings.Contains(got, secret) {
 		t.Fatalf("env: %q %v", got, err)
 	}
 	t.Setenv(pgle.DefaultDSNEnv, "")
-	if _, err := (pgle.DSNSource{}).Read(); !errors.Is(err, pgle.ErrInvalidConfig) || !strings.Contains(err.Error(), "$PGLEASE_DSN") {
+	if _, err := pgle.ReadDSN(pgle.Config{}); !errors.Is(err, pgle.ErrInvalidConfig) || !strings.Contains(err.Error(), "$PGLEASE_DSN") {
 		t.Fatalf("empty default env: %v", err)
 	}
-	if _, err := (pgle.DSNSource{File: filepath.Join(dir, "missing")}).Read(); !errors.Is(err, pgle.ErrInvalidConfig) {
+	if _, err := pgle.ReadDSN(pgle.Config{DSNFile: filepath.Join(dir, "missing")}); !errors.Is(err, pgle.ErrInvalidConfig) {
 		t.Fatalf("missing file: %v", err)
 	}
 	// A DSN that does not parse: New's error does not quote it.
 	t.Setenv("BAD_DSN", "postgres://u:"+secret+"@h:notaport/db")
 	c := pgle.DefaultConfig()
 	c.LeaderElect, c.ResourceLock, c.ResourceName, c.ResourceNamespace = true, "pglease", "op", "ns"
-	c.DSN.Env = "BAD_DSN"
+	c.DSNEnv = "BAD_DSN"
 	_, err = pgle.New(context.Background(), c, pgle.BuildOptions{})
 	if err == nil || strings.Contains(err.Error(), secret) || !strings.Contains(err.Error(), "$BAD_DSN") {
 		t.Fatalf("bad DSN: %v", err)
@@ -203,21 +203,35 @@ func TestDSNSource(t *testing.T) {
 
 // New("pglease") returns a pg_lease lock that client-go's own elector runs
 // against real PostgreSQL: it leads under epoch 1 on the key ns/name.
+// BuildOptions.PgLease reaches the lock (its OnEpochChange is called),
+// under what New derives (its LeaseDuration is not the TTL).
 func TestNewPgLeaseRunsWithClientGo(t *testing.T) {
 	dsn := pgtest.NewLeaseDatabase(t)
 	t.Setenv("TEST_LEASE_DSN", dsn)
 	c := pgle.DefaultConfig()
 	c.LeaderElect, c.ResourceLock, c.ResourceName, c.ResourceNamespace = true, "pglease", "op", "ns"
 	c.LeaseDuration.Duration, c.RenewDeadline.Duration, c.RetryPeriod.Duration = 3*time.Second, 2*time.Second, 200*time.Millisecond
-	c.DSN.Env = "TEST_LEASE_DSN"
+	c.DSNEnv = "TEST_LEASE_DSN"
 	c.Identity = "me"
-	lock, err := pgle.New(context.Background(), c, pgle.BuildOptions{})
+	started := make(chan lease.Token, 10)
+	lock, err := pgle.New(context.Background(), c, pgle.BuildOptions{PgLease: resourcelock.Options{
+		LeaseDuration: time.Hour, // New's own (leaseDuration) wins
+		OnEpochChange: func(_, new lease.Token) {
+			if new.Epoch != 0 {
+				started <- new
+			}
+		},
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer lock.Close()
-	if lock.PgLease == nil || lock.PgLease.Key() != "ns/op" || lock.PgLease.LeaseDuration() != 3*time.Second || lock.Identity() != "me" {
+	if lock.PgLease == nil || lock.PgLease.Key() != "ns/op" || lock.Identity() != "me" {
 		t.Fatalf("lock %+v", lock)
+	}
+	// The lock's TTL is leaseDuration (it fills a zero LeaseDuration with it).
+	if lc, _ := lock.PgLease.LeaderElectionConfig(leaderelection.LeaderElectionConfig{}); lc.LeaseDuration != 3*time.Second {
+		t.Fatalf("pg_lease lock's lease duration %v, want 3s", lc.LeaseDuration)
 	}
 	if _, ok := lock.Interface.(*resourcelock.Lock); !ok {
 		t.Fatalf("pglease built %T", lock.Interface)
@@ -242,6 +256,14 @@ func TestNewPgLeaseRunsWithClientGo(t *testing.T) {
 	tok := <-led
 	if tok.Key != "ns/op" || tok.Owner != "me" || tok.Epoch != 1 {
 		t.Fatalf("token %v", tok)
+	}
+	select {
+	case s := <-started:
+		if s != tok {
+			t.Fatalf("OnEpochChange started %v, the elector leads under %v", s, tok)
+		}
+	default:
+		t.Fatal("BuildOptions.PgLease.OnEpochChange was not called for the term")
 	}
 	cancel()
 	<-done

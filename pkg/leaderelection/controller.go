@@ -14,33 +14,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
 
-// ConfigureManager sets opts to elect the manager's leader through lock:
-// LeaderElection, LeaderElectionResourceLockInterface (lock, wrapped in a
-// wrapper that counts the metrics), LeaderElectionID (the key, when empty) and
-// the timings. Timings left nil are filled and all are checked by the lock
-// (resourcelock.Lock.LeaderElectionConfig: LeaseDuration = TTL,
-// RenewDeadline = 2/3, RetryPeriod = 2/15 of it; RenewDeadline +
-// RetryPeriod below the TTL minus the lock's margin), each error naming
-// the field.
-//
-// It OVERRIDES LeaderElectionReleaseOnCancel with true, whatever the caller
-// set: a stopping leader then frees the key, so that its successor takes
-// over at its next retry instead of waiting for the TTL, and the lock ends
-// the term (cancelling every fenced reconcile) before it frees the key. To
-// keep false, set opts.LeaderElectionReleaseOnCancel after this call, or
-// use NewManager, which leaves it alone unless told.
-//
-// Events: the manager's recorder exists only once the manager does; use
-// NewManager to have "became leader (epoch N)" recorded through it.
-func ConfigureManager(opts *manager.Options, lock *resourcelock.Lock) error {
-	if opts == nil || lock == nil {
-		return errors.New("leaderelection.ConfigureManager: opts and lock must not be nil")
-	}
-	release := true
-	_, err := configure(opts, ManagerConfig{Lock: lock, PgLease: lock, ReleaseOnCancel: &release})
-	return err
-}
-
 // ManagerConfig is what NewManager sets a manager up with.
 type ManagerConfig struct {
 	// Lock is the lock the manager's elector runs: PgLease itself, or a
@@ -54,9 +27,12 @@ type ManagerConfig struct {
 	ReleaseOnCancel *bool
 }
 
-// configure sets opts like ConfigureManager, for any lock over a pg_lease
-// lock, and returns the observedLock it installed. It changes
-// LeaderElectionReleaseOnCancel only as c.ReleaseOnCancel says.
+// configure sets opts to elect the manager's leader through c.Lock, and
+// returns the observedLock it installed: LeaderElection,
+// LeaderElectionResourceLockInterface (c.Lock, wrapped in an observedLock
+// that counts the metrics), LeaderElectionID (the key, when empty) and the
+// timings. It changes LeaderElectionReleaseOnCancel only as
+// c.ReleaseOnCancel says.
 func configure(opts *manager.Options, c ManagerConfig) (*observedLock, error) {
 	if opts == nil || c.Lock == nil || c.PgLease == nil {
 		return nil, errors.New("leaderelection: manager options, Lock and PgLease must not be nil")
@@ -94,12 +70,27 @@ func configure(opts *manager.Options, c ManagerConfig) (*observedLock, error) {
 	return obs, nil
 }
 
-// NewManager sets opts like ConfigureManager (but changes
-// LeaderElectionReleaseOnCancel only as c.ReleaseOnCancel says), then calls
-// manager.New, after which the lock
-// records the elector's events ("<identity> became leader (epoch N)")
+// NewManager makes a controller-runtime manager that elects its leader
+// through c.Lock, a lock built by hand (resourcelock.New, or a composite
+// over one). It sets opts' LeaderElection, LeaderElectionResourceLockInterface
+// (c.Lock, wrapped so that the lock's epoch, transitions, renewal latency and
+// errors go to controller-runtime's metrics registry), LeaderElectionID (the
+// key, when empty) and the timings, then calls manager.New, after which the
+// lock records the elector's events ("<identity> became leader (epoch N)")
 // through the manager's event recorder, about a Lease named after the key
 // ("namespace/name" keys split; otherwise in opts.LeaderElectionNamespace).
+//
+// Timings left nil are filled and all are checked by the lock
+// (resourcelock.Lock.LeaderElectionConfig: LeaseDuration = TTL,
+// RenewDeadline = 2/3, RetryPeriod = 2/15 of it; RenewDeadline +
+// RetryPeriod below the TTL minus the lock's margin), each error naming the
+// field.
+//
+// LeaderElectionReleaseOnCancel is the caller's unless c.ReleaseOnCancel
+// says otherwise. Set it true to have a stopping leader free the key, so
+// that its successor takes over at its next retry instead of waiting for
+// the TTL; the lock ends the term (cancelling every fenced reconcile)
+// before it frees the key.
 func NewManager(cfg *rest.Config, opts manager.Options, c ManagerConfig) (manager.Manager, error) {
 	obs, err := configure(&opts, c)
 	if err != nil {
@@ -131,7 +122,7 @@ var errEpochEnded = errors.New("leaderelection: the epoch ended during the recon
 // request is requeued whatever r returned.
 //
 // lock is the pg_lease lock the manager elects through: the one given to
-// NewManager or ConfigureManager, or PgLease(mgr) for a manager made by
+// NewManager (ManagerConfig.PgLease), or PgLease(mgr) for a manager made by
 // Flags.NewManager. A nil lock (PgLease of a manager that elects through a
 // Kubernetes Lease, or with leader election off: there are no epochs)
 // returns r as it is.

@@ -49,15 +49,13 @@ type runningManager struct {
 
 func startManager(t *testing.T, dsn, key, id string) *runningManager {
 	t.Helper()
-	lock, err := resourcelock.New(lease.New(newPool(t, dsn)), key, id, resourcelock.WithLeaseDuration(2*time.Second))
+	lock, err := resourcelock.New(lease.New(newPool(t, dsn)), key, id, resourcelock.Options{LeaseDuration: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	opts := manager.Options{Metrics: metricsserver.Options{BindAddress: "0"}}
-	if err := pgle.ConfigureManager(&opts, lock); err != nil {
-		t.Fatal(err)
-	}
-	mgr, err := manager.New(unusedAPIServer(t), opts)
+	release := true
+	mgr, err := pgle.NewManager(unusedAPIServer(t), opts, pgle.ManagerConfig{Lock: lock, PgLease: lock, ReleaseOnCancel: &release})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +92,7 @@ func (m *runningManager) tokens() []lease.Token {
 	return append([]lease.Token(nil), m.rec.tokens...)
 }
 
-// Two controller-runtime managers configured by ConfigureManager: only the
+// Two controller-runtime managers made by NewManager: only the
 // leader's Fenced reconciler runs, every reconcile carries the leader's
 // current token, and when the leader stops (LeaderElectionReleaseOnCancel)
 // the other manager takes over at the released epoch + 2 and reconciles

@@ -24,13 +24,20 @@ func newClient(t *testing.T) (*lease.Client, string) {
 	return lease.New(newPool(t, dsn)), dsn
 }
 
-func TestConfigureManager(t *testing.T) {
-	lock, err := resourcelock.New(lease.New(nil), "k", "a", resourcelock.WithLeaseDuration(15*time.Second))
+// configure (NewManager's setup of the options) installs the lock, wrapped,
+// and fills and checks the timings with the lock's rule.
+func TestConfigure(t *testing.T) {
+	lock, err := resourcelock.New(lease.New(nil), "k", "a", resourcelock.Options{LeaseDuration: 15 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
+	yes := true
+	configure := func(opts *manager.Options, l *resourcelock.Lock) error {
+		_, err := pgle.Configure(opts, pgle.ManagerConfig{Lock: l, PgLease: l, ReleaseOnCancel: &yes})
+		return err
+	}
 	var opts manager.Options
-	if err := pgle.ConfigureManager(&opts, lock); err != nil {
+	if err := configure(&opts, lock); err != nil {
 		t.Fatal(err)
 	}
 	obs, ok := opts.LeaderElectionResourceLockInterface.(*pgle.ObservedLock)
@@ -54,7 +61,7 @@ func TestConfigureManager(t *testing.T) {
 		{"negative retry", manager.Options{RetryPeriod: d(-time.Second)}, "RetryPeriod (-1s) must be positive"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := pgle.ConfigureManager(&tc.opts, lock)
+			err := configure(&tc.opts, lock)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %v, want one naming %q", err, tc.want)
 			}
@@ -64,12 +71,12 @@ func TestConfigureManager(t *testing.T) {
 		})
 	}
 	for _, ttl := range []time.Duration{1500 * time.Millisecond, 2 * time.Second, 15 * time.Second, time.Minute} {
-		l, err := resourcelock.New(lease.New(nil), "k", "a", resourcelock.WithLeaseDuration(ttl))
+		l, err := resourcelock.New(lease.New(nil), "k", "a", resourcelock.Options{LeaseDuration: ttl})
 		if err != nil {
 			t.Fatal(err)
 		}
 		var opts manager.Options
-		if err := pgle.ConfigureManager(&opts, l); err != nil {
+		if err := configure(&opts, l); err != nil {
 			t.Errorf("the default timings for TTL %v fail the lock's check: %v", ttl, err)
 		}
 	}
@@ -102,7 +109,7 @@ func (r *recordingReconciler) Reconcile(ctx context.Context, _ reconcile.Request
 func TestFenced(t *testing.T) {
 	client, _ := newClient(t)
 	ctx := context.Background()
-	lock, err := resourcelock.New(client, "k", "a", resourcelock.WithLeaseDuration(time.Hour))
+	lock, err := resourcelock.New(client, "k", "a", resourcelock.Options{LeaseDuration: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +160,7 @@ func TestFenced(t *testing.T) {
 func TestObservedLockMetrics(t *testing.T) {
 	client, _ := newClient(t)
 	key := "metrics-" + t.Name()
-	lock, err := resourcelock.New(client, key, "a", resourcelock.WithLeaseDuration(3*time.Second))
+	lock, err := resourcelock.New(client, key, "a", resourcelock.Options{LeaseDuration: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +178,7 @@ func TestObservedLockMetrics(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	other, err := resourcelock.New(client, key, "b", resourcelock.WithLeaseDuration(3*time.Second))
+	other, err := resourcelock.New(client, key, "b", resourcelock.Options{LeaseDuration: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,9 +254,9 @@ func gather(t *testing.T, key string) map[string]float64 {
 }
 
 // Configure leaves LeaderElectionReleaseOnCancel as the caller set it
-// unless told; ConfigureManager's override is documented at the call.
+// unless ManagerConfig.ReleaseOnCancel says otherwise.
 func TestConfigureReleaseOnCancel(t *testing.T) {
-	lock, err := resourcelock.New(lease.New(nil), "k", "a")
+	lock, err := resourcelock.New(lease.New(nil), "k", "a", resourcelock.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

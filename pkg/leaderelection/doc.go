@@ -37,15 +37,15 @@
 // into a controller-runtime manager with NewManager, and hands each
 // reconcile the fencing token of the epoch it runs under with Fenced:
 //
-//	w, _ := lease.NewWaiter(ctx, dsn, lease.WaiterOptions{}) // one per process; Close after mgr.Start returns
-//	lock, _ := resourcelock.New(lease.New(pool), "my-operator", podName, resourcelock.WithWaiter(w))
+//	w, _ := lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{}) // one per process; Close after mgr.Start returns
+//	lock, _ := resourcelock.New(lease.New(pool), "my-operator", podName, resourcelock.Options{Waiter: w})
 //	opts := manager.Options{...}
 //	mgr, err := leaderelection.NewManager(cfg, opts, leaderelection.ManagerConfig{Lock: lock, PgLease: lock})
 //	ctrl.NewControllerManagedBy(mgr).For(&v1.Thing{}).Complete(leaderelection.Fenced(lock, &ThingReconciler{}))
 //
-// Build the lock with resourcelock.WithWaiter: a standby's elector then
-// waits for news of the key and takes over within milliseconds of the
-// leader's release (and at the server's expiry of a crashed leader's
+// Build the lock with a Waiter (resourcelock.Options.Waiter): a standby's
+// elector then waits for news of the key and takes over within milliseconds
+// of the leader's release (and at the server's expiry of a crashed leader's
 // grant) instead of at its next RetryPeriod (up to 2.4 s at
 // controller-runtime's defaults). Flags.NewManager and New do it for you.
 //
@@ -56,9 +56,9 @@
 // docs/operations.md), and client-go's election events are recorded
 // through the manager's event recorder with the epoch ("<identity> became
 // leader (epoch 7)"). It leaves LeaderElectionReleaseOnCancel as the caller
-// set it unless ManagerConfig.ReleaseOnCancel says otherwise;
-// ConfigureManager, the one-call form on manager.Options, sets it to true
-// (documented at the function). Flags.NewManager uses NewManager.
+// set it unless ManagerConfig.ReleaseOnCancel says otherwise (set it true
+// to hand over at once when the leader stops). Flags.NewManager uses
+// NewManager.
 //
 // The timings (LeaseDuration, RenewDeadline, RetryPeriod) follow one rule,
 // the lock's (resourcelock.Lock.LeaderElectionConfig): zero ones are

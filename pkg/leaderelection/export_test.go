@@ -31,9 +31,13 @@ const (
 	ResourceLockMigration = resourceLockMigration
 )
 
-var DefaultConfig = defaultConfig
+var (
+	DefaultConfig = defaultConfig
+	Decode        = decode
+)
 
 func PgLeaseKey(c *Config) string                   { return c.pgLeaseKey() }
+func ReadDSN(c Config) (string, error)              { return c.readDSN() }
 func IsSet(f *Flags, name string) bool              { return f.isSet(name) }
 func Validate(c *Config, fldPath *field.Path) error { return c.validate(fldPath) }
 func Timing(l *Lock) (ld, rd, rp time.Duration)     { return l.timing() }

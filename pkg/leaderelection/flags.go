@@ -56,10 +56,10 @@ func BindFlags(fs *goflag.FlagSet) *Flags {
 func (f *Flags) pflags() *pflag.FlagSet {
 	pfs := pflag.NewFlagSet("leader-elect", pflag.ContinueOnError)
 	options.BindLeaderElectionFlags(&f.Config.LeaderElectionConfiguration, pfs)
-	pfs.StringVar(&f.Config.DSN.File, flagDSNFile, "",
+	pfs.StringVar(&f.Config.DSNFile, flagDSNFile, "",
 		"File holding the PostgreSQL connection string of the pg_lease lock (resource locks pglease and leases+pglease), "+
 			"e.g. a mounted Secret key. Takes precedence over --"+flagDSNEnv+".")
-	pfs.StringVar(&f.Config.DSN.Env, flagDSNEnv, defaultDSNEnv,
+	pfs.StringVar(&f.Config.DSNEnv, flagDSNEnv, defaultDSNEnv,
 		"Name of the environment variable holding the PostgreSQL connection string of the pg_lease lock.")
 	pfs.StringVar(&f.Config.Key, flagKey, "",
 		"The pg_lease key (default <resource-namespace>/<resource-name>).")

@@ -32,14 +32,18 @@ type BuildOptions struct {
 	// Labels are set on the Lease by the Kubernetes locks (client-go's
 	// NewWithLabels).
 	Labels map[string]string
-	// PgLeaseOptions are applied to the pg_lease lock after the ones New
-	// derives (TTL = leaseDuration, events), e.g. resourcelock.WithOnEpochChange.
-	PgLeaseOptions []resourcelock.Option
+	// PgLease are the pg_lease lock's options besides what New derives, e.g.
+	// OnEpochChange. New sets over them LeaseDuration (leaseDuration),
+	// Waiter (the Waiter below or New's own for "pglease", none for
+	// "leases+pglease") and, when EventRecorder is set, the event fields
+	// (about the Lease named above).
+	PgLease resourcelock.Options
 	// Pool, when set, is used for the pg_lease lock instead of a pool New
-	// opens from Config.DSN (and Close then leaves it open).
+	// opens from the Config's DSNFile or DSNEnv (and Close then leaves it
+	// open).
 	Pool *pgxpool.Pool
 	// Waiter, when set, is the process's listener the "pglease" lock waits
-	// on (resourcelock.WithWaiter), shared with the process's other locks;
+	// on (resourcelock.Options.Waiter), shared with the process's other locks;
 	// Close then leaves it open. When nil, New opens one for the lock (one
 	// connection LISTENing on channel pg_lease, from the pool's connection
 	// settings) and Close closes it. "leases+pglease" never waits (see
@@ -94,8 +98,8 @@ func defaultIdentity() (string, error) {
 //
 //	leases          client-go's LeaseLock (coordination.k8s.io/v1 Lease)
 //	pglease         a pg_lease lock (pkg/resourcelock) on Config.pgLeaseKey,
-//	                TTL = leaseDuration, over a pool opened from Config.DSN,
-//	                whose followers wait for news (resourcelock.WithWaiter):
+//	                TTL = leaseDuration, over a pool opened from the DSN (Config.DSNFile or DSNEnv),
+//	                whose followers wait for news (resourcelock.Options.Waiter):
 //	                a standby takes over within milliseconds of a release and
 //	                at the server's expiry of a crashed leader's grant
 //	leases+pglease  a NewMigrationLock of both, with one identity (its
@@ -147,7 +151,7 @@ func New(ctx context.Context, c Config, o BuildOptions) (*Lock, error) {
 
 	pool := o.Pool
 	if pool == nil {
-		dsn, err := c.DSN.Read()
+		dsn, err := c.readDSN()
 		if err != nil {
 			return nil, err
 		}
@@ -155,36 +159,37 @@ func New(ctx context.Context, c Config, o BuildOptions) (*Lock, error) {
 		if err != nil {
 			// pgx's parse errors can quote the connection string: never
 			// pass them on.
-			return nil, fmt.Errorf("%w: the DSN from %s does not parse as a PostgreSQL connection string", ErrInvalidConfig, c.DSN)
+			return nil, fmt.Errorf("%w: the DSN from %s does not parse as a PostgreSQL connection string", ErrInvalidConfig, c.dsnSource())
 		}
 		if pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
-			return nil, fmt.Errorf("leaderelection: opening the pool (DSN from %s): %w", c.DSN, err)
+			return nil, fmt.Errorf("leaderelection: opening the pool (DSN from %s): %w", c.dsnSource(), err)
 		}
 		out.pool = pool
 	}
 	ev := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: c.ResourceName, Namespace: c.ResourceNamespace}}
 	ev.Kind = "Lease"
 	ev.APIVersion = coordinationv1.SchemeGroupVersion.String()
-	opts := []resourcelock.Option{resourcelock.WithLeaseDuration(c.LeaseDuration.Duration)}
+	opts := o.PgLease
+	opts.LeaseDuration = c.LeaseDuration.Duration
 	if o.EventRecorder != nil {
-		opts = append(opts, resourcelock.WithEventRecorder(o.EventRecorder, ev, c.ResourceNamespace))
+		opts.EventRecorder, opts.EventObject, opts.EventNamespace = o.EventRecorder, ev, c.ResourceNamespace
 	}
+	opts.Waiter = nil
 	if kube == nil {
 		// pglease: followers wait for news. Not for leases+pglease: there
 		// the elector must see the Lease half at every RetryPeriod.
 		w := o.Waiter
 		if w == nil {
 			var err error
-			if w, err = lease.NewWaiterConfig(ctx, pool.Config().ConnConfig, lease.WaiterOptions{}); err != nil {
+			if w, err = lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{}); err != nil {
 				out.Close()
-				return nil, fmt.Errorf("leaderelection: opening the listen connection (DSN from %s): %w", c.DSN, err)
+				return nil, fmt.Errorf("leaderelection: opening the listen connection (DSN from %s): %w", c.dsnSource(), err)
 			}
 			out.waiter = w
 		}
-		opts = append(opts, resourcelock.WithWaiter(w))
+		opts.Waiter = w
 	}
-	opts = append(opts, o.PgLeaseOptions...)
-	pg, err := resourcelock.New(lease.New(pool), c.pgLeaseKey(), c.Identity, opts...)
+	pg, err := resourcelock.New(lease.New(pool), c.pgLeaseKey(), c.Identity, opts)
 	if err != nil {
 		out.Close()
 		return nil, err

@@ -21,7 +21,7 @@ func TestNewPgLeaseFollowerWaits(t *testing.T) {
 	t.Setenv("WAIT_LEASE_DSN", dsn)
 	c := pgle.DefaultConfig()
 	c.LeaderElect, c.ResourceLock, c.ResourceName, c.ResourceNamespace = true, "pglease", "op", "ns"
-	c.DSN.Env = "WAIT_LEASE_DSN"
+	c.DSNEnv = "WAIT_LEASE_DSN"
 	c.Identity = "standby"
 	lock, err := pgle.New(context.Background(), c, pgle.BuildOptions{})
 	if err != nil {
@@ -29,7 +29,7 @@ func TestNewPgLeaseFollowerWaits(t *testing.T) {
 	}
 	defer lock.Close()
 
-	leader, err := resourcelock.New(lease.New(newPool(t, dsn)), "ns/op", "leader")
+	leader, err := resourcelock.New(lease.New(newPool(t, dsn)), "ns/op", "leader", resourcelock.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,7 @@
 //
 //	pkg/leaderelection  component-base config and --leader-elect* flags, the
 //	  |                 controller-runtime manager glue (NewManager,
-//	  |                 ConfigureManager, Fenced, metrics, events)
+//	  |                 Fenced, metrics, events)
 //	  v
 //	pkg/resourcelock    client-go resourcelock.Interface over one key; the
 //	  |                 one timing rule (Lock.LeaderElectionConfig)
@@ -109,10 +109,10 @@
 // each in its own short transaction and before the subscription reads
 // anything ('*' for a Watch of every key), drops a key with lease.unlisten
 // a second after its last subscription ends, and registers everything again
-// after a reconnection, before the EventResync. Awaits of one key woken by
-// the same notification share one read. Events are at-most-once: after a reconnection, or when
-// a subscriber's channel was full, it receives EventResync and should re-read
-// the state.
+// after a reconnection, before the "resync" Event. Awaits of one key woken by
+// the same notification share one read. Events are at-most-once: after a
+// reconnection, or when a subscriber's channel was full, it receives an Event
+// of Type "resync" and should re-read the state.
 //
 // Waiter.Await is the module's one wake policy for "wait until this key
 // may have changed": it subscribes, reads the key (one inspect), and reads

@@ -17,10 +17,6 @@ import (
 // registration), so that tests sequence on signals rather than sleeps. A
 // hook that blocks holds the waiter there (read_shared and register_slow
 // run on the caller's goroutine).
-func NewWaiterWithHook(ctx context.Context, connString string, opts WaiterOptions, hook func(kind, detail string)) (*Waiter, error) {
-	cfg, err := pgx.ParseConfig(connString)
-	if err != nil {
-		return nil, err
-	}
+func NewWaiterWithHook(ctx context.Context, cfg *pgx.ConnConfig, opts WaiterOptions, hook func(kind, detail string)) (*Waiter, error) {
 	return newWaiter(ctx, cfg, opts, hook)
 }

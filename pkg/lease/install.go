@@ -12,31 +12,6 @@ import (
 	pgleasesql "github.com/pglease/pg_lease/sql"
 )
 
-// Mode says how pg_lease is installed in a database.
-type Mode int
-
-const (
-	// ModeNone: not installed (Installed returns it with ErrNotInstalled).
-	ModeNone Mode = iota
-	// ModeExtension: CREATE EXTENSION pg_lease (InstallExtension).
-	ModeExtension
-	// ModeSchema: the same SQL run as a plain schema, for hosts that forbid
-	// custom extensions (InstallSchema).
-	ModeSchema
-)
-
-func (m Mode) String() string {
-	switch m {
-	case ModeNone:
-		return "none"
-	case ModeExtension:
-		return "extension"
-	case ModeSchema:
-		return "schema"
-	}
-	return fmt.Sprintf("Mode(%d)", int(m))
-}
-
 // Version is the pg_lease version this module speaks and installs.
 const Version = pgleasesql.Version
 
@@ -48,9 +23,10 @@ type Beginner interface {
 }
 
 // Installed reports which pg_lease version is installed in the database q is
-// connected to, and how. With neither the extension nor a schema-only
-// install present it returns ModeNone and an error matching ErrNotInstalled.
-func Installed(ctx context.Context, q Querier) (version string, mode Mode, err error) {
+// connected to, and how: extension is true when it was installed by CREATE
+// EXTENSION (InstallExtension), false when as a plain schema (InstallSchema).
+// With neither present it returns an error matching ErrNotInstalled.
+func Installed(ctx context.Context, q Querier) (version string, extension bool, err error) {
 	var (
 		extVersion *string
 		hasVersion bool
@@ -62,20 +38,20 @@ func Installed(ctx context.Context, q Querier) (version string, mode Mode, err e
 		  EXISTS (SELECT 1 FROM pg_catalog.pg_namespace n WHERE n.nspname = 'lease')`).
 		Scan(&extVersion, &hasVersion, &hasSchema)
 	if err != nil {
-		return "", ModeNone, fmt.Errorf("lease: reading the installed version: %w", err)
+		return "", false, fmt.Errorf("lease: reading the installed version: %w", err)
 	}
 	switch {
 	case extVersion != nil:
-		return *extVersion, ModeExtension, nil
+		return *extVersion, true, nil
 	case !hasVersion && hasSchema:
-		return "", ModeNone, fmt.Errorf("%w: a schema named lease exists but has no lease.version(): it is not pg_lease's", ErrNotInstalled)
+		return "", false, fmt.Errorf("%w: a schema named lease exists but has no lease.version(): it is not pg_lease's", ErrNotInstalled)
 	case !hasVersion:
-		return "", ModeNone, ErrNotInstalled
+		return "", false, ErrNotInstalled
 	}
 	if err := q.QueryRow(ctx, `SELECT lease.version()`).Scan(&version); err != nil {
-		return "", ModeNone, fmt.Errorf("lease: reading the installed version: %w", err)
+		return "", false, fmt.Errorf("lease: reading the installed version: %w", err)
 	}
-	return version, ModeSchema, nil
+	return version, false, nil
 }
 
 // InstallExtension makes sure the pg_lease extension is installed, at
@@ -93,16 +69,16 @@ func Installed(ctx context.Context, q Querier) (version string, mode Mode, err e
 // finds the winner's install and checks it.
 func InstallExtension(ctx context.Context, db Beginner) error {
 	return inTx(ctx, db, func(tx pgx.Tx) error {
-		v, mode, err := Installed(ctx, tx)
+		v, ext, err := Installed(ctx, tx)
 		switch {
-		case err == nil && mode == ModeSchema:
+		case err == nil && !ext:
 			return fmt.Errorf("lease: InstallExtension: %w: pg_lease %s is installed as a plain schema (InstallSchema); drop schema lease first to convert",
 				ErrModeMismatch, v)
 		case err == nil && v == Version:
 			return nil
 		case err == nil:
 			if _, uerr := pgleasesql.UpdateScripts(v); uerr != nil {
-				return checkVersion("InstallExtension", v, mode)
+				return checkVersion("InstallExtension", v, ext)
 			}
 			if _, err := tx.Exec(ctx, `ALTER EXTENSION pg_lease UPDATE TO `+quoteLiteral(Version)); err != nil {
 				return fmt.Errorf("lease: InstallExtension: updating pg_lease %s to %s: %w", v, Version, err)
@@ -114,11 +90,11 @@ func InstallExtension(ctx context.Context, db Beginner) error {
 				return fmt.Errorf("lease: InstallExtension: %w", err)
 			}
 		}
-		v, mode, err = Installed(ctx, tx)
+		v, ext, err = Installed(ctx, tx)
 		if err != nil {
 			return fmt.Errorf("lease: InstallExtension: after CREATE EXTENSION: %w", err)
 		}
-		return checkVersion("InstallExtension", v, mode)
+		return checkVersion("InstallExtension", v, ext)
 	})
 }
 
@@ -139,11 +115,11 @@ func InstallExtension(ctx context.Context, db Beginner) error {
 // or the extension at another version. Concurrent installers are safe.
 func InstallSchema(ctx context.Context, db Beginner) error {
 	return inTx(ctx, db, func(tx pgx.Tx) error {
-		v, mode, err := Installed(ctx, tx)
+		v, ext, err := Installed(ctx, tx)
 		var from string
 		switch {
-		case err == nil && (v == Version || mode == ModeExtension):
-			return checkVersion("InstallSchema", v, mode)
+		case err == nil && (v == Version || ext):
+			return checkVersion("InstallSchema", v, ext)
 		case err == nil:
 			from = v
 		case !errors.Is(err, ErrNotInstalled):
@@ -153,74 +129,32 @@ func InstallSchema(ctx context.Context, db Beginner) error {
 		if err := tx.QueryRow(ctx, `SELECT current_user`).Scan(&role); err != nil {
 			return fmt.Errorf("lease: InstallSchema: %w", err)
 		}
-		script, err := schemaScript(role, from)
+		script, err := pgleasesql.SchemaScript(role, from)
 		if err != nil {
 			if from != "" {
-				return checkVersion("InstallSchema", v, mode)
+				return checkVersion("InstallSchema", v, ext)
 			}
-			return err
+			return fmt.Errorf("lease: InstallSchema: %w", err)
 		}
 		if _, err := tx.Exec(ctx, script); err != nil {
 			return fmt.Errorf("lease: InstallSchema: running the install script: %w", err)
 		}
-		v, mode, err = Installed(ctx, tx)
+		v, ext, err = Installed(ctx, tx)
 		if err != nil {
 			return fmt.Errorf("lease: InstallSchema: after the install script: %w", err)
 		}
-		return checkVersion("InstallSchema", v, mode)
+		return checkVersion("InstallSchema", v, ext)
 	})
-}
-
-// SchemaScript is the SQL that InstallSchema runs on a database without
-// pg_lease, with owner (a role name, quoted here) as the owner of every
-// object: the base install script and every update script up to Version,
-// without their "\echo ... \quit" guards, followed by a COMMENT that marks
-// the schema-only install.
-func SchemaScript(owner string) (string, error) { return schemaScript(owner, "") }
-
-// schemaScript is SchemaScript from version from ("" for a fresh install).
-func schemaScript(owner, from string) (string, error) {
-	if owner == "" {
-		return "", fmt.Errorf("lease: SchemaScript: %w: empty owner", ErrInvalidInput)
-	}
-	var srcs []string
-	if from == "" {
-		srcs = append(srcs, pgleasesql.InstallScript())
-		from = pgleasesql.BaseVersion
-	}
-	updates, err := pgleasesql.UpdateScripts(from)
-	if err != nil {
-		return "", fmt.Errorf("lease: SchemaScript: %w", err)
-	}
-	srcs = append(srcs, updates...)
-	var b strings.Builder
-	for _, src := range srcs {
-		for _, l := range strings.SplitAfter(src, "\n") {
-			t := strings.TrimSpace(l)
-			if strings.HasPrefix(t, `\echo`) {
-				continue // the guard against running the script outside CREATE/ALTER EXTENSION
-			}
-			if strings.HasPrefix(t, `\`) {
-				return "", fmt.Errorf("lease: SchemaScript: unexpected psql meta-command in the SQL: %q", t)
-			}
-			b.WriteString(l)
-		}
-		b.WriteString("\n")
-	}
-	out := strings.ReplaceAll(b.String(), "@extowner@", pgx.Identifier{owner}.Sanitize())
-	if i := strings.Index(out, "@ext"); i >= 0 {
-		end := min(len(out), i+24)
-		return "", fmt.Errorf("lease: SchemaScript: unhandled extension placeholder near %q", out[i:end])
-	}
-	out += fmt.Sprintf("\nCOMMENT ON SCHEMA lease IS %s;\n",
-		quoteLiteral("pg_lease "+Version+": time-bounded leases with fencing epochs (schema-only install, without CREATE EXTENSION)"))
-	return out, nil
 }
 
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
-func checkVersion(op, v string, mode Mode) error {
+func checkVersion(op, v string, extension bool) error {
 	if v != Version {
+		mode := "schema"
+		if extension {
+			mode = "extension"
+		}
 		return fmt.Errorf("lease: %s: %w: pg_lease %s is installed (%s), this module speaks %s",
 			op, ErrVersionMismatch, v, mode, Version)
 	}

@@ -17,16 +17,16 @@ import (
 func TestInstalled(t *testing.T) {
 	forEachMode(t, func(t *testing.T, db *testDB) {
 		ctx := testCtx(t)
-		v, mode, err := lease.Installed(ctx, db.pool)
-		if err != nil || v != lease.Version || mode != db.mode.mode {
-			t.Fatalf("Installed: %q %v %v, want %q %v", v, mode, err, lease.Version, db.mode.mode)
+		v, ext, err := lease.Installed(ctx, db.pool)
+		if err != nil || v != lease.Version || ext != db.mode.ext {
+			t.Fatalf("Installed: %q %v %v, want %q %v", v, ext, err, lease.Version, db.mode.ext)
 		}
 		var comment string
 		if err := db.pool.QueryRow(ctx, `SELECT obj_description('lease'::regnamespace, 'pg_namespace')`).Scan(&comment); err != nil {
 			t.Fatal(err)
 		}
-		if got := strings.Contains(comment, "schema-only"); got != (mode == lease.ModeSchema) {
-			t.Fatalf("schema comment %q in mode %v", comment, mode)
+		if got := strings.Contains(comment, "schema-only"); got != !ext {
+			t.Fatalf("schema comment %q in mode %s", comment, db.mode.name)
 		}
 	})
 }
@@ -49,15 +49,15 @@ func TestInstallIdempotent(t *testing.T) {
 			t.Fatalf("InstallSchema over %s: %v", db.mode.name, err)
 		}
 		err = lease.InstallExtension(ctx, db.pool)
-		if db.mode.mode == lease.ModeSchema {
+		if !db.mode.ext {
 			if !errors.Is(err, lease.ErrModeMismatch) {
 				t.Fatalf("InstallExtension over a schema-only install: %v, want ErrModeMismatch", err)
 			}
 		} else if err != nil {
 			t.Fatalf("InstallExtension again: %v", err)
 		}
-		if _, mode, err := lease.Installed(ctx, db.pool); err != nil || mode != db.mode.mode {
-			t.Fatalf("Installed after reinstalls: %v %v", mode, err)
+		if _, ext, err := lease.Installed(ctx, db.pool); err != nil || ext != db.mode.ext {
+			t.Fatalf("Installed after reinstalls: extension %v %v", ext, err)
 		}
 		if _, err := db.c.Renew(ctx, g.Token, time.Hour); err != nil {
 			t.Fatalf("the lease did not survive the reinstalls: %v", err)
@@ -70,19 +70,18 @@ func TestInstallIdempotent(t *testing.T) {
 func TestInstallVersionMismatch(t *testing.T) {
 	forEachMode(t, func(t *testing.T, db *testDB) {
 		ctx := testCtx(t)
-		switch db.mode.mode {
-		case lease.ModeExtension:
+		if db.mode.ext {
 			// Pretend an older extension (superuser on a test server).
 			if _, err := db.pool.Exec(ctx, `UPDATE pg_extension SET extversion = '0.0.9' WHERE extname = 'pg_lease'`); err != nil {
 				t.Fatal(err)
 			}
-		case lease.ModeSchema:
+		} else {
 			if _, err := db.pool.Exec(ctx, `CREATE OR REPLACE FUNCTION lease.version() RETURNS text LANGUAGE sql IMMUTABLE AS $$ SELECT '0.0.9'::text $$`); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if v, mode, err := lease.Installed(ctx, db.pool); err != nil || v != "0.0.9" || mode != db.mode.mode {
-			t.Fatalf("Installed: %q %v %v", v, mode, err)
+		if v, ext, err := lease.Installed(ctx, db.pool); err != nil || v != "0.0.9" || ext != db.mode.ext {
+			t.Fatalf("Installed: %q %v %v", v, ext, err)
 		}
 		if err := db.mode.install(ctx, db.pool); !errors.Is(err, lease.ErrVersionMismatch) {
 			t.Fatalf("%s install over 0.0.9: %v, want ErrVersionMismatch", db.mode.name, err)
@@ -98,7 +97,7 @@ func TestInstallVersionMismatch(t *testing.T) {
 func TestInstallConcurrent(t *testing.T) {
 	for _, m := range installModes {
 		t.Run(m.name, func(t *testing.T) {
-			if m.mode == lease.ModeExtension {
+			if m.ext {
 				ensureExtensionFiles(t, pgtest.Shared(t))
 			}
 			dsn := pgtest.NewDatabase(t)
@@ -119,8 +118,8 @@ func TestInstallConcurrent(t *testing.T) {
 					t.Errorf("installer %d: %v", i, err)
 				}
 			}
-			if v, mode, err := lease.Installed(ctx, connect(t, dsn)); err != nil || v != lease.Version || mode != m.mode {
-				t.Fatalf("Installed: %q %v %v", v, mode, err)
+			if v, ext, err := lease.Installed(ctx, connect(t, dsn)); err != nil || v != lease.Version || ext != m.ext {
+				t.Fatalf("Installed: %q %v %v", v, ext, err)
 			}
 		})
 	}
@@ -131,7 +130,7 @@ func TestInstallConcurrent(t *testing.T) {
 func TestInstallInCallerTx(t *testing.T) {
 	for _, m := range installModes {
 		t.Run(m.name, func(t *testing.T) {
-			if m.mode == lease.ModeExtension {
+			if m.ext {
 				ensureExtensionFiles(t, pgtest.Shared(t))
 			}
 			ctx := testCtx(t)
@@ -143,8 +142,8 @@ func TestInstallInCallerTx(t *testing.T) {
 			if err := m.install(ctx, tx); err != nil {
 				t.Fatal(err)
 			}
-			if _, mode, err := lease.Installed(ctx, tx); err != nil || mode != m.mode {
-				t.Fatalf("Installed inside the tx: %v %v", mode, err)
+			if _, ext, err := lease.Installed(ctx, tx); err != nil || ext != m.ext {
+				t.Fatalf("Installed inside the tx: %v %v", ext, err)
 			}
 			if _, ok, err := lease.New(tx).Acquire(ctx, "k", "a", time.Minute); err != nil || !ok {
 				t.Fatalf("Acquire inside the tx: %v %v", ok, err)
@@ -244,24 +243,6 @@ func TestForeignLeaseSchema(t *testing.T) {
 	}
 }
 
-func TestSchemaScript(t *testing.T) {
-	s, err := lease.SchemaScript(`we"ird role`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, bad := range []string{`\echo`, `\quit`, `@extowner@`, `@extschema@`} {
-		if strings.Contains(s, bad) {
-			t.Errorf("script contains %q", bad)
-		}
-	}
-	if !strings.Contains(s, `OWNER TO "we""ird role";`) {
-		t.Error("owner not quoted as an identifier")
-	}
-	if _, err := lease.SchemaScript(""); !errors.Is(err, lease.ErrInvalidInput) {
-		t.Errorf("empty owner: %v", err)
-	}
-}
-
 // TestInstallUpdatesOlderVersion: both installers take a database that has
 // the base version (0.1.0) to Version through the update scripts, keeping
 // every lease and its epoch.
@@ -272,12 +253,11 @@ func TestInstallUpdatesOlderVersion(t *testing.T) {
 			dsn := pgtest.NewDatabase(t)
 			ctx := testCtx(t)
 			conn := connect(t, dsn)
-			switch m.mode {
-			case lease.ModeExtension:
+			if m.ext {
 				if _, err := conn.Exec(ctx, `CREATE EXTENSION pg_lease VERSION '`+pgleasesql.BaseVersion+`'`); err != nil {
 					t.Fatal(err)
 				}
-			case lease.ModeSchema:
+			} else {
 				base := strings.ReplaceAll(pgleasesql.InstallScript(), "@extowner@", "CURRENT_USER")
 				base = base[strings.Index(base, "\\quit")+len("\\quit"):]
 				if _, err := conn.Exec(ctx, base); err != nil {
@@ -295,8 +275,8 @@ func TestInstallUpdatesOlderVersion(t *testing.T) {
 			if err := m.install(ctx, conn); err != nil {
 				t.Fatalf("%s install over %s: %v", m.name, pgleasesql.BaseVersion, err)
 			}
-			if v, mode, err := lease.Installed(ctx, conn); err != nil || v != lease.Version || mode != m.mode {
-				t.Fatalf("after: %q %v %v", v, mode, err)
+			if v, ext, err := lease.Installed(ctx, conn); err != nil || v != lease.Version || ext != m.ext {
+				t.Fatalf("after: %q %v %v", v, ext, err)
 			}
 			if s, err := c.Inspect(ctx, "k"); err != nil || !s.Held || s.Epoch != g.Epoch || !s.ExpiresAt.Equal(g.ExpiresAt) {
 				t.Fatalf("lease after the update: %+v %v, grant %+v", s, err, g)

@@ -20,12 +20,12 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 type installMode struct {
 	name    string
 	install func(context.Context, lease.Beginner) error
-	mode    lease.Mode
+	ext     bool // installed as the extension (Installed's extension)
 }
 
 var installModes = []installMode{
-	{"extension", lease.InstallExtension, lease.ModeExtension},
-	{"schema", lease.InstallSchema, lease.ModeSchema},
+	{"extension", lease.InstallExtension, true},
+	{"schema", lease.InstallSchema, false},
 }
 
 func testCtx(t testing.TB) context.Context {
@@ -86,11 +86,21 @@ func connect(t testing.TB, dsn string) *pgx.Conn {
 	return conn
 }
 
+// connConfig parses dsn for NewWaiter.
+func connConfig(t testing.TB, dsn string) *pgx.ConnConfig {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
 // newDB creates a database on the shared server (or PGLEASE_TEST_DSN) with
 // pg_lease installed in mode m.
 func newDB(t testing.TB, m installMode) *testDB {
 	t.Helper()
-	if m.mode == lease.ModeExtension {
+	if m.ext {
 		ensureExtensionFiles(t, pgtest.Shared(t))
 	}
 	return installInto(t, pgtest.NewDatabase(t), m)
@@ -99,7 +109,7 @@ func newDB(t testing.TB, m installMode) *testDB {
 // newDBOn is newDB on a server of the test's own.
 func newDBOn(t testing.TB, s *pgtest.Server, m installMode) *testDB {
 	t.Helper()
-	if m.mode == lease.ModeExtension {
+	if m.ext {
 		ensureExtensionFiles(t, s)
 	}
 	dsn, err := s.NewDatabase(testCtx(t))

@@ -56,7 +56,7 @@ type Term struct {
 // default of CheckMargin(g.TTL, 0). onEnd, when not nil, is called once when
 // the term ends, with the token and the cause, after the term's contexts
 // were cancelled and before Done is closed; it must not block for long and
-// must not call the term's methods other than Token, Grant and Deadline.
+// must not call the term's methods other than Grant and Deadline.
 //
 // A grant whose deadline has already passed (the answer took most of the TTL
 // to arrive) gives a term that has already ended with ErrLocalDeadline;
@@ -132,9 +132,6 @@ func (t *Term) endBy(cause error, lost, stopTimer bool) {
 	})
 	<-t.done
 }
-
-// Token is the term's fencing token.
-func (t *Term) Token() Token { return t.grant.Token }
 
 // Grant is the term's latest grant (its acquire, or its last renewal).
 func (t *Term) Grant() Grant {

@@ -60,31 +60,25 @@ func (o *WaiterOptions) validate() error {
 	return nil
 }
 
-// EventType is the kind of a pg_lease notification.
-type EventType string
-
-// The events of Watch.
-const (
-	EventAcquired      EventType = "acquired"
-	EventReleased      EventType = "released"
-	EventForceReleased EventType = "force_released"
-	// EventResync is not a notification: it says that notifications may
-	// have been missed (the listen connection was re-established, or the
-	// subscriber's channel was full) and that the subscriber should re-read
-	// the state it cares about (Client.List, Client.Inspect). Its Key is
-	// empty.
-	EventResync EventType = "resync"
-)
-
-// Event is a pg_lease notification (channel pg_lease), or EventResync.
+// Event is a pg_lease notification (channel pg_lease), or a resync.
 type Event struct {
-	Type  EventType
+	// Type is the notification's event, as pg_lease's NOTIFY payload names
+	// it: "acquired" (a grant), "released" (a release by the holder) or
+	// "force_released" (lease.force_release). Or it is "resync", which is
+	// not a notification: it says that notifications may have been missed
+	// (the listen connection was re-established, or the subscriber's channel
+	// was full) and that the subscriber should re-read the state it cares
+	// about (Client.List, Client.Inspect); a resync's Key is empty.
+	Type  string
 	Key   string
 	Owner string
 	Epoch int64
 	// Received is when this process read the notification.
 	Received time.Time
 }
+
+// eventResync is the Type of a resync Event.
+const eventResync = "resync"
 
 // Waiter is the process's one listener: it holds one dedicated connection
 // (not from a pool: it must stay LISTENing), runs LISTEN pg_lease on it,
@@ -112,7 +106,7 @@ type Waiter struct {
 type watcher struct {
 	ch   chan Event
 	keys map[string]bool // nil: every key
-	lost bool            // an event was dropped: send EventResync first
+	lost bool            // an event was dropped: send a resync first
 	stop func() bool     // context.AfterFunc's
 }
 
@@ -137,35 +131,28 @@ type registry struct {
 	nextDrop time.Time // the earliest pending drop (zero: none)
 	// late: keys whose listen waited behind a locked row (55P03, retried):
 	// their subscribers may have stopped waiting and read without the
-	// registration, so the listen that succeeds sends them an EventResync.
+	// registration, so the listen that succeeds sends them a resync event.
 	late map[string]bool
 	// unsupported: the server has no lease.listen (pg_lease before 0.3.0,
 	// which notifies every change): registering is a no-op.
 	unsupported bool
 }
 
-// NewWaiter connects to connString (a libpq DSN or URL) and returns a Waiter
-// listening on channel pg_lease. It fails if the first connection cannot be
-// made; later losses of the connection are repaired in the background.
-func NewWaiter(ctx context.Context, connString string, opts WaiterOptions) (*Waiter, error) {
-	cfg, err := pgx.ParseConfig(connString)
-	if err != nil {
-		return nil, fmt.Errorf("lease: NewWaiter: %w", err)
-	}
-	return NewWaiterConfig(ctx, cfg, opts)
-}
-
-// NewWaiterConfig is NewWaiter from a parsed configuration (copied: the
-// caller may change cfg afterwards). The connection always interrupts waits
-// with deadlines (pgconn.DeadlineContextWatcherHandler), never with cancel
-// requests, whatever cfg says.
-func NewWaiterConfig(ctx context.Context, cfg *pgx.ConnConfig, opts WaiterOptions) (*Waiter, error) {
+// NewWaiter connects with cfg and returns a Waiter listening on channel
+// pg_lease. cfg is copied (the caller may change it afterwards): pass
+// pool.Config().ConnConfig to listen on a pool's database, or the result of
+// pgx.ParseConfig(dsn). The connection always interrupts waits with
+// deadlines (pgconn.DeadlineContextWatcherHandler), never with cancel
+// requests, whatever cfg says. NewWaiter fails if the first connection
+// cannot be made; later losses of the connection are repaired in the
+// background.
+func NewWaiter(ctx context.Context, cfg *pgx.ConnConfig, opts WaiterOptions) (*Waiter, error) {
 	return newWaiter(ctx, cfg, opts, nil)
 }
 
 func newWaiter(ctx context.Context, cfg *pgx.ConnConfig, opts WaiterOptions, hook func(kind, detail string)) (*Waiter, error) {
 	if cfg == nil {
-		return nil, errors.New("lease: NewWaiterConfig: nil config")
+		return nil, errors.New("lease: NewWaiter: nil config")
 	}
 	if err := opts.validate(); err != nil {
 		return nil, err
@@ -209,7 +196,7 @@ func (w *Waiter) Close() error {
 // Watch subscribes to pg_lease notifications for keys (every key when none
 // is given) until ctx ends or the Waiter is closed; then the channel is
 // closed. Events come in the order the server committed them. A subscriber
-// that does not keep up loses events and gets an EventResync before the next
+// that does not keep up loses events and gets a "resync" Event before the next
 // one it receives; so does every subscriber after the listen connection was
 // re-established. Notifications sent with pg_lease.notify = off, or through
 // a proxy that drops LISTEN, never arrive.
@@ -218,7 +205,7 @@ func (w *Waiter) Close() error {
 // listen connection and returns once the server holds the registrations (or
 // the connection is down, or ctx ends, or QueryTimeout passed while a
 // transaction kept the key's row locked: then the registration completes in
-// the background and an EventResync follows), so
+// the background and a "resync" Event follows), so
 // that with pg_lease.notify = waiters every change committed after Watch
 // returns is notified. The registrations are dropped (lease.unlisten) a
 // second (registrationLinger) after the last subscription of a key ends,
@@ -284,7 +271,7 @@ func (w *Waiter) registerLocked(keys []string) []chan struct{} {
 		delete(r.idle, k)
 		if r.live[k] || !r.up || r.unsupported {
 			// live: nothing to do. Not up: the reconnection registers every
-			// wanted key before its EventResync, which makes the subscriber
+			// wanted key before its resync event, which makes the subscriber
 			// read again.
 			continue
 		}
@@ -488,7 +475,7 @@ func isLockTimeout(err error) bool {
 // connUp records that a connection listens again (before any registration),
 // or that it was lost: then every registration is gone with its backend
 // and the subscribers waiting for one are let go (the reconnection
-// registers every wanted key before its EventResync).
+// registers every wanted key before its resync event).
 func (w *Waiter) connUp(up bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -496,7 +483,7 @@ func (w *Waiter) connUp(up bool) {
 	r.up = up
 	r.unsupported = false
 	r.live = map[string]bool{}
-	r.late = nil // the reconnection's EventResync covers them
+	r.late = nil // the reconnection's resync event covers them
 	r.idle, r.nextDrop = nil, time.Time{}
 	for k, ch := range r.ready {
 		close(ch)
@@ -510,8 +497,8 @@ func (w *Waiter) connUp(up bool) {
 // reads key through c (Inspect) and returns the first state for which done
 // is true, reading again only when the key may have changed:
 //
-//   - a notification for key (a grant, a release, a force-release) or an
-//     EventResync (the listen connection came back: notifications may have
+//   - a notification for key (a grant, a release, a force-release) or a
+//     "resync" Event (the listen connection came back: notifications may have
 //     been missed), from w;
 //   - the observed grant's expiry on the local clock (State.ExpiresLocal:
 //     never early), because a lapse sends no notification;
@@ -832,7 +819,7 @@ func (w *Waiter) resync() {
 	}
 }
 
-// resyncKeyLocked sends an EventResync to the subscribers of key.
+// resyncKeyLocked sends a resync event to the subscribers of key.
 func (w *Waiter) resyncKeyLocked(key string) {
 	w.seq++
 	now := time.Now()
@@ -861,7 +848,7 @@ func (w *Waiter) notified(n *pgconn.Notification) {
 		w.event("bad_payload", n.Payload)
 		return
 	}
-	ev := Event{Type: EventType(p.Event), Key: p.Key, Owner: p.Owner, Epoch: p.Epoch, Received: now}
+	ev := Event{Type: p.Event, Key: p.Key, Owner: p.Owner, Epoch: p.Epoch, Received: now}
 	w.event("notified", p.Key)
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -882,13 +869,13 @@ func (w *Waiter) notified(n *pgconn.Notification) {
 	}
 }
 
-// flushLocked sends a pending EventResync if there is room.
+// flushLocked sends a pending resync event if there is room.
 func flushLocked(wt *watcher, now time.Time) {
 	if !wt.lost {
 		return
 	}
 	select {
-	case wt.ch <- Event{Type: EventResync, Received: now}:
+	case wt.ch <- Event{Type: eventResync, Received: now}:
 		wt.lost = false
 	default:
 	}

@@ -53,7 +53,7 @@ func (r *recorder) next(t testing.TB, kind string) {
 func newWaiter(t testing.TB, db *testDB, opts lease.WaiterOptions) (*lease.Waiter, *recorder) {
 	t.Helper()
 	rec := &recorder{ch: make(chan hookEvent, 4096)}
-	w, err := lease.NewWaiterWithHook(testCtx(t), db.dsn, opts, rec.hook)
+	w, err := lease.NewWaiterWithHook(testCtx(t), connConfig(t, db.dsn), opts, rec.hook)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,7 +231,7 @@ func TestAwaitSurvivesTerminatedConnection(t *testing.T) {
 				f() // runs on the waiter's goroutine, while it has no connection
 			}
 		}}
-		w, err := lease.NewWaiterWithHook(ctx, db.dsn, lease.WaiterOptions{ReconnectMin: time.Millisecond}, rec.hook)
+		w, err := lease.NewWaiterWithHook(ctx, connConfig(t, db.dsn), lease.WaiterOptions{ReconnectMin: time.Millisecond}, rec.hook)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -320,12 +320,12 @@ func TestWaiterOptions(t *testing.T) {
 		{ReconnectMin: -1}, {ReconnectMin: time.Second, ReconnectMax: time.Millisecond},
 		{QueryTimeout: -1}, {WatchBuffer: -1},
 	} {
-		if _, err := lease.NewWaiter(context.Background(), "postgres://invalid.invalid/x", o); err == nil {
+		if _, err := lease.NewWaiter(context.Background(), connConfig(t, "postgres://invalid.invalid/x"), o); err == nil {
 			t.Errorf("%+v accepted", o)
 		}
 	}
-	if _, err := lease.NewWaiter(context.Background(), "::not a dsn", lease.WaiterOptions{}); err == nil {
-		t.Error("bad DSN accepted")
+	if _, err := lease.NewWaiter(context.Background(), nil, lease.WaiterOptions{}); err == nil {
+		t.Error("nil config accepted")
 	}
 }
 
@@ -356,10 +356,10 @@ func TestWatch(t *testing.T) {
 			t.Fatal(err)
 		}
 		want := []lease.Event{
-			{Type: lease.EventAcquired, Key: "a", Owner: "alice", Epoch: 1},
-			{Type: lease.EventAcquired, Key: "b", Owner: "bob", Epoch: 1},
-			{Type: lease.EventReleased, Key: "a", Owner: "alice", Epoch: 1},
-			{Type: lease.EventForceReleased, Key: "b", Owner: "bob", Epoch: 1},
+			{Type: "acquired", Key: "a", Owner: "alice", Epoch: 1},
+			{Type: "acquired", Key: "b", Owner: "bob", Epoch: 1},
+			{Type: "released", Key: "a", Owner: "alice", Epoch: 1},
+			{Type: "force_released", Key: "b", Owner: "bob", Epoch: 1},
 		}
 		expect := func(ch <-chan lease.Event, want []lease.Event) {
 			t.Helper()
@@ -383,7 +383,7 @@ func TestWatch(t *testing.T) {
 			t.Fatal(n, err)
 		}
 		rec.next(t, "conn_lost")
-		if ev := <-all; ev.Type != lease.EventResync {
+		if ev := <-all; ev.Type != "resync" {
 			t.Fatalf("after reconnecting: %+v, want resync", ev)
 		}
 	})
@@ -490,7 +490,7 @@ func TestAwaitRegisters(t *testing.T) {
 		if _, err := db.pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, old[0]); err != nil {
 			t.Fatal(err)
 		}
-		if ev := <-events; ev.Type != lease.EventResync {
+		if ev := <-events; ev.Type != "resync" {
 			t.Fatalf("after reconnecting: %+v, want resync", ev)
 		}
 		// pg_terminate_backend only signals: the old backend (and its
@@ -510,7 +510,7 @@ func TestAwaitRegisters(t *testing.T) {
 		if _, _, err := db.c.Acquire(ctx, "again", "holder", never); err != nil {
 			t.Fatal(err)
 		}
-		if ev := <-events; ev.Type != lease.EventAcquired || ev.Key != "again" {
+		if ev := <-events; ev.Type != "acquired" || ev.Key != "again" {
 			t.Fatalf("after reconnecting: %+v, want the grant of again", ev)
 		}
 		cancel()
@@ -523,7 +523,7 @@ func TestAwaitRegisters(t *testing.T) {
 		if _, _, err := db.c.Acquire(ctx, "any", "holder", never); err != nil {
 			t.Fatal(err)
 		}
-		if ev := <-all; ev.Type != lease.EventAcquired || ev.Key != "any" {
+		if ev := <-all; ev.Type != "acquired" || ev.Key != "any" {
 			t.Fatalf("Watch(): %+v, want the grant of any", ev)
 		}
 
@@ -551,7 +551,7 @@ func TestAwaitRegistersBeforeReading(t *testing.T) {
 				readsAtListen <- len(reads)
 			}
 		}}
-		w, err := lease.NewWaiterWithHook(ctx, db.dsn, lease.WaiterOptions{}, rec.hook)
+		w, err := lease.NewWaiterWithHook(ctx, connConfig(t, db.dsn), lease.WaiterOptions{}, rec.hook)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -654,7 +654,7 @@ func TestWatchBehindALockedRow(t *testing.T) {
 		if _, _, err := db.c.Acquire(ctx, "other", "holder", never); err != nil {
 			t.Fatal(err)
 		}
-		if ev := <-other; ev.Type != lease.EventAcquired || ev.Key != "other" {
+		if ev := <-other; ev.Type != "acquired" || ev.Key != "other" {
 			t.Fatalf("while listen waits: %+v, want the grant of other", ev)
 		}
 		if _, err := locker.Exec(ctx, `COMMIT`); err != nil {
@@ -668,7 +668,7 @@ func TestWatchBehindALockedRow(t *testing.T) {
 			t.Fatal(err)
 		}
 		for ev := range locked {
-			if ev.Type == lease.EventForceReleased {
+			if ev.Type == "force_released" {
 				break
 			}
 		}

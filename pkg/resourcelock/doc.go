@@ -4,9 +4,9 @@
 // leader through PostgreSQL instead of the Kubernetes API, and so that what
 // runs under the leadership can carry the grant's epoch as a fencing token.
 //
-//	w, _ := lease.NewWaiter(ctx, dsn, lease.WaiterOptions{}) // one per process
+//	w, _ := lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{}) // one per process
 //	lock, err := resourcelock.New(lease.New(pool), "my-controller", podName,
-//		resourcelock.WithLeaseDuration(15*time.Second), resourcelock.WithWaiter(w))
+//		resourcelock.Options{LeaseDuration: 15 * time.Second, Waiter: w})
 //	cfg, err := lock.LeaderElectionConfig(leaderelection.LeaderElectionConfig{
 //		ReleaseOnCancel: true, // timings 0: 15s/10s/2s from the lock
 //		Callbacks: leaderelection.LeaderCallbacks{OnStartedLeading: func(ctx context.Context) {
@@ -60,7 +60,7 @@
 //
 // # The waiting Get
 //
-// With WithWaiter, a follower's Get (the lock holds no grant, and the
+// With Options.Waiter, a follower's Get (the lock holds no grant, and the
 // record it last returned does not name this identity) waits, through
 // lease.Waiter.Await (the module's one wake policy), until the record differs
 // from the last one it returned in what matters to an election: the holder
@@ -101,7 +101,7 @@
 // Each follower call (Get's reads, Create, an acquiring Update) has a
 // deadline of max(LeaseDuration, 1s) of its own, so that a silently dead
 // TCP connection cannot stall client-go's acquire loop (whose context has
-// none) for minutes. Without WithWaiter, Get returns at once and
+// none) for minutes. Without a Waiter, Get returns at once and
 // client-go's followers poll every RetryPeriod.
 //
 // # Timings
@@ -148,7 +148,7 @@
 //
 //   - the old term's contexts, and every TokenContext made from it, are
 //     cancelled synchronously when the term ends;
-//   - WithOnEpochChange's function is then called with (old, zero);
+//   - Options.OnEpochChange is then called with (old, zero);
 //   - only after that can a new grant be obtained: Get, Create and Update
 //     run one at a time, and a Lock acting on an ended term waits until its
 //     end has been reported (lease.Term); the new term is reported with

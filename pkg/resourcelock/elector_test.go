@@ -69,9 +69,9 @@ func (e *election) hook(id string) func(old, new lease.Token) {
 	}
 }
 
-func (e *election) lock(t *testing.T, dsn, key, id string, opts ...resourcelock.Option) *resourcelock.Lock {
+func (e *election) lock(t *testing.T, dsn, key, id string) *resourcelock.Lock {
 	l := mustLock(t, newClient(t, dsn), key, id,
-		append([]resourcelock.Option{resourcelock.WithLeaseDuration(testTTL), resourcelock.WithOnEpochChange(e.hook(id))}, opts...)...)
+		resourcelock.Options{LeaseDuration: testTTL, OnEpochChange: e.hook(id)})
 	e.mu.Lock()
 	e.locks[id] = l
 	e.mu.Unlock()
@@ -238,8 +238,8 @@ func TestElectorLapseThenReacquireSameIdentity(t *testing.T) {
 		newTerm = make(chan lease.Token, 1)
 	)
 	var lock *resourcelock.Lock
-	lock = mustLock(t, newClient(t, dsn), key, "a", resourcelock.WithLeaseDuration(testTTL),
-		resourcelock.WithOnEpochChange(func(old, new lease.Token) {
+	lock = mustLock(t, newClient(t, dsn), key, "a", resourcelock.Options{LeaseDuration: testTTL,
+		OnEpochChange: func(old, new lease.Token) {
 			mu.Lock()
 			defer mu.Unlock()
 			calls = append(calls, fmt.Sprintf("(%d,%d)", old.Epoch, new.Epoch))
@@ -252,7 +252,7 @@ func TestElectorLapseThenReacquireSameIdentity(t *testing.T) {
 				t.Errorf("epoch %d handed out while the old epoch's context is live", new.Epoch)
 			}
 			newTerm <- new
-		}))
+		}})
 	c := runCandidate(t, lock, true)
 	first := <-c.started
 	ctx, cancel, err := lock.TokenContext(context.Background())

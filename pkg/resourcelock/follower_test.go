@@ -18,7 +18,11 @@ import (
 
 func newWaiter(t *testing.T, dsn string) *lease.Waiter {
 	t.Helper()
-	w, err := lease.NewWaiter(context.Background(), dsn, lease.WaiterOptions{})
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := lease.NewWaiter(context.Background(), cfg, lease.WaiterOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,8 +85,8 @@ func TestFollowerGetWaitsForNews(t *testing.T) {
 	dsn := newDB(t)
 	ctx := context.Background()
 	w := newWaiter(t, dsn)
-	h := mustLock(t, newClient(t, dsn), "k", "holder", resourcelock.WithLeaseDuration(time.Minute), resourcelock.WithWaiter(w))
-	f := mustLock(t, newClient(t, dsn), "k", "follower", resourcelock.WithLeaseDuration(time.Minute), resourcelock.WithWaiter(w))
+	h := mustLock(t, newClient(t, dsn), "k", "holder", resourcelock.Options{LeaseDuration: time.Minute, Waiter: w})
+	f := mustLock(t, newClient(t, dsn), "k", "follower", resourcelock.Options{LeaseDuration: time.Minute, Waiter: w})
 	if err := h.Create(ctx, rec("holder")); err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +125,7 @@ func TestFollowerGetWaitsForNews(t *testing.T) {
 	}
 
 	// A lapse, decided by the server, wakes it at the grant's expiry.
-	short := mustLock(t, newClient(t, dsn), "k", "short", resourcelock.WithLeaseDuration(300*time.Millisecond))
+	short := mustLock(t, newClient(t, dsn), "k", "short", resourcelock.Options{LeaseDuration: 300 * time.Millisecond})
 	if _, _, err := short.Get(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +165,7 @@ func (stalled) QueryRow(ctx context.Context, _ string, _ ...any) pgx.Row { retur
 // stalls, each returns an error (after the lock's lease duration) instead
 // of hanging.
 func TestFollowerCallsHaveDeadlines(t *testing.T) {
-	l := mustLock(t, lease.New(stalled{}), "k", "a", resourcelock.WithLeaseDuration(time.Second))
+	l := mustLock(t, lease.New(stalled{}), "k", "a", resourcelock.Options{LeaseDuration: time.Second})
 	done := make(chan error, 3)
 	go func() {
 		_, _, err := l.Get(context.Background())
@@ -183,12 +187,12 @@ func TestFollowerCallsHaveDeadlines(t *testing.T) {
 
 func TestLeaderElectionConfig(t *testing.T) {
 	c := lease.New(nil)
-	lock := mustLock(t, c, "k", "a", resourcelock.WithLeaseDuration(15*time.Second))
+	lock := mustLock(t, c, "k", "a", resourcelock.Options{LeaseDuration: 15 * time.Second})
 	cfg, err := lock.LeaderElectionConfig(leaderelection.LeaderElectionConfig{})
 	if err != nil || cfg.Lock != lock || cfg.LeaseDuration != 15*time.Second || cfg.RenewDeadline != 10*time.Second || cfg.RetryPeriod != 2*time.Second {
 		t.Fatalf("defaults: %+v, %v", cfg, err)
 	}
-	one := mustLock(t, c, "k", "a", resourcelock.WithLeaseDuration(time.Second))
+	one := mustLock(t, c, "k", "a", resourcelock.Options{LeaseDuration: time.Second})
 	if _, err := one.LeaderElectionConfig(leaderelection.LeaderElectionConfig{
 		LeaseDuration: time.Second, RenewDeadline: 700 * time.Millisecond, RetryPeriod: 100 * time.Millisecond,
 	}); err != nil {
@@ -225,7 +229,7 @@ func TestReleaseSurvivesADeadPooledConnection(t *testing.T) {
 	ctx := context.Background()
 	pool := pgtest.NewPool(t, dsn, pgtest.MaxConns(1))
 	admin := newPool(t, dsn)
-	a := mustLock(t, lease.New(pool), "k", "a", resourcelock.WithLeaseDuration(time.Hour))
+	a := mustLock(t, lease.New(pool), "k", "a", resourcelock.Options{LeaseDuration: time.Hour})
 	if err := a.Create(ctx, rec("a")); err != nil {
 		t.Fatal(err)
 	}

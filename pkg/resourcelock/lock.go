@@ -24,12 +24,46 @@ var _ rl.Interface = (*Lock)(nil)
 // API errors this package returns (NotFound, AlreadyExists, Conflict).
 var groupResource = schema.GroupResource{Group: "pglease.io", Resource: "leases"}
 
-// defaultLeaseDuration is the TTL a Lock sends unless WithLeaseDuration.
+// defaultLeaseDuration is the TTL a Lock sends unless Options.LeaseDuration.
 const defaultLeaseDuration = 15 * time.Second
 
 // ErrNotHolding: the lock holds no live term (TokenContext, a release with
 // nothing to release).
 var ErrNotHolding = errors.New("resourcelock: this lock holds no live term")
+
+// Options configure a Lock (New). The zero value is the defaults.
+type Options struct {
+	// LeaseDuration is the TTL sent to the server with every acquire and
+	// renew (default 15s; at least 3ms). The record's LeaseDurationSeconds
+	// (whole seconds, possibly 0) is never used for it.
+	LeaseDuration time.Duration
+	// OnEpochChange, when set, is called synchronously on every change of
+	// the epoch under which this lock holds the key: (old, zero Token) when
+	// a term ends, after its contexts were cancelled; (zero Token, new) when
+	// a term starts, before the Create or Update that obtained it returns
+	// and before Token or TokenContext can return it. Calls never overlap
+	// and an end is always reported before the next start. It must not call
+	// Get, Create or Update, and should return fast.
+	OnEpochChange func(old, new lease.Token)
+	// Waiter makes a follower's Get wait for news (see the package
+	// documentation): the process's listener (one lease.Waiter shared by
+	// every lock and elector of the process). Without it, Get returns at
+	// once and client-go's followers poll every RetryPeriod.
+	Waiter *lease.Waiter
+	// EventRecorder, when set, is what RecordEvent records on, about
+	// EventObject (nil: a coordination.k8s.io/v1 Lease named after the key
+	// in EventNamespace).
+	EventRecorder  rl.EventRecorder
+	EventObject    runtime.Object
+	EventNamespace string
+
+	// margin is how long before Grant.ValidUntil a term ends when no
+	// renewal moved it: the term margin of lease.CheckMargin (the one
+	// margin rule), default min(LeaseDuration/3, 100ms + LeaseDuration/1000),
+	// at least the clock-rate drift floor LeaseDuration/1000, at most
+	// LeaseDuration/3. Set only by tests (export_test.go).
+	margin time.Duration
+}
 
 // options configure a Lock; New fills the defaults and validates them once.
 type options struct {
@@ -40,43 +74,6 @@ type options struct {
 	eventObject    runtime.Object
 	eventNamespace string
 	waiter         *lease.Waiter
-}
-
-// Option configures a Lock.
-type Option func(*options)
-
-// WithLeaseDuration sets the TTL sent to the server with every acquire and
-// renew (default 15s; at least 3ms). The record's
-// LeaseDurationSeconds (whole seconds, possibly 0) is never used for it.
-func WithLeaseDuration(d time.Duration) Option { return func(o *options) { o.leaseDuration = d } }
-
-// withMargin sets how long before Grant.ValidUntil a term ends when no
-// renewal moved it: the term margin of lease.CheckMargin (the one margin
-// rule), default min(LeaseDuration/3, 100ms + LeaseDuration/1000), at least
-// the clock-rate drift floor LeaseDuration/1000, at most LeaseDuration/3.
-func withMargin(d time.Duration) Option { return func(o *options) { o.margin = d } }
-
-// WithOnEpochChange sets a function called synchronously on every change of
-// the epoch under which this lock holds the key: (old, zero Token) when a
-// term ends, after its contexts were cancelled; (zero Token, new) when a
-// term starts, before the Create or Update that obtained it returns and
-// before Token or TokenContext can return it. Calls never overlap and
-// an end is always reported before the next start. It must not call Get,
-// Create or Update, and should return fast.
-func WithOnEpochChange(f func(old, new lease.Token)) Option {
-	return func(o *options) { o.onEpochChange = f }
-}
-
-// WithWaiter makes a follower's Get wait for news (see the package
-// documentation): w is the process's listener (one lease.Waiter shared by
-// every lock and elector of the process). Without it, Get returns at once
-// and client-go's followers poll every RetryPeriod.
-func WithWaiter(w *lease.Waiter) Option { return func(o *options) { o.waiter = w } }
-
-// WithEventRecorder makes RecordEvent record on r, about obj (nil: a
-// coordination.k8s.io/v1 Lease named after the key in namespace).
-func WithEventRecorder(r rl.EventRecorder, obj runtime.Object, namespace string) Option {
-	return func(o *options) { o.eventRecorder, o.eventObject, o.eventNamespace = r, obj, namespace }
 }
 
 // Lock is a client-go resourcelock.Interface over one pg_lease key. See the
@@ -106,10 +103,15 @@ type Lock struct {
 
 // New returns a Lock on key for identity. It validates the configuration
 // once; each error names the field.
-func New(client *lease.Client, key, identity string, opts ...Option) (*Lock, error) {
-	var o options
-	for _, f := range opts {
-		f(&o)
+func New(client *lease.Client, key, identity string, opts Options) (*Lock, error) {
+	o := options{
+		leaseDuration:  opts.LeaseDuration,
+		margin:         opts.margin,
+		onEpochChange:  opts.OnEpochChange,
+		eventRecorder:  opts.EventRecorder,
+		eventObject:    opts.EventObject,
+		eventNamespace: opts.EventNamespace,
+		waiter:         opts.Waiter,
 	}
 	if o.leaseDuration == 0 {
 		o.leaseDuration = defaultLeaseDuration
@@ -156,11 +158,8 @@ func (l *Lock) Key() string { return l.key }
 // Describe names the lock in client-go's log lines.
 func (l *Lock) Describe() string { return "pg_lease/" + l.key }
 
-// LeaseDuration is the TTL the lock sends (WithLeaseDuration).
-func (l *Lock) LeaseDuration() time.Duration { return l.opts.leaseDuration }
-
 // RecordEvent records a client-go leader election event ("became leader",
-// "stopped leading") on the WithEventRecorder recorder, naming the identity
+// "stopped leading") on Options.EventRecorder, naming the identity
 // and the epoch held when it is recorded.
 func (l *Lock) RecordEvent(s string) {
 	if l.opts.eventRecorder == nil {
@@ -168,7 +167,7 @@ func (l *Lock) RecordEvent(s string) {
 	}
 	msg := l.identity + " " + s
 	if t := l.liveTerm(); t != nil {
-		msg = fmt.Sprintf("%s (epoch %d)", msg, t.Token().Epoch)
+		msg = fmt.Sprintf("%s (epoch %d)", msg, t.Grant().Epoch)
 	}
 	l.opts.eventRecorder.Eventf(l.opts.eventObject, corev1.EventTypeNormal, "LeaderElection", "%s", msg)
 }
@@ -189,7 +188,7 @@ func (l *Lock) liveTerm() *lease.Term {
 // holds no live, unexpired term.
 func (l *Lock) Token() (t lease.Token, ok bool) {
 	if tm := l.liveTerm(); tm != nil && l.client.Clock().Now().Before(tm.Deadline()) {
-		return tm.Token(), true
+		return tm.Grant().Token, true
 	}
 	return lease.Token{}, false
 }
@@ -441,7 +440,7 @@ func (l *Lock) Update(ctx context.Context, ler rl.LeaderElectionRecord) error {
 		if err := l.giveBack(ctx, t); err != nil {
 			return err
 		}
-		return l.conflict(fmt.Errorf("%w: term %s ended", lease.ErrLocalDeadline, t.Token()))
+		return l.conflict(fmt.Errorf("%w: term %s ended", lease.ErrLocalDeadline, t.Grant().Token))
 	}
 
 	actx, cancel := context.WithTimeout(ctx, l.followerTimeout())
@@ -505,7 +504,7 @@ func (l *Lock) giveBack(ctx context.Context, t *lease.Term) error {
 	l.drop(t)
 	if err == nil {
 		l.mu.Lock()
-		l.obs = rawRecord{Key: l.key, Epoch: t.Token().Epoch + 1}
+		l.obs = rawRecord{Key: l.key, Epoch: t.Grant().Epoch + 1}
 		l.mu.Unlock()
 	}
 	return nil
@@ -534,7 +533,7 @@ func (l *Lock) release(ctx context.Context) error {
 	}
 	l.drop(t)
 	l.mu.Lock()
-	l.obs = rawRecord{Key: l.key, Epoch: t.Token().Epoch + 1}
+	l.obs = rawRecord{Key: l.key, Epoch: t.Grant().Epoch + 1}
 	l.mu.Unlock()
 	return nil
 }

@@ -21,9 +21,18 @@ func rec(id string) rl.LeaderElectionRecord {
 	return rl.LeaderElectionRecord{HolderIdentity: id, LeaseDurationSeconds: 15}
 }
 
-func mustLock(t *testing.T, c *lease.Client, key, id string, opts ...resourcelock.Option) *resourcelock.Lock {
+// mustLock is New with opts (at most one; none: the defaults).
+func mustLock(t *testing.T, c *lease.Client, key, id string, opts ...resourcelock.Options) *resourcelock.Lock {
 	t.Helper()
-	l, err := resourcelock.New(c, key, id, opts...)
+	var o resourcelock.Options
+	switch len(opts) {
+	case 0:
+	case 1:
+		o = opts[0]
+	default:
+		t.Fatal("mustLock: more than one Options")
+	}
+	l, err := resourcelock.New(c, key, id, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,19 +54,19 @@ func TestNewValidatesEachField(t *testing.T) {
 		name     string
 		client   *lease.Client
 		key, id  string
-		opts     []resourcelock.Option
+		opts     resourcelock.Options
 		wantInEr []string
 	}{
-		{"nil client", nil, "k", "a", nil, []string{"client"}},
-		{"empty key and identity", c, "", "", nil, []string{"key", "identity"}},
-		{"long key", c, strings.Repeat("k", 1025), "a", nil, []string{"key must be at most 1024 bytes"}},
-		{"ttl below 3ms", c, "k", "a", []resourcelock.Option{resourcelock.WithLeaseDuration(2 * time.Millisecond)}, []string{"LeaseDuration"}},
-		{"negative ttl", c, "k", "a", []resourcelock.Option{resourcelock.WithLeaseDuration(-time.Second)}, []string{"LeaseDuration"}},
-		{"margin above ttl/3", c, "k", "a", []resourcelock.Option{resourcelock.WithLeaseDuration(time.Second), resourcelock.WithMargin(time.Second)}, []string{"Margin"}},
-		{"negative margin", c, "k", "a", []resourcelock.Option{resourcelock.WithMargin(-1)}, []string{"Margin"}},
+		{"nil client", nil, "k", "a", resourcelock.Options{}, []string{"client"}},
+		{"empty key and identity", c, "", "", resourcelock.Options{}, []string{"key", "identity"}},
+		{"long key", c, strings.Repeat("k", 1025), "a", resourcelock.Options{}, []string{"key must be at most 1024 bytes"}},
+		{"ttl below 3ms", c, "k", "a", resourcelock.Options{LeaseDuration: 2 * time.Millisecond}, []string{"LeaseDuration"}},
+		{"negative ttl", c, "k", "a", resourcelock.Options{LeaseDuration: -time.Second}, []string{"LeaseDuration"}},
+		{"margin above ttl/3", c, "k", "a", resourcelock.WithMargin(resourcelock.Options{LeaseDuration: time.Second}, time.Second), []string{"Margin"}},
+		{"negative margin", c, "k", "a", resourcelock.WithMargin(resourcelock.Options{}, -1), []string{"Margin"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := resourcelock.New(tc.client, tc.key, tc.id, tc.opts...)
+			_, err := resourcelock.New(tc.client, tc.key, tc.id, tc.opts)
 			if err == nil {
 				t.Fatal("New succeeded")
 			}
@@ -68,12 +77,12 @@ func TestNewValidatesEachField(t *testing.T) {
 			}
 		})
 	}
-	l, err := resourcelock.New(c, "k", "a")
+	l, err := resourcelock.New(c, "k", "a", resourcelock.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l.LeaseDuration() != 15*time.Second {
-		t.Errorf("defaults: LeaseDuration %v", l.LeaseDuration())
+	if d := resourcelock.LeaseDuration(l); d != 15*time.Second {
+		t.Errorf("defaults: LeaseDuration %v", d)
 	}
 	if l.Identity() != "a" || l.Describe() != "pg_lease/k" {
 		t.Errorf("Identity %q Describe %q", l.Identity(), l.Describe())
@@ -213,14 +222,14 @@ func TestLostRaceIsConflict(t *testing.T) {
 	}
 }
 
-// The TTL sent comes from WithLeaseDuration, never from the record's
+// The TTL sent comes from Options.LeaseDuration, never from the record's
 // whole-second LeaseDurationSeconds (0 here, and the elector truncates).
 func TestTTLFromOwnConfiguration(t *testing.T) {
 	dsn := newDB(t)
 	ctx := context.Background()
 	admin := newClient(t, dsn)
 	ttl := 50*time.Minute + 500*time.Millisecond // below 0.3.0's default max_ttl (1 hour)
-	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.WithLeaseDuration(ttl))
+	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.Options{LeaseDuration: ttl})
 	r := rec("a")
 	r.LeaseDurationSeconds = 0
 	if err := a.Create(ctx, r); err != nil {
@@ -244,7 +253,7 @@ func TestTTLFromOwnConfiguration(t *testing.T) {
 	if got.LeaseDurationSeconds != 3001 {
 		t.Fatalf("LeaseDurationSeconds = %d, want 3001 (TTL rounded up)", got.LeaseDurationSeconds)
 	}
-	b := mustLock(t, newClient(t, dsn), "k2", "b", resourcelock.WithLeaseDuration(300*time.Millisecond))
+	b := mustLock(t, newClient(t, dsn), "k2", "b", resourcelock.Options{LeaseDuration: 300 * time.Millisecond})
 	if err := b.Create(ctx, rec("b")); err != nil {
 		t.Fatal(err)
 	}
@@ -263,8 +272,8 @@ func TestRawBytesChangeOnlyOnStateChanges(t *testing.T) {
 	ctx := context.Background()
 	admin := newClient(t, dsn)
 	const ttl = 400 * time.Millisecond
-	h := mustLock(t, newClient(t, dsn), "k", "holder", resourcelock.WithLeaseDuration(ttl))
-	f := mustLock(t, newClient(t, dsn), "k", "follower", resourcelock.WithLeaseDuration(ttl))
+	h := mustLock(t, newClient(t, dsn), "k", "holder", resourcelock.Options{LeaseDuration: ttl})
+	f := mustLock(t, newClient(t, dsn), "k", "follower", resourcelock.Options{LeaseDuration: ttl})
 
 	if err := h.Create(ctx, rec("holder")); err != nil {
 		t.Fatal(err)
@@ -392,10 +401,10 @@ func TestNoSuccessForALostEpoch(t *testing.T) {
 	}
 	const ttl = time.Hour
 	hl := &hookLog{t: t}
-	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.WithLeaseDuration(ttl),
-		resourcelock.WithOnEpochChange(hl.hook()))
+	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.Options{LeaseDuration: ttl,
+		OnEpochChange: hl.hook()})
 	// Another process that (wrongly) shares the identity, for epoch_mismatch.
-	twin := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.WithLeaseDuration(ttl))
+	twin := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.Options{LeaseDuration: ttl})
 	if _, _, err := twin.Get(ctx); err != nil && !apierrors.IsNotFound(err) {
 		t.Fatal(err)
 	}
@@ -432,7 +441,7 @@ func TestNoSuccessForALostEpoch(t *testing.T) {
 			if term == nil {
 				t.Fatal("no live term before the loss")
 			}
-			old := term.Token()
+			old := term.Grant().Token
 			tctx, cancel, err := a.TokenContext(ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -504,7 +513,7 @@ func TestLocalDeadlineEndsTerm(t *testing.T) {
 	ctx := context.Background()
 	admin := newClient(t, dsn)
 	a := mustLock(t, newClient(t, dsn), "k", "a",
-		resourcelock.WithLeaseDuration(time.Second), resourcelock.WithMargin(200*time.Millisecond))
+		resourcelock.WithMargin(resourcelock.Options{LeaseDuration: time.Second}, 200*time.Millisecond))
 	if err := a.Create(ctx, rec("a")); err != nil {
 		t.Fatal(err)
 	}
@@ -534,7 +543,7 @@ func TestRecordEvent(t *testing.T) {
 	dsn := newDB(t)
 	ctx := context.Background()
 	r := record.NewFakeRecorder(10)
-	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.WithEventRecorder(r, nil, ""))
+	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.Options{EventRecorder: r})
 	a.RecordEvent("stopped leading")
 	if err := a.Create(ctx, rec("a")); err != nil {
 		t.Fatal(err)
@@ -598,7 +607,7 @@ func TestKeyRemovedByCleanup(t *testing.T) {
 	dsn := newDB(t)
 	ctx := context.Background()
 	admin := newPool(t, dsn)
-	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.WithLeaseDuration(300*time.Millisecond))
+	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.Options{LeaseDuration: 300 * time.Millisecond})
 	if err := a.Create(ctx, rec("a")); err != nil {
 		t.Fatal(err)
 	}
@@ -623,8 +632,8 @@ func TestKeyRemovedByCleanup(t *testing.T) {
 func TestCheckDetectsAStuckElector(t *testing.T) {
 	dsn := newDB(t)
 	ctx := context.Background()
-	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.WithLeaseDuration(200*time.Millisecond),
-		resourcelock.WithMargin(20*time.Millisecond))
+	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.WithMargin(resourcelock.Options{LeaseDuration: 200 * time.Millisecond},
+		20*time.Millisecond))
 	if err := a.Check(nil); err != nil {
 		t.Fatalf("Check with no grant: %v", err)
 	}
@@ -651,7 +660,7 @@ func TestCheckDetectsAStuckElector(t *testing.T) {
 // epochOf is the epoch of l's live term, 0 when there is none.
 func epochOf(l *resourcelock.Lock) int64 {
 	if t := resourcelock.TermOf(l); t != nil {
-		return t.Token().Epoch
+		return t.Grant().Epoch
 	}
 	return 0
 }

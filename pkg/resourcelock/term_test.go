@@ -27,9 +27,9 @@ func TestEndReportedBeforeTheLockActs(t *testing.T) {
 		entered = make(chan struct{})
 		release = make(chan struct{})
 	)
-	a := mustLock(t, newClient(t, dsn), "k", "a",
-		resourcelock.WithLeaseDuration(300*time.Millisecond),
-		resourcelock.WithOnEpochChange(func(old, new lease.Token) {
+	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.Options{
+		LeaseDuration: 300 * time.Millisecond,
+		OnEpochChange: func(old, new lease.Token) {
 			mu.Lock()
 			calls = append(calls, [2]lease.Token{old, new})
 			first := len(calls) == 2
@@ -38,7 +38,7 @@ func TestEndReportedBeforeTheLockActs(t *testing.T) {
 				close(entered)
 				<-release
 			}
-		}))
+		}})
 	if err := a.Create(ctx, rec("a")); err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +74,7 @@ func TestEndReportedBeforeTheLockActs(t *testing.T) {
 func TestTokenContextOfDoneParent(t *testing.T) {
 	dsn := newDB(t)
 	ctx := context.Background()
-	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.WithLeaseDuration(time.Minute))
+	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.Options{LeaseDuration: time.Minute})
 	if err := a.Create(ctx, rec("a")); err != nil {
 		t.Fatal(err)
 	}

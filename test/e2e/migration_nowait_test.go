@@ -41,7 +41,7 @@ func TestMigrationLockGetDoesNotWait(t *testing.T) {
 		LeaseDuration: metav1.Duration{Duration: 15 * time.Second}, RenewDeadline: metav1.Duration{Duration: 10 * time.Second},
 		RetryPeriod: metav1.Duration{Duration: 2 * time.Second},
 	}}
-	c.DSN.Env, c.Identity = "NOWAIT_LEASE_DSN", "new"
+	c.DSNEnv, c.Identity = "NOWAIT_LEASE_DSN", "new"
 	lock, err := pgle.New(ctx, c, pgle.BuildOptions{KubeConfig: cfg})
 	if err != nil {
 		t.Fatal(err)

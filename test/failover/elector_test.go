@@ -167,7 +167,7 @@ func TestElectorsThroughFailover(t *testing.T) {
 					}
 					wg.Go(func() { _ = el.Run(runCtx) })
 				case "client-go":
-					lock, err := resourcelock.New(client, "leader", who, resourcelock.WithLeaseDuration(ttl))
+					lock, err := resourcelock.New(client, "leader", who, resourcelock.Options{LeaseDuration: ttl})
 					if err != nil {
 						t.Fatal(err)
 					}

@@ -68,7 +68,7 @@ func newEnv(t *testing.T, opts pgtest.Options) *env {
 			script = scriptFile(t, file)
 		} else {
 			var err error
-			if script, err = lease.SchemaScript(pgtest.Superuser); err != nil {
+			if script, err = pgleasesql.SchemaScript(pgtest.Superuser, ""); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -153,7 +153,7 @@ func runElector(ctx context.Context, id string) error {
 		RetryInterval: dur("PGLEASE_TC_RETRY", 0),
 	}
 	if os.Getenv("PGLEASE_TC_WAITER") != "" {
-		w, err := lease.NewWaiter(ctx, dsn, lease.WaiterOptions{})
+		w, err := lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{})
 		if err != nil {
 			return err
 		}
