@@ -14,9 +14,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/component-base/config"
-	"k8s.io/component-base/config/v1alpha1"
 	cbvalidation "k8s.io/component-base/config/validation"
-	"sigs.k8s.io/yaml"
 )
 
 // Resource lock names (LeaderElectionConfiguration.ResourceLock and
@@ -126,33 +124,6 @@ func defaultConfig() Config {
 		RetryPeriod:   metav1.Duration{Duration: defaultRetryPeriod},
 		ResourceLock:  rl.LeasesResourceLock,
 	}}
-}
-
-// decode reads a serialized (v1alpha1) LeaderElectionConfiguration, as it
-// appears under leaderElection: in a component config file, strictly (an
-// unknown field is an error), fills component-base's recommended defaults
-// (except the resource lock, which defaults to "leases", not the removed
-// "endpoints") and converts it to the internal type.
-//
-//	leaderElect: true
-//	resourceLock: pglease
-//	resourceName: my-operator
-//	resourceNamespace: my-namespace
-//	leaseDuration: 15s
-func decode(data []byte) (config.LeaderElectionConfiguration, error) {
-	var v v1alpha1.LeaderElectionConfiguration
-	var out config.LeaderElectionConfiguration
-	if err := yaml.UnmarshalStrict(data, &v); err != nil {
-		return out, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
-	}
-	if v.ResourceLock == "" {
-		v.ResourceLock = rl.LeasesResourceLock
-	}
-	v1alpha1.RecommendedDefaultLeaderElectionConfiguration(&v)
-	if err := v1alpha1.Convert_v1alpha1_LeaderElectionConfiguration_To_config_LeaderElectionConfiguration(&v, &out, nil); err != nil {
-		return out, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
-	}
-	return out, nil
 }
 
 // usesPgLease reports whether the resource lock involves a pg_lease key.

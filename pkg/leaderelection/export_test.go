@@ -1,7 +1,12 @@
 package leaderelection
 
 import (
+	"fmt"
 	"time"
+
+	"k8s.io/component-base/config"
+	"k8s.io/component-base/config/v1alpha1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -10,6 +15,35 @@ import (
 )
 
 // Internals the tests reach (package leaderelection_test).
+
+// Decode (test only: how a component config's leaderElection: section,
+// decoded by component-base's own v1alpha1 types and defaults, reaches
+// Config) reads a serialized (v1alpha1) LeaderElectionConfiguration, as it
+// appears under leaderElection: in a component config file, strictly (an
+// unknown field is an error), fills component-base's recommended defaults
+// (except the resource lock, which defaults to "leases", not the removed
+// "endpoints") and converts it to the internal type.
+//
+//	leaderElect: true
+//	resourceLock: pglease
+//	resourceName: my-operator
+//	resourceNamespace: my-namespace
+//	leaseDuration: 15s
+func Decode(data []byte) (config.LeaderElectionConfiguration, error) {
+	var v v1alpha1.LeaderElectionConfiguration
+	var out config.LeaderElectionConfiguration
+	if err := yaml.UnmarshalStrict(data, &v); err != nil {
+		return out, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if v.ResourceLock == "" {
+		v.ResourceLock = rl.LeasesResourceLock
+	}
+	v1alpha1.RecommendedDefaultLeaderElectionConfiguration(&v)
+	if err := v1alpha1.Convert_v1alpha1_LeaderElectionConfiguration_To_config_LeaderElectionConfiguration(&v, &out, nil); err != nil {
+		return out, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return out, nil
+}
 
 type ObservedLock = observedLock
 
@@ -33,7 +67,6 @@ const (
 
 var (
 	DefaultConfig = defaultConfig
-	Decode        = decode
 )
 
 func PgLeaseKey(c *Config) string                   { return c.pgLeaseKey() }
