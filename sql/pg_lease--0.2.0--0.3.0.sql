@@ -34,7 +34,8 @@
 --    after the snapshot raises 40001 instead of answering a stale epoch.
 --  * Wait bound: acquire's row-lock waits (and a first grant's wait for a
 --    concurrent first grant) are bounded by lock_timeout = what is left of
---    the wait (wait 0: 1 ms), so wait 0 answers at once and wait > 0 raises
+--    the wait (wait 0: NOWAIT; a first grant's insertion 1 ms, three times at
+--    most), so wait 0 answers at once and wait > 0 raises
 --    timeout at its bound even behind a fence.
 --  * Inputs: keys and owners with control characters (U+0001-U+001F, U+007F)
 --    are invalid, so the NOTIFY payload stays under 8000 bytes (at most 4200);
@@ -347,6 +348,7 @@ DECLARE
   v_grace    timestamptz;
   v_in_grace boolean;
   v_mine     boolean;
+  v_busy     int := 0;
   r_owner    text;
   r_epoch    bigint;
   r_expires  timestamptz;
@@ -441,7 +443,14 @@ BEGIN
         v_lt := current_setting('lock_timeout');
         BEGIN
           -- Every lock wait below is bounded by what is left of the wait.
-          PERFORM set_config('lock_timeout', lease._lock_timeout(v_deadline), true);
+          -- With wait 0 the row lock is taken NOWAIT and nothing else is
+          -- bounded: a lock_timeout would also cut the waits for the
+          -- server's own short locks (extending the table or an index, for
+          -- one) and deny a free key under load. A first grant's insertion,
+          -- which can only wait, waits 1 ms at a time, three times at most.
+          IF v_deadline IS NOT NULL OR NOT v_found THEN
+            PERFORM set_config('lock_timeout', lease._lock_timeout(v_deadline), true);
+          END IF;
           IF NOT v_found THEN
             -- First grant of a never-leased key: the insertion is the lock. (If
             -- it waited for a concurrent first grant that rolled back, the grant
@@ -503,6 +512,13 @@ BEGIN
             -- Another transaction keeps the key's row (or its first grant)
             -- locked longer than the wait allows.
             IF v_deadline IS NULL THEN
+              -- wait 0: the NOWAIT row lock, or a first grant's insertion
+              -- that waited 1 ms (for a concurrent first grant of the key,
+              -- or for a short server lock: read again, twice).
+              IF NOT v_found AND v_busy < 2 THEN
+                v_busy := v_busy + 1;
+                CONTINUE;
+              END IF;
               acquired := false; epoch := NULL; expires_at := NULL;
               RETURN;
             END IF;

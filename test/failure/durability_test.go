@@ -106,6 +106,7 @@ func TestD2CrashKeepsCommittedEpochs(t *testing.T) {
 		mu     sync.Mutex
 		seen   = map[string]int64{}
 		cycles = make([]int, workers)
+		ended  = make([]string, workers) // why a worker stopped (before the kill: a failure)
 	)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -115,23 +116,31 @@ func TestD2CrashKeepsCommittedEpochs(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			owner := fmt.Sprintf("w%d", w)
+			end := func(cycle int, key, why string, err error) {
+				mu.Lock()
+				ended[w] = fmt.Sprintf("worker %d, cycle %d, key %s: %s: %v", w, cycle, key, why, err)
+				mu.Unlock()
+			}
 			for cycle := 0; ; cycle++ {
 				for k := 0; k < keysPer; k++ {
 					key := fmt.Sprintf("k%d-%d", w, k)
 					g, ok, err := c.Acquire(ctx, key, owner, time.Hour)
 					if err != nil || !ok {
+						end(cycle, key, fmt.Sprintf("acquire (granted %t)", ok), err)
 						return // the crash
 					}
 					mu.Lock()
 					seen[key] = g.Epoch
 					mu.Unlock()
 					if _, err := c.Renew(ctx, g.Token, time.Hour); err != nil {
+						end(cycle, key, "renew", err)
 						return
 					}
 					if k == keysPer-1 && cycle%2 == 1 {
 						continue // leave this one held on odd cycles
 					}
 					if err := c.Release(ctx, g.Token); err != nil {
+						end(cycle, key, "release", err)
 						return
 					}
 					mu.Lock()
@@ -166,6 +175,11 @@ func TestD2CrashKeepsCommittedEpochs(t *testing.T) {
 	eventually(t, time.Minute, "every worker to finish 5 cycles", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
+		for _, why := range ended {
+			if why != "" {
+				t.Fatalf("before the crash: %s", why)
+			}
+		}
 		return slices.Min(cycles) >= 5
 	})
 	if err := e.srv.Kill(); err != nil { // mid-cycle: calls are in flight
