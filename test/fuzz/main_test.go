@@ -252,3 +252,123 @@ func isPayloadOverflow(err error) bool {
 	pg := pgErr(err)
 	return pg != nil && pg.Code == "22023" && pg.Message == "payload string too long"
 }
+
+// The helpers below set up the concurrent calls of the property tests:
+// a transaction, a second backend, and the wait for that backend to block.
+
+// begin starts a transaction on h's pool, rolled back (if still open) when
+// the test ends.
+func (h *harness) begin(t *testing.T, ctx context.Context) pgx.Tx {
+	t.Helper()
+	tx, err := h.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	return tx
+}
+
+// backend is a connection of h's pool to itself (released when the test
+// ends) and the pid of its server backend.
+func (h *harness) backend(t *testing.T, ctx context.Context) (*pgxpool.Conn, int) {
+	t.Helper()
+	conn, err := h.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Release)
+	var pid int
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	return conn, pid
+}
+
+// connect is a connection of its own to h's database (closed when the test
+// ends).
+func (h *harness) connect(t *testing.T, ctx context.Context) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, h.pool.Config().ConnConfig.ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+// listen opens a connection that runs each of pre and then LISTENs on
+// channel pg_lease; next returns the payload of its next notification
+// (failing the test when none comes within 30 s).
+func (h *harness) listen(t *testing.T, ctx context.Context, pre ...string) (next func() string) {
+	t.Helper()
+	listener := h.connect(t, ctx)
+	for _, q := range append(pre, "LISTEN pg_lease") {
+		if _, err := listener.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return func() string {
+		t.Helper()
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		n, err := listener.WaitForNotification(wctx)
+		if err != nil {
+			t.Fatalf("no notification: %v", err)
+		}
+		return n.Payload
+	}
+}
+
+// cycle grants key to owner o and releases it, n times, through h.client.
+func (h *harness) cycle(t *testing.T, ctx context.Context, key string, n int) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		g, ok, err := h.client.Acquire(ctx, key, "o", time.Hour)
+		if err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		if err := h.client.Release(ctx, g.Token); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// waiting reports whether backend pid waits on a lock (with sleep also:
+// or sleeps in pg_sleep, a polling wait).
+func (h *harness) waiting(t *testing.T, ctx context.Context, pid int, sleep bool) bool {
+	t.Helper()
+	q := "SELECT wait_event_type IS NOT DISTINCT FROM 'Lock' FROM pg_stat_activity WHERE pid = $1"
+	if sleep {
+		q = `SELECT wait_event_type IS NOT DISTINCT FROM 'Lock' OR wait_event IS NOT DISTINCT FROM 'PgSleep'
+			FROM pg_stat_activity WHERE pid = $1`
+	}
+	var w bool
+	if err := h.pool.QueryRow(ctx, q, pid).Scan(&w); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// async runs f in a goroutine; its result comes on the channel.
+func async[T any](f func() T) <-chan T {
+	done := make(chan T, 1)
+	go func() { done <- f() }()
+	return done
+}
+
+// awaitWaiting polls (every 5 ms) until backend pid waits (see waiting),
+// or until done delivers first: then it returns that result and true.
+func awaitWaiting[T any](t *testing.T, h *harness, ctx context.Context, pid int, sleep bool, done <-chan T) (T, bool) {
+	t.Helper()
+	for {
+		if h.waiting(t, ctx, pid, sleep) {
+			var zero T
+			return zero, false
+		}
+		select {
+		case r := <-done:
+			return r, true
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}

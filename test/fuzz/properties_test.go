@@ -25,19 +25,8 @@ import (
 func TestNotifySwitchValues(t *testing.T) {
 	h := newHarness(t)
 	ctx := ctxFor(t)
-	listener, err := pgx.Connect(ctx, h.pool.Config().ConnConfig.ConnString())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer listener.Close(context.Background())
-	if _, err := listener.Exec(ctx, "LISTEN pg_lease"); err != nil {
-		t.Fatal(err)
-	}
-	conn, err := pgx.Connect(ctx, h.pool.Config().ConnConfig.ConnString())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
+	payload := h.listen(t, ctx)
+	conn := h.connect(t, ctx)
 	cycle := func(key string) { // a grant and a release: two notifications unless off
 		t.Helper()
 		var epoch int64
@@ -51,17 +40,12 @@ func TestNotifySwitchValues(t *testing.T) {
 	}
 	next := func() string { // the next notification's key
 		t.Helper()
-		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		n, err := listener.WaitForNotification(wctx)
-		if err != nil {
-			t.Fatalf("no notification: %v", err)
-		}
-		i := strings.Index(n.Payload, `"key" : "`)
+		p := payload()
+		i := strings.Index(p, `"key" : "`)
 		if i < 0 {
-			t.Fatalf("payload %q", n.Payload)
+			t.Fatalf("payload %q", p)
 		}
-		rest := n.Payload[i+len(`"key" : "`):]
+		rest := p[i+len(`"key" : "`):]
 		return rest[:strings.IndexByte(rest, '"')]
 	}
 	// 0.3.0: unset, waiters and any unknown value notify only where a
@@ -279,27 +263,12 @@ func TestConcurrentCleanupsKeepTheHighestFloor(t *testing.T) {
 	}
 	ctx := ctxFor(t)
 	c := h.client
-	cycle := func(key string, n int) { // n grants and releases
-		for i := 0; i < n; i++ {
-			g, ok, err := c.Acquire(ctx, key, "o", time.Hour)
-			if err != nil || !ok {
-				t.Fatal(ok, err)
-			}
-			if err := c.Release(ctx, g.Token); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	cycle("floor-a", 5) // free, counter 10
+	h.cycle(t, ctx, "floor-a", 5) // free, counter 10
 	gb, ok, err := c.Acquire(ctx, "floor-b", "o", time.Hour)
 	if err != nil || !ok {
 		t.Fatal(ok, err)
 	}
-	t1, err := h.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer t1.Rollback(context.Background())
+	t1 := h.begin(t, ctx)
 	var removed, floor int64
 	if err := t1.QueryRow(ctx, "SELECT removed, epoch_floor FROM lease.cleanup('0')").Scan(&removed, &floor); err != nil {
 		t.Fatal(err)
@@ -310,40 +279,16 @@ func TestConcurrentCleanupsKeepTheHighestFloor(t *testing.T) {
 	if err := c.Release(ctx, gb.Token); err != nil { // floor-b free now, counter 2
 		t.Fatal(err)
 	}
-	conn2, err := h.pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn2.Release()
-	var pid int
-	if err := conn2.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() {
+	conn2, pid := h.backend(t, ctx)
+	done := async(func() error {
 		_, err := conn2.Exec(ctx, "SELECT lease.cleanup('0')")
-		done <- err
-	}()
+		return err
+	})
 	// The second clean-up either waits for the first (0.2.0: on the floor
 	// row) or finishes on its own; then the first commits.
-	finished := false
-	for !finished {
-		var waiting bool
-		if err := h.pool.QueryRow(ctx, "SELECT wait_event_type IS NOT DISTINCT FROM 'Lock' FROM pg_stat_activity WHERE pid = $1",
-			pid).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		if waiting {
-			break
-		}
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatal(err)
-			}
-			finished = true
-		case <-time.After(5 * time.Millisecond):
-		}
+	err, finished := awaitWaiting(t, h, ctx, pid, false, done)
+	if finished && err != nil {
+		t.Fatal(err)
 	}
 	if err := t1.Commit(ctx); err != nil {
 		t.Fatal(err)
@@ -377,62 +322,27 @@ func TestFirstGrantAboveAFloorRaisedWhileItWaited(t *testing.T) {
 		return
 	}
 	ctx := ctxFor(t)
-	c := h.client
-	for i := 0; i < 10; i++ { // key z: free, counter 20
-		g, ok, err := c.Acquire(ctx, "floor-z", "o", time.Hour)
-		if err != nil || !ok {
-			t.Fatal(ok, err)
-		}
-		if err := c.Release(ctx, g.Token); err != nil {
-			t.Fatal(err)
-		}
-	}
-	tx, err := h.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(context.Background())
+	h.cycle(t, ctx, "floor-z", 10) // key z: free, counter 20
+	tx := h.begin(t, ctx)
 	var first int64
 	if err := tx.QueryRow(ctx, "SELECT epoch FROM lease.acquire('floor-k', 'x', '1 hour')").Scan(&first); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := h.pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	var pid int
-	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
+	conn, pid := h.backend(t, ctx)
 	type res struct {
 		ok    bool
 		epoch *int64
 		err   error
 	}
-	done := make(chan res, 1)
-	go func() {
-		var r res
+	done := async(func() (r res) {
 		// a blocking acquire: from 0.3.0 a wait-0 one no longer waits for
 		// an uncommitted first grant
 		r.err = conn.QueryRow(ctx, "SELECT acquired, epoch FROM lease.acquire('floor-k', 'a', '1 hour', '30 s')").Scan(&r.ok, &r.epoch)
-		done <- r
-	}()
-	for { // the second first grant waits for the uncommitted one (on its lock, or polling)
-		var waiting bool
-		if err := h.pool.QueryRow(ctx, `SELECT wait_event_type IS NOT DISTINCT FROM 'Lock' OR wait_event IS NOT DISTINCT FROM 'PgSleep'
-			FROM pg_stat_activity WHERE pid = $1`,
-			pid).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		if waiting {
-			break
-		}
-		select {
-		case r := <-done:
-			t.Fatalf("the second first grant did not wait for the uncommitted one: %+v", r)
-		case <-time.After(5 * time.Millisecond):
-		}
+		return r
+	})
+	// the second first grant waits for the uncommitted one (on its lock, or polling)
+	if r, finished := awaitWaiting(t, h, ctx, pid, true, done); finished {
+		t.Fatalf("the second first grant did not wait for the uncommitted one: %+v", r)
 	}
 	var floor int64
 	if err := h.pool.QueryRow(ctx, "SELECT epoch_floor FROM lease.cleanup('0')").Scan(&floor); err != nil {
@@ -475,16 +385,12 @@ func TestClockIsReadAtTheCallInsideOneStatement(t *testing.T) {
     RAISE EXCEPTION 'cleanup kept a key free for 0.5 s with free_for 0.3 s';
   END IF;`
 	}
-	tx, err := h.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(context.Background())
+	tx := h.begin(t, ctx)
 	// a mutant that loops forever ends here, not at the test's deadline
 	if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = '20s'"); err != nil {
 		t.Fatal(err)
 	}
-	_, err = tx.Exec(ctx, `DO $$
+	_, err := tx.Exec(ctx, `DO $$
 DECLARE
   a record; r record; s text; e timestamptz; n bigint; c record;
 BEGIN
@@ -560,28 +466,8 @@ $$`)
 func TestNotificationPayloads(t *testing.T) {
 	h := newHarness(t)
 	ctx := ctxFor(t)
-	listener, err := pgx.Connect(ctx, h.pool.Config().ConnConfig.ConnString())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer listener.Close(context.Background())
 	// 0.3.0: by default only registered keys notify (lease.listen).
-	if _, err := listener.Exec(ctx, "SELECT lease.listen('pay-k')"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := listener.Exec(ctx, "LISTEN pg_lease"); err != nil {
-		t.Fatal(err)
-	}
-	next := func() string {
-		t.Helper()
-		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		n, err := listener.WaitForNotification(wctx)
-		if err != nil {
-			t.Fatalf("no notification: %v", err)
-		}
-		return n.Payload
-	}
+	next := h.listen(t, ctx, "SELECT lease.listen('pay-k')")
 	c := h.client
 	g, ok, err := c.Acquire(ctx, "pay-k", "alice", time.Hour)
 	if err != nil || !ok {
@@ -629,11 +515,7 @@ func TestConcurrentForceReleases(t *testing.T) {
 	if err != nil || !ok {
 		t.Fatal(ok, err)
 	}
-	tx, err := h.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(context.Background())
+	tx := h.begin(t, ctx)
 	var released bool
 	var epoch int64
 	if err := tx.QueryRow(ctx, "SELECT released, epoch FROM lease.force_release('force-k')").Scan(&released, &epoch); err != nil {
@@ -642,40 +524,18 @@ func TestConcurrentForceReleases(t *testing.T) {
 	if !released || epoch != g.Epoch+1 {
 		t.Fatalf("first force_release: %v %d", released, epoch)
 	}
-	conn, err := h.pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	var pid int
-	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
+	conn, pid := h.backend(t, ctx)
 	type res struct {
 		released bool
 		epoch    int64
 		err      error
 	}
-	done := make(chan res, 1)
-	go func() {
-		var r res
+	done := async(func() (r res) {
 		r.err = conn.QueryRow(ctx, "SELECT released, epoch FROM lease.force_release('force-k')").Scan(&r.released, &r.epoch)
-		done <- r
-	}()
-	for {
-		var waiting bool
-		if err := h.pool.QueryRow(ctx, "SELECT wait_event_type IS NOT DISTINCT FROM 'Lock' FROM pg_stat_activity WHERE pid = $1",
-			pid).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		if waiting {
-			break
-		}
-		select {
-		case r := <-done:
-			t.Fatalf("the second force_release did not wait for the first: %+v", r)
-		case <-time.After(5 * time.Millisecond):
-		}
+		return r
+	})
+	if r, finished := awaitWaiting(t, h, ctx, pid, false, done); finished {
+		t.Fatalf("the second force_release did not wait for the first: %+v", r)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
@@ -699,42 +559,22 @@ func TestCleanupSkipsLockedRows(t *testing.T) {
 	}
 	ctx := ctxFor(t)
 	for _, k := range []string{"skip-locked", "skip-free"} {
-		g, ok, err := h.client.Acquire(ctx, k, "o", time.Hour)
-		if err != nil || !ok {
-			t.Fatal(ok, err)
-		}
-		if err := h.client.Release(ctx, g.Token); err != nil {
-			t.Fatal(err)
-		}
+		h.cycle(t, ctx, k, 1)
 	}
-	tx, err := h.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(context.Background())
+	tx := h.begin(t, ctx)
 	// the lock a fence takes, on a free key's row (test setup, as the owner)
 	if _, err := tx.Exec(ctx, "SELECT 1 FROM lease.leases WHERE key = 'skip-locked' FOR SHARE"); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := h.pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	var pid int
-	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
+	conn, pid := h.backend(t, ctx)
 	type res struct {
 		removed int64
 		err     error
 	}
-	done := make(chan res, 1)
-	go func() {
-		var r res
+	done := async(func() (r res) {
 		r.err = conn.QueryRow(ctx, "SELECT removed FROM lease.cleanup('0')").Scan(&r.removed)
-		done <- r
-	}()
+		return r
+	})
 	for {
 		select {
 		case r := <-done:
@@ -750,12 +590,7 @@ func TestCleanupSkipsLockedRows(t *testing.T) {
 			return
 		case <-time.After(5 * time.Millisecond):
 		}
-		var waiting bool
-		if err := h.pool.QueryRow(ctx, "SELECT wait_event_type IS NOT DISTINCT FROM 'Lock' FROM pg_stat_activity WHERE pid = $1",
-			pid).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		if waiting {
+		if h.waiting(t, ctx, pid, false) {
 			_ = tx.Rollback(ctx)
 			t.Fatalf("cleanup waits for a row another transaction has locked (then: %+v)", <-done)
 		}
@@ -826,41 +661,16 @@ func TestConcurrentReleasesOfOneGrant(t *testing.T) {
 	if err != nil || !ok {
 		t.Fatal(ok, err)
 	}
-	tx, err := h.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(context.Background())
+	tx := h.begin(t, ctx)
 	var st string
 	if err := tx.QueryRow(ctx, "SELECT lease.release('rel-k', 'o', $1)", g.Epoch).Scan(&st); err != nil || st != "ok" {
 		t.Fatal(st, err)
 	}
-	conn, err := h.pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	var pid int
-	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
+	conn, pid := h.backend(t, ctx)
 	var st2 string
-	go func() { done <- conn.QueryRow(ctx, "SELECT lease.release('rel-k', 'o', $1)", g.Epoch).Scan(&st2) }()
-	for {
-		var waiting bool
-		if err := h.pool.QueryRow(ctx, "SELECT wait_event_type IS NOT DISTINCT FROM 'Lock' FROM pg_stat_activity WHERE pid = $1",
-			pid).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		if waiting {
-			break
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("the second release did not wait for the first: %s %v", st2, err)
-		case <-time.After(5 * time.Millisecond):
-		}
+	done := async(func() error { return conn.QueryRow(ctx, "SELECT lease.release('rel-k', 'o', $1)", g.Epoch).Scan(&st2) })
+	if err, finished := awaitWaiting(t, h, ctx, pid, false, done); finished {
+		t.Fatalf("the second release did not wait for the first: %s %v", st2, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
