@@ -372,3 +372,15 @@ func awaitWaiting[T any](t *testing.T, h *harness, ctx context.Context, pid int,
 		}
 	}
 }
+
+// mustWait runs f (a call over backend pid) in a goroutine and fails the
+// test when f returns before pid waits (see waiting): "<what> did not wait"
+// and f's result. Otherwise f's result comes on the channel.
+func mustWait[T any](t *testing.T, h *harness, ctx context.Context, pid int, sleep bool, what string, f func() T) <-chan T {
+	t.Helper()
+	done := async(f)
+	if r, finished := awaitWaiting(t, h, ctx, pid, sleep, done); finished {
+		t.Fatalf("%s did not wait: %+v", what, r)
+	}
+	return done
+}

@@ -334,16 +334,13 @@ func TestFirstGrantAboveAFloorRaisedWhileItWaited(t *testing.T) {
 		epoch *int64
 		err   error
 	}
-	done := async(func() (r res) {
+	// the second first grant waits for the uncommitted one (on its lock, or polling)
+	done := mustWait(t, h, ctx, pid, true, "the second first grant (for the uncommitted one)", func() (r res) {
 		// a blocking acquire: from 0.3.0 a wait-0 one no longer waits for
 		// an uncommitted first grant
 		r.err = conn.QueryRow(ctx, "SELECT acquired, epoch FROM lease.acquire('floor-k', 'a', '1 hour', '30 s')").Scan(&r.ok, &r.epoch)
 		return r
 	})
-	// the second first grant waits for the uncommitted one (on its lock, or polling)
-	if r, finished := awaitWaiting(t, h, ctx, pid, true, done); finished {
-		t.Fatalf("the second first grant did not wait for the uncommitted one: %+v", r)
-	}
 	var floor int64
 	if err := h.pool.QueryRow(ctx, "SELECT epoch_floor FROM lease.cleanup('0')").Scan(&floor); err != nil {
 		t.Fatal(err)
@@ -530,13 +527,10 @@ func TestConcurrentForceReleases(t *testing.T) {
 		epoch    int64
 		err      error
 	}
-	done := async(func() (r res) {
+	done := mustWait(t, h, ctx, pid, false, "the second force_release (for the first)", func() (r res) {
 		r.err = conn.QueryRow(ctx, "SELECT released, epoch FROM lease.force_release('force-k')").Scan(&r.released, &r.epoch)
 		return r
 	})
-	if r, finished := awaitWaiting(t, h, ctx, pid, false, done); finished {
-		t.Fatalf("the second force_release did not wait for the first: %+v", r)
-	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -667,16 +661,19 @@ func TestConcurrentReleasesOfOneGrant(t *testing.T) {
 		t.Fatal(st, err)
 	}
 	conn, pid := h.backend(t, ctx)
-	var st2 string
-	done := async(func() error { return conn.QueryRow(ctx, "SELECT lease.release('rel-k', 'o', $1)", g.Epoch).Scan(&st2) })
-	if err, finished := awaitWaiting(t, h, ctx, pid, false, done); finished {
-		t.Fatalf("the second release did not wait for the first: %s %v", st2, err)
+	type res struct {
+		st  string
+		err error
 	}
+	done := mustWait(t, h, ctx, pid, false, "the second release (for the first)", func() (r res) {
+		r.err = conn.QueryRow(ctx, "SELECT lease.release('rel-k', 'o', $1)", g.Epoch).Scan(&r.st)
+		return r
+	})
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-done; err != nil || st2 != "not_owner" {
-		t.Fatalf("second release after the first committed: %q %v, want not_owner", st2, err)
+	if r := <-done; r.err != nil || r.st != "not_owner" {
+		t.Fatalf("second release after the first committed: %q %v, want not_owner", r.st, r.err)
 	}
 	if s, err := h.client.Inspect(ctx, "rel-k"); err != nil || s.Held || s.Epoch != g.Epoch+1 {
 		t.Fatalf("after both releases: %+v %v, want free with counter %d", s, err, g.Epoch+1)
