@@ -29,7 +29,7 @@ func (b *hb) add(o Op, callMs int64) *Op {
 		o.Outcome = OK
 	}
 	b.h.Ops = append(b.h.Ops, o)
-	return &b.h.Ops[len(b.h.Ops)-1]
+	return b.last()
 }
 
 func srv(ms int64) int64 { return base + ms*1000 }
@@ -87,6 +87,16 @@ func check(t *testing.T, b *hb) *Result {
 	return r
 }
 
+// legal checks b and fails the test at once on any violation.
+func legal(t *testing.T, b *hb) *Result {
+	t.Helper()
+	r := check(t, b)
+	if len(r.Violations) != 0 {
+		t.Fatalf("violations: %v", r.Violations)
+	}
+	return r
+}
+
 func wantRule(t *testing.T, r *Result, rule string) {
 	t.Helper()
 	for _, v := range r.Violations {
@@ -116,7 +126,7 @@ func goodHistory() *hb {
 	b.guard(0, "A", 12, 1, true, 2)
 	b.inspectHeld(2, 20, 600, "A", 1, 1500)
 	b.acquire(0, "A", 30, 700, 1000, 1) // idempotent: expires stays 1500
-	b.Ops()[len(b.h.Ops)-1].Expires = srv(1500)
+	b.last().Expires = srv(1500)
 	b.inspectFree(2, 40, 1600, 1) // lapsed
 	b.acquire(1, "B", 50, 1700, 1000, 2)
 	b.guard(1, "B", 55, 2, true, 3)
@@ -130,7 +140,21 @@ func goodHistory() *hb {
 	return b
 }
 
-func (b *hb) Ops() []Op { return b.h.Ops }
+// unknown adds o as an operation whose answer was lost: called at callMs,
+// given up at ret (ns, or Never).
+func (b *hb) unknown(o Op, callMs, ret int64) {
+	o.Outcome = Unknown
+	b.add(o, callMs).Return = ret
+}
+
+// last is the operation added last.
+func (b *hb) last() *Op { return &b.h.Ops[len(b.h.Ops)-1] }
+
+// clockBack5s records a step of the server clock 5 s back, local 5-6 ms.
+func (b *hb) clockBack5s() {
+	b.h.Faults = append(b.h.Faults, Fault{Kind: FaultClock, Start: 5 * int64(time.Millisecond), End: 6 * int64(time.Millisecond),
+		OffsetBefore: 0, OffsetAfter: int64(-5 * time.Second)})
+}
 
 func TestCheckAcceptsLegalHistory(t *testing.T) {
 	r := check(t, goodHistory())
@@ -140,23 +164,97 @@ func TestCheckAcceptsLegalHistory(t *testing.T) {
 	wantLin(t, r, porcupine.Ok)
 }
 
-func TestCheckOverlappingGrants(t *testing.T) {
-	b := &hb{}
-	b.acquire(0, "A", 0, 0, 1000, 1)    // held until 1000
-	b.acquire(1, "B", 10, 500, 1000, 2) // granted at 500: overlaps
-	r := check(t, b)
-	wantRule(t, r, "I1")
-	wantLin(t, r, porcupine.Illegal)
-}
-
-func TestCheckOverlapAfterRenewal(t *testing.T) {
-	b := &hb{}
-	b.acquire(0, "A", 0, 0, 1000, 1)
-	b.renew(0, "A", 10, 900, 1000, 1, SOk) // held until 1900
-	b.acquire(1, "B", 20, 1200, 1000, 2)   // granted at 1200
-	r := check(t, b)
-	wantRule(t, r, "I1")
-	wantLin(t, r, porcupine.Illegal)
+// Illegal histories, each breaking one rule: the checker names the rule,
+// and porcupine (where the rule is one of the model's, not a fence's) finds
+// no linearization.
+func TestCheckViolations(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		rule string
+		lin  bool // porcupine must find it illegal too
+		ops  func(b *hb)
+	}{
+		{"OverlappingGrants", "I1", true, func(b *hb) {
+			b.acquire(0, "A", 0, 0, 1000, 1)    // held until 1000
+			b.acquire(1, "B", 10, 500, 1000, 2) // granted at 500: overlaps
+		}},
+		{"OverlapAfterRenewal", "I1", true, func(b *hb) {
+			b.acquire(0, "A", 0, 0, 1000, 1)
+			b.renew(0, "A", 10, 900, 1000, 1, SOk) // held until 1900
+			b.acquire(1, "B", 20, 1200, 1000, 2)   // granted at 1200
+		}},
+		{"ReusedEpoch", "I3", true, func(b *hb) {
+			b.acquire(0, "A", 0, 0, 1000, 1)
+			b.acquire(1, "B", 10, 2000, 1000, 1) // after the lapse, but the same epoch
+		}},
+		{"ReusedEpochSameOwner", "I3", true, func(b *hb) {
+			// A crash that forgot a grant would hand its epoch out again, here to
+			// the same owner: a fresh decision with an epoch already observed.
+			b.acquire(0, "A", 0, 0, 1000, 1)
+			b.acquire(0, "A", 10, 2000, 1000, 1)
+		}},
+		{"RegressingEpoch", "I2", true, func(b *hb) {
+			b.acquire(0, "A", 0, 0, 1000, 1)
+			b.acquire(1, "B", 10, 2000, 1000, 3)
+			b.acquire(2, "C", 20, 4000, 1000, 2) // lower than B's
+		}},
+		{"RenewByNonHolder", "I9", true, func(b *hb) {
+			b.acquire(0, "A", 0, 0, 1000, 1)
+			b.renew(1, "B", 10, 500, 1000, 1, SOk)
+		}},
+		{"RenewAfterLapse", "I9", true, func(b *hb) {
+			b.acquire(0, "A", 0, 0, 1000, 1)
+			b.renew(0, "A", 10, 1500, 1000, 1, SOk) // decided after the expiry at 1000
+		}},
+		{"StaleEpochRenewal", "I9", true, func(b *hb) {
+			b.acquire(0, "A", 0, 0, 1000, 1)
+			b.acquire(1, "B", 10, 2000, 1000, 2)
+			b.renew(0, "A", 20, 2500, 1000, 1, SOk) // epoch 1 is gone
+		}},
+		{"ReleaseByNonHolder", "I9", true, func(b *hb) {
+			b.acquire(0, "A", 0, 0, 1000, 1)
+			b.release(1, "B", 10, 500, 1, SOk)
+		}},
+		{"InspectSaysFreeWhileHeld", "I11", true, func(b *hb) {
+			b.acquire(0, "A", 0, 0, 1000, 1)
+			b.inspectFree(1, 10, 500, 1)
+		}},
+		{"InspectWrongOwner", "I11", true, func(b *hb) {
+			b.acquire(0, "A", 0, 0, 1000, 1)
+			b.inspectHeld(1, 10, 500, "B", 1, 1000)
+		}},
+		{"InspectWrongExpiry", "I11", true, func(b *hb) {
+			b.acquire(0, "A", 0, 0, 1000, 1)
+			b.inspectHeld(1, 10, 500, "A", 1, 1700)
+		}},
+		{"InspectStaleEpoch", "I11", true, func(b *hb) {
+			b.acquire(0, "A", 0, 0, 1000, 1)
+			b.release(0, "A", 10, 100, 1, SOk)
+			b.inspectFree(1, 20, 200, 1) // the release moved the counter to 2
+		}},
+		{"GuardAcceptsLowerEpoch", "FENCE", false, func(b *hb) {
+			b.guard(0, "A", 0, 2, true, 1)
+			b.guard(1, "B", 10, 1, true, 2)
+		}},
+		{"GuardRejectsWithoutReason", "FENCE", false, func(b *hb) {
+			b.guard(0, "A", 0, 2, true, 1)
+			b.guard(1, "B", 10, 2, false, 0)
+		}},
+		{"GuardCounterReused", "FENCE", false, func(b *hb) {
+			b.guard(0, "A", 0, 2, true, 1)
+			b.guard(1, "B", 10, 3, true, 1)
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b := &hb{}
+			c.ops(b)
+			r := check(t, b)
+			wantRule(t, r, c.rule)
+			if c.lin {
+				wantLin(t, r, porcupine.Illegal)
+			}
+		})
+	}
 }
 
 func TestCheckReleaseEndsGrant(t *testing.T) {
@@ -164,10 +262,7 @@ func TestCheckReleaseEndsGrant(t *testing.T) {
 	b.acquire(0, "A", 0, 0, 1000, 1)
 	b.release(0, "A", 10, 100, 1, SOk)
 	b.acquire(1, "B", 20, 200, 1000, 3)
-	r := check(t, b)
-	if len(r.Violations) != 0 {
-		t.Fatalf("violations: %v", r.Violations)
-	}
+	r := legal(t, b)
 	// ... but not one granted before the release started.
 	b = &hb{}
 	b.acquire(0, "A", 0, 0, 1000, 1)
@@ -178,160 +273,23 @@ func TestCheckReleaseEndsGrant(t *testing.T) {
 	wantLin(t, r, porcupine.Illegal)
 }
 
-func TestCheckReusedEpoch(t *testing.T) {
-	b := &hb{}
-	b.acquire(0, "A", 0, 0, 1000, 1)
-	b.acquire(1, "B", 10, 2000, 1000, 1) // after the lapse, but the same epoch
-	r := check(t, b)
-	wantRule(t, r, "I3")
-	wantLin(t, r, porcupine.Illegal)
-}
-
-func TestCheckReusedEpochSameOwner(t *testing.T) {
-	// A crash that forgot a grant would hand its epoch out again, here to
-	// the same owner: a fresh decision with an epoch already observed.
-	b := &hb{}
-	b.acquire(0, "A", 0, 0, 1000, 1)
-	b.acquire(0, "A", 10, 2000, 1000, 1)
-	r := check(t, b)
-	wantRule(t, r, "I3")
-	wantLin(t, r, porcupine.Illegal)
-}
-
-func TestCheckRegressingEpoch(t *testing.T) {
-	b := &hb{}
-	b.acquire(0, "A", 0, 0, 1000, 1)
-	b.acquire(1, "B", 10, 2000, 1000, 3)
-	b.acquire(2, "C", 20, 4000, 1000, 2) // lower than B's
-	r := check(t, b)
-	wantRule(t, r, "I2")
-	wantLin(t, r, porcupine.Illegal)
-}
-
-func TestCheckRenewByNonHolder(t *testing.T) {
-	b := &hb{}
-	b.acquire(0, "A", 0, 0, 1000, 1)
-	b.renew(1, "B", 10, 500, 1000, 1, SOk)
-	r := check(t, b)
-	wantRule(t, r, "I9")
-	wantLin(t, r, porcupine.Illegal)
-}
-
-func TestCheckRenewAfterLapse(t *testing.T) {
-	b := &hb{}
-	b.acquire(0, "A", 0, 0, 1000, 1)
-	b.renew(0, "A", 10, 1500, 1000, 1, SOk) // decided after the expiry at 1000
-	r := check(t, b)
-	wantRule(t, r, "I9")
-	wantLin(t, r, porcupine.Illegal)
-}
-
-func TestCheckStaleEpochRenewal(t *testing.T) {
-	b := &hb{}
-	b.acquire(0, "A", 0, 0, 1000, 1)
-	b.acquire(1, "B", 10, 2000, 1000, 2)
-	b.renew(0, "A", 20, 2500, 1000, 1, SOk) // epoch 1 is gone
-	r := check(t, b)
-	wantRule(t, r, "I9")
-	wantLin(t, r, porcupine.Illegal)
-}
-
-func TestCheckReleaseByNonHolder(t *testing.T) {
-	b := &hb{}
-	b.acquire(0, "A", 0, 0, 1000, 1)
-	b.release(1, "B", 10, 500, 1, SOk)
-	r := check(t, b)
-	wantRule(t, r, "I9")
-	wantLin(t, r, porcupine.Illegal)
-}
-
-func TestCheckInspectSaysFreeWhileHeld(t *testing.T) {
-	b := &hb{}
-	b.acquire(0, "A", 0, 0, 1000, 1)
-	b.inspectFree(1, 10, 500, 1)
-	r := check(t, b)
-	wantRule(t, r, "I11")
-	wantLin(t, r, porcupine.Illegal)
-}
-
-func TestCheckInspectWrongOwner(t *testing.T) {
-	b := &hb{}
-	b.acquire(0, "A", 0, 0, 1000, 1)
-	b.inspectHeld(1, 10, 500, "B", 1, 1000)
-	r := check(t, b)
-	wantRule(t, r, "I11")
-	wantLin(t, r, porcupine.Illegal)
-}
-
-func TestCheckInspectWrongExpiry(t *testing.T) {
-	b := &hb{}
-	b.acquire(0, "A", 0, 0, 1000, 1)
-	b.inspectHeld(1, 10, 500, "A", 1, 1700)
-	r := check(t, b)
-	wantRule(t, r, "I11")
-	wantLin(t, r, porcupine.Illegal)
-}
-
-func TestCheckInspectStaleEpoch(t *testing.T) {
-	b := &hb{}
-	b.acquire(0, "A", 0, 0, 1000, 1)
-	b.release(0, "A", 10, 100, 1, SOk)
-	b.inspectFree(1, 20, 200, 1) // the release moved the counter to 2
-	r := check(t, b)
-	wantRule(t, r, "I11")
-	wantLin(t, r, porcupine.Illegal)
-}
-
-func TestCheckGuardAcceptsLowerEpoch(t *testing.T) {
-	b := &hb{}
-	b.guard(0, "A", 0, 2, true, 1)
-	b.guard(1, "B", 10, 1, true, 2)
-	r := check(t, b)
-	wantRule(t, r, "FENCE")
-}
-
-func TestCheckGuardRejectsWithoutReason(t *testing.T) {
-	b := &hb{}
-	b.guard(0, "A", 0, 2, true, 1)
-	b.guard(1, "B", 10, 2, false, 0)
-	r := check(t, b)
-	wantRule(t, r, "FENCE")
-}
-
-func TestCheckGuardCounterReused(t *testing.T) {
-	b := &hb{}
-	b.guard(0, "A", 0, 2, true, 1)
-	b.guard(1, "B", 10, 3, true, 1)
-	r := check(t, b)
-	wantRule(t, r, "FENCE")
-}
-
 // Unknown outcomes: an acquire whose answer was lost may have granted;
 // the model must allow both, and a later observation decides.
 func TestCheckUnknownOutcomes(t *testing.T) {
 	b := &hb{}
-	o := b.add(Op{Client: 0, Kind: KAcquire, Key: "k", Owner: "A", TTL: 1000_000, Outcome: Unknown}, 0)
-	o.Return = 50 * int64(time.Millisecond)
+	b.unknown(Op{Client: 0, Kind: KAcquire, Key: "k", Owner: "A", TTL: 1000_000}, 0, 50*int64(time.Millisecond))
 	b.inspectHeld(1, 60, 500, "A", 1, 900) // it did grant, at -100 ms
 	b.acquire(1, "B", 70, 1000, 1000, 2)
-	r := check(t, b)
-	if len(r.Violations) != 0 {
-		t.Fatalf("violations: %v", r.Violations)
-	}
+	legal(t, b)
 	// An unknown release may have freed it: B's grant at 300 is allowed...
 	b = &hb{}
 	b.acquire(0, "A", 0, 0, 1000, 1)
-	o = b.add(Op{Client: 0, Kind: KRelease, Key: "k", Owner: "A", Epoch: 1, Outcome: Unknown}, 10)
-	o.Return = Never
+	b.unknown(Op{Client: 0, Kind: KRelease, Key: "k", Owner: "A", Epoch: 1}, 10, Never)
 	b.acquire(1, "B", 20, 300, 1000, 3)
-	r = check(t, b)
-	if len(r.Violations) != 0 {
-		t.Fatalf("violations: %v", r.Violations)
-	}
+	legal(t, b)
 	// ... but not with epoch 2 (a release moves the counter to 2, the grant to 3).
-	b.h.Ops[len(b.h.Ops)-1].OutEpoch = 2
-	r = check(t, b)
-	wantLin(t, r, porcupine.Illegal)
+	b.last().OutEpoch = 2
+	wantLin(t, check(t, b), porcupine.Illegal)
 }
 
 // An unknown acquire may have been decided at any later server time, so
@@ -342,30 +300,21 @@ func TestCheckUnknownOutcomes(t *testing.T) {
 func TestCheckUnknownAcquireAfterLapse(t *testing.T) {
 	b := &hb{}
 	b.acquire(0, "A", 0, 0, 500, 1) // expires 500
-	o := b.add(Op{Client: 0, Kind: KAcquire, Key: "k", Owner: "A", TTL: 500_000, Outcome: Unknown}, 10)
-	o.Return = 1600 * int64(time.Millisecond)
+	b.unknown(Op{Client: 0, Kind: KAcquire, Key: "k", Owner: "A", TTL: 500_000}, 10, 1600*int64(time.Millisecond))
 	b.renew(1, "A", 1610, 1610, 500, 1, SEpochMismatch)
 	b.inspectHeld(2, 1620, 1620, "A", 2, 2000) // granted at 1500
-	r := check(t, b)
-	if len(r.Violations) != 0 {
-		t.Fatalf("violations: %v", r.Violations)
-	}
+	r := legal(t, b)
 	wantLin(t, r, porcupine.Ok)
 	// Another owner's unknown acquire may likewise have taken the lapsed key.
 	b = &hb{}
 	b.acquire(0, "A", 0, 0, 500, 1)
-	o = b.add(Op{Client: 1, Kind: KAcquire, Key: "k", Owner: "B", TTL: 500_000, Outcome: Unknown}, 10)
-	o.Return = Never
+	b.unknown(Op{Client: 1, Kind: KAcquire, Key: "k", Owner: "B", TTL: 500_000}, 10, Never)
 	b.renew(0, "A", 1610, 1610, 500, 1, SLapsed)
 	b.inspectHeld(2, 1620, 1620, "B", 2, 2000)
-	r = check(t, b)
-	if len(r.Violations) != 0 {
-		t.Fatalf("violations: %v", r.Violations)
-	}
+	legal(t, b)
 	// The fresh grant's epoch is the counter + 1, never more.
-	b.h.Ops[len(b.h.Ops)-1].OutEpoch = 3
-	r = check(t, b)
-	wantLin(t, r, porcupine.Illegal)
+	b.last().OutEpoch = 3
+	wantLin(t, check(t, b), porcupine.Illegal)
 }
 
 // A backward clock step: the server's raw time goes back, the stored expiry
@@ -373,24 +322,18 @@ func TestCheckUnknownAcquireAfterLapse(t *testing.T) {
 // takeover after that is legal.
 func TestCheckClockStepBack(t *testing.T) {
 	b := &hb{}
-	b.acquire(0, "A", 0, 0, 1000, 1) // expires 1000
-	b.h.Faults = append(b.h.Faults, Fault{Kind: FaultClock, Start: 5 * int64(time.Millisecond), End: 6 * int64(time.Millisecond),
-		OffsetBefore: 0, OffsetAfter: int64(-5 * time.Second)})
+	b.acquire(0, "A", 0, 0, 1000, 1)         // expires 1000
+	b.clockBack5s()                          // at 5-6 ms
 	b.renew(0, "A", 10, -4000, 1000, 1, SOk) // raw time -4000: expires -3000
 	b.acquire(1, "B", 20, -2900, 1000, 2)    // after that expiry
-	r := check(t, b)
-	if len(r.Violations) != 0 {
-		t.Fatalf("violations: %v", r.Violations)
-	}
+	r := legal(t, b)
 	wantLin(t, r, porcupine.Ok)
 	// Without the renewal, B cannot take it before raw 1000.
 	b = &hb{}
 	b.acquire(0, "A", 0, 0, 1000, 1)
-	b.h.Faults = append(b.h.Faults, Fault{Kind: FaultClock, Start: 5 * int64(time.Millisecond), End: 6 * int64(time.Millisecond),
-		OffsetBefore: 0, OffsetAfter: int64(-5 * time.Second)})
+	b.clockBack5s() // at 5-6 ms
 	b.acquire(1, "B", 20, -2900, 1000, 2)
-	r = check(t, b)
-	wantLin(t, r, porcupine.Illegal)
+	wantLin(t, check(t, b), porcupine.Illegal)
 }
 
 func TestHistoryRoundTrip(t *testing.T) {
@@ -466,7 +409,7 @@ func TestCheckFailoverMode(t *testing.T) {
 
 // span sets the local interval of the last operation added: [callMs, retMs].
 func (b *hb) span(retMs int64) *Op {
-	o := &b.h.Ops[len(b.h.Ops)-1]
+	o := b.last()
 	o.Return = retMs * int64(time.Millisecond)
 	return o
 }
@@ -595,7 +538,7 @@ func TestCheckDenialNeedsHolder(t *testing.T) {
 	b = &hb{}
 	b.acquire(2, "C", 0, 0, 2000, 1)
 	b.acquire(2, "C", 1000, 1001, 2000, 1)
-	b.Ops()[len(b.h.Ops)-1].Expires = srv(2000) // decided at 0, before its bracket
+	b.last().Expires = srv(2000) // decided at 0, before its bracket
 	b.span(1030)
 	b.denied(1, "B", 1002, 1002, 500)
 	r = check(t, b)
