@@ -84,6 +84,16 @@ func (e *env) leader() term {
 	return live[0]
 }
 
+// startLed starts the workload (five ConfigMaps, one updated every 150 ms)
+// and operators 1, 2 and 3, and waits for the leader's first write.
+func (e *env) startLed() (*workload, term) {
+	e.t.Helper()
+	w := e.startWorkload(5, 150*time.Millisecond)
+	l := e.startOperators(1, 2, 3)
+	e.awaitWrite(0, 10*time.Second, l.id, l.epoch, "")
+	return w, l
+}
+
 func (e *env) awaitWrite(from int, within time.Duration, id string, epoch int64, resource string) opEvent {
 	e.t.Helper()
 	return e.await(from, within, fmt.Sprintf("write by %s@%d %s", id, epoch, resource), func(ev opEvent) bool {
@@ -113,9 +123,7 @@ func (e *env) awaitExit(p *opProc, within time.Duration) {
 // (a) One leader, the lease's holder; only it writes, under its epoch.
 func scenarioSteady(e *env) {
 	t := e.t
-	w := e.startWorkload(5, 150*time.Millisecond)
-	l := e.startOperators(1, 2, 3)
-	e.awaitWrite(0, 10*time.Second, l.id, l.epoch, "")
+	w, l := e.startLed()
 	for range 10 {
 		if got := e.leader(); got != l {
 			t.Fatalf("leader changed in steady state: %v, then %v", l, got)
@@ -138,9 +146,7 @@ func scenarioSteady(e *env) {
 // client-go's retries, with a higher epoch.
 func scenarioKill(e *env) {
 	t := e.t
-	w := e.startWorkload(5, 150*time.Millisecond)
-	l := e.startOperators(1, 2, 3)
-	e.awaitWrite(0, 10*time.Second, l.id, l.epoch, "")
+	w, l := e.startLed()
 	l = e.leader()
 	m := e.mark()
 	killed := e.signal(e.procByID(l.id), syscall.SIGKILL)
@@ -165,9 +171,7 @@ func scenarioKill(e *env) {
 // sends its write, which the store rejects, and it stops leading and exits.
 func scenarioFrozen(e *env) {
 	t := e.t
-	w := e.startWorkload(5, 150*time.Millisecond)
-	l := e.startOperators(1, 2, 3)
-	e.awaitWrite(0, 10*time.Second, l.id, l.epoch, "")
+	w, l := e.startLed()
 	l = e.leader()
 	old := e.procByID(l.id)
 	res := e.name + "/cm-0"
@@ -221,9 +225,7 @@ func scenarioFrozen(e *env) {
 // only restarts those that exited, as a Deployment would).
 func scenarioPostgres(e *env) {
 	t := e.t
-	w := e.startWorkload(5, 150*time.Millisecond)
-	l := e.startOperators(1, 2, 3)
-	e.awaitWrite(0, 10*time.Second, l.id, l.epoch, "")
+	w, l := e.startLed()
 	l = e.leader()
 	ctx, cancel := context.WithTimeout(e.ctx, 2*time.Minute)
 	defer cancel()
@@ -297,9 +299,7 @@ func scenarioPostgres(e *env) {
 // cancel), so each handoff takes a follower's retry, not the TTL.
 func scenarioRolling(e *env) {
 	t := e.t
-	w := e.startWorkload(5, 150*time.Millisecond)
-	l := e.startOperators(1, 2, 3)
-	e.awaitWrite(0, 10*time.Second, l.id, l.epoch, "")
+	w, l := e.startLed()
 	handoffs := 0
 	// Two rounds, so that the leader is restarted more than once.
 	for i := range 6 {
