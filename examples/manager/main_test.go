@@ -12,7 +12,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -191,24 +190,10 @@ func TestManagerExample(t *testing.T) {
 		probes[id] = freeAddr(t)
 		procs[id] = startProc(t, bin, id, dsn, lines, append(args, "-health-probe-bind-address", probes[id])...)
 	}
-	var mu sync.Mutex
-	var seen []line
+	seen := pgtest.NewEvents(lines)
 	wait := func(what string, match func(line) bool) line {
 		t.Helper()
-		timeout := time.After(2 * time.Minute)
-		for {
-			select {
-			case l := <-lines:
-				mu.Lock()
-				seen = append(seen, l)
-				mu.Unlock()
-				if match(l) {
-					return l
-				}
-			case <-timeout:
-				t.Fatalf("timed out waiting for %s; lines: %+v", what, seen)
-			}
-		}
+		return seen.Await(t, 2*time.Minute, what, match)
 	}
 	annotation := func() (int64, string) {
 		var got corev1.ConfigMap

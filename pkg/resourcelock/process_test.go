@@ -8,11 +8,11 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
 )
 
@@ -123,26 +123,10 @@ func TestProcessesClientGoExample(t *testing.T) {
 		procs[id] = startExample(t, bin, dsn, key, id, events)
 	}
 
-	var (
-		mu  sync.Mutex
-		log []procEvent
-	)
+	log := pgtest.NewEvents(events)
 	wait := func(what string, match func(procEvent) bool) procEvent {
 		t.Helper()
-		timeout := time.After(2 * time.Minute)
-		for {
-			select {
-			case ev := <-events:
-				mu.Lock()
-				log = append(log, ev)
-				mu.Unlock()
-				if match(ev) {
-					return ev
-				}
-			case <-timeout:
-				t.Fatalf("timed out waiting for %s; events so far: %+v", what, log)
-			}
-		}
+		return log.Await(t, 2*time.Minute, what, match)
 	}
 
 	first := wait("a first leader", func(e procEvent) bool { return e.kind == "leading" })
@@ -203,12 +187,10 @@ func TestProcessesClientGoExample(t *testing.T) {
 	}
 
 	// Across processes: one process per epoch, increasing in time.
-	mu.Lock()
-	defer mu.Unlock()
 	owner := map[int64]string{}
 	var lastEpoch int64
 	var lastAt time.Time
-	for _, ev := range log {
+	for _, ev := range log.Seen() {
 		if ev.kind != "epoch-start" {
 			continue
 		}
