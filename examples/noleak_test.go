@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pglease/pg_lease/internal/pgtest"
 )
 
 // secret is the password of every DSN handed to the examples here.
@@ -35,16 +37,7 @@ func build(t *testing.T, name string) string {
 // a bad flag or a bad flag value, not when the DSN does not parse or the
 // server cannot be reached (URL and keyword/value DSNs).
 func TestNoPasswordInOutput(t *testing.T) {
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: c, context: {cluster: c, user: u}}]
-current-context: c
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	kubeconfig := pgtest.UnreachableKubeconfig(t)
 	dsns := map[string]string{
 		"url":              "postgres://app:" + secret + "@127.0.0.1:1/leases?sslmode=disable&connect_timeout=1",
 		"keyword":          "host=127.0.0.1 port=1 user=app password=" + secret + " dbname=leases sslmode=disable connect_timeout=1",

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -210,17 +211,8 @@ func TestKubebuilderScaffold(t *testing.T) {
 // names where it was looked for.
 func TestKubebuilderScaffoldRefuses(t *testing.T) {
 	bin := dropinBuild(t, "./examples/kubebuilder")
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
 	// An unreachable server: nothing gets that far.
-	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: c, context: {cluster: c, user: u}}]
-current-context: c
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	kubeconfig := pgtest.UnreachableKubeconfig(t)
 	for _, tc := range []struct {
 		name string
 		env  string
