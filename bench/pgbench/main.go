@@ -119,9 +119,7 @@ func main() {
 			log.Fatal(err)
 		}
 	}
-	md := report(results)
-	fmt.Print(md)
-	if err := os.WriteFile(filepath.Join(*out, "pgbench.md"), []byte(md), 0o644); err != nil {
+	if err := benchutil.WriteResults(*out, "pgbench", results, report(results)); err != nil {
 		log.Fatal(err)
 	}
 }

@@ -116,12 +116,7 @@ func main() {
 	}
 	res.Load = benchutil.LoadAvg()
 
-	if err := benchutil.WriteJSON(*out, "physical.json", res); err != nil {
-		log.Fatal(err)
-	}
-	md := report(res)
-	fmt.Print(md)
-	if err := os.WriteFile(filepath.Join(*out, "physical.md"), []byte(md), 0o644); err != nil {
+	if err := benchutil.WriteResults(*out, "physical", res, report(res)); err != nil {
 		log.Fatal(err)
 	}
 }

@@ -21,8 +21,6 @@ import (
 	"flag"
 	"fmt"
 	"log"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -89,9 +87,7 @@ func main() {
 			log.Fatal(err)
 		}
 	}
-	md := report(res)
-	fmt.Print(md)
-	if err := os.WriteFile(filepath.Join(*out, "scale.md"), []byte(md), 0o644); err != nil {
+	if err := benchutil.WriteResults(*out, "scale", res, report(res)); err != nil {
 		log.Fatal(err)
 	}
 }

@@ -33,7 +33,6 @@ import (
 	"fmt"
 	"log"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -126,12 +125,7 @@ func main() {
 		log.Printf("waiters=%d conns=%d releases=%d: release-to-grant p50=%.0fus p99=%.0fus max=%.0fus; winners per release %d..%d; server CPU %.2f ms and %.1f statements per release",
 			r.Waiters, r.Conns, r.Releases, r.ReleaseGrant.P50, r.ReleaseGrant.P99, r.ReleaseGrant.Max, r.MinWinners, r.MaxWinners, r.CPUms, r.Statements)
 	}
-	if err := benchutil.WriteJSON(*out, "waiters.json", results); err != nil {
-		log.Fatal(err)
-	}
-	md := report(results)
-	fmt.Print(md)
-	if err := os.WriteFile(filepath.Join(*out, "waiters.md"), []byte(md), 0o644); err != nil {
+	if err := benchutil.WriteResults(*out, "waiters", results, report(results)); err != nil {
 		log.Fatal(err)
 	}
 	if failed {

@@ -115,6 +115,16 @@ func WriteJSON(dir, name string, v any) error {
 	return os.WriteFile(filepath.Join(dir, name), append(b, '\n'), 0o644)
 }
 
+// WriteResults writes a run's results: v (indented JSON) to dir/name.json
+// and md (their Markdown report) to dir/name.md; it prints md.
+func WriteResults(dir, name string, v any, md string) error {
+	if err := WriteJSON(dir, name+".json", v); err != nil {
+		return err
+	}
+	fmt.Print(md)
+	return os.WriteFile(filepath.Join(dir, name+".md"), []byte(md), 0o644)
+}
+
 // ServerInfo is what every result file records about the server it ran on.
 type ServerInfo struct {
 	Version           string `json:"server_version"`
