@@ -131,13 +131,8 @@ func runMode(ctx context.Context, mode string, clients []int, tmp string) (modeR
 		"pg_stat_statements.track": "none",
 		"max_connections":          "60",
 	}
-	switch mode {
-	case "durable":
-		settings["fsync"] = "on"
-	case "stmt":
-		settings["fsync"] = "off"
-	default:
-		return res, fmt.Errorf("unknown mode %q", mode)
+	if err := benchutil.SetMode(settings, mode); err != nil {
+		return res, err
 	}
 	s, err := benchutil.StartServer(ctx, settings)
 	if err != nil {

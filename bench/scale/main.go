@@ -94,13 +94,8 @@ func main() {
 
 func runMode(ctx context.Context, mode string, res *result) error {
 	settings := map[string]string{"max_connections": "60"}
-	switch mode {
-	case "durable":
-		settings["fsync"] = "on"
-	case "stmt":
-		settings["fsync"] = "off"
-	default:
-		return fmt.Errorf("unknown mode %q", mode)
+	if err := benchutil.SetMode(settings, mode); err != nil {
+		return err
 	}
 	s, err := benchutil.StartServer(ctx, settings)
 	if err != nil {

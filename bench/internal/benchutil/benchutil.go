@@ -38,6 +38,21 @@ func StartServer(ctx context.Context, settings map[string]string) (*pgtest.Serve
 	return s, nil
 }
 
+// SetMode sets in settings what a run's mode changes on the server:
+// durable (fsync on) or stmt (fsync off: the statements' own cost, without
+// the flush); any other mode is an error.
+func SetMode(settings map[string]string, mode string) error {
+	switch mode {
+	case "durable":
+		settings["fsync"] = "on"
+	case "stmt":
+		settings["fsync"] = "off"
+	default:
+		return fmt.Errorf("unknown mode %q", mode)
+	}
+	return nil
+}
+
 // CreateDB creates database name with pg_lease at ExtensionVersion and runs
 // the extra statements in it. It returns the database's TCP DSN.
 func CreateDB(ctx context.Context, s *pgtest.Server, name string, extra ...string) (string, error) {
