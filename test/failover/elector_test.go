@@ -213,12 +213,7 @@ func TestElectorsThroughFailover(t *testing.T) {
 			case <-ctx.Done():
 				t.Fatal("no leader")
 			}
-			if err := p.WaitReplayed(ctx, st); err != nil {
-				t.Fatal(err)
-			}
-			if err := st.StopStreaming(ctx); err != nil {
-				t.Fatal(err)
-			}
+			cutOff(t, ctx, p, st)
 			// The leader renews (lost with the primary) for most of a TTL: its
 			// belief outlasts the replayed grant by that much.
 			time.Sleep(ttl - 300*time.Millisecond)

@@ -67,12 +67,7 @@ func TestLostRenewalEndsBeforeSuccessor(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the elector never led")
 	}
-	if err := p.WaitReplayed(ctx, st); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.StopStreaming(ctx); err != nil {
-		t.Fatal(err)
-	}
+	cutOff(t, ctx, p, st)
 	// Wait for a renewal after the cut: acknowledged, never replayed.
 	before := el.Status().Grant.ExpiresAt
 	for el.Status().Grant.ExpiresAt.Equal(before) {

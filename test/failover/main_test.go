@@ -83,6 +83,18 @@ func newCluster(t *testing.T, o clusterOptions) *cluster {
 	return c
 }
 
+// cutOff waits until st has replayed all that p has written, then stops its
+// streaming: what p acknowledges from now on, st never has.
+func cutOff(t *testing.T, ctx context.Context, p, st *pgtest.Server) {
+	t.Helper()
+	if err := p.WaitReplayed(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.StopStreaming(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // configure sets max_ttl with lease.configure (pg_lease 0.3.0). On a fresh
 // database no grant was ever made under the default max_ttl (1 hour), so no
 // belief formed under it can exist: the test drops the grace pg_lease keeps

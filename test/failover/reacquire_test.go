@@ -27,12 +27,7 @@ func TestLostReleaseNotResurrected(t *testing.T) {
 	if err != nil || !ok {
 		t.Fatalf("A's acquire: %v %v", ok, err)
 	}
-	if err := p.WaitReplayed(ctx, st); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.StopStreaming(ctx); err != nil {
-		t.Fatal(err)
-	}
+	cutOff(t, ctx, p, st)
 	if err := old.Release(ctx, ga.Token); err != nil {
 		t.Fatal(err)
 	}

@@ -57,12 +57,7 @@ func TestSplitBrainGuards(t *testing.T) {
 	if err := old.Release(ctx, g0.Token); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.WaitReplayed(ctx, st); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.StopStreaming(ctx); err != nil {
-		t.Fatal(err)
-	}
+	cutOff(t, ctx, p, st)
 
 	var accepted, rejected atomic.Int64
 	stop := make(chan struct{})
