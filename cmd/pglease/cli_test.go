@@ -90,9 +90,7 @@ func TestUsageErrorsExitTwoWithoutConnecting(t *testing.T) {
 // Issue 16: `get k --dsn …` said unknown flag --dsn; watch took -o json and
 // --help as key names.
 func TestFlagsAnywhere(t *testing.T) {
-	ctx := testCtx(t)
-	dsn := leaseDB(t)
-	_, c := connect(t, ctx, dsn)
+	ctx, dsn, c := leaseSetup(t)
 	acquire(t, ctx, c, "job-42", "worker-a1", time.Minute)
 
 	var one row
@@ -108,10 +106,7 @@ func TestFlagsAnywhere(t *testing.T) {
 	// watch -o json KEY: JSON lines about KEY, never a key named "-o".
 	p := start(t, ctx, dsnEnv(dsn), "watch", "-o", "json", "job-42")
 	p.waitFor(t, `"key":"job-42"`, false)
-	p.stop()
-	if code := p.wait(t); code != exitOK {
-		t.Fatalf("watch exit %d: %s", code, p.err.String())
-	}
+	p.stopOK(t, "watch")
 	for _, l := range strings.Split(strings.TrimSpace(p.out.String()), "\n") {
 		var e event
 		if err := json.Unmarshal([]byte(l), &e); err != nil || e.Key != "job-42" {
@@ -122,10 +117,8 @@ func TestFlagsAnywhere(t *testing.T) {
 
 // Issue 16: -o wide refused; REMAINING printed 71h59m58.225s; no AGE.
 func TestGetListFormats(t *testing.T) {
-	ctx := testCtx(t)
-	dsn := leaseDB(t)
+	ctx, dsn, c := leaseSetup(t)
 	e := dsnEnv(dsn)
-	_, c := connect(t, ctx, dsn)
 	g := acquire(t, ctx, c, "job-42", "worker-a1", 50*time.Minute) // below 0.3.0's default max_ttl (1 hour)
 	acquire(t, ctx, c, "job-43", "worker-b2", time.Minute)
 	if err := c.Release(ctx, lease.Token{Key: "job-43", Owner: "worker-b2", Epoch: 1}); err != nil {
@@ -181,9 +174,7 @@ func TestGetListFormats(t *testing.T) {
 
 // Issue 16: a lapsed key lost its holder (`lapsed <none> 1 - -`).
 func TestLapsedKeyKeepsItsHolder(t *testing.T) {
-	ctx := testCtx(t)
-	dsn := leaseDB(t)
-	_, c := connect(t, ctx, dsn)
+	ctx, dsn, c := leaseSetup(t)
 	acquire(t, ctx, c, "job-42", "worker-a1", 200*time.Millisecond)
 	waitLapsed(t, ctx, c, "job-42")
 
@@ -211,9 +202,7 @@ func TestLapsedKeyKeepsItsHolder(t *testing.T) {
 // Issue 16: a key with a tab broke the table. Any key and owner prints on
 // one line and one cell, and survives json exactly.
 func TestAnyKeyPrintsSafely(t *testing.T) {
-	ctx := testCtx(t)
-	dsn := leaseDB(t)
-	_, c := connect(t, ctx, dsn)
+	ctx, dsn, c := leaseSetup(t)
 	keys := map[string]string{
 		"tab\tkey":           `"tab\tkey"`,
 		"new\nline":          `"new\nline"`,
@@ -267,10 +256,8 @@ func TestAnyKeyPrintsSafely(t *testing.T) {
 
 // Issue 16: `release --force` of a never-leased key exited 0 while get exits 5.
 func TestReleaseForce(t *testing.T) {
-	ctx := testCtx(t)
-	dsn := leaseDB(t)
+	ctx, dsn, c := leaseSetup(t)
 	e := dsnEnv(dsn)
-	_, c := connect(t, ctx, dsn)
 	acquire(t, ctx, c, "job-42", "worker-a1", time.Minute)
 
 	wantExit(t, ctx, e, exitNotFound, "get", "never")
@@ -408,10 +395,8 @@ func TestInstallBothModes(t *testing.T) {
 }
 
 func TestCleanup(t *testing.T) {
-	ctx := testCtx(t)
-	dsn := leaseDB(t)
+	ctx, dsn, c := leaseSetup(t)
 	e := dsnEnv(dsn)
-	_, c := connect(t, ctx, dsn)
 	for i := range 3 {
 		k := fmt.Sprintf("job-%d", i)
 		acquire(t, ctx, c, k, "w", time.Minute)

@@ -229,6 +229,26 @@ func leaseDB(t *testing.T) string {
 	return dsn
 }
 
+// stopOK interrupts p and fails the test unless it exits 0 ("<what>: exit
+// N" and its stderr).
+func (p *proc) stopOK(t *testing.T, what string) {
+	t.Helper()
+	p.stop()
+	if code := p.wait(t); code != exitOK {
+		t.Fatalf("%s: exit %d: %s", what, code, p.err.String())
+	}
+}
+
+// leaseSetup is how most tests begin: a context, a database with pg_lease
+// installed by pglease itself (leaseDB), and a client on it.
+func leaseSetup(t *testing.T) (context.Context, string, *lease.Client) {
+	t.Helper()
+	ctx := testCtx(t)
+	dsn := leaseDB(t)
+	_, c := connect(t, ctx, dsn)
+	return ctx, dsn, c
+}
+
 // freshDB returns a DSN of a new database on the shared server, with the
 // extension's files installed on that server but nothing in the database.
 func freshDB(t *testing.T) string {

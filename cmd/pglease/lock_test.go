@@ -17,9 +17,7 @@ import (
 // The command runs holding the key, sees the grant in its environment, and
 // pglease exits with its status and releases the key.
 func TestLockRunsTheCommandUnderTheLease(t *testing.T) {
-	ctx := testCtx(t)
-	dsn := leaseDB(t)
-	_, c := connect(t, ctx, dsn)
+	ctx, dsn, c := leaseSetup(t)
 	out, _ := wantExit(t, ctx, dsnEnv(dsn), 3, "lock", "job-42", "--owner", "me", "--",
 		"sh", "-c", `echo "key=$PGLEASE_KEY owner=$PGLEASE_OWNER epoch=$PGLEASE_EPOCH"; exit 3`)
 	if out != "key=job-42 owner=me epoch=1\n" {
@@ -46,9 +44,7 @@ func TestLockRunsTheCommandUnderTheLease(t *testing.T) {
 
 // A lock waits for a held key and runs when the holder releases it.
 func TestLockWaitsForTheKey(t *testing.T) {
-	ctx := testCtx(t)
-	dsn := leaseDB(t)
-	_, c := connect(t, ctx, dsn)
+	ctx, dsn, c := leaseSetup(t)
 	g := acquire(t, ctx, c, "job-42", "other", time.Minute)
 	p := start(t, ctx, dsnEnv(dsn), "lock", "job-42", "--", "sh", "-c", `echo "ran epoch=$PGLEASE_EPOCH"`)
 	time.Sleep(300 * time.Millisecond)
@@ -80,9 +76,7 @@ func TestLockStopsTheCommandWhenTheLeaseIsLost(t *testing.T) {
 		{"ignores sigterm", `trap '' TERM; echo "pid=$$"; sleep 600 & echo "child=$!"; while :; do wait; done`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx := testCtx(t)
-			dsn := leaseDB(t)
-			_, c := connect(t, ctx, dsn)
+			ctx, dsn, c := leaseSetup(t)
 			p := start(t, ctx, dsnEnv(dsn), "lock", "job-42", "--ttl", "3s", "--grace", "1s", "--", "sh", "-c", tc.script)
 			p.waitFor(t, "child=", false)
 			pids := pidsIn(t, p.out.String())
@@ -130,9 +124,7 @@ func zombie(pid int) bool {
 // SIGTERM to pglease stops the command (its status is the exit status) and
 // releases the key. Needs the real process: run with the built binary.
 func TestLockInterruptedReleases(t *testing.T) {
-	ctx := testCtx(t)
-	dsn := leaseDB(t)
-	_, c := connect(t, ctx, dsn)
+	ctx, dsn, c := leaseSetup(t)
 	t.Setenv(envBinary, buildBinaryOrEnv(t))
 	p := start(t, ctx, dsnEnv(dsn), "lock", "job-42", "--", "sh", "-c", `echo started; exec sleep 600`)
 	p.waitFor(t, "started", false)

@@ -13,9 +13,7 @@ import (
 )
 
 func TestWatchShowsALeaseMovingBetweenHolders(t *testing.T) {
-	ctx := testCtx(t)
-	dsn := leaseDB(t)
-	_, c := connect(t, ctx, dsn)
+	ctx, dsn, c := leaseSetup(t)
 	acquire(t, ctx, c, "job-42", "worker-a1", time.Minute)
 
 	p := start(t, ctx, dsnEnv(dsn), "watch", "job-42")
@@ -38,10 +36,7 @@ func TestWatchShowsALeaseMovingBetweenHolders(t *testing.T) {
 	// Another key is not shown.
 	acquire(t, ctx, c, "job-43", "worker-a1", time.Minute)
 	time.Sleep(200 * time.Millisecond)
-	p.stop()
-	if code := p.wait(t); code != exitOK {
-		t.Fatalf("watch exit %d: %s", code, p.err.String())
-	}
+	p.stopOK(t, "watch")
 	if strings.Contains(p.out.String(), "job-43") {
 		t.Fatalf("watch job-42 showed job-43:\n%s", p.out.String())
 	}
@@ -51,9 +46,7 @@ func TestWatchShowsALeaseMovingBetweenHolders(t *testing.T) {
 // send no notification). The grant here lasts 10 minutes: the renewal must
 // show long before.
 func TestWatchShowsRenewalsWhenTheyHappen(t *testing.T) {
-	ctx := testCtx(t)
-	dsn := leaseDB(t)
-	_, c := connect(t, ctx, dsn)
+	ctx, dsn, c := leaseSetup(t)
 	g := acquire(t, ctx, c, "job-42", "worker-a1", 10*time.Minute)
 
 	p := start(t, ctx, dsnEnv(dsn), "watch", "--poll", "200ms")
@@ -108,10 +101,7 @@ func TestWatchSurvivesServerRestart(t *testing.T) {
 	p.waitFor(t, "job-42  holder=worker-a1 epoch=1", false)
 	acquire(t, ctx, c, "job-42", "worker-b2", time.Minute)
 	p.waitFor(t, "acquired       job-42  holder=worker-b2 epoch=3", false)
-	p.stop()
-	if code := p.wait(t); code != exitOK {
-		t.Fatalf("watch exit %d after the restart: %s", code, p.err.String())
-	}
+	p.stopOK(t, "watch after the restart")
 	if n := strings.Count(p.err.String(), "\n"); n != 2 {
 		t.Errorf("watch stderr: %d lines, want 2 (lost, reconnected):\n%s", n, p.err.String())
 	}
@@ -121,9 +111,7 @@ func TestWatchSurvivesServerRestart(t *testing.T) {
 // A role that cannot read lease.leases: watch derives the lapse (same epoch,
 // no longer held) and keeps the holder it saw.
 func TestWatchDerivesTheLapseWithoutTheRow(t *testing.T) {
-	ctx := testCtx(t)
-	dsn := leaseDB(t)
-	_, c := connect(t, ctx, dsn)
+	ctx, dsn, c := leaseSetup(t)
 	viewer := role(t, ctx, "pglease_watcher")
 	p := start(t, ctx, dsnEnv(pgtest.WithUser(dsn, viewer)), "-v", "watch", "job-42")
 	p.waitFor(t, "cannot read lease.leases", true) // the first read: watch is subscribed
@@ -132,18 +120,13 @@ func TestWatchDerivesTheLapseWithoutTheRow(t *testing.T) {
 	p.waitFor(t, "lapsed         job-42  holder=worker-b2 epoch=1", false)
 	acquire(t, ctx, c, "job-42", "worker-a1", time.Minute)
 	p.waitFor(t, "takeover       job-42  holder=worker-a1 epoch=2", false)
-	p.stop()
-	if code := p.wait(t); code != exitOK {
-		t.Fatalf("watch exit %d: %s", code, p.err.String())
-	}
+	p.stopOK(t, "watch")
 }
 
 // A grant so short that it lapsed before watch read it still shows as
 // acquired, then lapsed.
 func TestWatchShowsAGrantThatLapsedBeforeItWasRead(t *testing.T) {
-	ctx := testCtx(t)
-	dsn := leaseDB(t)
-	_, c := connect(t, ctx, dsn)
+	ctx, dsn, c := leaseSetup(t)
 	p := start(t, ctx, dsnEnv(dsn), "-v", "watch")
 	p.waitFor(t, "reading lease.leases directly", true) // the first read: watch is subscribed
 	acquire(t, ctx, c, "job-42", "worker-b2", time.Millisecond)
