@@ -26,15 +26,7 @@ func TestEveryCallOnEveryQuerier(t *testing.T) {
 			{"pool", func(t *testing.T, f func(lease.Querier)) { f(db.pool) }},
 			{"conn", func(t *testing.T, f func(lease.Querier)) { f(connect(t, db.dsn)) }},
 			{"tx", func(t *testing.T, f func(lease.Querier)) {
-				tx, err := db.pool.Begin(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer tx.Rollback(ctx)
-				f(tx)
-				if err := tx.Commit(ctx); err != nil {
-					t.Fatal(err)
-				}
+				withTx(t, ctx, db.pool, func(tx pgx.Tx) { f(tx) })
 			}},
 		}
 		for _, k := range kinds {

@@ -21,8 +21,7 @@ import (
 // increase in real-time order.
 func TestAsyncPromotionNeverReissuesEpochs(t *testing.T) {
 	const maxTTL = 2 * time.Second
-	c := newCluster(t, clusterOptions{standbys: 1, maxTTL: maxTTL})
-	p, st := c.primary, c.standbys[0]
+	c, p, st := newPair(t, maxTTL)
 	ctx := pgtest.Context(t, 3*time.Minute)
 	multi := pgtest.MultiHostDSN(dbName, p, st)
 

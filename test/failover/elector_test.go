@@ -137,8 +137,7 @@ func TestElectorsThroughFailover(t *testing.T) {
 	const ttl = 2 * time.Second
 	for _, kind := range []string{"elector", "client-go"} {
 		t.Run(kind, func(t *testing.T) {
-			c := newCluster(t, clusterOptions{standbys: 1, maxTTL: ttl})
-			p, st := c.primary, c.standbys[0]
+			c, p, st := newPair(t, ttl)
 			ctx := pgtest.Context(t, 3*time.Minute)
 			rec := &terms{begun: make(chan *term, 100)}
 			runCtx, stopAll := context.WithCancel(context.Background())

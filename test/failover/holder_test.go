@@ -22,8 +22,7 @@ import (
 // the successor's successful acquire is even sent.
 func TestLostRenewalEndsBeforeSuccessor(t *testing.T) {
 	const ttl = 2 * time.Second
-	c := newCluster(t, clusterOptions{standbys: 1, maxTTL: ttl})
-	p, st := c.primary, c.standbys[0]
+	_, p, st := newPair(t, ttl)
 	ctx := pgtest.Context(t, 3*time.Minute)
 
 	var (

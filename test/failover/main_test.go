@@ -83,6 +83,14 @@ func newCluster(t *testing.T, o clusterOptions) *cluster {
 	return c
 }
 
+// newPair is newCluster with one standby: the cluster, its primary and the
+// standby.
+func newPair(t *testing.T, maxTTL time.Duration) (*cluster, *pgtest.Server, *pgtest.Server) {
+	t.Helper()
+	c := newCluster(t, clusterOptions{standbys: 1, maxTTL: maxTTL})
+	return c, c.primary, c.standbys[0]
+}
+
 // cutOff waits until st has replayed all that p has written, then stops its
 // streaming: what p acknowledges from now on, st never has.
 func cutOff(t *testing.T, ctx context.Context, p, st *pgtest.Server) {

@@ -19,8 +19,7 @@ import (
 // grant A released. (Found by TestRobustnessFailover.)
 func TestLostReleaseNotResurrected(t *testing.T) {
 	const ttl = 2 * time.Second
-	c := newCluster(t, clusterOptions{standbys: 1, maxTTL: ttl})
-	p, st := c.primary, c.standbys[0]
+	_, p, st := newPair(t, ttl)
 	ctx := pgtest.Context(t, 2*time.Minute)
 	old := lease.New(pgtest.Connect(t, dsn(p)))
 	ga, ok, err := old.Acquire(ctx, "k", "A", ttl)

@@ -15,8 +15,7 @@ import (
 // (SQLSTATE 25006, or 55000 "recovery is in progress"), never a hang and
 // never an untyped error; inspect still answers on the standby.
 func TestStandbyAndReadOnlyErrors(t *testing.T) {
-	c := newCluster(t, clusterOptions{standbys: 1, maxTTL: time.Minute})
-	p, st := c.primary, c.standbys[0]
+	_, p, st := newPair(t, time.Minute)
 	ctx := pgtest.Context(t, time.Minute)
 	prim := lease.New(pgtest.Connect(t, dsn(p)))
 	g, ok, err := prim.Acquire(ctx, "k", "owner", 30*time.Second)

@@ -30,8 +30,7 @@ import (
 // never go back either.
 func TestSplitBrainGuards(t *testing.T) {
 	const ttl = time.Second
-	c := newCluster(t, clusterOptions{standbys: 1, maxTTL: 2 * ttl})
-	p, st := c.primary, c.standbys[0]
+	_, p, st := newPair(t, 2*ttl)
 	ctx := pgtest.Context(t, 3*time.Minute)
 
 	guardPool := pgtest.NewPool(t, pgtest.NewDatabase(t), pgtest.MaxConns(8))

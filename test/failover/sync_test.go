@@ -47,8 +47,7 @@ func opSequence(key string) []op {
 // running, unacknowledged, when the standby was cut off): every
 // acknowledged grant, renewal and release survived.
 func TestSyncEveryAcknowledgedChangeSurvives(t *testing.T) {
-	c := newCluster(t, clusterOptions{standbys: 1, maxTTL: time.Hour})
-	p, st := c.primary, c.standbys[0]
+	_, p, st := newPair(t, time.Hour)
 	ctx := pgtest.Context(t, 3*time.Minute)
 	if err := p.SetSynchronousStandbyNames(ctx, st.StandbyName()); err != nil {
 		t.Fatal(err)
