@@ -319,14 +319,22 @@ func (h *harness) listen(t *testing.T, ctx context.Context, pre ...string) (next
 	}
 }
 
+// grant grants key to owner for an hour through h.client, failing the test
+// unless it is granted.
+func (h *harness) grant(t *testing.T, ctx context.Context, key, owner string) lease.Grant {
+	t.Helper()
+	g, ok, err := h.client.Acquire(ctx, key, owner, time.Hour)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	return g
+}
+
 // cycle grants key to owner o and releases it, n times, through h.client.
 func (h *harness) cycle(t *testing.T, ctx context.Context, key string, n int) {
 	t.Helper()
 	for i := 0; i < n; i++ {
-		g, ok, err := h.client.Acquire(ctx, key, "o", time.Hour)
-		if err != nil || !ok {
-			t.Fatal(ok, err)
-		}
+		g := h.grant(t, ctx, key, "o")
 		if err := h.client.Release(ctx, g.Token); err != nil {
 			t.Fatal(err)
 		}

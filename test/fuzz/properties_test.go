@@ -264,10 +264,7 @@ func TestConcurrentCleanupsKeepTheHighestFloor(t *testing.T) {
 	ctx := ctxFor(t)
 	c := h.client
 	h.cycle(t, ctx, "floor-a", 5) // free, counter 10
-	gb, ok, err := c.Acquire(ctx, "floor-b", "o", time.Hour)
-	if err != nil || !ok {
-		t.Fatal(ok, err)
-	}
+	gb := h.grant(t, ctx, "floor-b", "o")
 	t1 := h.begin(t, ctx)
 	var removed, floor int64
 	if err := t1.QueryRow(ctx, "SELECT removed, epoch_floor FROM lease.cleanup('0')").Scan(&removed, &floor); err != nil {
@@ -466,10 +463,7 @@ func TestNotificationPayloads(t *testing.T) {
 	// 0.3.0: by default only registered keys notify (lease.listen).
 	next := h.listen(t, ctx, "SELECT lease.listen('pay-k')")
 	c := h.client
-	g, ok, err := c.Acquire(ctx, "pay-k", "alice", time.Hour)
-	if err != nil || !ok {
-		t.Fatal(ok, err)
-	}
+	g := h.grant(t, ctx, "pay-k", "alice")
 	if _, err := c.Renew(ctx, g.Token, time.Hour); err != nil {
 		t.Fatal(err)
 	}
@@ -481,10 +475,7 @@ func TestNotificationPayloads(t *testing.T) {
 	if released, _, _, err := c.ForceRelease(ctx, "pay-k"); err != nil || released {
 		t.Fatal(released, err)
 	}
-	g2, ok, err := c.Acquire(ctx, "pay-k", "bob", time.Hour)
-	if err != nil || !ok {
-		t.Fatal(ok, err)
-	}
+	g2 := h.grant(t, ctx, "pay-k", "bob")
 	if _, _, _, err := c.ForceRelease(ctx, "pay-k"); err != nil {
 		t.Fatal(err)
 	}
@@ -508,10 +499,7 @@ func TestNotificationPayloads(t *testing.T) {
 func TestConcurrentForceReleases(t *testing.T) {
 	h := newHarness(t)
 	ctx := ctxFor(t)
-	g, ok, err := h.client.Acquire(ctx, "force-k", "o", time.Hour)
-	if err != nil || !ok {
-		t.Fatal(ok, err)
-	}
+	g := h.grant(t, ctx, "force-k", "o")
 	tx := h.begin(t, ctx)
 	var released bool
 	var epoch int64
@@ -651,10 +639,7 @@ func TestDurabilityForcingIsTransactionLocal(t *testing.T) {
 func TestConcurrentReleasesOfOneGrant(t *testing.T) {
 	h := newHarness(t)
 	ctx := ctxFor(t)
-	g, ok, err := h.client.Acquire(ctx, "rel-k", "o", time.Hour)
-	if err != nil || !ok {
-		t.Fatal(ok, err)
-	}
+	g := h.grant(t, ctx, "rel-k", "o")
 	tx := h.begin(t, ctx)
 	var st string
 	if err := tx.QueryRow(ctx, "SELECT lease.release('rel-k', 'o', $1)", g.Epoch).Scan(&st); err != nil || st != "ok" {
