@@ -354,18 +354,27 @@ func trial(ctx context.Context, sys *system, p profile, scenario string, i int) 
 	return r, nil
 }
 
+// dial opens a candidate's pool and its one listener (a lease.Waiter) on dsn.
+func dial(ctx context.Context, dsn string) (*pgxpool.Pool, *lease.Waiter, error) {
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		return nil, nil, err
+	}
+	w, err := lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{})
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return pool, w, nil
+}
+
 // ---- pkg/elector ----
 
 func electorCandidate(dsn, key string) func(context.Context, profile, string) (*candidate, error) {
 	return func(ctx context.Context, p profile, id string) (*candidate, error) {
 		c := newCandidate(id)
-		pool, err := pgxpool.New(ctx, dsn)
+		pool, w, err := dial(ctx, dsn)
 		if err != nil {
-			return nil, err
-		}
-		w, err := lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{})
-		if err != nil {
-			pool.Close()
 			return nil, err
 		}
 		client := lease.New(pool)
@@ -409,13 +418,8 @@ func electorCandidate(dsn, key string) func(context.Context, profile, string) (*
 
 func clientgoPGCandidate(dsn, key string) func(context.Context, profile, string) (*candidate, error) {
 	return func(ctx context.Context, p profile, id string) (*candidate, error) {
-		pool, err := pgxpool.New(ctx, dsn)
+		pool, w, err := dial(ctx, dsn)
 		if err != nil {
-			return nil, err
-		}
-		w, err := lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{})
-		if err != nil {
-			pool.Close()
 			return nil, err
 		}
 		closeAll := func() { w.Close(); pool.Close() }
