@@ -160,14 +160,19 @@ func TestFenced(t *testing.T) {
 func TestObservedLockMetrics(t *testing.T) {
 	client, _ := newClient(t)
 	key := "metrics-" + t.Name()
-	lock, err := resourcelock.New(client, key, "a", resourcelock.Options{LeaseDuration: 3 * time.Second})
-	if err != nil {
-		t.Fatal(err)
+	observed := func(id string) *pgle.ObservedLock { // id's lock on key, observed
+		t.Helper()
+		lock, err := resourcelock.New(client, key, id, resourcelock.Options{LeaseDuration: 3 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		obs, err := pgle.Observe(lock, lock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return obs
 	}
-	obs, err := pgle.Observe(lock, lock)
-	if err != nil {
-		t.Fatal(err)
-	}
+	obs := observed("a")
 	ctx := context.Background()
 	ler := rl.LeaderElectionRecord{HolderIdentity: "a"}
 	if err := obs.Create(ctx, ler); err != nil {
@@ -178,14 +183,7 @@ func TestObservedLockMetrics(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	other, err := resourcelock.New(client, key, "b", resourcelock.Options{LeaseDuration: 3 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	obsB, err := pgle.Observe(other, other)
-	if err != nil {
-		t.Fatal(err)
-	}
+	obsB := observed("b")
 	// b follows the holder (Get), then tries to take the key (Update): a
 	// conflict. (An Update before any Get or Create is a BadRequest.)
 	if _, _, err := obsB.Get(ctx); err != nil {

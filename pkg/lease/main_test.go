@@ -66,25 +66,9 @@ type testDB struct {
 	c    *lease.Client
 }
 
-func newPool(t testing.TB, dsn string) *pgxpool.Pool {
-	t.Helper()
-	pool, err := pgxpool.New(testCtx(t), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
-}
+func newPool(t testing.TB, dsn string) *pgxpool.Pool { return pgtest.NewPool(t, dsn) }
 
-func connect(t testing.TB, dsn string) *pgx.Conn {
-	t.Helper()
-	conn, err := pgx.Connect(testCtx(t), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	return conn
-}
+func connect(t testing.TB, dsn string) *pgx.Conn { return pgtest.Connect(t, dsn) }
 
 // connConfig parses dsn for NewWaiter.
 func connConfig(t testing.TB, dsn string) *pgx.ConnConfig {

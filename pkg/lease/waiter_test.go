@@ -473,6 +473,20 @@ func TestAwaitRegisters(t *testing.T) {
 			}
 		}
 		round("reg")
+		// grantSeen: regKey has one registration; a grant of key then comes
+		// on events.
+		grantSeen := func(events <-chan lease.Event, regKey, key, when string) {
+			t.Helper()
+			if n := registrations(t, db, regKey); n != 1 {
+				t.Fatalf("%d registrations of %q %s, want 1", n, regKey, when)
+			}
+			if _, _, err := db.c.Acquire(ctx, key, "holder", never); err != nil {
+				t.Fatal(err)
+			}
+			if ev := <-events; ev.Type != "acquired" || ev.Key != key {
+				t.Fatalf("%s: %+v, want the grant of %s", when, ev, key)
+			}
+		}
 
 		// Reconnect: a subscription that outlives its connection is
 		// registered again on the new one before the resync.
@@ -504,28 +518,12 @@ func TestAwaitRegisters(t *testing.T) {
 				time.Sleep(5 * time.Millisecond)
 			}
 		}
-		if n := registrations(t, db, "again"); n != 1 {
-			t.Fatalf("%d registrations after the reconnection's resync, want 1", n)
-		}
-		if _, _, err := db.c.Acquire(ctx, "again", "holder", never); err != nil {
-			t.Fatal(err)
-		}
-		if ev := <-events; ev.Type != "acquired" || ev.Key != "again" {
-			t.Fatalf("after reconnecting: %+v, want the grant of again", ev)
-		}
+		grantSeen(events, "again", "again", "after the reconnection's resync")
 		cancel()
 		round("reg2")
 
 		all := w.Watch(ctx)
-		if n := registrations(t, db, "*"); n != 1 {
-			t.Fatalf("%d registrations of '*' after Watch(), want 1", n)
-		}
-		if _, _, err := db.c.Acquire(ctx, "any", "holder", never); err != nil {
-			t.Fatal(err)
-		}
-		if ev := <-all; ev.Type != "acquired" || ev.Key != "any" {
-			t.Fatalf("Watch(): %+v, want the grant of any", ev)
-		}
+		grantSeen(all, "*", "any", "after Watch()")
 
 		// Close drops the registrations (a gone backend's would linger,
 		// notifying, until the next lease.listen by anyone).
