@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pg_lease/pkg/lease"
+	"strconv"
 )
 
 // hookEvent is one step of a waiter's goroutine (see NewWaiterWithHook).
@@ -36,16 +37,23 @@ func (r *recorder) hook(kind, detail string) {
 // next waits for the next step of the given kind.
 func (r *recorder) next(t testing.TB, kind string) {
 	t.Helper()
+	r.await(t, kind, func(ev hookEvent) bool { return ev.kind == kind })
+}
+
+// await reads steps until one matches; it fails the test ("waiter step
+// <what> did not come") when none has within a minute.
+func (r *recorder) await(t testing.TB, what string, match func(hookEvent) bool) {
+	t.Helper()
 	timeout := time.NewTimer(time.Minute)
 	defer timeout.Stop()
 	for {
 		select {
 		case ev := <-r.ch:
-			if ev.kind == kind {
+			if match(ev) {
 				return
 			}
 		case <-timeout.C:
-			t.Fatalf("waiter step %s did not come", kind)
+			t.Fatalf("waiter step %s did not come", what)
 		}
 	}
 }
@@ -406,18 +414,7 @@ func registrations(t *testing.T, db *testDB, key string) int {
 // nextFor waits for the next step of the given kind and detail.
 func (r *recorder) nextFor(t testing.TB, kind, detail string) {
 	t.Helper()
-	timeout := time.NewTimer(time.Minute)
-	defer timeout.Stop()
-	for {
-		select {
-		case ev := <-r.ch:
-			if ev.kind == kind && ev.detail == detail {
-				return
-			}
-		case <-timeout.C:
-			t.Fatalf("waiter step %s %q did not come", kind, detail)
-		}
-	}
+	r.await(t, kind+" "+strconv.Quote(detail), func(ev hookEvent) bool { return ev.kind == kind && ev.detail == detail })
 }
 
 // sawNotified drains what the waiter's hook recorded so far and reports
