@@ -6,12 +6,31 @@ import (
 	"time"
 )
 
+// Log is a list that goroutines add to and a test reads a copy of.
+type Log[T any] struct {
+	mu    sync.Mutex
+	items []T
+}
+
+// Add appends v.
+func (l *Log[T]) Add(v T) {
+	l.mu.Lock()
+	l.items = append(l.items, v)
+	l.mu.Unlock()
+}
+
+// All is a copy of everything added so far, in order.
+func (l *Log[T]) All() []T {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]T(nil), l.items...)
+}
+
 // Events reads what a test's processes report on a channel (their output
 // lines, parsed) and keeps every value it has read.
 type Events[T any] struct {
 	ch   <-chan T
-	mu   sync.Mutex
-	seen []T
+	seen Log[T]
 }
 
 // NewEvents reads from ch.
@@ -25,9 +44,7 @@ func (e *Events[T]) Await(t testing.TB, d time.Duration, what string, match func
 	for {
 		select {
 		case v := <-e.ch:
-			e.mu.Lock()
-			e.seen = append(e.seen, v)
-			e.mu.Unlock()
+			e.seen.Add(v)
 			if match(v) {
 				return v
 			}
@@ -38,8 +55,4 @@ func (e *Events[T]) Await(t testing.TB, d time.Duration, what string, match func
 }
 
 // Seen is every value read so far, in order.
-func (e *Events[T]) Seen() []T {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return append([]T(nil), e.seen...)
-}
+func (e *Events[T]) Seen() []T { return e.seen.All() }

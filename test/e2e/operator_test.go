@@ -182,7 +182,7 @@ type env struct {
 	procs    []*opProc
 	current  map[int]*opProc
 	gens     map[int]int
-	samples  []sample
+	samples  pgtest.Log[sample]
 	stopping bool
 	wg       sync.WaitGroup
 	logDir   string
@@ -722,17 +722,11 @@ func (e *env) sample() {
 			}
 			s.owner, s.epoch, s.held = id, epoch, held
 		}
-		e.mu.Lock()
-		e.samples = append(e.samples, s)
-		e.mu.Unlock()
+		e.samples.Add(s)
 	}
 }
 
-func (e *env) allSamples() []sample {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return slices.Clone(e.samples)
-}
+func (e *env) allSamples() []sample { return e.samples.All() }
 
 // workload creates ConfigMaps and keeps changing them.
 type workload struct {

@@ -48,7 +48,7 @@ func TestAsyncPromotionNeverReissuesEpochs(t *testing.T) {
 				g, ok, err := cl.Acquire(cctx, key, owner, time.Second)
 				resp := time.Now()
 				if err == nil && ok {
-					h.add(grantRec{key: key, owner: owner, epoch: g.Epoch, inv: inv, resp: resp})
+					h.Add(grantRec{key: key, owner: owner, epoch: g.Epoch, inv: inv, resp: resp})
 					switch r.IntN(3) {
 					case 0: // renew, then release
 						if _, err := cl.Renew(cctx, g.Token, time.Second); err == nil {
@@ -91,7 +91,7 @@ func TestAsyncPromotionNeverReissuesEpochs(t *testing.T) {
 	wg.Wait()
 	stop = make(chan struct{})
 
-	gs := h.snapshot()
+	gs := h.All()
 	var lost, after int
 	var first time.Time
 	for _, g := range gs {

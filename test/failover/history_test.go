@@ -4,8 +4,9 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"sync"
 	"time"
+
+	"github.com/pglease/pg_lease/internal/pgtest"
 )
 
 // grantRec is one acknowledged grant: acquire returned acquired = true.
@@ -16,22 +17,7 @@ type grantRec struct {
 }
 
 // history collects grants from concurrent clients.
-type history struct {
-	mu     sync.Mutex
-	grants []grantRec
-}
-
-func (h *history) add(g grantRec) {
-	h.mu.Lock()
-	h.grants = append(h.grants, g)
-	h.mu.Unlock()
-}
-
-func (h *history) snapshot() []grantRec {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return append([]grantRec(nil), h.grants...)
-}
+type history = pgtest.Log[grantRec]
 
 // checkGrants returns the violations of: (1) no (key, epoch) is granted to
 // two owners; (2) per key, a grant acknowledged before another was asked
