@@ -5,8 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
+	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
 )
 
@@ -19,16 +18,7 @@ import (
 func TestReleaseSurvivesADeadPooledConnection(t *testing.T) {
 	db := newDB(t, installModes[0])
 	ctx := testCtx(t)
-	cfg, err := pgxpool.ParseConfig(db.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 1
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := pgtest.NewPool(t, db.dsn, pgtest.MaxConns(1))
 	c := lease.New(pool)
 	for _, call := range []string{"release", "renew", "inspect"} {
 		g, ok, err := c.Acquire(ctx, "dead-conn/"+call, "a", time.Minute)

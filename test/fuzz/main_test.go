@@ -116,17 +116,9 @@ func newHarnessWith(tb testing.TB, pre string) *harness {
 			tb.Fatal(err)
 		}
 	}
-	cfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	cfg.MaxConns = 4
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(pool.Close)
+	pool := pgtest.NewPool(tb, dsn, pgtest.MaxConns(4))
 	h := &harness{pool: pool, client: lease.New(pool)}
+	var err error
 	if err := pool.QueryRow(ctx, "SELECT lease.version()").Scan(&h.version); err != nil {
 		tb.Fatal(err)
 	}
