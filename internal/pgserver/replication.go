@@ -111,14 +111,8 @@ func (st *Server) baseBackup(ctx context.Context, primaryPort int, name string) 
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	args := []string{"-D", st.dataDir, "-R", "-X", "stream", "-c", "fast", "--no-sync", "-d", st.conninfo(name)}
-	cmd := exec.CommandContext(ctx, filepath.Join(st.binDir, "pg_basebackup"), args...)
-	cmd.Dir = st.root
-	cmd.Env = append(os.Environ(), "LC_ALL=C", "LANG=C")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: st.cred, Pdeathsig: syscall.SIGKILL}
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("pgserver: pg_basebackup: %v:\n%s", err, out.String())
+	if out, err := st.runTool(ctx, "pg_basebackup", args...); err != nil {
+		return fmt.Errorf("pgserver: pg_basebackup: %v:\n%s", err, out)
 	}
 	st.primaryConninfo = st.conninfo(name)
 	return nil

@@ -235,24 +235,32 @@ func (s *Server) firstStart(ctx context.Context) error {
 	}
 }
 
-func (s *Server) initdb(ctx context.Context) error {
-	args := []string{"-D", s.dataDir, "-E", "UTF8", "--locale=C", "-U", Superuser, "-A", "trust", "--no-sync"}
-	if s.major >= 13 {
-		args = append(args, "--no-instructions")
-	}
-	cmd := exec.CommandContext(ctx, filepath.Join(s.binDir, "initdb"), args...)
+// runTool runs one of the installation's programs (initdb, pg_basebackup)
+// in the server's root, as the server's user, in its own process group
+// (killed with this process), and returns what it printed.
+func (s *Server) runTool(ctx context.Context, name string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, filepath.Join(s.binDir, name), args...)
 	cmd.Dir = s.root
 	cmd.Env = append(os.Environ(), "LC_ALL=C", "LANG=C")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: s.cred, Pdeathsig: syscall.SIGKILL}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err != nil {
+	err := cmd.Run()
+	return out.String(), err
+}
+
+func (s *Server) initdb(ctx context.Context) error {
+	args := []string{"-D", s.dataDir, "-E", "UTF8", "--locale=C", "-U", Superuser, "-A", "trust", "--no-sync"}
+	if s.major >= 13 {
+		args = append(args, "--no-instructions")
+	}
+	if out, err := s.runTool(ctx, "initdb", args...); err != nil {
 		hint := ""
 		if s.cred != nil {
 			hint = fmt.Sprintf("\n(initdb runs as uid %d because this process is root: every directory above %s must be searchable by that user)",
 				s.cred.Uid, s.root)
 		}
-		return fmt.Errorf("pgserver: initdb: %v:\n%s%s", err, out.String(), hint)
+		return fmt.Errorf("pgserver: initdb: %v:\n%s%s", err, out, hint)
 	}
 	return nil
 }
