@@ -97,16 +97,23 @@ func TestD2CrashKeepsCommittedEpochs(t *testing.T) {
 	// An uncommitted takeover needs a lapsed key.
 	mustAcquire(t, setup, "lapsed", "x", 200*time.Millisecond)
 	waitLapsed(t, setup, "lapsed", 30*time.Second)
+	// A grant that lapses just before the crash, seconds into the server's
+	// life: a server clock that restarts with the server (break
+	// uptime_clock) reads it as held again after the crash, since the
+	// restarted server is checked sooner in its life than that. ("lapsed"
+	// lapses well under a second into the server's life: held again under
+	// that break only when the restart and the check are quicker still.)
+	late := mustAcquire(t, setup, "lapsed-late", "y", 2*time.Second)
 
 	// Workers cycle acquire, renew, release on keys of their own; seen[key]
 	// is the key's epoch counter after the last call that returned success
 	// (autocommit: committed).
 	const workers, keysPer = 3, 3
 	var (
-		mu     sync.Mutex
-		seen   = map[string]int64{}
-		cycles = make([]int, workers)
-		ended  = make([]string, workers) // why a worker stopped (before the kill: a failure)
+		mu      sync.Mutex
+		seen    = map[string]int64{}
+		cycles  = make([]int, workers)
+		stopped = make([]string, workers) // why a worker stopped
 	)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -116,9 +123,9 @@ func TestD2CrashKeepsCommittedEpochs(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			owner := fmt.Sprintf("w%d", w)
-			end := func(cycle int, key, why string, err error) {
+			quit := func(why string) {
 				mu.Lock()
-				ended[w] = fmt.Sprintf("worker %d, cycle %d, key %s: %s: %v", w, cycle, key, why, err)
+				stopped[w] = why
 				mu.Unlock()
 			}
 			for cycle := 0; ; cycle++ {
@@ -126,21 +133,22 @@ func TestD2CrashKeepsCommittedEpochs(t *testing.T) {
 					key := fmt.Sprintf("k%d-%d", w, k)
 					g, ok, err := c.Acquire(ctx, key, owner, time.Hour)
 					if err != nil || !ok {
-						end(cycle, key, fmt.Sprintf("acquire (granted %t)", ok), err)
-						return // the crash
+						// the crash, or a failure before it (reported)
+						quit(fmt.Sprintf("cycle %d: acquire %s: ok=%t err=%v", cycle, key, ok, err))
+						return
 					}
 					mu.Lock()
 					seen[key] = g.Epoch
 					mu.Unlock()
 					if _, err := c.Renew(ctx, g.Token, time.Hour); err != nil {
-						end(cycle, key, "renew", err)
+						quit(fmt.Sprintf("cycle %d: %v", cycle, err))
 						return
 					}
 					if k == keysPer-1 && cycle%2 == 1 {
 						continue // leave this one held on odd cycles
 					}
 					if err := c.Release(ctx, g.Token); err != nil {
-						end(cycle, key, "release", err)
+						quit(fmt.Sprintf("cycle %d: %v", cycle, err))
 						return
 					}
 					mu.Lock()
@@ -175,13 +183,15 @@ func TestD2CrashKeepsCommittedEpochs(t *testing.T) {
 	eventually(t, time.Minute, "every worker to finish 5 cycles", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
-		for _, why := range ended {
+		for w, why := range stopped {
 			if why != "" {
-				t.Fatalf("before the crash: %s", why)
+				t.Fatalf("worker w%d stopped before the crash: %s", w, why)
 			}
 		}
 		return slices.Min(cycles) >= 5
 	})
+	// The grant that lapses last, just before the crash (see below).
+	waitLapsed(t, setup, "lapsed-late", 30*time.Second)
 	if err := e.srv.Kill(); err != nil { // mid-cycle: calls are in flight
 		t.Fatal(err)
 	}
@@ -195,6 +205,12 @@ func TestD2CrashKeepsCommittedEpochs(t *testing.T) {
 	}
 
 	c := e.client(t)
+	// First, while the restarted server is youngest.
+	if s := inspect(t, c, "lapsed-late"); !s.Exists || s.Epoch != late.Epoch {
+		t.Errorf("lapsed-late after the crash: %s; want its committed state, lapsed at epoch %d", stateString(s), late.Epoch)
+	} else if s.Held {
+		t.Errorf("a grant that lapsed just before the crash is held again after it: %s", stateString(s))
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	for key, last := range seen {
@@ -310,8 +326,13 @@ func TestR2R3RecoveryWithoutRepair(t *testing.T) {
 	e := newEnv(t, pgtest.Options{})
 	ctx := pgtest.Context(t, 2*time.Minute)
 	c := e.client(t)
-	k1 := mustAcquire(t, c, "k1", "a", time.Minute)           // survives the downtime
-	k2 := mustAcquire(t, c, "k2", "b", time.Second)           // expires during it
+	k1 := mustAcquire(t, c, "k1", "a", time.Minute) // survives the downtime
+	// k2 expires during the downtime, more than 2 s into the server's life:
+	// a server clock that restarts with the server (break uptime_clock)
+	// reads it as unexpired after the restart, which answers well before the
+	// new server is 2 s old. (With 1 s, whether it did depended on how
+	// quickly this setup and the crash recovery ran.)
+	k2 := mustAcquire(t, c, "k2", "b", 2*time.Second)         // expires during it
 	k3 := mustAcquire(t, c, "k3", "c", time.Minute)           // released before it
 	k4a := mustAcquire(t, c, "k4", "a", 200*time.Millisecond) // lapsed and taken over before it
 	mustRelease(t, c, k3)
