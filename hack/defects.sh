@@ -160,7 +160,10 @@ elif defect == '2_now_not_clock':
     sub('list', 'l.expires_at > clock_timestamp() AS h', 'l.expires_at > now() AS h', 1)
 elif defect == '3_no_sync_forcing':
     # lease._changed's forcing, and that of any function that does its own
-    pat = "PERFORM set_config('synchronous_commit', 'local', true);"
+    # (0.1.0/0.2.0 forced 'local'; 0.3.0 forces 'on')
+    pat = "PERFORM set_config('synchronous_commit', 'on', true);"
+    if not any(pat in body(n) for n in names()):
+        pat = "PERFORM set_config('synchronous_commit', 'local', true);"
     hit = [n for n in names() if pat in body(n)]
     if '_changed' not in hit:
         sys.exit('defect %s: forcing found in %s, want lease._changed among them' % (defect, hit))
