@@ -763,19 +763,21 @@ def main():
         # existed is kept only when its site is in a script that is not the
         # chain's newest (released scripts never change) and reads the same;
         # a unit redefined by a newer script gets a new id's site there.
-        cur = {m['id']: m for m in selected}
+        # Results of other text (or of a mutant that no longer exists) are
+        # dropped, whether or not the mutant is selected now.
+        cur = {m['id']: m for m in mutants}
         newest = order[-1]
         def same(r):
             m = cur.get(r['id'])
             if m is None:
-                return True  # not selected now: keep it, it is not run anyway
+                return False
             if 'unit_sha' in r:
                 return r['unit_sha'] == unit_sha(texts, m['site'])
             return (r.get('script') == m['site'].script != newest and r.get('what') == m['site'].what)
         stale = {r['id'] for r in prev if not same(r)}
         if stale:
-            print('mutate: --resume: %d earlier results are of other text, run again' % len(stale))
-        again |= stale
+            print('mutate: --resume: %d earlier results are of other text or gone: dropped' % len(stale))
+        prev = [r for r in prev if r['id'] not in stale]
         done = {r['id'] for r in prev} - again
         selected = [m for m in selected if m['id'] not in done]
         chosen = {m['id'] for m in selected}
