@@ -271,26 +271,36 @@ func (s *Server) writeConf() error {
 	for _, kv := range defaultSettings {
 		fmt.Fprintf(&b, "%s = %s\n", kv[0], quoteSetting(kv[1]))
 	}
-	keys := make([]string, 0, len(s.opts.Settings))
-	for k := range s.opts.Settings {
+	writeSettings(&b, s.opts.Settings)
+	if err := s.appendConf(b.String()); err != nil {
+		return fmt.Errorf("pgserver: writing postgresql.conf: %w", err)
+	}
+	return nil
+}
+
+// writeSettings writes settings to b, a line each, sorted by name.
+func writeSettings(b *strings.Builder, settings map[string]string) {
+	keys := make([]string, 0, len(settings))
+	for k := range settings {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		fmt.Fprintf(&b, "%s = %s\n", k, quoteSetting(s.opts.Settings[k]))
+		fmt.Fprintf(b, "%s = %s\n", k, quoteSetting(settings[k]))
 	}
+}
+
+// appendConf appends text to the data directory's postgresql.conf.
+func (s *Server) appendConf(text string) error {
 	f, err := os.OpenFile(filepath.Join(s.dataDir, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
 		return fmt.Errorf("pgserver: %w", err)
 	}
-	_, err = f.WriteString(b.String())
+	_, err = f.WriteString(text)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
-	if err != nil {
-		return fmt.Errorf("pgserver: writing postgresql.conf: %w", err)
-	}
-	return nil
+	return err
 }
 
 func quoteSetting(v string) string {
