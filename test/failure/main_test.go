@@ -56,7 +56,7 @@ func newEnv(t *testing.T, opts pgtest.Options) *env {
 	if b, file := activeBreak(t), os.Getenv(EnvSQL); b != nil || file != "" {
 		var script string
 		if file != "" {
-			script = scriptFile(t, file)
+			script = pgtest.ScriptFile(t, file, EnvSQL)
 		} else {
 			var err error
 			if script, err = pgleasesql.SchemaScript(pgtest.Superuser, ""); err != nil {
