@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pglease/pg_lease/internal/pgerr"
 )
 
 // connectError is a failed connection attempt, printed on one line: each
@@ -191,25 +193,18 @@ func passwordCandidates(dsn string) []string {
 }
 
 // sqlState is the SQLSTATE of the server error in err's chain, or "".
-func sqlState(err error) string {
-	var pg *pgconn.PgError
-	if errors.As(err, &pg) {
-		return pg.Code
-	}
-	return ""
-}
+func sqlState(err error) string { return pgerr.Code(err) }
 
+// pgMessage is the server error's message, or err's text when there is none.
 func pgMessage(err error) string {
-	var pg *pgconn.PgError
-	if errors.As(err, &pg) {
+	if pg, ok := pgerr.As(err); ok {
 		return pg.Message
 	}
 	return err.Error()
 }
 
 func pgDetail(err error) string {
-	var pg *pgconn.PgError
-	if errors.As(err, &pg) && pg.Detail != "" {
+	if pg, ok := pgerr.As(err); ok && pg.Detail != "" {
 		return pg.Detail
 	}
 	return pgMessage(err)

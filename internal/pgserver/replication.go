@@ -1,7 +1,6 @@
 package pgserver
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,8 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -171,25 +170,10 @@ func (s *Server) appendSettings(settings map[string]string) error {
 	if len(settings) == 0 {
 		return nil
 	}
-	keys := make([]string, 0, len(settings))
-	for k := range settings {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	var b bytes.Buffer
+	var b strings.Builder
 	b.WriteString("\n# pgserver standby\n")
-	for _, k := range keys {
-		fmt.Fprintf(&b, "%s = %s\n", k, quoteSetting(settings[k]))
-	}
-	f, err := os.OpenFile(filepath.Join(s.dataDir, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		return fmt.Errorf("pgserver: %w", err)
-	}
-	_, err = f.Write(b.Bytes())
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
+	writeSettings(&b, settings)
+	return s.appendConf(b.String())
 }
 
 // StandbyName is the application_name a standby streams under ("" for a

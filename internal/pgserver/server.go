@@ -271,26 +271,36 @@ func (s *Server) writeConf() error {
 	for _, kv := range defaultSettings {
 		fmt.Fprintf(&b, "%s = %s\n", kv[0], quoteSetting(kv[1]))
 	}
-	keys := make([]string, 0, len(s.opts.Settings))
-	for k := range s.opts.Settings {
+	writeSettings(&b, s.opts.Settings)
+	if err := s.appendConf(b.String()); err != nil {
+		return fmt.Errorf("pgserver: writing postgresql.conf: %w", err)
+	}
+	return nil
+}
+
+// writeSettings writes settings to b, a line each, sorted by name.
+func writeSettings(b *strings.Builder, settings map[string]string) {
+	keys := make([]string, 0, len(settings))
+	for k := range settings {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		fmt.Fprintf(&b, "%s = %s\n", k, quoteSetting(s.opts.Settings[k]))
+		fmt.Fprintf(b, "%s = %s\n", k, quoteSetting(settings[k]))
 	}
+}
+
+// appendConf appends text to the data directory's postgresql.conf.
+func (s *Server) appendConf(text string) error {
 	f, err := os.OpenFile(filepath.Join(s.dataDir, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
 		return fmt.Errorf("pgserver: %w", err)
 	}
-	_, err = f.WriteString(b.String())
+	_, err = f.WriteString(text)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
-	if err != nil {
-		return fmt.Errorf("pgserver: writing postgresql.conf: %w", err)
-	}
-	return nil
+	return err
 }
 
 func quoteSetting(v string) string {
@@ -433,17 +443,23 @@ func (s *Server) controllable(op string) error {
 	return nil
 }
 
+// control runs f with the server's lock held, after checking that op may
+// be done to this server (the control methods' common first lines).
+func (s *Server) control(op string, f func() error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.controllable(op); err != nil {
+		return err
+	}
+	return f()
+}
+
 // Kill crashes the server: SIGKILL to the postmaster and every backend and
 // auxiliary process at once (nothing runs, nothing flushes after it), then
 // reaps the postmaster. Committed data survive in the data directory; the
 // next Start performs crash recovery. Killing a stopped server is a no-op.
 func (s *Server) Kill() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.controllable("Kill"); err != nil {
-		return err
-	}
-	return s.killLocked()
+	return s.control("Kill", s.killLocked)
 }
 
 func (s *Server) killLocked() error {
@@ -465,12 +481,7 @@ func (s *Server) killLocked() error {
 // back, a shutdown checkpoint is written) and waits for it. A frozen server
 // is thawed first. Stopping a stopped server is a no-op.
 func (s *Server) Stop() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.controllable("Stop"); err != nil {
-		return err
-	}
-	return s.stopLocked()
+	return s.control("Stop", s.stopLocked)
 }
 
 func (s *Server) stopLocked() error {
@@ -497,63 +508,51 @@ func (s *Server) stopLocked() error {
 // socket directory), performing crash recovery if it was killed, and waits
 // until it accepts connections.
 func (s *Server) Start(ctx context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.controllable("Start"); err != nil {
-		return err
-	}
-	return s.startLocked(ctx)
+	return s.control("Start", func() error {
+		return s.startLocked(ctx)
+	})
 }
 
 // Restart is Stop then Start.
 func (s *Server) Restart(ctx context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.controllable("Restart"); err != nil {
-		return err
-	}
-	if err := s.stopLocked(); err != nil {
-		return err
-	}
-	return s.startLocked(ctx)
+	return s.control("Restart", func() error {
+		if err := s.stopLocked(); err != nil {
+			return err
+		}
+		return s.startLocked(ctx)
+	})
 }
 
 // Freeze stops every server process with SIGSTOP: connections stay open,
 // queries and new connections hang until Thaw (or time out on the client).
 func (s *Server) Freeze() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.controllable("Freeze"); err != nil {
-		return err
-	}
-	if s.cmd == nil {
-		return errors.New("pgserver: Freeze: the server is not running")
-	}
-	if s.frozen {
+	return s.control("Freeze", func() error {
+		if s.cmd == nil {
+			return errors.New("pgserver: Freeze: the server is not running")
+		}
+		if s.frozen {
+			return nil
+		}
+		if err := signalTree(s.cmd.Process.Pid, syscall.SIGSTOP); err != nil {
+			return fmt.Errorf("pgserver: Freeze: %w", err)
+		}
+		s.frozen = true
 		return nil
-	}
-	if err := signalTree(s.cmd.Process.Pid, syscall.SIGSTOP); err != nil {
-		return fmt.Errorf("pgserver: Freeze: %w", err)
-	}
-	s.frozen = true
-	return nil
+	})
 }
 
 // Thaw resumes a frozen server with SIGCONT.
 func (s *Server) Thaw() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.controllable("Thaw"); err != nil {
-		return err
-	}
-	if s.cmd == nil || !s.frozen {
+	return s.control("Thaw", func() error {
+		if s.cmd == nil || !s.frozen {
+			return nil
+		}
+		if err := signalTree(s.cmd.Process.Pid, syscall.SIGCONT); err != nil {
+			return fmt.Errorf("pgserver: Thaw: %w", err)
+		}
+		s.frozen = false
 		return nil
-	}
-	if err := signalTree(s.cmd.Process.Pid, syscall.SIGCONT); err != nil {
-		return fmt.Errorf("pgserver: Thaw: %w", err)
-	}
-	s.frozen = false
-	return nil
+	})
 }
 
 // SetClockOffset sets the offset of the wall clock the server sees from the
@@ -562,15 +561,12 @@ func (s *Server) Thaw() error {
 // backend, and survives restarts. Offsets do not accumulate: each call sets
 // the offset from real time.
 func (s *Server) SetClockOffset(d time.Duration) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.controllable("SetClockOffset"); err != nil {
-		return err
-	}
-	if !s.opts.FakeClock {
-		return errors.New("pgserver: SetClockOffset needs a server started with Options.FakeClock")
-	}
-	return s.writeClock(formatOffset(d))
+	return s.control("SetClockOffset", func() error {
+		if !s.opts.FakeClock {
+			return errors.New("pgserver: SetClockOffset needs a server started with Options.FakeClock")
+		}
+		return s.writeClock(formatOffset(d))
+	})
 }
 
 // formatOffset renders d in the relative format libfaketime reads from

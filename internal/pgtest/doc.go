@@ -14,6 +14,10 @@
 //		...
 //	}
 //
+// Waiting: Eventually(t, d, what, cond) polls a condition; WaitServerPast(t,
+// q, ts) sleeps on the server until its clock has passed ts; a package that
+// starts servers of its own bounds them with NewSlots(n) and Slots.Take.
+//
 // When PGLEASE_TEST_DSN is set (a role with CREATEDB), Shared and NewDatabase
 // use that server instead of starting one.
 //

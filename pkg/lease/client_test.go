@@ -269,7 +269,7 @@ func TestSentinels(t *testing.T) {
 			if err != nil || !ok {
 				t.Fatal(ok, err)
 			}
-			waitServerPast(t, db.pool, short.ExpiresAt)
+			pgtest.WaitServerPast(t, db.pool, short.ExpiresAt)
 			_, err = c.Renew(ctx, short.Token, time.Minute)
 			lost(t, err, lease.ErrLapsed, false)
 			lost(t, c.Release(ctx, short.Token), lease.ErrLapsed, false)

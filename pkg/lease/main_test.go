@@ -119,24 +119,3 @@ func forEachMode(t *testing.T, f func(t *testing.T, db *testDB)) {
 		t.Run(m.name, func(t *testing.T) { f(t, newDB(t, m)) })
 	}
 }
-
-// waitServerPast blocks, on the server, until the server's clock has passed
-// ts (sequencing on the server's own clock, not a local sleep).
-func waitServerPast(t testing.TB, q lease.Querier, ts time.Time) {
-	t.Helper()
-	ctx := testCtx(t)
-	for {
-		var past bool
-		if err := q.QueryRow(ctx, `SELECT clock_timestamp() > $1::timestamptz`, ts).Scan(&past); err != nil {
-			t.Fatal(err)
-		}
-		if past {
-			return
-		}
-		if _, err := q.Exec(ctx,
-			`SELECT pg_sleep(greatest(0.0001, extract(epoch FROM $1::timestamptz - clock_timestamp()))::double precision)`,
-			ts); err != nil {
-			t.Fatal(err)
-		}
-	}
-}

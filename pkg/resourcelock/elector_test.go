@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 	"k8s.io/client-go/tools/leaderelection"
@@ -291,7 +292,7 @@ func TestElectorLapseThenReacquireSameIdentity(t *testing.T) {
 	case <-time.After(3 * testRetryPeriod):
 	}
 	// client-go keeps renewing the new epoch.
-	waitFor(t, time.Minute, "a renewal of the new epoch", func() bool {
+	pgtest.Eventually(t, time.Minute, "a renewal of the new epoch", func() bool {
 		tok, ok := lock.Token()
 		return ok && tok == second
 	})

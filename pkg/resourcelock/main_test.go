@@ -25,22 +25,10 @@ func newClient(t *testing.T, dsn string) *lease.Client {
 	return lease.New(newPool(t, dsn))
 }
 
-// waitFor polls cond until it holds or the test's patience (d) runs out.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // waitLapsed waits until the server reports key unheld (a grant lapsed).
 func waitLapsed(t *testing.T, c *lease.Client, key string, d time.Duration) {
 	t.Helper()
-	waitFor(t, d, key+" to lapse on the server", func() bool {
+	pgtest.Eventually(t, d, key+" to lapse on the server", func() bool {
 		s, err := c.Inspect(context.Background(), key)
 		if err != nil {
 			t.Fatal(err)

@@ -24,17 +24,7 @@ const dbName = "failover"
 
 // slots bounds how many clusters run at once (two cores, other packages'
 // servers beside them).
-var slots = make(chan struct{}, 2)
-
-func takeSlot(t *testing.T) {
-	t.Helper()
-	select {
-	case slots <- struct{}{}:
-	case <-time.After(5 * time.Minute):
-		t.Fatal("no cluster slot in 5 minutes")
-	}
-	t.Cleanup(func() { <-slots })
-}
+var slots = pgtest.NewSlots(2)
 
 // cluster is a throwaway primary with pg_lease in database "failover" and
 // its standbys.
@@ -53,7 +43,7 @@ type clusterOptions struct {
 
 func newCluster(t *testing.T, o clusterOptions) *cluster {
 	t.Helper()
-	takeSlot(t)
+	slots.Take(t, "cluster")
 	ctx := pgtest.Context(t, 2*time.Minute)
 	p := pgtest.New(t, pgtest.Options{Settings: map[string]string{"wal_sender_timeout": "5s", "wal_receiver_status_interval": "1s"}})
 	if err := p.InstallExtensionFiles(ctx); err != nil {

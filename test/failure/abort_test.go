@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pglease/pg_lease/internal/pgerr"
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
 )
@@ -18,7 +19,6 @@ import (
 // release roll back with it, the state before stands, and it stays usable:
 // another session can take what was free, the holder keeps what it held.
 func TestOperationTransactionAborted(t *testing.T) {
-	t.Parallel()
 	e := newEnv(t, pgtest.Options{})
 	ctx := pgtest.Context(t, 2*time.Minute)
 	admin := e.connect(t)
@@ -104,7 +104,7 @@ func TestOperationTransactionAborted(t *testing.T) {
 			c := lease.New(tx)
 			mustAcquire(t, c, "never-err", "x", 30*time.Minute)
 			mustRelease(t, c, held["h-error"])
-			if _, err := tx.Exec(pgtest.Context(t, time.Minute), `SELECT 1/0`); pgCode(err) != "22012" {
+			if _, err := tx.Exec(pgtest.Context(t, time.Minute), `SELECT 1/0`); pgerr.Code(err) != "22012" {
 				t.Fatalf("SELECT 1/0: %v", err)
 			}
 		},

@@ -21,23 +21,6 @@ const EnvBreak = "PGLEASE_FAILURE_BREAK"
 // points it at deliberately broken copies). Empty: the repository's.
 const EnvSQL = "PGLEASE_FAILURE_SQL"
 
-// scriptFile reads the script named by EnvSQL for a plain-schema install:
-// psql meta-command lines dropped, @extowner@ replaced by the superuser.
-func scriptFile(t *testing.T, path string) string {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%s: %v", EnvSQL, err)
-	}
-	var sb strings.Builder
-	for _, l := range strings.SplitAfter(string(b), "\n") {
-		if !strings.HasPrefix(strings.TrimSpace(l), `\`) {
-			sb.WriteString(l)
-		}
-	}
-	return strings.ReplaceAll(sb.String(), "@extowner@", `"`+pgtest.Superuser+`"`)
-}
-
 // A break is a deliberate defect: either in pg_lease's SQL (sql is applied to
 // the install script, which the test then installs as a plain schema in its
 // own database) or in a test's own guard (sql is nil; the test consults

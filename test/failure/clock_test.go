@@ -20,7 +20,6 @@ import (
 //
 // The numbers logged with "CLOCK" are quoted in specs/FAILURE-MODEL.md.
 func TestServerClockJumps(t *testing.T) {
-	t.Parallel()
 	e := newEnv(t, pgtest.Options{FakeClock: true})
 	ctx := pgtest.Context(t, 2*time.Minute)
 	admin := e.connect(t)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,7 +26,6 @@ type call struct {
 // after, with the epoch unchanged for the grant that did not expire, and
 // lapsed for the one that did.
 func TestServerDownWhilePoolHolderRenews(t *testing.T) {
-	t.Parallel()
 	e := newEnv(t, pgtest.Options{})
 	ctx := pgtest.Context(t, 2*time.Minute)
 	pool := e.pool(t, 2)
@@ -41,20 +39,7 @@ func TestServerDownWhilePoolHolderRenews(t *testing.T) {
 			grants := map[string]lease.Grant{long.Key: long, short.Key: short}
 			ttls := map[string]time.Duration{long.Key: longTTL, short.Key: shortTTL}
 
-			var (
-				mu    sync.Mutex
-				calls []call
-			)
-			record := func(cl call) {
-				mu.Lock()
-				calls = append(calls, cl)
-				mu.Unlock()
-			}
-			snapshot := func() []call {
-				mu.Lock()
-				defer mu.Unlock()
-				return append([]call(nil), calls...)
-			}
+			var calls pgtest.Log[call]
 			stop := make(chan struct{})
 			done := make(chan struct{})
 			go func() { // the holder: renew both every 100 ms until lost
@@ -66,7 +51,7 @@ func TestServerDownWhilePoolHolderRenews(t *testing.T) {
 						start := time.Now()
 						g, err := c.Renew(cctx, grants[key].Token, ttls[key])
 						cancel()
-						record(call{key: key, start: start, at: time.Now(), err: err, epoch: g.Epoch, expiry: g.ExpiresAt})
+						calls.Add(call{key: key, start: start, at: time.Now(), err: err, epoch: g.Epoch, expiry: g.ExpiresAt})
 						if errors.Is(err, lease.ErrLost) {
 							delete(active, key)
 						}
@@ -81,7 +66,7 @@ func TestServerDownWhilePoolHolderRenews(t *testing.T) {
 			defer func() { close(stop); <-done }()
 
 			okCount := func(key string, after time.Time) (n int, last call) {
-				for _, cl := range snapshot() {
+				for _, cl := range calls.All() {
 					if cl.key == key && cl.err == nil && cl.at.After(after) {
 						n++
 						last = cl
@@ -89,7 +74,7 @@ func TestServerDownWhilePoolHolderRenews(t *testing.T) {
 				}
 				return
 			}
-			eventually(t, 30*time.Second, "three renewals of each key", func() bool {
+			pgtest.Eventually(t, 30*time.Second, "three renewals of each key", func() bool {
 				n1, _ := okCount(long.Key, time.Time{})
 				n2, _ := okCount(short.Key, time.Time{})
 				return n1 >= 3 && n2 >= 3
@@ -107,8 +92,8 @@ func TestServerDownWhilePoolHolderRenews(t *testing.T) {
 			}
 			downDone := time.Now()
 			// The holder's calls fail while the server is down.
-			eventually(t, 30*time.Second, "a failed renewal during the downtime", func() bool {
-				for _, cl := range snapshot() {
+			pgtest.Eventually(t, 30*time.Second, "a failed renewal during the downtime", func() bool {
+				for _, cl := range calls.All() {
 					if cl.at.After(downDone) && cl.err != nil && !errors.Is(cl.err, lease.ErrLost) {
 						return true
 					}
@@ -125,17 +110,17 @@ func TestServerDownWhilePoolHolderRenews(t *testing.T) {
 			}
 			up := time.Now()
 
-			eventually(t, 30*time.Second, "two renewals of the long grant after the restart, and the short one's fate", func() bool {
+			pgtest.Eventually(t, 30*time.Second, "two renewals of the long grant after the restart, and the short one's fate", func() bool {
 				n, _ := okCount(long.Key, up)
 				decided := false // lost, or (wrongly) renewed: checked below
-				for _, cl := range snapshot() {
+				for _, cl := range calls.All() {
 					decided = decided || (cl.key == short.Key && (errors.Is(cl.err, lease.ErrLost) ||
 						cl.err == nil && cl.start.After(downDone)))
 				}
 				return n >= 2 && decided
 			})
 			failed := 0
-			for _, cl := range snapshot() {
+			for _, cl := range calls.All() {
 				switch {
 				case cl.start.After(downDone) && cl.at.Before(starting) && cl.err == nil:
 					t.Errorf("%s: a renewal succeeded while the server was down (at %v)", cl.key, cl.at.Sub(down))
@@ -150,14 +135,14 @@ func TestServerDownWhilePoolHolderRenews(t *testing.T) {
 				}
 			}
 			var firstOK time.Duration
-			for _, cl := range snapshot() {
+			for _, cl := range calls.All() {
 				if cl.key == long.Key && cl.at.After(up) && cl.err == nil {
 					firstOK = cl.at.Sub(up)
 					break
 				}
 			}
 			var shortLast error
-			for _, cl := range snapshot() {
+			for _, cl := range calls.All() {
 				if cl.key == short.Key {
 					shortLast = cl.err
 				}

@@ -18,7 +18,6 @@ import (
 
 // D1: after a clean restart every key's state is exactly what it was.
 func TestD1CleanRestartKeepsState(t *testing.T) {
-	t.Parallel()
 	e := newEnv(t, pgtest.Options{})
 	ctx := pgtest.Context(t, 2*time.Minute)
 	c := e.client(t)
@@ -89,7 +88,6 @@ func TestD1CleanRestartKeepsState(t *testing.T) {
 // D2: a crash keeps every committed epoch (never below what a client saw
 // committed) and loses every uncommitted acquire.
 func TestD2CrashKeepsCommittedEpochs(t *testing.T) {
-	t.Parallel()
 	e := newEnv(t, pgtest.Options{})
 	ctx := pgtest.Context(t, 2*time.Minute)
 	setup := e.client(t)
@@ -180,7 +178,7 @@ func TestD2CrashKeepsCommittedEpochs(t *testing.T) {
 			t.Fatalf("uncommitted acquire of %s: %t %v", q.key, ok, err)
 		}
 	}
-	eventually(t, time.Minute, "every worker to finish 5 cycles", func() bool {
+	pgtest.Eventually(t, time.Minute, "every worker to finish 5 cycles", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		for w, why := range stopped {
@@ -257,7 +255,6 @@ func mustList(t testing.TB, c *lease.Client) []lease.State {
 // accepts connections; a grant with time left resumes its countdown: same
 // owner, same epoch, same expiry.
 func TestD3DowntimeNeverExtendsOwnership(t *testing.T) {
-	t.Parallel()
 	e := newEnv(t, pgtest.Options{})
 	for _, mode := range []string{"clean", "crash"} {
 		t.Run(mode, func(t *testing.T) {
@@ -322,7 +319,6 @@ func TestD3DowntimeNeverExtendsOwnership(t *testing.T) {
 // unexpired) or are told lapsed, and nothing but the ordinary API is needed:
 // no repair, no re-initialisation.
 func TestR2R3RecoveryWithoutRepair(t *testing.T) {
-	t.Parallel()
 	e := newEnv(t, pgtest.Options{})
 	ctx := pgtest.Context(t, 2*time.Minute)
 	c := e.client(t)
@@ -389,7 +385,6 @@ func TestR2R3RecoveryWithoutRepair(t *testing.T) {
 // A grant made with synchronous_commit = off survives a crash that loses an
 // ordinary asynchronous commit made after it.
 func TestSyncCommitOffGrantSurvivesCrash(t *testing.T) {
-	t.Parallel()
 	e := newEnv(t, pgtest.Options{Settings: map[string]string{
 		// Nothing flushes WAL in the background for 10 s: an unforced
 		// asynchronous commit is lost by a kill within that time.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pglease/pg_lease/internal/pgerr"
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
 )
@@ -18,7 +19,6 @@ import (
 // left, statement_timeout during a blocking acquire, lock_timeout behind a
 // transaction that holds the key's row lock (lease.fence).
 func TestResourceExhaustionFailsClosed(t *testing.T) {
-	t.Parallel()
 	e := newEnv(t, pgtest.Options{Settings: map[string]string{
 		"max_connections":                "6",
 		"superuser_reserved_connections": "2",
@@ -34,9 +34,9 @@ func TestResourceExhaustionFailsClosed(t *testing.T) {
 	appConn := func(t *testing.T) *pgx.Conn {
 		t.Helper()
 		var conn *pgx.Conn
-		eventually(t, 10*time.Second, "a free connection slot", func() bool {
+		pgtest.Eventually(t, 10*time.Second, "a free connection slot", func() bool {
 			c, err := pgx.Connect(ctx, appDSN)
-			if err != nil && pgCode(err) != "53300" {
+			if err != nil && pgerr.Code(err) != "53300" {
 				t.Fatal(err)
 			}
 			conn = c
@@ -72,7 +72,7 @@ func TestResourceExhaustionFailsClosed(t *testing.T) {
 				_ = c.Close(context.Background())
 			}
 		}()
-		if pgCode(refused) != "53300" {
+		if pgerr.Code(refused) != "53300" {
 			t.Fatalf("after %d connections: %v, want SQLSTATE 53300", len(fillers), refused)
 		}
 		before := rawRows(t, admin)
@@ -92,7 +92,7 @@ func TestResourceExhaustionFailsClosed(t *testing.T) {
 			_, ok, err := lease.New(conn).Acquire(ctx, "job", "worker", time.Hour)
 			return ok, err
 		}()
-		if pgCode(err) != "53300" {
+		if pgerr.Code(err) != "53300" {
 			t.Fatalf("worker with no slot left: %v, want SQLSTATE 53300 (too_many_connections)", err)
 		}
 		if mayAct(acquired, err) {
@@ -129,9 +129,9 @@ func TestResourceExhaustionFailsClosed(t *testing.T) {
 		if err == nil {
 			t.Fatalf("blocking acquire under statement_timeout 300ms returned a grant after %v: %v", took, wg.Token)
 		}
-		if pgCode(err) != "57014" || pgMessage(err) != "canceling statement due to statement timeout" || errors.Is(err, lease.ErrWaitTimeout) {
+		if pgerr.Code(err) != "57014" || pgerr.Message(err) != "canceling statement due to statement timeout" || errors.Is(err, lease.ErrWaitTimeout) {
 			t.Fatalf("blocking acquire under statement_timeout: %v (code %s), want 57014 canceling statement due to statement timeout, not the lease's own timeout",
-				err, pgCode(err))
+				err, pgerr.Code(err))
 		}
 		t.Logf("cancelled after %v: %v", took.Round(time.Millisecond), err)
 		unchanged(t, before, "a cancelled blocking acquire")
@@ -144,7 +144,7 @@ func TestResourceExhaustionFailsClosed(t *testing.T) {
 		// The lease's own wait bound is a different error.
 		mustAcquire(t, holder, "st2", "holder", time.Hour)
 		w2 := lease.New(appConn(t))
-		if _, err := w2.AcquireWait(ctx, "st2", "waiter", time.Minute, 200*time.Millisecond); !errors.Is(err, lease.ErrWaitTimeout) || pgMessage(err) != "timeout" {
+		if _, err := w2.AcquireWait(ctx, "st2", "waiter", time.Minute, 200*time.Millisecond); !errors.Is(err, lease.ErrWaitTimeout) || pgerr.Message(err) != "timeout" {
 			t.Fatalf("blocking acquire past its wait bound: %v, want the lease's timeout (57014 \"timeout\")", err)
 		}
 	})
@@ -168,12 +168,12 @@ func TestResourceExhaustionFailsClosed(t *testing.T) {
 			t.Fatal(err)
 		}
 		before := rawRows(t, admin)
-		if rg, err := holder.Renew(ctx, g.Token, 50*time.Minute); pgCode(err) != "55P03" {
+		if rg, err := holder.Renew(ctx, g.Token, 50*time.Minute); pgerr.Code(err) != "55P03" {
 			t.Fatalf("renew behind the fence's row lock: %v %v, want SQLSTATE 55P03 (lock_not_available)", rg.Token, err)
 		} else {
 			t.Logf("renew: %v", err)
 		}
-		if err := holder.Release(ctx, g.Token); pgCode(err) != "55P03" {
+		if err := holder.Release(ctx, g.Token); pgerr.Code(err) != "55P03" {
 			t.Fatalf("release behind the fence's row lock: %v, want SQLSTATE 55P03", err)
 		}
 		if _, ok, err := lease.New(appConn(t)).Acquire(ctx, "lk", "other", time.Minute); err != nil || ok {

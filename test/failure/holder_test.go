@@ -23,7 +23,6 @@ import (
 // connection): the grant neither vanishes nor frees; it stays held until its
 // expiry, and then another owner takes over.
 func TestHolderSessionTerminated(t *testing.T) {
-	t.Parallel()
 	e := newEnv(t, pgtest.Options{})
 	admin := e.connect(t)
 	for _, how := range []string{"pg_terminate_backend", "disconnect"} {
@@ -201,7 +200,6 @@ func procState(pid int) byte {
 // and its old epoch is rejected by an epoch watermark guard and by
 // lease.fence: no write under the old epoch lands after the successor's.
 func TestHolderHungProcess(t *testing.T) {
-	t.Parallel()
 	e := newEnv(t, pgtest.Options{})
 	ctx := pgtest.Context(t, 2*time.Minute)
 	admin := e.connect(t)
@@ -226,7 +224,7 @@ func TestHolderHungProcess(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "the helper to stop", func() bool { return procState(pid) == 'T' })
+	pgtest.Eventually(t, 10*time.Second, "the helper to stop", func() bool { return procState(pid) == 'T' })
 	stoppedAt := time.Now()
 
 	succ := e.connect(t)

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pg_lease/internal/pgtest"
@@ -24,17 +23,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // machines this runs on have two cores, and `go test ./...` runs other
 // packages' servers at the same time. Timing-sensitive steps keep generous
 // margins anyway.
-var slots = make(chan struct{}, 4)
-
-func takeSlot(t *testing.T) {
-	t.Helper()
-	select {
-	case slots <- struct{}{}:
-	case <-time.After(5 * time.Minute):
-		t.Fatal("no server slot in 5 minutes")
-	}
-	t.Cleanup(func() { <-slots })
-}
+var slots = pgtest.NewSlots(4)
 
 // env is a throwaway server of the test's own with pg_lease installed in
 // database "failure".
@@ -49,10 +38,12 @@ const dbName = "failure"
 // pg_lease there: CREATE EXTENSION from the repository's files, or, when
 // PGLEASE_FAILURE_BREAK names a break, the install script with that break
 // applied as a plain schema; when PGLEASE_FAILURE_SQL names a file, that
-// script (break applied, if any) as a plain schema.
+// script (break applied, if any) as a plain schema. The test runs in
+// parallel with the package's others (newEnv calls t.Parallel).
 func newEnv(t *testing.T, opts pgtest.Options) *env {
 	t.Helper()
-	takeSlot(t)
+	t.Parallel()
+	slots.Take(t, "server")
 	srv := pgtest.New(t, opts)
 	ctx := pgtest.Context(t, 2*time.Minute)
 	dsn, err := srv.CreateDatabase(ctx, dbName)
@@ -65,7 +56,7 @@ func newEnv(t *testing.T, opts pgtest.Options) *env {
 	if b, file := activeBreak(t), os.Getenv(EnvSQL); b != nil || file != "" {
 		var script string
 		if file != "" {
-			script = scriptFile(t, file)
+			script = pgtest.ScriptFile(t, file, EnvSQL)
 		} else {
 			var err error
 			if script, err = pgleasesql.SchemaScript(pgtest.Superuser, ""); err != nil {
@@ -284,27 +275,6 @@ func mustRelease(t testing.TB, c *lease.Client, g lease.Grant) {
 	}
 }
 
-// waitServerPast blocks until the server's clock has passed ts, sleeping on
-// the server (sequencing on the server's own clock, not a local sleep).
-func waitServerPast(t testing.TB, q lease.Querier, ts time.Time) {
-	t.Helper()
-	ctx := pgtest.Context(t, time.Minute)
-	for {
-		var past bool
-		if err := q.QueryRow(ctx, `SELECT clock_timestamp() > $1::timestamptz`, ts).Scan(&past); err != nil {
-			t.Fatal(err)
-		}
-		if past {
-			return
-		}
-		if _, err := q.Exec(ctx,
-			`SELECT pg_sleep(least(1, greatest(0.0001, extract(epoch FROM $1::timestamptz - clock_timestamp())))::double precision)`,
-			ts); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
 // waitLocalPast sleeps until the local wall clock (the same host clock the
 // server reads, when the server's clock is not faked) has passed ts by
 // margin: for waits while the server is down.
@@ -314,38 +284,10 @@ func waitLocalPast(ts time.Time, margin time.Duration) {
 	}
 }
 
-// eventually polls cond every 10 ms until it holds or d passes.
-func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-func pgCode(err error) string {
-	var pg *pgconn.PgError
-	if errors.As(err, &pg) {
-		return pg.Code
-	}
-	return ""
-}
-
-func pgMessage(err error) string {
-	var pg *pgconn.PgError
-	if errors.As(err, &pg) {
-		return pg.Message
-	}
-	return ""
-}
-
 // backendGone waits until pid is no longer in pg_stat_activity.
 func backendGone(t testing.TB, q lease.Querier, pid uint32) {
 	t.Helper()
-	eventually(t, 30*time.Second, fmt.Sprintf("backend %d to exit", pid), func() bool {
+	pgtest.Eventually(t, 30*time.Second, fmt.Sprintf("backend %d to exit", pid), func() bool {
 		var n int
 		if err := q.QueryRow(pgtest.Context(t, time.Minute), `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, int64(pid)).Scan(&n); err != nil {
 			t.Fatal(err)
@@ -359,7 +301,7 @@ func backendGone(t testing.TB, q lease.Querier, pid uint32) {
 func waitLapsed(t testing.TB, c *lease.Client, key string, within time.Duration) lease.State {
 	t.Helper()
 	var s lease.State
-	eventually(t, within, key+" to lapse", func() bool {
+	pgtest.Eventually(t, within, key+" to lapse", func() bool {
 		s = inspect(t, c, key)
 		return s.Exists && !s.Held
 	})

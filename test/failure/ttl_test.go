@@ -14,7 +14,6 @@ import (
 // at a higher epoch, the holder's renew, release and fence say lapsed, and
 // the two grants do not overlap in server time.
 func TestTTLShorterThanWork(t *testing.T) {
-	t.Parallel()
 	e := newEnv(t, pgtest.Options{})
 	ctx := pgtest.Context(t, time.Minute)
 	a, b := e.client(t), e.client(t)

@@ -17,7 +17,6 @@ import (
 // the waiters time out with nothing granted, and the holder's release then
 // hands the key at once to a new waiter, at the next epoch.
 func TestWaitersNeverBlockHolder(t *testing.T) {
-	t.Parallel()
 	e := newEnv(t, pgtest.Options{})
 	ctx := pgtest.Context(t, time.Minute)
 	admin := e.connect(t)
@@ -40,7 +39,7 @@ func TestWaitersNeverBlockHolder(t *testing.T) {
 		for i, p := range pids {
 			ids[i] = int64(p)
 		}
-		eventually(t, 10*time.Second, "the waiters to sleep", func() bool {
+		pgtest.Eventually(t, 10*time.Second, "the waiters to sleep", func() bool {
 			var n int
 			if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 				WHERE pid = ANY($1) AND (wait_event = 'PgSleep' OR wait_event_type = 'Lock')`, ids).Scan(&n); err != nil {

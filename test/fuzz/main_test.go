@@ -77,17 +77,7 @@ func newHarnessWith(tb testing.TB, pre string) *harness {
 	if file := os.Getenv(EnvSQL); file != "" {
 		dsn = pgtest.NewDatabase(tb)
 		runPre()
-		b, err := os.ReadFile(file)
-		if err != nil {
-			tb.Fatalf("%s: %v", EnvSQL, err)
-		}
-		var sb strings.Builder
-		for _, l := range strings.SplitAfter(string(b), "\n") {
-			if !strings.HasPrefix(strings.TrimSpace(l), `\`) {
-				sb.WriteString(l)
-			}
-		}
-		script := strings.ReplaceAll(sb.String(), "@extowner@", `"`+pgtest.Superuser+`"`)
+		script := pgtest.ScriptFile(tb, file, EnvSQL)
 		conn, err := pgx.Connect(ctx, dsn)
 		if err != nil {
 			tb.Fatal(err)
