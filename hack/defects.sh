@@ -61,22 +61,9 @@ done
 rm -rf "$out"
 mkdir -p "$out"
 
-# --- a private copy of the PostgreSQL installation (as prove-breaks.sh) ---
-pgbin="$(pg_config --bindir)"          # e.g. /usr/lib/postgresql/15/bin
-pgroot="$(dirname "$pgbin")"           # /usr/lib/postgresql/15
-pgshare="$(pg_config --sharedir)"      # /usr/share/postgresql/15
-scratch="$(mktemp -d /tmp/pg_lease-defects.XXXXXX)"
-trap 'rm -rf "$scratch"' EXIT
-mkdir -p "$scratch/lib/postgresql" "$scratch/share/postgresql"
-cp -a "$pgroot" "$scratch/lib/postgresql/"
-cp -a "$pgshare" "$scratch/share/postgresql/"
-chmod -R a+rX "$scratch"
-sbin="$scratch/lib/postgresql/$(basename "$pgroot")/bin"
-extdir="$("$sbin/pg_config" --sharedir)/extension"
-case "$extdir" in "$scratch"/*) ;; *) echo "defects.sh: $extdir is not inside the scratch copy" >&2; exit 2 ;; esac
-work="$scratch/work"   # a copy of sql/: results never collide with the working tree
-mkdir -p "$work"
-cp -a "$sqldir"/Makefile "$sqldir"/pg_lease.control "$sqldir"/pg_lease--*.sql "$sqldir"/test "$work/"
+# --- a private copy of the PostgreSQL installation ---
+. "$(dirname "${BASH_SOURCE[0]}")/lib/private-pg.sh"
+private_pg defects "$sqldir"
 
 echo "building the robustness runner"
 (cd "$repo" && go build -o "$scratch/pglease-robustness" ./cmd/pglease-robustness)

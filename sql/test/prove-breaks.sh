@@ -20,24 +20,9 @@ repo="$(dirname "$sqldir")"
 out="${PROVE_BREAKS_OUT:-/tmp/pg_lease-breaks}"
 mkdir -p "$out"
 
-pgbin="$(pg_config --bindir)"          # e.g. /usr/lib/postgresql/15/bin
-pgroot="$(dirname "$pgbin")"           # /usr/lib/postgresql/15
-pgshare="$(pg_config --sharedir)"      # /usr/share/postgresql/15
-scratch="$(mktemp -d /tmp/pg_lease-breaks-pg.XXXXXX)"
-trap 'rm -rf "$scratch"' EXIT
-mkdir -p "$scratch/lib/postgresql" "$scratch/share/postgresql"
-cp -a "$pgroot" "$scratch/lib/postgresql/"
-cp -a "$pgshare" "$scratch/share/postgresql/"
-chmod -R a+rX "$scratch"
-sbin="$scratch/lib/postgresql/$(basename "$pgroot")/bin"
-extdir="$("$sbin/pg_config" --sharedir)/extension"
-case "$extdir" in "$scratch"/*) ;; *) echo "prove-breaks: $extdir is not inside the scratch copy" >&2; exit 1 ;; esac
+. "$repo/hack/lib/private-pg.sh"
+private_pg breaks-pg "$sqldir"
 cp "$sqldir"/pg_lease.control "$sqldir"/pg_lease--*.sql "$extdir/"
-# run the suites in a copy of sql/ too, so that results/ and output_iso/ do not
-# collide with a concurrent make installcheck in the working tree
-work="$scratch/work"
-mkdir -p "$work"
-cp -a "$sqldir"/Makefile "$sqldir"/pg_lease.control "$sqldir"/pg_lease--*.sql "$sqldir"/test "$work/"
 
 all=(none a_no_subxact b1_clock_before_lock_acquire b2_now_in_renew c_no_sync_forcing
      d1_no_security_definer d2_no_search_path e_public_select f_release_keeps_epoch
