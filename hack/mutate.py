@@ -533,6 +533,9 @@ def failing_tests(log):
     names = set(re.findall(r'^(?:test |not ok \d+\s+-\s+)?\s*([A-Za-z0-9_]+)\s+\.\.\.\s+FAILED', t, re.M))
     names |= set(re.findall(r'^not ok \d+\s+-\s+([A-Za-z0-9_]+)', t, re.M))
     names |= set(re.findall(r'^\s*--- FAIL: ([A-Za-z0-9_/]+)', t, re.M))
+    # installcheck's dump/restore check (sql/test/dump/dump_restore.sh)
+    if re.search(r'installcheck-dump\] Error', t):
+        names.add('dump_restore')
     return sorted(names)
 
 
