@@ -137,3 +137,23 @@ DELETE FROM lease.settings;
 DELETE FROM lease.leases WHERE key LIKE 'tl-%';
 DELETE FROM lease.timeline_state;
 INSERT INTO lease.timeline_state (timeline, era) VALUES (lease._timeline(), 0);
+
+-- A state row removed by hand is made again by the next grant path, its
+-- grace measured from the clock at that grant, not from the start of the
+-- statement that makes it (here a DO block that first sleeps 0.5 s).
+DELETE FROM lease.timeline_state;
+DO $$
+DECLARE
+  g timestamptz;
+BEGIN
+  PERFORM pg_sleep(0.5);
+  PERFORM lease.acquire('tl-clock', 'c', interval '1 s');
+  SELECT t.grace_until INTO g FROM lease.timeline_state t;
+  IF g < statement_timestamp() + interval '0.4 s' + lease._grace() THEN
+    RAISE EXCEPTION 'grace measured from the statement''s start';
+  END IF;
+END $$;
+SELECT count(*) AS state_rows, min(era) AS era FROM lease.timeline_state;
+DELETE FROM lease.leases WHERE key = 'tl-clock';
+DELETE FROM lease.timeline_state;
+INSERT INTO lease.timeline_state (timeline, era) VALUES (lease._timeline(), 0);
