@@ -502,7 +502,9 @@ BEGIN
              WHERE l.key = v_key
             RETURNING l.epoch, l.expires_at INTO epoch, expires_at;
           END IF;
-          PERFORM set_config('lock_timeout', v_lt, true);
+          IF v_deadline IS NOT NULL OR NOT v_found THEN
+            PERFORM set_config('lock_timeout', v_lt, true);  -- only where it was set above
+          END IF;
           acquired := true;
         EXCEPTION
           WHEN SQLSTATE 'LEASE' THEN
