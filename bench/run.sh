@@ -8,7 +8,8 @@
 #   pgbench.*      W1-cycle, W2-contend and R (renew) vs bare-SQL baselines
 #   handoff.*      handoff/takeover for pkg/elector, client-go + pkg/resourcelock,
 #                  client-go + LeaseLock on kube-apiserver; handoff.svg (ECDF plot)
-#   elector-200/   (full only) pkg/elector alone, fast profile, 200 trials
+#   elector-200/   (full only) pkg/elector alone, fast profile, 200 trials, pools
+#                  warmed by lease.WarmConn and cold ones (elector-cold), interleaved
 #   scale.*        1k/10k/100k keys renew throughput, size after 10M renewals, HOT
 #                  ratio, lease.cleanup size benefit
 #   waiters.*      1,000 waiters on one key (goroutines over 50 listen connections)
@@ -32,8 +33,9 @@ full)
 	physical_args=(-samples 5000 -fsync-seconds 2)
 	pgbench_args=(-duration 8s -rounds 2 -clients 1,4,16)
 	handoff_args=(-trials 60)
-	# pkg/elector alone over 200 trials (issue 17 item 3: p99 over >= 200)
-	elector_args=(-systems elector -profiles fast -trials 200)
+	# pkg/elector alone over 200 trials (issue 17 item 3: p99 over >= 200), with
+	# warm pools (lease.WarmConn) and cold ones, interleaved
+	elector_args=(-systems elector,elector-cold -profiles fast -trials 200)
 	scale_args=(-duration 30s -rounds 2 -keys 1000,10000,100000 -renewals 10000000 -cleanup-keys 100000)
 	waiters_args=(-waiters 1000 -conns 50 -pool 50 -releases 30)
 	;;

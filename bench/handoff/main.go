@@ -8,6 +8,9 @@
 //	clientgo-k8s   client-go's leaderelection with its LeaseLock on a real
 //	               kube-apiserver + etcd (envtest, binaries from
 //	               hack/build-control-plane.sh, as test/e2e does)
+//	elector-cold, clientgo-pg-cold
+//	               the same two with pools that do not warm their connections
+//	               (no lease.WarmConn): what the warm-up saves, in the same run
 //
 // in two timing profiles:
 //
@@ -72,7 +75,7 @@ var (
 	out           = flag.String("out", "bench/results/handoff", "results folder")
 	trials        = flag.Int("trials", 60, "trials per scenario and elector, fast profile")
 	defaultTrials = flag.Int("default-trials", 20, "handoff trials per elector, defaults profile")
-	systemsF      = flag.String("systems", "elector,clientgo-pg,clientgo-k8s", "electors to measure")
+	systemsF      = flag.String("systems", "elector,clientgo-pg,clientgo-k8s", "electors to measure (also elector-cold, clientgo-pg-cold: pools without lease.WarmConn)")
 	profilesF     = flag.String("profiles", "fast,defaults", "timing profiles to run (fast, defaults)")
 	// client-go timings of the fast profile, scaled from its defaults (15 s / 10 s / 2 s) to a 1 s lease.
 	renewDeadline = flag.Duration("renew-deadline", 700*time.Millisecond, "client-go RenewDeadline, fast profile")
@@ -158,10 +161,12 @@ func main() {
 	var systems []*system
 	for _, name := range strings.Split(*systemsF, ",") {
 		switch name {
-		case "elector":
-			systems = append(systems, &system{name: name, start: electorCandidate(dsn, "bench-elector"), pg: obs, key: "bench-elector"})
-		case "clientgo-pg":
-			systems = append(systems, &system{name: name, start: clientgoPGCandidate(dsn, "bench-clientgo"), pg: obs, key: "bench-clientgo"})
+		case "elector", "elector-cold":
+			warm := name == "elector"
+			systems = append(systems, &system{name: name, start: electorCandidate(dsn, "bench-"+name, warm), pg: obs, key: "bench-" + name})
+		case "clientgo-pg", "clientgo-pg-cold":
+			warm := name == "clientgo-pg"
+			systems = append(systems, &system{name: name, start: clientgoPGCandidate(dsn, "bench-"+name, warm), pg: obs, key: "bench-" + name})
 		case "clientgo-k8s":
 			cfg, stop, err := startControlPlane()
 			if err != nil {
@@ -355,8 +360,18 @@ func trial(ctx context.Context, sys *system, p profile, scenario string, i int) 
 }
 
 // dial opens a candidate's pool and its one listener (a lease.Waiter) on dsn.
-func dial(ctx context.Context, dsn string) (*pgxpool.Pool, *lease.Waiter, error) {
-	pool, err := pgxpool.New(ctx, dsn)
+// warm: the pool warms each connection (lease.WarmConn, as the examples and
+// pkg/leaderelection do); the "-cold" systems leave it out, to measure
+// what it saves in the same run.
+func dial(ctx context.Context, dsn string, warm bool) (*pgxpool.Pool, *lease.Waiter, error) {
+	pcfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, nil, err
+	}
+	if warm {
+		pcfg.AfterConnect = lease.WarmConn
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -370,10 +385,10 @@ func dial(ctx context.Context, dsn string) (*pgxpool.Pool, *lease.Waiter, error)
 
 // ---- pkg/elector ----
 
-func electorCandidate(dsn, key string) func(context.Context, profile, string) (*candidate, error) {
+func electorCandidate(dsn, key string, warm bool) func(context.Context, profile, string) (*candidate, error) {
 	return func(ctx context.Context, p profile, id string) (*candidate, error) {
 		c := newCandidate(id)
-		pool, w, err := dial(ctx, dsn)
+		pool, w, err := dial(ctx, dsn, warm)
 		if err != nil {
 			return nil, err
 		}
@@ -416,9 +431,9 @@ func electorCandidate(dsn, key string) func(context.Context, profile, string) (*
 
 // ---- client-go's elector over pkg/resourcelock ----
 
-func clientgoPGCandidate(dsn, key string) func(context.Context, profile, string) (*candidate, error) {
+func clientgoPGCandidate(dsn, key string, warm bool) func(context.Context, profile, string) (*candidate, error) {
 	return func(ctx context.Context, p profile, id string) (*candidate, error) {
-		pool, w, err := dial(ctx, dsn)
+		pool, w, err := dial(ctx, dsn, warm)
 		if err != nil {
 			return nil, err
 		}

@@ -94,7 +94,14 @@ func demo(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	pool, err := pgxpool.New(ctx, dsn)
+	pcfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return err
+	}
+	// Warm each new connection: a handoff's first acquire and release then
+	// cost what later ones do (no PL/pgSQL compile, no statement prepare).
+	pcfg.AfterConnect = lease.WarmConn
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err
 	}

@@ -103,7 +103,14 @@ func run(dsn, key, id string, leaseDuration, renewDeadline, retryPeriod, leadFor
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
-	pool, err := pgxpool.New(ctx, dsn)
+	pcfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return err
+	}
+	// Warm each new connection: a handoff's first acquire and release then
+	// cost what later ones do (no PL/pgSQL compile, no statement prepare).
+	pcfg.AfterConnect = lease.WarmConn
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err
 	}

@@ -67,7 +67,14 @@ func mainErr(ctx context.Context, dsn, storeDSN string) error {
 
 // run plays the story on key, printing what happens to w.
 func run(ctx context.Context, w io.Writer, dsn, storeDSN, key string) error {
-	leases, err := pgxpool.New(ctx, dsn)
+	pcfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return err
+	}
+	// Warm each new connection: a handoff's first acquire and release then
+	// cost what later ones do (no PL/pgSQL compile, no statement prepare).
+	pcfg.AfterConnect = lease.WarmConn
+	leases, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err
 	}

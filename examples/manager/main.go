@@ -126,7 +126,14 @@ func run(dsn, key, id, namespace string, sel labels.Selector, leaseDuration time
 	if err != nil {
 		return err
 	}
-	pool, err := pgxpool.New(ctx, dsn)
+	pcfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return err
+	}
+	// Warm each new connection: a handoff's first acquire and release then
+	// cost what later ones do (no PL/pgSQL compile, no statement prepare).
+	pcfg.AfterConnect = lease.WarmConn
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err
 	}

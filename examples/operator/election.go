@@ -37,7 +37,14 @@ type election struct {
 // pkg/leaderelection. A term ends (and the contexts of the reconciles under it
 // are cancelled) before its grant can expire on the server.
 func pgleaseElection(ctx context.Context, c config) (*election, error) {
-	pool, err := pgxpool.New(ctx, c.leaseDSN)
+	pcfg, err := pgxpool.ParseConfig(c.leaseDSN)
+	if err != nil {
+		return nil, fmt.Errorf("lease database: %w", err)
+	}
+	// Warm each new connection: a handoff's first acquire and release then
+	// cost what later ones do (no PL/pgSQL compile, no statement prepare).
+	pcfg.AfterConnect = lease.WarmConn
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("lease database: %w", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"k8s.io/component-base/config/v1alpha1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
@@ -74,6 +75,7 @@ func ReadDSN(c Config) (string, error)              { return c.readDSN() }
 func IsSet(f *Flags, name string) bool              { return f.isSet(name) }
 func Validate(c *Config, fldPath *field.Path) error { return c.validate(fldPath) }
 func Timing(l *Lock) (ld, rd, rp time.Duration)     { return l.timing() }
+func PoolOf(l *Lock) *pgxpool.Pool                  { return l.pool }
 
 func ManagerConfigOf(f *Flags, opts manager.Options) Config { return f.managerConfig(opts) }
 

@@ -40,7 +40,8 @@ type BuildOptions struct {
 	PgLease resourcelock.Options
 	// Pool, when set, is used for the pg_lease lock instead of a pool New
 	// opens from the Config's DSNFile or DSNEnv (and Close then leaves it
-	// open).
+	// open). The pool New opens warms each connection (lease.WarmConn); set
+	// AfterConnect = lease.WarmConn on a pool of your own for the same.
 	Pool *pgxpool.Pool
 	// Waiter, when set, is the process's listener the "pglease" lock waits
 	// on (resourcelock.Options.Waiter), shared with the process's other locks;
@@ -161,6 +162,9 @@ func New(ctx context.Context, c Config, o BuildOptions) (*Lock, error) {
 			// pass them on.
 			return nil, fmt.Errorf("%w: the DSN from %s does not parse as a PostgreSQL connection string", ErrInvalidConfig, c.dsnSource())
 		}
+		// Each new connection warm (lease.WarmConn): a handoff's first
+		// acquire and release cost what later ones do.
+		pcfg.AfterConnect = lease.WarmConn
 		if pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
 			return nil, fmt.Errorf("leaderelection: opening the pool (DSN from %s): %w", c.dsnSource(), err)
 		}

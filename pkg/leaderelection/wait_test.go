@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/pglease/pg_lease/internal/pgtest"
 	pgle "github.com/pglease/pg_lease/pkg/leaderelection"
 	"github.com/pglease/pg_lease/pkg/lease"
@@ -63,5 +64,35 @@ func TestNewPgLeaseFollowerWaits(t *testing.T) {
 	t.Logf("Get returned %v after the release", time.Since(releasedAt))
 	if g.err != nil || g.holder != "" {
 		t.Fatalf("the standby's second Get returned holder %q (err %v): want it to wait for the release and report the key free", g.holder, g.err)
+	}
+}
+
+// The pool New opens from the DSN warms each connection (lease.WarmConn):
+// the client's calls are already prepared on it before the first handoff.
+func TestNewPgLeasePoolIsWarm(t *testing.T) {
+	dsn := pgtest.NewLeaseDatabase(t)
+	t.Setenv("WARM_LEASE_DSN", dsn)
+	c := pgle.DefaultConfig()
+	c.LeaderElect, c.ResourceLock, c.ResourceName, c.ResourceNamespace = true, "pglease", "op", "ns"
+	c.DSNEnv = "WARM_LEASE_DSN"
+	c.Identity = "warm"
+	lock, err := pgle.New(context.Background(), c, pgle.BuildOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgle.PoolOf(lock).Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	var n int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%lease.acquire(%' OR statement LIKE '%lease.release(%'`, pgx.QueryExecModeSimpleProtocol).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 {
+		t.Fatalf("a connection of the lock's own pool has %d of acquire and release prepared, want 2 (warmed by lease.WarmConn)", n)
 	}
 }

@@ -38,6 +38,11 @@
 // back with the caller's transaction). Fence asserts a grant inside the
 // caller's transaction and keeps it until that transaction ends.
 //
+// A pool's connections are best warmed as they open (pgxpool.Config's
+// AfterConnect = WarmConn): the first call of each function on a backend
+// compiles it, which would otherwise fall on a handoff (the leader's one
+// release, the successor's first grant).
+//
 // Errors: renew, release and fence failures match ErrLost and exactly one of
 // ErrNotOwner, ErrLapsed, ErrEpochMismatch. Server errors match
 // ErrInvalidInput, ErrWaitTimeout, ErrInvalidIsolation, ErrNotInstalled,
