@@ -640,6 +640,36 @@ END $$'''], os.path.join(out, '%s.reset.log' % mid), env=env, timeout=60)
               open(os.path.join(out, 'results.inner.json'), 'w'), indent=1)
 
 
+def merge(dirs, out):
+    """Joins the results.partial.json and logs of shard runs into out."""
+    results, secs, started, planned = {}, 0, None, 0
+    control = None
+    os.makedirs(out, exist_ok=True)
+    for d in dirs:
+        try:
+            part = json.load(open(os.path.join(d, 'results.partial.json')))
+        except (OSError, ValueError) as e:
+            die('--merge: no results in %s: %s' % (d, e))
+        for r in part['results']:
+            if r['id'] == 'control':
+                if control is None or r['verdict'] != 'pass':
+                    control = r
+            else:
+                results[r['id']] = r  # a result of a later shard replaces an earlier one
+        secs += part.get('secs', 0)
+        started = min(started or part.get('started', '?'), part.get('started', '?'))
+        if os.path.realpath(d) != os.path.realpath(out):
+            for f in glob.glob(os.path.join(d, '*')):
+                if not f.endswith('.json') and os.path.isfile(f):
+                    shutil.copy(f, out)
+    if control is None:
+        die('--merge: no shard has a control result')
+    json.dump({'results': [control] + list(results.values()), 'secs': secs, 'started': started,
+               'planned': len(results), 'seed': None, 'max': None},
+              open(os.path.join(out, 'results.partial.json'), 'w'), indent=1)
+    print('mutate: --merge: %d results from %s into %s' % (len(results), ', '.join(dirs), out))
+
+
 def load_equivalent():
     eq = {}
     if os.path.exists(EQUIV_FILE):
@@ -676,6 +706,12 @@ def main():
                     help='results.partial.json of an earlier run: its mutants are not run again, their results kept')
     ap.add_argument('--rerun-survivors', action='store_true',
                     help='with --resume: run the earlier survivors again (after new tests were written)')
+    ap.add_argument('--shard', default='',
+                    help='K/N: run only every N-th mutant of the selection, from the K-th (1-based); '
+                         'N runs side by side (each its own copy and cluster) share a pass; see --merge')
+    ap.add_argument('--merge', default='',
+                    help='comma-separated --out directories of shards: their results and logs are joined into '
+                         '--out, and its table is printed (no run)')
     ap.add_argument('--report-only', action='store_true',
                     help='no run: the table of the (possibly unfinished) run in --out (results.partial.json)')
     ap.add_argument('--inner', action='store_true', help=argparse.SUPPRESS)
@@ -715,6 +751,9 @@ def main():
             print('%-36s %-22s %4d  %s' % (m['id'], short(st.script), line_of(texts[st.script], st.a), st.what))
         return 0
 
+    if args.merge:
+        merge(args.merge.split(','), args.out)
+        args.report_only = True
     if args.report_only:
         try:
             part = json.load(open(os.path.join(args.out, 'results.partial.json')))
@@ -786,6 +825,14 @@ def main():
         chosen = {m['id'] for m in selected}
         prev = [r for r in prev if r['id'] not in chosen]  # the rest keep their earlier result
         print('mutate: --resume: %d results kept, %d mutants to run' % (len(prev), len(selected)))
+    if args.shard:
+        try:
+            k, n = (int(x) for x in args.shard.split('/'))
+            assert 1 <= k <= n
+        except (ValueError, AssertionError):
+            die('--shard wants K/N with 1 <= K <= N, not %r' % args.shard)
+        selected = selected[k - 1::n]
+        print('mutate: --shard %d/%d: %d mutants' % (k, n, len(selected)))
     if args.shuffle:
         if args.seed is None:
             args.seed = int(time.time())
