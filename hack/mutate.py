@@ -355,6 +355,19 @@ def unit_sha(texts, st):
     return hashlib.sha1((st.script + '\0' + s[a:st.a] + st.new + s[st.b:b]).encode()).hexdigest()[:16]
 
 
+def chain_sha(texts, order, control):
+    """sha1 of the unmutated install chain (every script in install order and
+    the control file): a mutant's result holds only for the SQL it ran
+    beside. A change anywhere in the chain (a released script's statement is
+    undone or made moot by a later one: 0.3.0's privilege reset supersedes
+    every GRANT and REVOKE of 0.1.0) can change a verdict, so --resume keeps
+    results of the same chain only."""
+    h = hashlib.sha1(control.encode())
+    for n in order:
+        h.update(('\0' + n + '\0' + texts[n]).encode())
+    return h.hexdigest()[:16]
+
+
 def units(path_texts, final_scripts):
     """(script, a, b, kind, name) of every mutable unit: final function
     definitions, DO blocks, and top-level ACL/ownership statements."""
@@ -583,7 +596,8 @@ END $$'''], os.path.join(out, '%s.reset.log' % mid), env=env, timeout=60)
                         '-c', 'ALTER EXTENSION pg_lease UPDATE',
                         '-c', '\\c postgres', '-c', 'DROP DATABASE mutate_probe']
         r = {'id': mid, 'op': m['op'], 'what': m['what'], 'script': m['script'], 'line': m['line'],
-             'unit': m['unit'], 'unit_sha': m.get('unit_sha', ''), 'suites': {}}
+             'unit': m['unit'], 'unit_sha': m.get('unit_sha', ''), 'chain_sha': plan.get('chain_sha', ''),
+             'suites': {}}
         if sh(probe, os.path.join(out, '%s.probe.log' % mid), env=env, timeout=120) != 0:
             r['verdict'] = 'stillborn'
         else:
@@ -800,22 +814,18 @@ def main():
         except (OSError, ValueError, KeyError) as e:
             die('--resume %s: %s' % (args.resume, e))
         again = {r['id'] for r in prev if args.rerun_survivors and r['verdict'] in ('survived', 'equivalent')}
-        # An earlier result is kept only for the same mutant: the same id AND
-        # the same mutated text (unit_sha). A result recorded before unit_sha
-        # existed is kept only when its site is in a script that is not the
-        # chain's newest (released scripts never change) and reads the same;
-        # a unit redefined by a newer script gets a new id's site there.
-        # Results of other text (or of a mutant that no longer exists) are
-        # dropped, whether or not the mutant is selected now.
+        # An earlier result is kept only for the same mutant of the same SQL:
+        # the same id, the same mutated text (unit_sha) and the same
+        # unmutated chain around it (chain_sha). Results of other SQL, of
+        # runs before chain_sha was recorded, or of a mutant that no longer
+        # exists are dropped, whether or not the mutant is selected now.
         cur = {m['id']: m for m in mutants}
-        newest = order[-1]
+        csha = chain_sha(texts, order, open(os.path.join(SQLDIR, 'pg_lease.control')).read())
         def same(r):
             m = cur.get(r['id'])
             if m is None:
                 return False
-            if 'unit_sha' in r:
-                return r['unit_sha'] == unit_sha(texts, m['site'])
-            return (r.get('script') == m['site'].script != newest and r.get('what') == m['site'].what)
+            return r.get('chain_sha') == csha and r.get('unit_sha') == unit_sha(texts, m['site'])
         stale = {r['id'] for r in prev if not same(r)}
         if stale:
             print('mutate: --resume: %d earlier results are of other text or gone: dropped' % len(stale))
@@ -906,7 +916,7 @@ def main():
                                  'unit': unit, 'files': files,
                                  'unit_sha': unit_sha(texts, st) if st is not None else ''})
         base = order[0][len('pg_lease--'):-len('.sql')]
-        plan = {'prev': prev, 'seed': args.seed, 'max': args.max, 'out': args.out, 'extdir': extdir, 'work': work, 'bindir': sbin, 'pg_config': spgconfig,
+        plan = {'chain_sha': chain_sha(texts, order, control['pg_lease.control']), 'prev': prev, 'seed': args.seed, 'max': args.max, 'out': args.out, 'extdir': extdir, 'work': work, 'bindir': sbin, 'pg_config': spgconfig,
                 'suites': suites, 'go_pkg': args.go_pkg, 'control_files': control, 'mutants': plan_mutants,
                 'base': base}
         planfile = os.path.join(scratch, 'plan.json')

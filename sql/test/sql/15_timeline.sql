@@ -41,6 +41,15 @@ SELECT * FROM lease.configure(max_ttl => interval '2 hours');
 SELECT * FROM lease.configure(max_ttl => interval '1 day 1 hour');
 SELECT * FROM lease.configure(max_ttl => interval '1 hour');
 
+-- The carried-over grace ends with its window: after prev_until the grace is
+-- the lower max_ttl alone (not the earlier, higher one for ever).
+DELETE FROM lease.settings;
+INSERT INTO lease.settings (max_ttl, prev_max_ttl, prev_until)
+  VALUES (interval '0.1 s', interval '0.4 s', clock_timestamp() + interval '0.4 s');
+SELECT * FROM lease.configure();
+SELECT pg_sleep(0.5);
+SELECT * FROM lease.configure();
+
 -- A promotion: the recorded timeline (0 here) is older than the server's.
 -- An operator configured max_ttl = 1 s long ago (the settings row written
 -- directly, so no higher earlier max_ttl is still in force).
