@@ -16,6 +16,9 @@
 #                  vs 1 waiter: release-to-grant, one winner per release, server
 #                  CPU and statements per release
 #
+#   firstcalls.log the first inspect, acquire and release on a new connection,
+#                  cold and warmed by lease.WarmConn (pkg/lease Go benchmark)
+#
 # Usage: bench/run.sh [full|smoke]   (smoke: every benchmark, tiny sizes, < 2 min
 # with a cached control plane). Benchmarks print numbers; nothing asserts a time.
 # Needs: PostgreSQL server binaries + pgbench (apt-get install postgresql),
@@ -37,6 +40,7 @@ full)
 	# warm pools (lease.WarmConn) and cold ones, interleaved
 	elector_args=(-systems elector,elector-cold -profiles fast -trials 200)
 	scale_args=(-duration 30s -rounds 2 -keys 1000,10000,100000 -renewals 10000000 -cleanup-keys 100000)
+	firstcalls_n=300x
 	waiters_args=(-waiters 1000 -conns 50 -pool 50 -releases 30)
 	;;
 smoke)
@@ -45,6 +49,7 @@ smoke)
 	handoff_args=(-trials 2 -default-trials 1)
 	elector_args=()
 	scale_args=(-duration 2s -rounds 1 -keys 100,1000 -renewals 20000 -cleanup-keys 2000)
+	firstcalls_n=5x
 	waiters_args=(-waiters 20 -conns 4 -pool 8 -releases 3 -settle 100ms -also 4x4)
 	;;
 *)
@@ -74,9 +79,12 @@ pg_bindir="$(pg_config --bindir 2>/dev/null || ls -d /usr/lib/postgresql/*/bin |
 } | tee "$out/env.txt"
 
 failed=()
+# BENCH_STEPS: the steps to run, comma-separated (default: all of them)
+steps="${BENCH_STEPS:-physical,pgbench,handoff,handoff-elector,firstcalls,scale,waiters}"
 step() {
 	local name="$1"
 	shift
+	case ",$steps," in *",$name,"*) ;; *) return 0 ;; esac
 	echo "== $name ($(date -u +%T), load $(cut -d' ' -f1 /proc/loadavg))" | tee -a "$out/env.txt"
 	if ! "$@" 2>&1 | tee "$out/$name.log"; then
 		echo "== $name FAILED" | tee -a "$out/env.txt"
@@ -89,6 +97,7 @@ step handoff go run ./bench/handoff -out "$out" "${handoff_args[@]}"
 if ((${#elector_args[@]})); then
 	step handoff-elector go run ./bench/handoff -out "$out/elector-200" "${elector_args[@]}"
 fi
+step firstcalls go test ./pkg/lease -run '^$' -bench FirstCallsOnANewConnection -benchtime "$firstcalls_n" -count 1
 step scale go run ./bench/scale -out "$out" "${scale_args[@]}"
 step waiters go run ./bench/waiters -out "$out" "${waiters_args[@]}"
 echo "load_after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/env.txt"
