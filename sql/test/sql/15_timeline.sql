@@ -39,6 +39,7 @@ SELECT * FROM lease.acquire('tl-long', 'h', interval '11 s');
 \echo :LAST_ERROR_SQLSTATE
 SELECT * FROM lease.configure(max_ttl => interval '2 hours');
 SELECT * FROM lease.configure(max_ttl => interval '1 day 1 hour');
+SELECT * FROM lease.configure(max_ttl => interval '100 years');  -- the bound itself is allowed
 SELECT * FROM lease.configure(max_ttl => interval '1 hour');
 
 -- The carried-over grace ends with its window: after prev_until the grace is
