@@ -121,7 +121,30 @@ for fmt in plain custom; do
 	fi
 done
 
+# The recorded era survives too: a source whose timeline state is of era 1
+# (as after a promotion; its grace long over) grants above era 1's base
+# (2^40) after the restore. Without the state the restore would start again
+# at era 0, and a key whose last grants were lost with the old primary could
+# be granted their epochs again.
+era_src=regress_pglease_dump_era_src era_dst=regress_pglease_dump_era_dst
+dbs+=("$era_src" "$era_dst")
+q -d postgres -c "CREATE DATABASE $era_src" -c "CREATE DATABASE $era_dst"
+q -d "$era_src" >"$work/era-setup.log" <<'SQL'
+CREATE EXTENSION pg_lease;
+UPDATE lease.timeline_state SET era = 1, grace_until = timestamptz '2000-01-01 00:00:00+00';
+SQL
+"$bindir/pg_dump" -Fp -f "$work/era.sql" "$era_src"
+q -d "$era_dst" -f "$work/era.sql" >"$work/restore-era.log" 2>&1 ||
+	{ echo "dump_restore: era restore failed:" >&2; cat "$work/restore-era.log" >&2; exit 1; }
+got=$(q -d "$era_dst" -A -t -c "SELECT 'era', era FROM lease.status()" \
+	-c "SELECT 'above_base', epoch > (1::bigint << 40) FROM lease.acquire('d-era', 'e1', interval '1 min')")
+if [[ $got != $'era|1\nabove_base|t' ]]; then
+	echo "dump_restore: the restore lost the recorded era: got" >&2
+	echo "$got" >&2
+	rc=1
+fi
+
 for d in "${dbs[@]}"; do q -d postgres -c "SET client_min_messages = warning" -c "DROP DATABASE IF EXISTS $d"; done
 q -d postgres -c "DROP ROLE IF EXISTS regress_pglease_dump_app" -c "DROP ROLE IF EXISTS regress_pglease_dump_other"
-[[ $rc -eq 0 ]] && echo "dump_restore: plain and custom format keep every lease row, the floor (7), the settings and the timeline state"
+[[ $rc -eq 0 ]] && echo "dump_restore: plain and custom format keep every lease row, the floor (7), the settings and the timeline state (its era)"
 exit $rc
