@@ -103,3 +103,11 @@ SET LOCAL synchronous_commit = off;
 SELECT current_setting('synchronous_commit') AS after_a_later_set_local;
 COMMIT;
 SELECT status FROM lease.release('dur-local', 'o1', 1);
+
+-- lease.configure changes the settings (max_ttl, the carried-over grace): its
+-- commit is forced durable too (rolled back here: the settings stay as they are)
+BEGIN;
+SET LOCAL synchronous_commit = off;
+SELECT configured_max_ttl FROM lease.configure(max_ttl => interval '1 hour');
+SELECT current_setting('synchronous_commit') AS after_configure;
+ROLLBACK;
