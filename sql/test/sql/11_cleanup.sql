@@ -51,3 +51,11 @@ SELECT * FROM lease.cleanup(interval '0');
 SELECT * FROM lease.epoch_floor;
 RESET ROLE;
 DROP ROLE regress_pglease_cleaner;
+
+-- The floor's row removed by hand: the floor reads 0 (a new key starts at 1),
+-- and the next clean-up makes the row again.
+DELETE FROM lease.epoch_floor;
+SELECT acquired, epoch FROM lease.acquire('cu-nofloor', 'o4', interval '30s');
+SELECT status FROM lease.release('cu-nofloor', 'o4', 1);
+SELECT removed >= 1 AS removed_some, epoch_floor FROM lease.cleanup(interval '0');
+SELECT count(*) AS floor_rows FROM lease.epoch_floor;

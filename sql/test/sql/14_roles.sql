@@ -81,6 +81,7 @@ SELECT acquired, epoch FROM lease.acquire('role-team', 't', interval '30s');
 RESET SESSION AUTHORIZATION;
 SET SESSION AUTHORIZATION regress_pglease_bob;
 SELECT status FROM lease.renew('role-team', 't', 1, interval '30s');
+SELECT lease.fence('role-team', 't', 1) > clock_timestamp() AS member_fenced;
 SELECT acquired, epoch FROM lease.acquire('role-team', 't', interval '30s');
 SELECT acquired, epoch FROM lease.acquire('role-bob', 'b', interval '30s');
 RESET SESSION AUTHORIZATION;
