@@ -111,3 +111,15 @@ SET LOCAL synchronous_commit = off;
 SELECT configured_max_ttl FROM lease.configure(max_ttl => interval '1 hour');
 SELECT current_setting('synchronous_commit') AS after_configure;
 ROLLBACK;
+
+-- local is raised to on by renew and configure too
+BEGIN;
+SET LOCAL synchronous_commit = local;
+SELECT acquired FROM lease.acquire('dur-local2', 'o1', interval '30s');
+SET LOCAL synchronous_commit = local;
+SELECT status FROM lease.renew('dur-local2', 'o1', 1, interval '30s');
+SELECT current_setting('synchronous_commit') AS after_renew;
+SET LOCAL synchronous_commit = local;
+SELECT configured_max_ttl FROM lease.configure(max_ttl => interval '1 hour');
+SELECT current_setting('synchronous_commit') AS after_configure;
+ROLLBACK;

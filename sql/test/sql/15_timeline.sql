@@ -64,6 +64,8 @@ UPDATE lease.timeline_state SET timeline = 0;
 -- free key, a new key, a lapsed one.
 SELECT status FROM lease.renew('tl-2', 'h', 1, interval '1 s');
 SELECT acquired, epoch FROM lease.acquire('tl-2', 'h', interval '1 s');
+-- the same re-acquire with a wait: timeout, and the DETAIL names the grace
+SELECT * FROM lease.acquire('tl-2', 'h', interval '1 s', wait => interval '0.05 s');
 SELECT acquired, epoch FROM lease.acquire('tl-new', 'n', interval '1 s');
 SELECT timeline, era, grace_until > clock_timestamp() AS in_grace,
        grace_until <= clock_timestamp() + interval '1 s' AS grace_at_most_max_ttl
@@ -165,5 +167,17 @@ BEGIN
 END $$;
 SELECT count(*) AS state_rows, min(era) AS era FROM lease.timeline_state;
 DELETE FROM lease.leases WHERE key = 'tl-clock';
+DELETE FROM lease.timeline_state;
+INSERT INTO lease.timeline_state (timeline, era) VALUES (lease._timeline(), 0);
+
+-- A state row removed by hand while a grant of era 1 is stored: the state
+-- made again starts above every epoch stored (era 2), not at the era the
+-- largest stored epoch belongs to (1) or below it.
+INSERT INTO lease.leases (key, owner, epoch, expires_at, acquired_at)
+  VALUES ('tl-era1', NULL, (1::bigint << 40) + 5, clock_timestamp(), clock_timestamp());
+DELETE FROM lease.timeline_state;
+SELECT acquired FROM lease.acquire('tl-era2', 'e', interval '1 s');  -- in the grace the new state starts
+SELECT count(*) AS state_rows, min(era) AS era FROM lease.timeline_state;
+DELETE FROM lease.leases WHERE key LIKE 'tl-era%';
 DELETE FROM lease.timeline_state;
 INSERT INTO lease.timeline_state (timeline, era) VALUES (lease._timeline(), 0);

@@ -88,3 +88,24 @@ ROLLBACK;
 
 SELECT status FROM lease.release('in-1', 'o1', 1);
 DELETE FROM lease.leases WHERE key LIKE 'in-%' OR key ~ '^"';
+
+-- The overflow bound of a duration is measured from the clock at the call,
+-- not from the transaction's start (0.6 s earlier here): a wait 0.7 s short
+-- of the timestamptz range, measured from now, is too large for the wait
+-- itself (not only together with the ttl).
+BEGIN;
+SELECT pg_sleep(0.6);
+SELECT * FROM lease.acquire('in-bound', 'o', interval '1 s',
+                            wait => (timestamptz '294276-12-31 23:59:59+00' - clock_timestamp()) - interval '0.7 s');
+ROLLBACK;
+
+-- A blocking acquire bounds its lock waits with lock_timeout for its own
+-- duration only: the caller's setting (here a SET LOCAL) is back after the
+-- call, and nothing is left for the session after the transaction.
+BEGIN;
+SET LOCAL lock_timeout = '5s';
+SELECT acquired, epoch FROM lease.acquire('in-lt', 'o', interval '1 s', wait => interval '0.5 s');
+SHOW lock_timeout;
+COMMIT;
+SHOW lock_timeout;
+SELECT status FROM lease.release('in-lt', 'o', 1);
