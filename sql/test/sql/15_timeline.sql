@@ -44,12 +44,15 @@ SELECT * FROM lease.configure(max_ttl => interval '1 hour');
 
 -- The carried-over grace ends with its window: after prev_until the grace is
 -- the lower max_ttl alone (not the earlier, higher one for ever).
+-- (One transaction: the window is read on the clock, not at its start.)
+BEGIN;
 DELETE FROM lease.settings;
 INSERT INTO lease.settings (max_ttl, prev_max_ttl, prev_until)
   VALUES (interval '0.1 s', interval '0.4 s', clock_timestamp() + interval '0.4 s');
 SELECT * FROM lease.configure();
 SELECT pg_sleep(0.5);
 SELECT * FROM lease.configure();
+COMMIT;
 
 -- A promotion: the recorded timeline (0 here) is older than the server's.
 -- An operator configured max_ttl = 1 s long ago (the settings row written
@@ -80,6 +83,12 @@ SELECT * FROM lease.acquire('tl-new', 'n', interval '1 s', wait => interval '0.1
 SELECT acquired, epoch, epoch = (1::bigint << 40) + 1 AS first_of_era_1
   FROM lease.acquire('tl-new', 'n', interval '1 s', wait => interval '3 s');
 SELECT acquired, epoch FROM lease.acquire('tl-1', 'n', interval '1 s');
+-- after the grace, an earlier-era grant that is still live (here written by
+-- hand: renewed through the grace) is handed back to its holder as usual
+INSERT INTO lease.leases (key, owner, epoch, expires_at, acquired_at, holder_role)
+  VALUES ('tl-old', 'h', 3, clock_timestamp() + interval '1 hour', clock_timestamp(), session_user);
+SELECT acquired, epoch FROM lease.acquire('tl-old', 'h', interval '1 s');
+DELETE FROM lease.leases WHERE key = 'tl-old';
 SELECT pg_sleep(1.1);
 SELECT acquired, epoch FROM lease.acquire('tl-2', 'n', interval '1 s');
 SELECT timeline, era FROM lease.status();
