@@ -60,6 +60,10 @@ COMMIT;
 DELETE FROM lease.settings;
 INSERT INTO lease.settings (max_ttl) VALUES (interval '1 s');
 UPDATE lease.timeline_state SET timeline = 0;
+-- A denied acquire (tl-2 is h's) is no grant path: it does not look at the
+-- timeline, so the change is not recorded yet and no grace has begun.
+SELECT acquired FROM lease.acquire('tl-2', 'intruder', interval '1 s');
+SELECT timeline = 0 AS change_not_recorded, grace_until IS NULL AS no_grace FROM lease.status();
 -- The holder of tl-2 (replicated) renews during the grace; an idempotent
 -- re-acquire of that earlier-era grant is refused until the grace ends (its
 -- release may have been lost with the old primary while a successor's lost
@@ -80,6 +84,8 @@ SELECT * FROM lease.acquire('tl-new', 'n', interval '1 s', wait => interval '0.1
 \echo :LAST_ERROR_SQLSTATE
 -- one that waits longer gets the key when the grace ends, in the new era:
 -- above 2^40, so above anything the old timeline could have handed out
+-- (in a transaction begun during the grace: the grace is read on the clock)
+BEGIN;
 SELECT acquired, epoch, epoch = (1::bigint << 40) + 1 AS first_of_era_1
   FROM lease.acquire('tl-new', 'n', interval '1 s', wait => interval '3 s');
 SELECT acquired, epoch FROM lease.acquire('tl-1', 'n', interval '1 s');
@@ -89,6 +95,7 @@ INSERT INTO lease.leases (key, owner, epoch, expires_at, acquired_at, holder_rol
   VALUES ('tl-old', 'h', 3, clock_timestamp() + interval '1 hour', clock_timestamp(), session_user);
 SELECT acquired, epoch FROM lease.acquire('tl-old', 'h', interval '1 s');
 DELETE FROM lease.leases WHERE key = 'tl-old';
+COMMIT;
 SELECT pg_sleep(1.1);
 SELECT acquired, epoch FROM lease.acquire('tl-2', 'n', interval '1 s');
 SELECT timeline, era FROM lease.status();

@@ -109,3 +109,21 @@ SHOW lock_timeout;
 COMMIT;
 SHOW lock_timeout;
 SELECT status FROM lease.release('in-lt', 'o', 1);
+
+-- The ttl + wait bound too is measured from the clock at the call: in a
+-- transaction 0.6 s old, a wait that is fine alone but 0.7 s short of the
+-- range together with the ttl is too large.
+BEGIN;
+SELECT pg_sleep(0.6);
+SELECT * FROM lease.acquire('in-bound2', 'o', interval '1 s',
+                            wait => (timestamptz '294276-12-31 23:59:59+00' - clock_timestamp()) - interval '1.7 s');
+ROLLBACK;
+
+-- A wait-0 first grant sets lock_timeout (1 ms) for its insertion only: the
+-- caller's own setting is back after the call.
+BEGIN;
+SET LOCAL lock_timeout = '5s';
+SELECT acquired, epoch FROM lease.acquire('in-lt0', 'o', interval '1 s');
+SHOW lock_timeout;
+COMMIT;
+SELECT status FROM lease.release('in-lt0', 'o', 1);
