@@ -123,3 +123,12 @@ SET LOCAL synchronous_commit = local;
 SELECT configured_max_ttl FROM lease.configure(max_ttl => interval '1 hour');
 SELECT current_setting('synchronous_commit') AS after_configure;
 ROLLBACK;
+
+-- The forcing is the transaction's only: a session that runs with
+-- synchronous_commit = off has it back after configure's transaction.
+SET synchronous_commit = off;
+BEGIN;
+SELECT configured_max_ttl FROM lease.configure(max_ttl => interval '1 hour');
+COMMIT;
+SHOW synchronous_commit;
+RESET synchronous_commit;

@@ -59,3 +59,8 @@ SELECT acquired, epoch FROM lease.acquire('cu-nofloor', 'o4', interval '30s');
 SELECT status FROM lease.release('cu-nofloor', 'o4', 1);
 SELECT removed >= 1 AS removed_some, epoch_floor FROM lease.cleanup(interval '0');
 SELECT count(*) AS floor_rows FROM lease.epoch_floor;
+-- Removed by hand again, with nothing to clean: the floor reads 0 and its
+-- row is made again with 0.
+DELETE FROM lease.epoch_floor;
+SELECT removed, epoch_floor FROM lease.cleanup(interval '1 day');
+SELECT * FROM lease.epoch_floor;

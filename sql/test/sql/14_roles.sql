@@ -82,6 +82,12 @@ RESET SESSION AUTHORIZATION;
 SET SESSION AUTHORIZATION regress_pglease_bob;
 SELECT status FROM lease.renew('role-team', 't', 1, interval '30s');
 SELECT lease.fence('role-team', 't', 1) > clock_timestamp() AS member_fenced;
+RESET SESSION AUTHORIZATION;
+SET SESSION AUTHORIZATION regress_pglease_team;
+SELECT acquired, epoch FROM lease.acquire('role-team2', 't', interval '30s');
+RESET SESSION AUTHORIZATION;
+SET SESSION AUTHORIZATION regress_pglease_bob;
+SELECT status FROM lease.release('role-team2', 't', 1);  -- a member releases the role's grant
 SELECT acquired, epoch FROM lease.acquire('role-team', 't', interval '30s');
 SELECT acquired, epoch FROM lease.acquire('role-bob', 'b', interval '30s');
 RESET SESSION AUTHORIZATION;

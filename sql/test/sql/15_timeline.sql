@@ -160,6 +160,10 @@ BEGIN READ ONLY;
 SELECT * FROM lease.acquire('tl-ro', 'n', interval '1 s');
 \echo :LAST_ERROR_SQLSTATE
 ROLLBACK;
+BEGIN READ ONLY;
+SELECT * FROM lease.unlisten('tl-ro');
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
 
 DELETE FROM lease.settings;
 DELETE FROM lease.leases WHERE key LIKE 'tl-%';

@@ -127,3 +127,10 @@ SELECT acquired, epoch FROM lease.acquire('in-lt0', 'o', interval '1 s');
 SHOW lock_timeout;
 COMMIT;
 SELECT status FROM lease.release('in-lt0', 'o', 1);
+
+-- ... and so does a blocking takeover of a free key (in-lt was released).
+BEGIN;
+SET LOCAL lock_timeout = '5s';
+SELECT acquired, epoch FROM lease.acquire('in-lt', 'o2', interval '1 s', wait => interval '0.5 s');
+SHOW lock_timeout;
+COMMIT;
