@@ -62,5 +62,14 @@ SELECT count(*) AS floor_rows FROM lease.epoch_floor;
 -- Removed by hand again, with nothing to clean: the floor reads 0 and its
 -- row is made again with 0.
 DELETE FROM lease.epoch_floor;
+SELECT epoch_floor FROM lease.status();
 SELECT removed, epoch_floor FROM lease.cleanup(interval '1 day');
 SELECT * FROM lease.epoch_floor;
+
+-- free_for's underflow bound is measured from the clock at the call: in a
+-- transaction 0.6 s old, a free_for 1.3 s short of the start of the
+-- timestamptz range is still valid (it frees nothing).
+BEGIN;
+SELECT pg_sleep(0.6);
+SELECT removed FROM lease.cleanup((clock_timestamp() - timestamptz '4713-11-24 00:00:00+00 BC') - interval '1.3 s');
+ROLLBACK;

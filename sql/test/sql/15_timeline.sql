@@ -42,6 +42,7 @@ SELECT * FROM lease.configure(max_ttl => interval '1 day 1 hour');
 SELECT * FROM lease.configure(max_ttl => interval '100 years');  -- the bound itself is allowed
 SELECT * FROM lease.configure(max_ttl => interval '1 hour');
 
+SELECT configured_max_ttl FROM lease.configure(max_ttl => interval '0.5 s');  -- below 1 s is fine
 -- The carried-over grace ends with its window: after prev_until the grace is
 -- the lower max_ttl alone (not the earlier, higher one for ever).
 -- (One transaction: the window is read on the clock, not at its start.)
