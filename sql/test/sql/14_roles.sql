@@ -16,6 +16,8 @@ CREATE ROLE regress_pglease_mallory;
 CREATE ROLE regress_pglease_team;
 CREATE ROLE regress_pglease_bob IN ROLE regress_pglease_team;
 CREATE ROLE regress_pglease_gone;
+-- a member of team that does not inherit its privileges: still a member
+CREATE ROLE regress_pglease_noinh NOINHERIT IN ROLE regress_pglease_team;
 
 -- alice takes a key; the grant records her role.
 SET SESSION AUTHORIZATION regress_pglease_alice;
@@ -88,6 +90,9 @@ SELECT acquired, epoch FROM lease.acquire('role-team2', 't', interval '30s');
 RESET SESSION AUTHORIZATION;
 SET SESSION AUTHORIZATION regress_pglease_bob;
 SELECT status FROM lease.release('role-team2', 't', 1);  -- a member releases the role's grant
+RESET SESSION AUTHORIZATION;
+SET SESSION AUTHORIZATION regress_pglease_noinh;
+SELECT status FROM lease.renew('role-team', 't', 1, interval '30s');  -- membership, not inheritance, decides
 SELECT acquired, epoch FROM lease.acquire('role-team', 't', interval '30s');
 SELECT acquired, epoch FROM lease.acquire('role-bob', 'b', interval '30s');
 RESET SESSION AUTHORIZATION;
@@ -133,4 +138,4 @@ REVOKE EXECUTE ON FUNCTION lease.force_release(text) FROM regress_pglease_ops;
 
 DELETE FROM lease.leases WHERE key LIKE 'role-%';
 DROP ROLE regress_pglease_alice, regress_pglease_mallory, regress_pglease_bob,
-          regress_pglease_team, regress_pglease_ops;
+          regress_pglease_noinh, regress_pglease_team, regress_pglease_ops;

@@ -191,6 +191,25 @@ DELETE FROM lease.leases WHERE key = 'tl-clock';
 DELETE FROM lease.timeline_state;
 INSERT INTO lease.timeline_state (timeline, era) VALUES (lease._timeline(), 0);
 
+-- A timeline change seen by a statement that began 0.5 s earlier: the grace
+-- is measured from the clock when the change is seen, not from the start of
+-- the statement or of its transaction.
+UPDATE lease.timeline_state SET timeline = 0;
+DO $$
+DECLARE
+  g timestamptz;
+BEGIN
+  PERFORM pg_sleep(0.5);
+  PERFORM lease.acquire('tl-clock2', 'c', interval '1 s');
+  SELECT t.grace_until INTO g FROM lease.timeline_state t ORDER BY t.era DESC LIMIT 1;
+  IF g < statement_timestamp() + interval '0.4 s' + lease._grace() THEN
+    RAISE EXCEPTION 'grace measured from the statement''s start';
+  END IF;
+END $$;
+DELETE FROM lease.leases WHERE key = 'tl-clock2';
+DELETE FROM lease.timeline_state;
+INSERT INTO lease.timeline_state (timeline, era) VALUES (lease._timeline(), 0);
+
 -- A state row removed by hand while a grant of era 1 is stored: the state
 -- made again starts above every epoch stored (era 2), not at the era the
 -- largest stored epoch belongs to (1) or below it.
