@@ -13,22 +13,32 @@ import (
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
 )
 
+// newDSNLock builds, with New, a pglease lock for ns/op on a database of its
+// own whose DSN New reads from the environment (Config.DSNEnv), as a
+// component started with --leader-elect-resource-lock=pglease does; the lock
+// is closed when the test ends.
+func newDSNLock(t *testing.T, identity string) (string, *pgle.Lock) {
+	t.Helper()
+	dsn := pgtest.NewLeaseDatabase(t)
+	t.Setenv("DSN_LOCK_LEASE_DSN", dsn)
+	c := pgle.DefaultConfig()
+	c.LeaderElect, c.ResourceLock, c.ResourceName, c.ResourceNamespace = true, "pglease", "op", "ns"
+	c.DSNEnv = "DSN_LOCK_LEASE_DSN"
+	c.Identity = identity
+	lock, err := pgle.New(context.Background(), c, pgle.BuildOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lock.Close)
+	return dsn, lock
+}
+
 // New("pglease") builds a lock whose follower Get waits for news: a
 // standby's Get, issued while another candidate holds the key, returns
 // only after that candidate released it, with the key free (without the
 // waiter it returns at once, naming the holder). Close stops the listener.
 func TestNewPgLeaseFollowerWaits(t *testing.T) {
-	dsn := pgtest.NewLeaseDatabase(t)
-	t.Setenv("WAIT_LEASE_DSN", dsn)
-	c := pgle.DefaultConfig()
-	c.LeaderElect, c.ResourceLock, c.ResourceName, c.ResourceNamespace = true, "pglease", "op", "ns"
-	c.DSNEnv = "WAIT_LEASE_DSN"
-	c.Identity = "standby"
-	lock, err := pgle.New(context.Background(), c, pgle.BuildOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Close()
+	dsn, lock := newDSNLock(t, "standby")
 
 	leader, err := resourcelock.New(lease.New(newPool(t, dsn)), "ns/op", "leader", resourcelock.Options{})
 	if err != nil {
@@ -70,17 +80,7 @@ func TestNewPgLeaseFollowerWaits(t *testing.T) {
 // The pool New opens from the DSN warms each connection (lease.WarmConn):
 // the client's calls are already prepared on it before the first handoff.
 func TestNewPgLeasePoolIsWarm(t *testing.T) {
-	dsn := pgtest.NewLeaseDatabase(t)
-	t.Setenv("WARM_LEASE_DSN", dsn)
-	c := pgle.DefaultConfig()
-	c.LeaderElect, c.ResourceLock, c.ResourceName, c.ResourceNamespace = true, "pglease", "op", "ns"
-	c.DSNEnv = "WARM_LEASE_DSN"
-	c.Identity = "warm"
-	lock, err := pgle.New(context.Background(), c, pgle.BuildOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Close()
+	_, lock := newDSNLock(t, "warm")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	conn, err := pgle.PoolOf(lock).Acquire(ctx)
