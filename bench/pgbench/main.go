@@ -557,23 +557,23 @@ func createRenewCandidates(ctx context.Context, conn *pgx.Conn) error {
           AND extract(epoch FROM ttl) <= extract(epoch FROM coalesce((SELECT s.max_ttl FROM lease.settings s), interval '1 hour'))) THEN
 ` + m + "  END IF;\n"
 		})},
-		"noval":   {one(val, func(string) string { return "" })},
-		"norole":  {lit(role, "IF false THEN")},
-		"nosubtx": {lit("  BEGIN\n    SELECT l.owner", "    SELECT l.owner"), lit("  EXCEPTION WHEN SQLSTATE 'LEASE' THEN\n    expires_at := NULL;  -- status says why; the lock went with the subtransaction\n    RETURN;\n  END;\n", "")},
+		"noval":  {one(val, func(string) string { return "" })},
+		"norole": {lit(role, "IF false THEN")},
+		"nosubtx": {lit("  BEGIN\n    SELECT l.owner", "    SELECT l.owner"),
+			lit("  EXCEPTION WHEN SQLSTATE 'LEASE' THEN\n    expires_at := NULL;  -- status says why; the lock went with the subtransaction\n    RETURN;\n  END;\n", ""),
+			// the failed checks raised into the subtransaction; without it they return
+			lit("      RAISE EXCEPTION USING ERRCODE = 'LEASE';\n    END IF;\n    UPDATE", "      expires_at := NULL;\n      RETURN;\n    END IF;\n    UPDATE")},
 	}
 	for name, edits := range cands {
-		b := strings.Replace(def, "FUNCTION lease.renew(", "FUNCTION scratch.renew03_"+name+"(", 1)
+		orig := strings.Replace(def, "FUNCTION lease.renew(", "FUNCTION scratch.renew03_"+name+"(", 1)
+		b := orig
 		for _, e := range edits {
 			var err error
 			if b, err = e(b); err != nil {
 				return fmt.Errorf("candidate %s: %w", name, err)
 			}
 		}
-		if name == "nosubtx" {
-			// the failed checks raised into the subtransaction; without it they return
-			b = strings.Replace(b, "      RAISE EXCEPTION USING ERRCODE = 'LEASE';\n    END IF;\n    UPDATE", "      expires_at := NULL;\n      RETURN;\n    END IF;\n    UPDATE", 1)
-		}
-		if name != "copy" && b == strings.Replace(def, "FUNCTION lease.renew(", "FUNCTION scratch.renew03_"+name+"(", 1) {
+		if name != "copy" && b == orig {
 			return fmt.Errorf("candidate %s equals lease.renew", name)
 		}
 		if _, err := conn.Exec(ctx, b); err != nil {
