@@ -656,7 +656,7 @@ END $$'''], os.path.join(out, '%s.reset.log' % mid), env=env, timeout=60)
 
 def merge(dirs, out):
     """Joins the results.partial.json and logs of shard runs into out."""
-    results, secs, started, planned = {}, 0, None, 0
+    results, secs, started = {}, 0, None
     control = None
     os.makedirs(out, exist_ok=True)
     for d in dirs:
@@ -745,6 +745,8 @@ def main():
 
     version, order = chain(SQLDIR)
     texts = {n: open(os.path.join(SQLDIR, n)).read() for n in order}
+    control = {'pg_lease.control': open(os.path.join(SQLDIR, 'pg_lease.control')).read()}
+    csha = chain_sha(texts, order, control['pg_lease.control'])
     unit_list = units(texts, order)
     site_list = sites(texts, unit_list, ops)
     ids = assign_ids(site_list, texts)
@@ -820,7 +822,6 @@ def main():
         # runs before chain_sha was recorded, or of a mutant that no longer
         # exists are dropped, whether or not the mutant is selected now.
         cur = {m['id']: m for m in mutants}
-        csha = chain_sha(texts, order, open(os.path.join(SQLDIR, 'pg_lease.control')).read())
         def same(r):
             m = cur.get(r['id'])
             if m is None:
@@ -893,7 +894,6 @@ def main():
         shutil.copytree(os.path.join(SQLDIR, 'test'), os.path.join(work, 'test'))
         subprocess.check_call(['chmod', '-R', 'a+rwX', work])
 
-        control = {'pg_lease.control': open(os.path.join(SQLDIR, 'pg_lease.control')).read()}
         # every script of sql/ is installed (other versions' paths too), the chain's mutated
         allfiles = {os.path.basename(p): open(p).read() for p in glob.glob(os.path.join(SQLDIR, 'pg_lease--*.sql'))}
         plan_mutants = []
@@ -916,7 +916,7 @@ def main():
                                  'unit': unit, 'files': files,
                                  'unit_sha': unit_sha(texts, st) if st is not None else ''})
         base = order[0][len('pg_lease--'):-len('.sql')]
-        plan = {'chain_sha': chain_sha(texts, order, control['pg_lease.control']), 'prev': prev, 'seed': args.seed, 'max': args.max, 'out': args.out, 'extdir': extdir, 'work': work, 'bindir': sbin, 'pg_config': spgconfig,
+        plan = {'chain_sha': csha, 'prev': prev, 'seed': args.seed, 'max': args.max, 'out': args.out, 'extdir': extdir, 'work': work, 'bindir': sbin, 'pg_config': spgconfig,
                 'suites': suites, 'go_pkg': args.go_pkg, 'control_files': control, 'mutants': plan_mutants,
                 'base': base}
         planfile = os.path.join(scratch, 'plan.json')
