@@ -3,6 +3,7 @@ package leaderelection_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -159,7 +160,9 @@ func TestFenced(t *testing.T) {
 // scrape time, terms started and stopped, renewal latency, and conflicts.
 func TestObservedLockMetrics(t *testing.T) {
 	client, _ := newClient(t)
-	key := "metrics-" + t.Name()
+	// The metrics are process-global, keyed by the lock's key: a key of its
+	// own per run, so that -count=N repetitions do not add up.
+	key := fmt.Sprintf("metrics-%s-%d", t.Name(), time.Now().UnixNano())
 	observed := func(id string) *pgle.ObservedLock { // id's lock on key, observed
 		t.Helper()
 		lock, err := resourcelock.New(client, key, id, resourcelock.Options{LeaseDuration: 3 * time.Second})
