@@ -261,6 +261,10 @@ func run(ctx context.Context, dsn string, nWaiters, nConns int) (result, error) 
 // (100 on every Linux ABI Go supports).
 const clkTck = 100
 
+// minTicks is the least server CPU, in ticks over a whole row, from which a
+// ratio to it is reported.
+const minTicks = 20
+
 // snapshot reads the server's CPU (ms, summed over every server process),
 // and the statements executed (pg_stat_statements, top level: exact, unlike
 // pg_stat_database's lazily flushed xact_commit).
@@ -318,10 +322,19 @@ func report(rs []result) string {
 	}
 	if len(rs) >= 2 && rs[0].Statements > 0 && rs[0].ReleaseGrant.P50 > 0 {
 		fmt.Fprintf(&b, "\nVs the first row (same run):\n\n")
+		// The CPU is read in clock ticks (10 ms) summed over the run: a
+		// first row with fewer than minTicks of them (smoke sizes) has no
+		// ratio to give.
+		cpuRatio := func(r result) string {
+			if base := rs[0].CPUms * float64(rs[0].Releases); base < minTicks*1000/clkTck {
+				return fmt.Sprintf("server CPU ratio n/a (the first row's %.0f ms in all is under %d ticks of %d ms)", base, minTicks, 1000/clkTck)
+			}
+			return fmt.Sprintf("server CPU %.1f×", r.CPUms/rs[0].CPUms)
+		}
 		for _, r := range rs[1:] {
-			fmt.Fprintf(&b, "- %d waiters over %d: release-to-grant p50 %.2f×, p99 %.2f×; server CPU %.1f×; statements %.1f×\n",
+			fmt.Fprintf(&b, "- %d waiters over %d: release-to-grant p50 %.2f×, p99 %.2f×; %s; statements %.1f×\n",
 				r.Waiters, r.Conns, r.ReleaseGrant.P50/rs[0].ReleaseGrant.P50, r.ReleaseGrant.P99/rs[0].ReleaseGrant.P99,
-				r.CPUms/max(rs[0].CPUms, 1e-9), r.Statements/rs[0].Statements)
+				cpuRatio(r), r.Statements/rs[0].Statements)
 		}
 	}
 	return b.String()
