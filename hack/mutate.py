@@ -2,7 +2,7 @@
 """Mutation testing of pg_lease's SQL (issue 15, item 5).
 
     hack/mutate.py [--list] [--max N] [--seed S] [--only ID[,ID...]] [--ops OP[,OP...]]
-                   [--suites regression,isolation,go] [--out DIR] [--bindir DIR] [--report-only]
+                   [--suites regression,isolation,go,upgrade] [--out DIR] [--bindir DIR] [--report-only]
 
 Every mutant is ONE small change to the SQL that CREATE EXTENSION pg_lease runs:
 the base script and every update script on the path to the control file's
@@ -42,6 +42,12 @@ one), one throwaway cluster serves the whole run (hack/with-postgres.sh), and:
   regression  PGXS make installcheck ISOLATION=   (sql/test/sql)
   isolation   PGXS make installcheck REGRESS=     (sql/test/specs)
   go          go test ./test/fuzz with PGLEASE_FUZZ_SQL=<the mutant, plain schema>
+  upgrade     the upgrade check as hack/test-matrix.sh runs it (sql/test/upgrade:
+              0.1.0 and 0.2.0 installed, updated by the installer, by a
+              superuser, under default privileges; the regression suite in the
+              updated database; the isolation suite on a database updated
+              from 0.1.0): the only suite where ALTER EXTENSION UPDATE runs as
+              another role than the installer
 
 Suites run in that order and stop at the first that fails: the mutant is
 "caught" (failing test names are recorded); "survived" when every suite passes.
@@ -76,7 +82,7 @@ SQLDIR = os.path.join(REPO, 'sql')
 EQUIV_FILE = os.path.join(REPO, 'hack', 'mutate-equivalent.txt')
 ALL_OPS = ['cmp', 'logic', 'not', 'int', 'bool', 'lock', 'clock', 'minmax', 'str',
            'inlist', 'stmt', 'attr', 'acl']
-ALL_SUITES = ['regression', 'isolation', 'go']
+ALL_SUITES = ['regression', 'isolation', 'go', 'upgrade']
 SUITE_TIMEOUT = 100  # seconds; the unmodified suites take about 10-35 s each on 2 loaded cores
 
 
@@ -552,6 +558,74 @@ def failing_tests(log):
     return sorted(names)
 
 
+# The upgrade check's isolation database (hack/test-matrix.sh, run_upgrade b):
+# created at 0.1.0, given leases, updated to 0.2.0, given more, updated.
+UPGRADE_ISO_SETUP = """
+CREATE EXTENSION pg_lease VERSION '0.1.0';
+SELECT acquired FROM lease.acquire('iu-held', 'o1', interval '1h');
+SELECT acquired FROM lease.acquire('iu-free', 'o1', interval '1h');
+SELECT status FROM lease.release('iu-free', 'o1', 1);
+ALTER EXTENSION pg_lease UPDATE TO '0.2.0';
+SELECT acquired FROM lease.acquire('iu-held2', 'o2', interval '1h');
+SELECT acquired FROM lease.acquire('iu-lapsed2', 'o2', interval '1ms');
+ALTER EXTENSION pg_lease UPDATE;
+"""
+
+
+def upgrade_suite(plan, work, log, env, out, mid):
+    """The upgrade check as hack/test-matrix.sh runs it (run_upgrade): a. one
+    pg_regress run of sql/test/upgrade's scripts, the regression suite in the
+    same database and the catalog comparison; b. the isolation suite on a
+    database whose extension was created at 0.1.0 and updated. Returns the
+    first non-zero exit status (a's log is LOG, b's LOG with .iso)."""
+    pgxs = os.path.join(subprocess.check_output([plan['pg_config'], '--pkglibdir'], text=True).strip(),
+                        'pgxs', 'src', 'test')
+    inp = os.path.join(work, 'upgrade-input')
+    if not os.path.isdir(inp):
+        for sub, pats in (('sql', ('test/sql/*.sql', 'test/upgrade/sql/*.sql')),
+                          ('expected', ('test/expected/*.out', 'test/upgrade/expected/*.out'))):
+            os.makedirs(os.path.join(inp, sub))
+            for pat in pats:
+                for f in glob.glob(os.path.join(work, pat)):
+                    os.symlink(f, os.path.join(inp, sub, os.path.basename(f)))
+    regress = sorted(os.path.basename(f)[:-4] for f in glob.glob(os.path.join(work, 'test', 'sql', '*.sql')))
+    ups = sorted(os.path.basename(f)[:-4] for f in glob.glob(os.path.join(work, 'test', 'upgrade', 'sql', 'upgrade_*.sql')))
+    last = [u for u in ups if u.startswith('upgrade_99_')]
+    ups = [u for u in ups if u not in last]
+    odir = os.path.join(work, 'upgrade-out')
+    shutil.rmtree(odir, ignore_errors=True)
+    rc = sh([os.path.join(pgxs, 'regress', 'pg_regress'), '--inputdir=' + inp, '--outputdir=' + odir,
+             '--bindir=' + plan['bindir'], '--dbname=contrib_regression'] + ups + regress + last,
+            log, env=env, timeout=SUITE_TIMEOUT, cwd=work)
+    if os.path.exists(os.path.join(odir, 'regression.diffs')):
+        shutil.copy(os.path.join(odir, 'regression.diffs'), os.path.join(out, '%s.upgrade.diffs' % mid))
+    if rc != 0:
+        return rc
+    psql = [os.path.join(plan['bindir'], 'psql'), '-X', '-q', '-v', 'ON_ERROR_STOP=1']
+    setup = psql + ['-d', 'postgres', '-c', 'DROP DATABASE IF EXISTS isolation_upgrade',
+                    '-c', 'CREATE DATABASE isolation_upgrade TEMPLATE=template0']
+    for k, v in (('lc_messages', "'C'"), ('lc_monetary', "'C'"), ('lc_numeric', "'C'"), ('lc_time', "'C'"),
+                 ('bytea_output', "'hex'"), ('timezone_abbreviations', "'Default'")):
+        setup += ['-c', 'ALTER DATABASE isolation_upgrade SET %s TO %s' % (k, v)]
+    setup += ['-c', '\\c isolation_upgrade', '-c', UPGRADE_ISO_SETUP]
+    rc = sh(setup, log + '.setup', env=env, timeout=60, cwd=work)
+    if rc != 0:
+        with open(log, 'a') as f:
+            f.write('\nmutate: the upgraded isolation database could not be made (see %s.setup)\n' % log)
+        return rc
+    specs = sorted(os.path.basename(f)[:-5] for f in glob.glob(os.path.join(work, 'test', 'specs', '*.spec')))
+    iodir = os.path.join(work, 'upgrade-isolation-out')
+    shutil.rmtree(iodir, ignore_errors=True)
+    rc = sh([os.path.join(pgxs, 'isolation', 'pg_isolation_regress'), '--inputdir=test', '--outputdir=' + iodir,
+             '--bindir=' + plan['bindir'], '--use-existing', '--dbname=isolation_upgrade'] + specs,
+            log + '.iso', env=env, timeout=SUITE_TIMEOUT, cwd=work)
+    if os.path.exists(os.path.join(iodir, 'regression.diffs')):
+        shutil.copy(os.path.join(iodir, 'regression.diffs'), os.path.join(out, '%s.upgrade-isolation.diffs' % mid))
+    with open(log, 'a') as f:  # one log for failing_tests
+        f.write(open(log + '.iso', errors='replace').read())
+    return rc
+
+
 def inner(args):
     """Runs inside hack/with-postgres.sh: the plan's mutants through the suites."""
     plan = json.load(open(args.plan))
@@ -617,6 +691,8 @@ END $$'''], os.path.join(out, '%s.reset.log' % mid), env=env, timeout=60)
                     d = os.path.join(work, 'output_iso', 'regression.diffs')
                     if os.path.exists(d):
                         shutil.copy(d, os.path.join(out, '%s.%s.diffs' % (mid, s)))
+                elif s == 'upgrade':
+                    rc = upgrade_suite(plan, work, log, env, out, mid)
                 else:
                     genv = dict(env)
                     genv.pop('PGOPTIONS', None)
@@ -710,7 +786,7 @@ def main():
     ap.add_argument('--seed', type=int, default=None)
     ap.add_argument('--only', default='', help='comma-separated mutant ids')
     ap.add_argument('--ops', default=','.join(ALL_OPS))
-    ap.add_argument('--suites', default='regression,isolation,go')
+    ap.add_argument('--suites', default='regression,isolation,go,upgrade')
     ap.add_argument('--out', default=os.environ.get('MUTATE_OUT', '/tmp/pg_lease-mutate'))
     ap.add_argument('--bindir', default=os.environ.get('PGLEASE_PG_BINDIR', ''))
     ap.add_argument('--go-pkg', default='./test/fuzz')

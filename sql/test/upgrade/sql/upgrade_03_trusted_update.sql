@@ -48,6 +48,13 @@ CREATE DATABASE regress_pglease_updb2;
 GRANT CONNECT, CREATE ON DATABASE regress_pglease_updb2 TO regress_pglease_upgrader;
 \c regress_pglease_updb2 regress_pglease_upgrader
 CREATE EXTENSION pg_lease VERSION '0.1.0';
+-- The installer has revoked some of its own privileges (an owner may): the
+-- update gives them back, the owner keeps every privilege on its objects.
+REVOKE SELECT, UPDATE ON lease.leases FROM regress_pglease_upgrader;
+REVOKE EXECUTE ON FUNCTION lease.force_release(text) FROM regress_pglease_upgrader;
+SELECT has_table_privilege('lease.leases', 'SELECT') AS can_select,
+       has_table_privilege('lease.leases', 'UPDATE') AS can_update,
+       has_function_privilege('lease.force_release(text)', 'EXECUTE') AS can_force_release;
 \c regress_pglease_updb2 :orig_user
 SELECT rolsuper FROM pg_roles WHERE rolname = current_user;
 ALTER EXTENSION pg_lease UPDATE;
@@ -55,6 +62,20 @@ SELECT tablename, tableowner FROM pg_tables WHERE schemaname = 'lease' ORDER BY 
 SELECT count(*) AS functions_not_owned_by_upgrader
   FROM pg_proc WHERE pronamespace = 'lease'::regnamespace
    AND proowner <> 'regress_pglease_upgrader'::regrole;
+-- Every privilege of every table, function and the schema is the owner's.
+SELECT kind, obj, priv AS missing_privilege FROM (
+    SELECT 'table' AS kind, c.oid::regclass::text AS obj, p AS priv,
+           has_table_privilege('regress_pglease_upgrader', c.oid, p) AS has
+      FROM pg_class c, unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TRUNCATE', 'REFERENCES', 'TRIGGER']) p
+     WHERE c.relnamespace = 'lease'::regnamespace AND c.relkind = 'r'
+    UNION ALL
+    SELECT 'function', f.oid::regprocedure::text, 'EXECUTE',
+           has_function_privilege('regress_pglease_upgrader', f.oid, 'EXECUTE')
+      FROM pg_proc f WHERE f.pronamespace = 'lease'::regnamespace
+    UNION ALL
+    SELECT 'schema', 'lease', p, has_schema_privilege('regress_pglease_upgrader', 'lease', p)
+      FROM unnest(ARRAY['USAGE', 'CREATE']) p) x
+ WHERE NOT has ORDER BY 1, 2, 3;
 \c :orig_db :orig_user
 DROP DATABASE regress_pglease_updb2;
 
