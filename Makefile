@@ -60,7 +60,7 @@ fuzz:
 	hack/fuzz.sh $(or $(FUZZTIME),10m)
 
 ## mutate: mutation testing of the SQL: every small mutant of the installed scripts through the
-## regression and isolation suites (docs/defects.md); MUTATE_ARGS="--max 60 --seed 1" to sample
+## regression, isolation, fuzz-package and upgrade suites (docs/defects.md); MUTATE_ARGS="--max 60 --seed 1" to sample
 mutate:
 	hack/install-deps.sh
 	hack/mutate.py $(MUTATE_ARGS)

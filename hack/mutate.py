@@ -637,6 +637,12 @@ def inner(args):
     # SETs still win; no statement of theirs runs for 15 s), never hangs the
     # run; a suite that still runs past SUITE_TIMEOUT counts as caught
     env["PGOPTIONS"] = "-c statement_timeout=10s"
+    reset_sql = os.path.join(work, 'reset.sql')
+    with open(reset_sql, 'w') as f:
+        f.write("SELECT format('DROP DATABASE IF EXISTS %I', datname) FROM pg_database\n"
+                "  WHERE datname NOT IN ('postgres', 'template0', 'template1') \\gexec\n"
+                "SELECT format('DROP OWNED BY %I CASCADE; DROP ROLE %I', rolname, rolname) FROM pg_roles\n"
+                "  WHERE rolname !~ '^pg_' AND rolname <> current_user \\gexec\n")
     results = []
     t_all = time.time()
     started = time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())
@@ -664,6 +670,10 @@ BEGIN
     PERFORM pg_sleep(0.05);
   END LOOP;
 END $$'''], os.path.join(out, '%s.reset.log' % mid), env=env, timeout=60)
+        # and nothing left by a suite killed half-way (a TIMEOUT): its
+        # databases and roles would fail the next mutant's suites ("role ...
+        # already exists"), a catch that is not the mutant's
+        sh(psql + ['-f', reset_sql], os.path.join(out, '%s.reset2.log' % mid), env=env, timeout=60)
         probe = psql + ['-c', 'DROP DATABASE IF EXISTS mutate_probe', '-c', 'CREATE DATABASE mutate_probe',
                         '-c', '\\c mutate_probe', '-c', 'CREATE EXTENSION pg_lease',
                         '-c', 'DROP EXTENSION pg_lease', '-c', "CREATE EXTENSION pg_lease VERSION '%s'" % plan['base'],
