@@ -197,9 +197,12 @@ run_sql_suites() {
       fi
       for s in "$@"; do
         start=$(date +%s)
+        # NO_DUMP_CHECK=1: the suites themselves (the dump/restore check that
+        # installcheck runs first is not one of the four, and a defect that
+        # breaks its setup would stop both suites before any test ran)
         case "$s" in
-          regression) make -s installcheck ISOLATION= >"$out/$d.regression.log" 2>&1 && rc=0 || rc=$? ;;
-          isolation)  make -s installcheck REGRESS=   >"$out/$d.isolation.log" 2>&1 && rc=0 || rc=$? ;;
+          regression) make -s installcheck ISOLATION= NO_DUMP_CHECK=1 >"$out/$d.regression.log" 2>&1 && rc=0 || rc=$? ;;
+          isolation)  make -s installcheck REGRESS=   NO_DUMP_CHECK=1 >"$out/$d.isolation.log" 2>&1 && rc=0 || rc=$? ;;
         esac
         echo "$rc $(( $(date +%s) - start ))" >"$out/$d.$s.rc"
       done' _ "$out" "$d" "${want[@]}" ) >"$out/$d.cluster.log" 2>&1 || true
