@@ -285,8 +285,21 @@ func TestServiceMonitor(t *testing.T) {
 			Selector metav1.LabelSelector `json:"selector"`
 		} `json:"spec"`
 	}
-	if err := yaml.Unmarshal(out, &sm); err != nil { // the fields checked below; the CRD validates the rest
-		t.Fatal(err)
+	// The folder also holds the alert rules and the dashboard's ConfigMap
+	// (prometheus_test.go checks them): read the ServiceMonitor's document.
+	for _, doc := range bytes.Split(out, []byte("\n---\n")) {
+		var kind struct {
+			Kind string `json:"kind"`
+		}
+		if err := yaml.Unmarshal(doc, &kind); err != nil {
+			t.Fatal(err)
+		}
+		if kind.Kind != "ServiceMonitor" {
+			continue
+		}
+		if err := yaml.Unmarshal(doc, &sm); err != nil { // the fields checked below; the CRD validates the rest
+			t.Fatal(err)
+		}
 	}
 	var svc *corev1.Service
 	for _, o := range build(t) {

@@ -5,6 +5,8 @@
 #     server binaries, psql, pg_regress, the isolation tester, PGXS)
 #   - libfaketime (faketime), for the clock-jump failure tests
 #   - make, setpriv (util-linux)
+#   - promtool (Debian's prometheus package), for the alert rules' and the
+#     dashboard's tests
 #   - node and npm (PostgreSQL 14, 16, 17, 18 come from the npm registry)
 # Go (>= 1.26) must already be on PATH; it is not installed here.
 set -euo pipefail
@@ -17,6 +19,7 @@ ls /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 /usr/lib/*/faketime/libfa
 command -v make >/dev/null || need+=(make)
 command -v setpriv >/dev/null || need+=(util-linux)
 command -v pgbench >/dev/null || need+=(postgresql-contrib)
+command -v promtool >/dev/null || need+=(prometheus)
 # node and npm fetch the other PostgreSQL majors for make test-matrix
 command -v node >/dev/null || need+=(nodejs)
 command -v npm >/dev/null || need+=(npm)
