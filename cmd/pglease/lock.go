@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -25,11 +24,12 @@ its environment, and runs in a process group of its own.
 When the lease is lost (a renewal is refused: it lapsed, or an operator ran
 release --force) pglease sends SIGTERM to COMMAND's process group and SIGKILL
 --grace later, and exits 7. When renewals fail for another reason (server
-unreachable) pglease keeps trying until the grant's certain validity (measured
-on the local monotonic clock from each renewal's send time) is --grace from its
-end, then sends SIGTERM, and SIGKILL at that end: COMMAND is stopped before
-another owner can take the key. SIGINT, SIGTERM or SIGHUP to pglease are passed
-on as SIGTERM (SIGKILL --grace later); the key is then released.
+unreachable) pglease keeps trying. The grant's certain validity is measured on
+the local monotonic clock from each renewal's send time, less a drift margin.
+--grace before that end pglease sends SIGTERM, and SIGKILL at the end. So
+COMMAND is stopped before another owner can take the key. SIGINT, SIGTERM or
+SIGHUP to pglease are passed on as SIGTERM (SIGKILL --grace later); the key is
+then released.
 
 Exit status: COMMAND's own (128+N when killed by signal N); 7 when the lease
 was lost; 8 when the key stayed held for the whole --timeout; 126/127 when
@@ -79,14 +79,22 @@ func (a *app) lockCmd() *cobra.Command {
 				host, _ := os.Hostname()
 				o.owner = fmt.Sprintf("%s/pglease-lock/%d", host, os.Getpid())
 			}
-			switch {
-			case o.owner == "" || len(o.owner) > 1024:
+			if o.owner == "" || len(o.owner) > 1024 {
 				return fmt.Errorf("%w: --owner: 1 to 1024 bytes", lease.ErrInvalidInput)
-			case o.ttl < time.Second:
+			}
+			if o.ttl < time.Second {
 				return usagef("--ttl %v: must be at least 1s", o.ttl)
-			case o.grace < 0 || o.grace >= o.ttl*2/3:
-				return usagef("--grace %v: must be at least 0 and below 2/3 of --ttl (%v): renewals run every --ttl/3", o.grace, o.ttl*2/3)
-			case o.timeout < 0:
+			}
+			// SIGTERM comes --grace before the term's deadline. The first
+			// renewal, at --ttl/3, must come before it.
+			margin, err := lease.CheckMargin(o.ttl, 0)
+			if err != nil {
+				return err
+			}
+			if limit := o.ttl*2/3 - margin; o.grace < 0 || o.grace >= limit {
+				return usagef("--grace %v: must be at least 0 and below %v (2/3 of --ttl less the drift margin): renewals run every --ttl/3", o.grace, limit)
+			}
+			if o.timeout < 0 {
 				return usagef("--timeout %v: must not be negative", o.timeout)
 			}
 			return a.lock(cmd.Context(), o)
@@ -102,32 +110,31 @@ func (a *app) lockCmd() *cobra.Command {
 
 func (a *app) lock(ctx context.Context, o lockOpts) error {
 	sess := &session{a: a}
-	defer sess.drop()
-	conn, err := sess.get(ctx)
-	if err != nil {
-		return err
-	}
-	g, ok, err := lease.New(conn).Acquire(ctx, o.key, o.owner, o.ttl)
+	defer sess.close()
+	c := lease.New(sess)
+	g, ok, err := c.Acquire(ctx, o.key, o.owner, o.ttl)
 	if err != nil {
 		return err
 	}
 	if !ok {
 		a.logf("lock: %s is held by another owner; waiting", quoteField(o.key))
-		if g, err = a.waitFor(ctx, sess, o); err != nil {
+		if g, err = a.waitFor(ctx, sess, c, o); err != nil {
 			return err
 		}
 	}
 	tok := g.Token
 	a.logf("lock: holding %s as %s under epoch %d", quoteField(o.key), quoteField(o.owner), tok.Epoch)
+	// The term ends a drift margin before the grant's certain validity
+	// runs out. The command must be gone by then.
+	term, err := c.Begin(g, 0, nil)
+	if err != nil {
+		return err
+	}
 
 	release := func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		conn, err := sess.get(rctx)
-		if err == nil {
-			err = lease.New(conn).Release(rctx, tok)
-		}
-		switch {
+		switch err := term.Release(rctx); {
 		case err == nil:
 			a.logf("lock: released %s (epoch %d)", quoteField(o.key), tok.Epoch)
 		case errors.Is(err, lease.ErrLost):
@@ -155,12 +162,14 @@ func (a *app) lock(ctx context.Context, o lockOpts) error {
 	waited := make(chan error, 1)
 	go func() { waited <- child.Wait() }()
 
+	// The command gets SIGTERM --grace before the term's deadline and
+	// SIGKILL when the term ends.
 	signalGroup := func(sig syscall.Signal) { _ = syscall.Kill(-pid, sig) }
-	validUntil := g.ValidUntil()
+	termAt := func() time.Duration { return time.Until(term.Deadline().Add(-o.grace)) }
 	renewEvery, retryEvery := o.ttl/3, min(o.ttl/10, time.Second)
 	renewT := time.NewTimer(renewEvery)
 	defer renewT.Stop()
-	termT := time.NewTimer(time.Until(validUntil.Add(-o.grace)))
+	termT := time.NewTimer(termAt())
 	defer termT.Stop()
 	killT := time.NewTimer(time.Hour)
 	killT.Stop()
@@ -170,6 +179,7 @@ func (a *app) lock(ctx context.Context, o lockOpts) error {
 		stopping    bool
 		lostReason  string // set when the lease was lost
 		interrupted = ctx.Done()
+		termDone    = term.Done()
 	)
 	stop := func(killIn time.Duration) {
 		if stopping {
@@ -186,7 +196,7 @@ func (a *app) lock(ctx context.Context, o lockOpts) error {
 		case err := <-waited:
 			signalGroup(syscall.SIGKILL) // what the command left behind in its group
 			if lostReason != "" {
-				if strings.HasPrefix(lostReason, "could not renew") {
+				if !errors.Is(term.Err(), lease.ErrLost) {
 					release() // it may still be ours: free it for the next owner
 				}
 				return &codedError{code: exitLost, msg: fmt.Sprintf("lock %s: lease lost (%s); the command was stopped", quoteField(o.key), lostReason)}
@@ -199,18 +209,20 @@ func (a *app) lock(ctx context.Context, o lockOpts) error {
 			a.logf("lock: interrupted: stopping the command (SIGTERM, SIGKILL in %v)", o.grace)
 			stop(o.grace)
 		case <-renewT.C:
-			rctx, cancel := context.WithDeadline(ctx, minTime(time.Now().Add(renewEvery), validUntil.Add(-o.grace)))
-			ng, err := renewOnce(rctx, sess, tok, o.ttl)
+			// Bounded so that the loop is back before SIGTERM is due.
+			rctx, cancel := context.WithDeadline(ctx, minTime(time.Now().Add(renewEvery), term.Deadline().Add(-o.grace)))
+			err := term.Renew(rctx)
 			cancel()
 			switch {
 			case err == nil:
-				validUntil = ng.ValidUntil()
 				renewT.Reset(renewEvery)
-				termT.Reset(time.Until(validUntil.Add(-o.grace)))
+				termT.Reset(termAt())
 			case errors.Is(err, lease.ErrLost):
 				lostReason = err.Error()
 				a.warnf("lock: %s: lease lost (%v): stopping the command (SIGTERM, SIGKILL in %v)", quoteField(o.key), err, o.grace)
 				stop(o.grace)
+			case errors.Is(err, lease.ErrLocalDeadline):
+				// The term has ended or is ending: termDone follows.
 			default:
 				if ctx.Err() == nil {
 					a.warnf("lock: renewing %s: %s; retrying", quoteField(o.key), connLostReason(err))
@@ -219,8 +231,18 @@ func (a *app) lock(ctx context.Context, o lockOpts) error {
 			}
 		case <-termT.C:
 			lostReason = "could not renew before the grant's certain validity ran out"
-			a.warnf("lock: %s: %s: stopping the command (SIGTERM, SIGKILL in %v)", quoteField(o.key), lostReason, time.Until(validUntil).Round(time.Millisecond))
-			stop(max(time.Until(validUntil), 0))
+			left := max(time.Until(term.Deadline()), 0)
+			a.warnf("lock: %s: %s: stopping the command (SIGTERM, SIGKILL in %v)", quoteField(o.key), lostReason, left.Round(time.Millisecond))
+			stop(left)
+		case <-termDone:
+			termDone = nil
+			if errors.Is(term.Err(), lease.ErrLocalDeadline) {
+				if lostReason == "" {
+					lostReason = "could not renew before the grant's certain validity ran out"
+				}
+				stop(0)
+				signalGroup(syscall.SIGKILL)
+			}
 		case <-killT.C:
 			a.logf("lock: the command did not stop within the grace: SIGKILL")
 			signalGroup(syscall.SIGKILL)
@@ -228,41 +250,29 @@ func (a *app) lock(ctx context.Context, o lockOpts) error {
 	}
 }
 
-// waitFor waits for the key, up to o.timeout: it tries again when a
-// notification about the key arrives (a release), when the holder's grant
-// expires (on the server's clock, carried over to the local one from the
-// read), and every second in case a notification was missed. (With core's
-// lease.(*Waiter).Await this loop becomes one call.)
-func (a *app) waitFor(ctx context.Context, sess *session, o lockOpts) (lease.Grant, error) {
-	w, err := lease.NewWaiter(ctx, a.cfg, lease.WaiterOptions{})
-	if err != nil {
-		return lease.Grant{}, err
-	}
-	defer w.Close()
+// waitFor waits for the key, up to o.timeout, and acquires it. It tries
+// again whenever lease's wake policy (Waiter.Await) sees the key free.
+func (a *app) waitFor(ctx context.Context, sess *session, c *lease.Client, o lockOpts) (lease.Grant, error) {
 	wctx := ctx
 	if o.timeout > 0 {
 		var cancel context.CancelFunc
 		wctx, cancel = context.WithTimeout(ctx, o.timeout)
 		defer cancel()
 	}
-	events := w.Watch(wctx, o.key) // subscribe before trying: no release is missed
+	w, err := lease.NewWaiter(wctx, a.cfg, lease.WaiterOptions{})
+	if err != nil && wctx.Err() == nil {
+		return lease.Grant{}, err
+	}
+	if w != nil {
+		defer w.Close()
+	}
 	for {
-		conn, err := sess.get(wctx)
-		var g lease.Grant
-		ok := false
-		wake := time.Second
+		_, err := w.Await(wctx, c, o.key, time.Second, func(s lease.State) bool { return !s.Held })
 		if err == nil {
-			c := lease.New(conn)
-			g, ok, err = c.Acquire(wctx, o.key, o.owner, o.ttl)
-			if err == nil && ok {
+			var g lease.Grant
+			var ok bool
+			if g, ok, err = c.Acquire(wctx, o.key, o.owner, o.ttl); err == nil && ok {
 				return g, nil
-			}
-			if err == nil {
-				var s lease.State
-				readAt := time.Now()
-				if s, err = c.Inspect(wctx, o.key); err == nil && s.Held {
-					wake = min(wake, max(s.ExpiresAt.Sub(s.ServerNow)-time.Since(readAt)+time.Millisecond, 0))
-				}
 			}
 		}
 		switch {
@@ -270,35 +280,16 @@ func (a *app) waitFor(ctx context.Context, sess *session, o lockOpts) (lease.Gra
 			return lease.Grant{}, &codedError{code: exitError, msg: fmt.Sprintf("lock %s: interrupted while waiting for the key", quoteField(o.key))}
 		case wctx.Err() != nil:
 			return lease.Grant{}, &codedError{code: exitHeld, msg: fmt.Sprintf("lock %s: held by another owner for the whole --timeout %v", quoteField(o.key), o.timeout)}
-		case err != nil && !connLost(sess.conn, err):
+		case err != nil && !sess.lost(err):
 			return lease.Grant{}, err
 		case err != nil:
 			a.logf("lock: waiting: %s", connLostReason(err))
-			sess.drop()
-		}
-		t := time.NewTimer(wake)
-		select {
-		case <-wctx.Done():
-		case _, ok := <-events:
-			if !ok {
-				events = nil
+			select {
+			case <-wctx.Done():
+			case <-time.After(time.Second):
 			}
-		case <-t.C:
 		}
-		t.Stop()
 	}
-}
-
-func renewOnce(ctx context.Context, sess *session, tok lease.Token, ttl time.Duration) (lease.Grant, error) {
-	conn, err := sess.get(ctx)
-	if err != nil {
-		return lease.Grant{}, err
-	}
-	g, err := lease.New(conn).Renew(ctx, tok, ttl)
-	if err != nil && connLost(conn, err) {
-		sess.drop()
-	}
-	return g, err
 }
 
 func minTime(a, b time.Time) time.Time {

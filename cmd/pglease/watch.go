@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -64,9 +65,12 @@ stderr, reconnects with backoff, says so again, and shows what changed meanwhile
 	return cmd
 }
 
-// session is a connection that is re-opened after it is lost.
+// session is a connection that is re-opened after it is lost. It is a
+// lease.Querier, so one lease.Client serves across reconnections. Calls are
+// serialized: a pgx.Conn runs one query at a time.
 type session struct {
 	a    *app
+	mu   sync.Mutex
 	conn *pgx.Conn
 }
 
@@ -91,6 +95,100 @@ func (s *session) drop() {
 		s.conn = nil
 	}
 }
+
+// close drops the connection once no call is in flight.
+func (s *session) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.drop()
+}
+
+// done drops the connection when err says it was lost.
+func (s *session) done(conn *pgx.Conn, err error) {
+	if err != nil && connLost(conn, err) && s.conn == conn {
+		s.drop()
+	}
+}
+
+// lost says whether err, returned by a call through s, lost the connection.
+func (s *session) lost(err error) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return connLost(s.conn, err)
+}
+
+func (s *session) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	conn, err := s.get(ctx)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	tag, err := conn.Exec(ctx, sql, args...)
+	s.done(conn, err)
+	return tag, err
+}
+
+func (s *session) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	s.mu.Lock()
+	conn, err := s.get(ctx)
+	if err != nil {
+		s.mu.Unlock()
+		return nil, err
+	}
+	rows, err := conn.Query(ctx, sql, args...)
+	if err != nil {
+		s.done(conn, err)
+		s.mu.Unlock()
+		return nil, err
+	}
+	return &sessionRows{Rows: rows, s: s, conn: conn}, nil
+}
+
+func (s *session) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	s.mu.Lock()
+	conn, err := s.get(ctx)
+	if err != nil {
+		s.mu.Unlock()
+		return errRow{err}
+	}
+	return &sessionRow{row: conn.QueryRow(ctx, sql, args...), s: s, conn: conn}
+}
+
+// sessionRows holds the session until the rows are closed.
+type sessionRows struct {
+	pgx.Rows
+	s      *session
+	conn   *pgx.Conn
+	closed bool
+}
+
+func (r *sessionRows) Close() {
+	r.Rows.Close()
+	if !r.closed {
+		r.closed = true
+		r.s.done(r.conn, r.Rows.Err())
+		r.s.mu.Unlock()
+	}
+}
+
+// sessionRow holds the session until it is scanned.
+type sessionRow struct {
+	row  pgx.Row
+	s    *session
+	conn *pgx.Conn
+}
+
+func (r *sessionRow) Scan(dest ...any) error {
+	err := r.row.Scan(dest...)
+	r.s.done(r.conn, err)
+	r.s.mu.Unlock()
+	return err
+}
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
 
 // connLost says whether err ended the connection (rather than being a
 // server's answer on a working one).
