@@ -270,7 +270,7 @@ func (a *app) watch(ctx context.Context, keys []string, format string, poll time
 			if !ok {
 				return ctx.Err()
 			}
-			if ev.Type == "resync" {
+			if ev.Type == lease.EventResync {
 				resync = true
 				continue
 			}
@@ -383,7 +383,7 @@ func (wt *watcher) notified(ctx context.Context, conn *pgx.Conn, ev lease.Event)
 		return nil // older than what watch has already read
 	}
 	switch ev.Type {
-	case "acquired":
+	case lease.EventAcquired:
 		if seen && o.Held && o.Epoch == ev.Epoch {
 			return nil // already read by a poll
 		}
@@ -404,12 +404,12 @@ func (wt *watcher) notified(ctx context.Context, conn *pgx.Conn, ev lease.Event)
 			s.Held, s.Holder, s.Status = true, ev.Owner, statusHeld
 			wt.known[ev.Key] = wt.diff(s, true, states[0])
 		}
-	case "released", "force_released":
+	case lease.EventReleased, lease.EventForceReleased:
 		if seen && !o.Held && o.Epoch == ev.Epoch+1 {
 			return nil // a poll already saw the release
 		}
 		s := keyState{State: lease.State{Key: ev.Key, Exists: true, Epoch: ev.Epoch}, Status: statusReleased}
-		wt.print(ev.Type, s, ev.Owner)
+		wt.print(string(ev.Type), s, ev.Owner)
 		s.Epoch = ev.Epoch + 1 // the release moved the counter past the grant
 		wt.known[ev.Key] = s
 	}

@@ -114,7 +114,7 @@
 // each in its own short transaction and before the subscription reads
 // anything ('*' for a Watch of every key), drops a key with lease.unlisten
 // a second after its last subscription ends, and registers everything again
-// after a reconnection, before the "resync" Event. Awaits of one key woken by
+// after a reconnection, before the EventResync. Awaits of one key woken by
 // the same notification share one read. Events are at-most-once: after a
 // reconnection, or when a subscriber's channel was full, it receives an Event
 // of Type "resync" and should re-read the state.

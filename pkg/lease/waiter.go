@@ -62,14 +62,7 @@ func (o *WaiterOptions) validate() error {
 
 // Event is a pg_lease notification (channel pg_lease), or a resync.
 type Event struct {
-	// Type is the notification's event, as pg_lease's NOTIFY payload names
-	// it: "acquired" (a grant), "released" (a release by the holder) or
-	// "force_released" (lease.force_release). Or it is "resync", which is
-	// not a notification: it says that notifications may have been missed
-	// (the listen connection was re-established, or the subscriber's channel
-	// was full) and that the subscriber should re-read the state it cares
-	// about (Client.List, Client.Inspect); a resync's Key is empty.
-	Type  string
+	Type  EventType
 	Key   string
 	Owner string
 	Epoch int64
@@ -77,8 +70,24 @@ type Event struct {
 	Received time.Time
 }
 
-// eventResync is the Type of a resync Event.
-const eventResync = "resync"
+// EventType is the kind of an Event: what pg_lease's NOTIFY payload names,
+// or EventResync.
+type EventType string
+
+// The kinds of Event.
+const (
+	// EventAcquired: a grant.
+	EventAcquired EventType = "acquired"
+	// EventReleased: a release by the holder.
+	EventReleased EventType = "released"
+	// EventForceReleased: lease.force_release took the key from its holder.
+	EventForceReleased EventType = "force_released"
+	// EventResync is not a notification. Notifications may have been
+	// missed: the listen connection was re-established, or the
+	// subscriber's channel was full. Re-read the state you care about
+	// (Client.List, Client.Inspect). A resync's Key is empty.
+	EventResync EventType = "resync"
+)
 
 // Waiter is the process's one listener: it holds one dedicated connection
 // (not from a pool: it must stay LISTENing), runs LISTEN pg_lease on it,
@@ -196,7 +205,7 @@ func (w *Waiter) Close() error {
 // Watch subscribes to pg_lease notifications for keys (every key when none
 // is given) until ctx ends or the Waiter is closed; then the channel is
 // closed. Events come in the order the server committed them. A subscriber
-// that does not keep up loses events and gets a "resync" Event before the next
+// that does not keep up loses events and gets an EventResync before the next
 // one it receives; so does every subscriber after the listen connection was
 // re-established. Notifications sent with pg_lease.notify = off, or through
 // a proxy that drops LISTEN, never arrive.
@@ -205,7 +214,7 @@ func (w *Waiter) Close() error {
 // listen connection and returns once the server holds the registrations (or
 // the connection is down, or ctx ends, or QueryTimeout passed while a
 // transaction kept the key's row locked: then the registration completes in
-// the background and a "resync" Event follows), so
+// the background and an EventResync follows), so
 // that with pg_lease.notify = waiters every change committed after Watch
 // returns is notified. The registrations are dropped (lease.unlisten) a
 // second (registrationLinger) after the last subscription of a key ends,
@@ -498,7 +507,7 @@ func (w *Waiter) connUp(up bool) {
 // is true, reading again only when the key may have changed:
 //
 //   - a notification for key (a grant, a release, a force-release) or a
-//     "resync" Event (the listen connection came back: notifications may have
+//     EventResync (the listen connection came back: notifications may have
 //     been missed), from w;
 //   - the observed grant's expiry on the local clock (State.ExpiresLocal:
 //     never early), because a lapse sends no notification;
@@ -848,7 +857,7 @@ func (w *Waiter) notified(n *pgconn.Notification) {
 		w.event("bad_payload", n.Payload)
 		return
 	}
-	ev := Event{Type: p.Event, Key: p.Key, Owner: p.Owner, Epoch: p.Epoch, Received: now}
+	ev := Event{Type: EventType(p.Event), Key: p.Key, Owner: p.Owner, Epoch: p.Epoch, Received: now}
 	w.event("notified", p.Key)
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -875,7 +884,7 @@ func flushLocked(wt *watcher, now time.Time) {
 		return
 	}
 	select {
-	case wt.ch <- Event{Type: eventResync, Received: now}:
+	case wt.ch <- Event{Type: EventResync, Received: now}:
 		wt.lost = false
 	default:
 	}
