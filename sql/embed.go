@@ -1,7 +1,8 @@
 // Package pgleasesql embeds the pg_lease extension's SQL so that Go code
 // installs exactly the files in this folder: there is one copy of the SQL.
-// SchemaScript assembles from it the script of a schema-only install (what
-// lease.InstallSchema runs).
+// SchemaScript picks from it the script of a schema-only install (what
+// lease.InstallSchema runs): the full script of Version, or the direct
+// update script from an older version.
 package pgleasesql
 
 import (
@@ -17,7 +18,7 @@ import (
 
 // Version is the extension version this module ships (default_version in
 // pg_lease.control).
-const Version = "0.3.0"
+const Version = "0.4.0"
 
 //go:embed pg_lease.control pg_lease--*.sql
 var files embed.FS
@@ -39,8 +40,7 @@ func Files() map[string][]byte {
 	return out
 }
 
-// InstallScript returns the base install script (the one version that has a
-// full install script; later versions are reached through update scripts).
+// InstallScript returns the full install script of BaseVersion.
 func InstallScript() string {
 	b, err := files.ReadFile("pg_lease--" + BaseVersion + ".sql")
 	if err != nil {
@@ -49,56 +49,52 @@ func InstallScript() string {
 	return string(b)
 }
 
-// BaseVersion is the version with a full install script. CREATE EXTENSION
-// installs it and then follows the update scripts up to Version, as the
-// schema-only installer does.
-const BaseVersion = "0.1.0"
+// BaseVersion is the version with a full install script: Version itself.
+// CREATE EXTENSION runs that one script, as the schema-only installer does.
+// (The released scripts of older versions run only when a version is named
+// explicitly, as the upgrade tests do.)
+const BaseVersion = Version
 
-// UpdateScripts returns, in order, the update scripts that take an
-// installation from version from to Version (none when from is Version). It
-// fails when no chain of pg_lease--A--B.sql files leads from from to Version
-// (for example when from is newer than Version).
+// UpdateScripts returns the update script that takes an installation from
+// version from to Version: one direct script (none when from is Version).
+// It fails when there is no pg_lease--from--Version.sql (for example when
+// from is newer than Version).
 func UpdateScripts(from string) ([]string, error) {
-	var out []string
-	for v := from; v != Version; {
-		names, _ := fs.Glob(files, "pg_lease--"+v+"--*.sql")
-		if len(names) != 1 {
-			return nil, fmt.Errorf("pg_lease: no update path from version %s to %s", from, Version)
-		}
-		b, err := files.ReadFile(names[0])
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, string(b))
-		v = strings.TrimSuffix(strings.TrimPrefix(names[0], "pg_lease--"+v+"--"), ".sql")
-		if len(out) > 100 {
-			return nil, fmt.Errorf("pg_lease: update scripts from %s loop", from)
-		}
+	if from == Version {
+		return nil, nil
 	}
-	return out, nil
+	b, err := files.ReadFile("pg_lease--" + from + "--" + Version + ".sql")
+	if err != nil {
+		return nil, fmt.Errorf("pg_lease: no update path from version %s to %s", from, Version)
+	}
+	return []string{string(b)}, nil
 }
 
 // SchemaScript is the SQL that installs pg_lease as a plain schema, without
 // CREATE EXTENSION (what lease.InstallSchema runs), with owner (a role name,
 // quoted here) as the owner of every object: from a database without
-// pg_lease (from ""), the base install script and every update script up to
-// Version; from a schema-only install of version from, the update scripts
-// from there. The scripts' "\echo ... \quit" guards are left out, and a
-// COMMENT that marks the schema-only install follows them.
+// pg_lease (from ""), the full install script of Version; from a schema-only
+// install of version from, the direct update script from there. The
+// script's "\echo ... \quit" guard is left out, and a COMMENT that marks
+// the schema-only install follows it. The script's first statement pins
+// search_path for the rest of the transaction: the caller restores it.
 func SchemaScript(owner, from string) (string, error) {
 	if owner == "" {
 		return "", fmt.Errorf("pg_lease: SchemaScript: empty owner")
 	}
 	var srcs []string
-	if from == "" {
+	switch from {
+	case "":
 		srcs = append(srcs, InstallScript())
-		from = BaseVersion
+	case Version:
+		return "", fmt.Errorf("pg_lease: SchemaScript: version %s is installed already", from)
+	default:
+		updates, err := UpdateScripts(from)
+		if err != nil {
+			return "", fmt.Errorf("pg_lease: SchemaScript: %w", err)
+		}
+		srcs = append(srcs, updates...)
 	}
-	updates, err := UpdateScripts(from)
-	if err != nil {
-		return "", fmt.Errorf("pg_lease: SchemaScript: %w", err)
-	}
-	srcs = append(srcs, updates...)
 	var b strings.Builder
 	for _, src := range srcs {
 		for _, l := range strings.SplitAfter(src, "\n") {
@@ -118,9 +114,27 @@ func SchemaScript(owner, from string) (string, error) {
 		end := min(len(out), i+24)
 		return "", fmt.Errorf("pg_lease: SchemaScript: unhandled extension placeholder near %q", out[i:end])
 	}
+	if firstStatement(out) != pinSearchPath {
+		return "", fmt.Errorf("pg_lease: SchemaScript: the script does not pin search_path first")
+	}
 	out += fmt.Sprintf("\nCOMMENT ON SCHEMA lease IS %s;\n",
 		quoteLiteral("pg_lease "+Version+": time-bounded leases with fencing epochs (schema-only install, without CREATE EXTENSION)"))
 	return out, nil
+}
+
+// pinSearchPath is the first statement of every install and update script
+// (after its comments and guard).
+const pinSearchPath = "SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);"
+
+// firstStatement returns the first line of script that is neither blank
+// nor a comment.
+func firstStatement(script string) string {
+	for _, l := range strings.Split(script, "\n") {
+		if t := strings.TrimSpace(l); t != "" && !strings.HasPrefix(t, "--") {
+			return t
+		}
+	}
+	return ""
 }
 
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

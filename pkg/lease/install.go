@@ -100,11 +100,13 @@ func InstallExtension(ctx context.Context, db Beginner) error {
 
 // InstallSchema installs pg_lease without CREATE EXTENSION, for managed
 // PostgreSQL that forbids custom extensions: it runs this module's own SQL
-// (the base install script and the update scripts up to Version, the same
-// files CREATE EXTENSION runs) as plain SQL, with the extension-only lines
-// removed and @extowner@ replaced by the current role, in one transaction (a
-// savepoint when db is a pgx.Tx). The role needs CREATE on the database; the
-// objects belong to it.
+// (the full install script of Version, or the direct update script from an
+// older version: the same files CREATE EXTENSION runs) as plain SQL, with the
+// extension-only lines removed and @extowner@ replaced by the current role,
+// in one transaction (a savepoint when db is a pgx.Tx). The role needs CREATE
+// on the database; the objects belong to it. The script runs with
+// search_path pinned to pg_catalog, so no other role's function or operator
+// in the caller's schemas is called; the caller's search_path is restored.
 //
 // The result is the same schema, functions and privileges as the extension;
 // lease.version() records the version, and the schema's comment says it is a
@@ -136,8 +138,16 @@ func InstallSchema(ctx context.Context, db Beginner) error {
 			}
 			return fmt.Errorf("lease: InstallSchema: %w", err)
 		}
+		var path string
+		if err := tx.QueryRow(ctx, `SELECT pg_catalog.current_setting('search_path')`).Scan(&path); err != nil {
+			return fmt.Errorf("lease: InstallSchema: %w", err)
+		}
 		if _, err := tx.Exec(ctx, script); err != nil {
 			return fmt.Errorf("lease: InstallSchema: running the install script: %w", err)
+		}
+		// The script pinned search_path for the rest of the transaction.
+		if _, err := tx.Exec(ctx, `SELECT pg_catalog.set_config('search_path', $1, true)`, path); err != nil {
+			return fmt.Errorf("lease: InstallSchema: restoring search_path: %w", err)
 		}
 		v, ext, err = Installed(ctx, tx)
 		if err != nil {
