@@ -13,8 +13,8 @@
 #                 major, Debian's psql as the client, --load-extension=pg_lease)
 #      isolation  the isolation suite, sql/test/specs/*.spec (that major's
 #                 pg_isolation_regress and isolationtester)
-#      upgrade    the extension updates 0.1.0 -> 0.2.0 -> 0.3.0 and 0.2.0 -> 0.3.0
-#                 (see below)
+#      upgrade    the extension updates from 0.1.0, 0.2.0 and 0.3.0 to the
+#                 default version (see below)
 #      ctlpath    18 only: the same cluster restarted with
 #                 extension_control_path set to a private directory (without
 #                 $system): pg_lease is not available before its files are put
@@ -42,24 +42,23 @@
 #                                  takeovers continue the counters, cleanup
 #                                  (UPDATE TO '0.2.0')
 #        upgrade_03_trusted_update a non-superuser installs 0.1.0 and updates it
-#        upgrade_04_update_0_3_0   ALTER EXTENSION pg_lease UPDATE on to 0.3.0:
-#                                  rows (0.1.0's and 0.2.0's, every state) kept,
-#                                  grants work, counters continue, timeline
-#                                  recorded; the catalog snapshot
+#        upgrade_04_update_0_3_0   ALTER EXTENSION pg_lease UPDATE TO '0.3.0':
+#                                  rows kept, grants work, counters continue
 #        upgrade_05_install_0_2_0  CREATE EXTENSION VERSION '0.2.0' with a floor
 #                                  and leaking default privileges; the update
 #                                  keeps rows and floor and resets every ACL
-#        01_acquire .. 12_versions the regression suite in that same database
-#                                  (01-07 run on the updated extension with the
-#                                  0.1.0 rows still present; 08 and later
-#                                  recreate it)
-#        upgrade_99_catalog        the updated extension's catalog entries equal
-#                                  those of a fresh CREATE EXTENSION
+#        upgrade_06_update_0_4_0   ALTER EXTENSION pg_lease UPDATE from 0.3.0:
+#                                  every state row kept; the catalog snapshot
+#        01_acquire .. 17_listen   the regression suite in that same database
+#        upgrade_98_direct_updates the direct updates from 0.1.0 and 0.2.0:
+#                                  rows kept, catalog equal to the snapshot
+#        upgrade_99_catalog        a fresh CREATE EXTENSION's catalog entries
+#                                  equal the snapshot
 #      (sql/test/upgrade/{sql,expected}; inputs are merged with sql/test's
 #      through symlinks in $OUT/MAJOR/upgrade-input)
 #   b. the isolation suite with --use-existing on a database whose extension
-#      was created at 0.1.0, given leases, updated to 0.2.0, given leases,
-#      then updated to the default version.
+#      was created at 0.1.0, given leases, then updated to the default version
+#      (one direct step).
 # Then the dump step: sql/test/dump/dump_restore.sh (pg_dump and pg_restore,
 # plain and custom format, keep every lease row, the floor and the settings),
 # where that major's pg_dump exists (15 only today: "n/a" elsewhere).
@@ -243,7 +242,7 @@ run_upgrade() {
 	local ups=() last=()
 	for f in sql/test/upgrade/sql/upgrade_*.sql; do
 		f=$(basename "$f" .sql)
-		if [[ $f == upgrade_99_* ]]; then last+=("$f"); else ups+=("$f"); fi
+		if [[ $f == upgrade_9[0-9]_* ]]; then last+=("$f"); else ups+=("$f"); fi
 	done
 	# a. one pg_regress run: the upgrade scripts, the regression suite in the
 	#    same database, the catalog comparison.
@@ -260,7 +259,6 @@ run_upgrade() {
 				SELECT acquired FROM lease.acquire('iu-held', 'o1', interval '1h');
 				SELECT acquired FROM lease.acquire('iu-free', 'o1', interval '1h');
 				SELECT status FROM lease.release('iu-free', 'o1', 1);
-				ALTER EXTENSION pg_lease UPDATE TO '0.2.0';
 				SELECT acquired FROM lease.acquire('iu-held2', 'o2', interval '1h');
 				SELECT acquired FROM lease.acquire('iu-lapsed2', 'o2', interval '1ms');
 				ALTER EXTENSION pg_lease UPDATE;

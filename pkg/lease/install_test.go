@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
 	pgleasesql "github.com/pglease/pg_lease/sql"
@@ -243,49 +245,77 @@ func TestForeignLeaseSchema(t *testing.T) {
 	}
 }
 
+// releasedChain lists the released scripts that make version v, in order:
+// the full script of 0.1.0, then each released update script.
+var releasedChain = []struct{ version, file string }{
+	{"0.1.0", "pg_lease--0.1.0.sql"},
+	{"0.2.0", "pg_lease--0.1.0--0.2.0.sql"},
+	{"0.3.0", "pg_lease--0.2.0--0.3.0.sql"},
+}
+
+// installReleasedSchema installs released version v as a plain schema, the
+// way a schema-only install of that version left it.
+func installReleasedSchema(ctx context.Context, t *testing.T, conn *pgx.Conn, v string) {
+	t.Helper()
+	files := pgleasesql.Files()
+	for _, r := range releasedChain {
+		src := strings.ReplaceAll(string(files[r.file]), "@extowner@", "CURRENT_USER")
+		src = src[strings.Index(src, "\\quit")+len("\\quit"):]
+		if _, err := conn.Exec(ctx, src); err != nil {
+			t.Fatalf("%s: %v", r.file, err)
+		}
+		if r.version == v {
+			return
+		}
+	}
+	t.Fatalf("no released version %s", v)
+}
+
 // TestInstallUpdatesOlderVersion: both installers take a database that has
-// the base version (0.1.0) to Version through the update scripts, keeping
-// every lease and its epoch.
+// a released version to Version, through the direct update script, keeping
+// every lease and its epoch; the updated install has the new objects.
 func TestInstallUpdatesOlderVersion(t *testing.T) {
-	for _, m := range installModes {
-		t.Run(m.name, func(t *testing.T) {
-			ensureExtensionFiles(t, pgtest.Shared(t))
-			dsn := pgtest.NewDatabase(t)
-			ctx := testCtx(t)
-			conn := connect(t, dsn)
-			if m.ext {
-				if _, err := conn.Exec(ctx, `CREATE EXTENSION pg_lease VERSION '`+pgleasesql.BaseVersion+`'`); err != nil {
-					t.Fatal(err)
+	for _, r := range releasedChain {
+		for _, m := range installModes {
+			t.Run(r.version+"/"+m.name, func(t *testing.T) {
+				ensureExtensionFiles(t, pgtest.Shared(t))
+				dsn := pgtest.NewDatabase(t)
+				ctx := testCtx(t)
+				conn := connect(t, dsn)
+				if m.ext {
+					if _, err := conn.Exec(ctx, `CREATE EXTENSION pg_lease VERSION '`+r.version+`'`); err != nil {
+						t.Fatal(err)
+					}
+				} else {
+					installReleasedSchema(ctx, t, conn, r.version)
 				}
-			} else {
-				base := strings.ReplaceAll(pgleasesql.InstallScript(), "@extowner@", "CURRENT_USER")
-				base = base[strings.Index(base, "\\quit")+len("\\quit"):]
-				if _, err := conn.Exec(ctx, base); err != nil {
-					t.Fatal(err)
+				c := lease.New(conn)
+				g, ok, err := c.Acquire(ctx, "k", "o", time.Hour)
+				if err != nil || !ok {
+					t.Fatal(ok, err)
 				}
-			}
-			c := lease.New(conn)
-			g, ok, err := c.Acquire(ctx, "k", "o", time.Hour)
-			if err != nil || !ok {
-				t.Fatal(ok, err)
-			}
-			if v, _, err := lease.Installed(ctx, conn); err != nil || v != pgleasesql.BaseVersion {
-				t.Fatalf("before: %q %v", v, err)
-			}
-			if err := m.install(ctx, conn); err != nil {
-				t.Fatalf("%s install over %s: %v", m.name, pgleasesql.BaseVersion, err)
-			}
-			if v, ext, err := lease.Installed(ctx, conn); err != nil || v != lease.Version || ext != m.ext {
-				t.Fatalf("after: %q %v %v", v, ext, err)
-			}
-			if s, err := c.Inspect(ctx, "k"); err != nil || !s.Held || s.Epoch != g.Epoch || !s.ExpiresAt.Equal(g.ExpiresAt) {
-				t.Fatalf("lease after the update: %+v %v, grant %+v", s, err, g)
-			}
-			// The updated install has the new version's objects.
-			var removed, floor int64
-			if err := conn.QueryRow(ctx, `SELECT removed, epoch_floor FROM lease.cleanup('0')`).Scan(&removed, &floor); err != nil || removed != 0 {
-				t.Fatalf("cleanup after the update: %d %d %v", removed, floor, err)
-			}
-		})
+				if v, _, err := lease.Installed(ctx, conn); err != nil || v != r.version {
+					t.Fatalf("before: %q %v", v, err)
+				}
+				if err := m.install(ctx, conn); err != nil {
+					t.Fatalf("%s install over %s: %v", m.name, r.version, err)
+				}
+				if v, ext, err := lease.Installed(ctx, conn); err != nil || v != lease.Version || ext != m.ext {
+					t.Fatalf("after: %q %v %v", v, ext, err)
+				}
+				if s, err := c.Inspect(ctx, "k"); err != nil || !s.Held || s.Epoch != g.Epoch || !s.ExpiresAt.Equal(g.ExpiresAt) {
+					t.Fatalf("lease after the update: %+v %v, grant %+v", s, err, g)
+				}
+				// The updated install has the new version's objects.
+				var removed, floor int64
+				if err := conn.QueryRow(ctx, `SELECT removed, epoch_floor FROM lease.cleanup('0')`).Scan(&removed, &floor); err != nil || removed != 0 {
+					t.Fatalf("cleanup after the update: %d %d %v", removed, floor, err)
+				}
+				var listened int
+				if err := conn.QueryRow(ctx, `SELECT count(*) FROM (SELECT lease.listen('k')) l`).Scan(&listened); err != nil || listened != 1 {
+					t.Fatalf("listen after the update: %d %v", listened, err)
+				}
+			})
+		}
 	}
 }

@@ -1,4 +1,4 @@
--- upgrade_04_update_0_3_0: ALTER EXTENSION pg_lease UPDATE (to 0.3.0) on the
+-- upgrade_04_update_0_3_0: ALTER EXTENSION pg_lease UPDATE TO '0.3.0' on the
 -- database that upgrade_02_update left at 0.2.0, with the rows 0.1.0 and 0.2.0
 -- wrote in every state. Every row survives with all its columns (the new
 -- holder_role is NULL: those grants are bound to no role), the 0.2.0 grants
@@ -21,7 +21,7 @@ SELECT acquired, epoch FROM lease.acquire('up2-taken', 't2', interval '1h');
 SELECT key, held, owner, epoch FROM lease.list() ORDER BY key;
 CREATE TABLE upgrade_before_030 AS SELECT * FROM lease.leases;
 
-ALTER EXTENSION pg_lease UPDATE;
+ALTER EXTENSION pg_lease UPDATE TO '0.3.0';
 SELECT extversion FROM pg_extension WHERE extname = 'pg_lease';
 SELECT lease.version();
 
@@ -73,8 +73,9 @@ SELECT key, epoch, holder_role FROM lease.leases WHERE key LIKE 'up2-%' ORDER BY
 SELECT count(*) AS released FROM lease.leases l, lease.release(l.key, l.owner, l.epoch) r
  WHERE l.key LIKE 'up2-%' AND l.owner = 'n3' AND r.status = 'ok';
 
--- The updated extension's catalog entries, for upgrade_99_catalog to compare
--- with a fresh CREATE EXTENSION: every member object with its definition,
+-- The extension's catalog entries: upgrade_06 saves them after the update to
+-- the current version, upgrade_98 and upgrade_99 compare other installs with
+-- them: every member object with its definition,
 -- owner, privileges and comment. The row types of the extension's tables and
 -- their array types are left out: they follow from the tables, and only some
 -- majors record them as extension members (17 and 18 do, 14 to 16 do not).
@@ -126,6 +127,4 @@ LANGUAGE sql STABLE AS $$
                                                  (SELECT e.typrelid FROM pg_type e WHERE e.oid = t.typelem))
             WHERE t.oid = d.objid AND r.relkind <> 'c'))
 $$;
-CREATE TABLE upgrade_catalog_updated AS SELECT * FROM upgrade_catalog();
-SELECT object FROM upgrade_catalog_updated ORDER BY object;
 DROP TABLE upgrade_before_030;

@@ -1,10 +1,9 @@
 -- upgrade_99_catalog: runs last, after the regression suite. The catalog
--- entries of the extension as ALTER EXTENSION UPDATE left it (saved by
--- upgrade_04_update_0_3_0) equal those of a fresh CREATE EXTENSION pg_lease:
--- same member objects, definitions, owners, privileges and comments. (Today
--- CREATE EXTENSION itself reaches 0.3.0 through the same update scripts, as
--- there is no pg_lease--0.2.0.sql nor pg_lease--0.3.0.sql; this is the guard
--- for the day a full install script of a later version is added.)
+-- entries of the extension as the update chain left it (0.1.0, the released
+-- updates to 0.2.0 and 0.3.0, then the update to the current version; saved by
+-- upgrade_06_update_0_4_0) equal those of a fresh CREATE EXTENSION pg_lease,
+-- which runs the full install script alone: same member objects, definitions,
+-- owners, privileges and comments.
 \set VERBOSITY default
 \set SHOW_CONTEXT never
 
