@@ -20,6 +20,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -45,6 +46,15 @@ const (
 func main() {
 	if os.Getenv(testprog.EnvVar) != "" {
 		tc.Main() // exits
+	}
+	flag.Usage = func() {
+		fmt.Fprintf(flag.CommandLine.Output(), "usage: %s (no arguments)\n"+
+			"Starts a throwaway PostgreSQL and three candidates that elect a leader through pg_lease.\n", os.Args[0])
+	}
+	flag.Parse()
+	if flag.NArg() > 0 {
+		flag.Usage()
+		os.Exit(2)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -20,8 +20,8 @@ import (
 
 var commands = []string{"install", "version", "get", "list", "watch", "lock", "release", "cleanup"}
 
-// Issue 16: `pglease --help` exited 2, `pglease get --help` said unknown
-// flag --help, there was no --version.
+// Guards: `pglease --help` exiting 2, `pglease get --help` calling --help
+// an unknown flag, and a missing --version.
 func TestHelpOnEveryCommandExitsZero(t *testing.T) {
 	ctx := testCtx(t)
 	none := env{}
@@ -87,8 +87,8 @@ func TestUsageErrorsExitTwoWithoutConnecting(t *testing.T) {
 	}
 }
 
-// Issue 16: `get k --dsn …` said unknown flag --dsn; watch took -o json and
-// --help as key names.
+// Guards: `get k --dsn …` calling --dsn an unknown flag, and watch taking
+// -o json and --help as key names.
 func TestFlagsAnywhere(t *testing.T) {
 	ctx, dsn, c := leaseSetup(t)
 	acquire(t, ctx, c, "job-42", "worker-a1", time.Minute)

@@ -12,7 +12,7 @@ import (
 	"github.com/pglease/pg_lease/internal/pgtest"
 )
 
-// Issue 16 item 5: no secret in any output. The built binary runs with a
+// No secret in any output. The built binary runs with a
 // password-bearing DSN in its environment (the throwaway server trusts
 // loopback, so the password is sent and ignored) through help, bad flags,
 // connection errors, every command and every output format, with -v; the

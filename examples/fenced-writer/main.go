@@ -35,9 +35,14 @@ import (
 )
 
 func main() {
-	dsn := flag.String("dsn", os.Getenv("PGLEASE_DSN"), "database for the lease (pg_lease is created there if absent; default $PGLEASE_DSN)")
+	// No flag default holds a connection string: usage text prints
+	// defaults, and a DSN may carry a password.
+	dsn := flag.String("dsn", "", "database for the lease (pg_lease is created there if absent; default $PGLEASE_DSN)")
 	storeDSN := flag.String("store-dsn", "", "database playing the external store (default: the lease database)")
 	flag.Parse()
+	if *dsn == "" {
+		*dsn = os.Getenv("PGLEASE_DSN")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	if err := mainErr(ctx, *dsn, *storeDSN); err != nil {

@@ -44,6 +44,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -87,6 +88,17 @@ func dur(name string, def time.Duration) time.Duration {
 
 // Main runs the candidate and exits.
 func Main() {
+	// No flags: the environment configures it (PGLEASE_TC_DSN, PGLEASE_TC_KEY,
+	// ...; see the package documentation). An argument is a usage error.
+	flag.Usage = func() {
+		fmt.Fprintf(flag.CommandLine.Output(), "usage: %s (no arguments; configured by PGLEASE_TC_MODE, "+
+			"PGLEASE_TC_DSN, PGLEASE_TC_STORE_DSN, PGLEASE_TC_KEY, PGLEASE_TC_ID, PGLEASE_TC_TTL, ...)\n", os.Args[0])
+	}
+	flag.Parse()
+	if flag.NArg() > 0 {
+		flag.Usage()
+		os.Exit(2)
+	}
 	id := os.Getenv("PGLEASE_TC_ID")
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	var err error
