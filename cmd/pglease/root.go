@@ -206,6 +206,9 @@ func (a *app) config() (*pgx.ConnConfig, error) {
 	if cfg.ConnectTimeout == 0 {
 		cfg.ConnectTimeout = 10 * time.Second
 	}
+	// A change whose wait for the synchronous standbys was cancelled is
+	// reported as unknown, never as done (lease.ErrCommitUnknown).
+	lease.ObserveCommits(&cfg.Config)
 	if _, ok := cfg.RuntimeParams["application_name"]; !ok {
 		cfg.RuntimeParams["application_name"] = "pglease"
 	}

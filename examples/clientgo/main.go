@@ -110,6 +110,9 @@ func run(dsn, key, id string, leaseDuration, renewDeadline, retryPeriod, leadFor
 	// Warm each new connection: a handoff's first acquire and release then
 	// cost what later ones do (no PL/pgSQL compile, no statement prepare).
 	pcfg.AfterConnect = lease.WarmConn
+	// Never acknowledge a change whose wait for the synchronous standbys was
+	// cancelled (lease.ErrCommitUnknown).
+	lease.ObserveCommits(&pcfg.ConnConfig.Config)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err

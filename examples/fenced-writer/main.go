@@ -79,6 +79,9 @@ func run(ctx context.Context, w io.Writer, dsn, storeDSN, key string) error {
 	// Warm each new connection: a handoff's first acquire and release then
 	// cost what later ones do (no PL/pgSQL compile, no statement prepare).
 	pcfg.AfterConnect = lease.WarmConn
+	// Never acknowledge a change whose wait for the synchronous standbys was
+	// cancelled (lease.ErrCommitUnknown).
+	lease.ObserveCommits(&pcfg.ConnConfig.Config)
 	leases, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err

@@ -165,6 +165,9 @@ func New(ctx context.Context, c Config, o BuildOptions) (*Lock, error) {
 		// Each new connection warm (lease.WarmConn): a handoff's first
 		// acquire and release cost what later ones do.
 		pcfg.AfterConnect = lease.WarmConn
+		// A change whose wait for the synchronous standbys was cancelled is
+		// never acknowledged (lease.ErrCommitUnknown).
+		lease.ObserveCommits(&pcfg.ConnConfig.Config)
 		if pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
 			return nil, fmt.Errorf("leaderelection: opening the pool (DSN from %s): %w", c.dsnSource(), err)
 		}

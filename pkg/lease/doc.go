@@ -49,6 +49,12 @@
 // ErrReadOnly (a standby or read-only session) or ErrPermission, and
 // errors.As reaches the *pgconn.PgError with the server's DETAIL.
 //
+// Acknowledged means replicated: with ObserveCommits on the connections'
+// configuration, acquire, renew and release never report a change whose
+// commit's wait for the synchronous standbys was cancelled (PostgreSQL
+// reports it as success, with a warning); they return ErrCommitUnknown
+// instead, and do not retry it (commit.go says why and how).
+//
 // A call that fails on a dead connection (SQLSTATE class 08, a terminated
 // backend, an EOF) while its context is alive is sent once more, for
 // acquire without a server-side wait, renew, release, and inspect: each is

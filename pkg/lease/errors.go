@@ -126,6 +126,9 @@ func mapError(op string, t Token, err error) error {
 	if err == nil {
 		return nil
 	}
+	if isCommitUnknown(err) {
+		return err
+	}
 	var pg *pgconn.PgError
 	if !errors.As(err, &pg) {
 		return fmt.Errorf("%s %q: %w", op, t.Key, err)
@@ -172,10 +175,12 @@ func isLeaseFunction(msg string) bool {
 // attempt committed; renew and release are conditional on owner and epoch
 // (a release that committed before its reply was lost makes the retry answer
 // not_owner, which is also what a lost grant answers); inspect and list
-// only read.
+// only read. A call that reported ErrCommitUnknown is never retried: its
+// change is committed on the primary, so the retry would confirm it
+// without the synchronous standbys.
 func retryOnce(ctx context.Context, call func() error) error {
 	err := call()
-	if err != nil && ctx.Err() == nil && connectionError(err) {
+	if err != nil && ctx.Err() == nil && !isCommitUnknown(err) && connectionError(err) {
 		err = call()
 	}
 	return err

@@ -155,10 +155,19 @@ func (c *Client) acquire(ctx context.Context, op, key, owner string, ttl, wait t
 	)
 	var sent time.Time
 	query := func() error {
-		sent = c.clock.Now()
-		return c.db.QueryRow(ctx,
-			`SELECT a.acquired, a.epoch, a.expires_at, clock_timestamp() FROM lease.acquire($1, $2, $3, $4) a`,
-			key, owner, ttl, wait).Scan(&acquired, &epoch, &expiresAt, &serverNow)
+		epoch = nil
+		return c.onConn(ctx, op, func() Token {
+			tt := t
+			if epoch != nil {
+				tt.Epoch = *epoch
+			}
+			return tt
+		}, func(q Querier) error {
+			sent = c.clock.Now()
+			return q.QueryRow(ctx,
+				`SELECT a.acquired, a.epoch, a.expires_at, clock_timestamp() FROM lease.acquire($1, $2, $3, $4) a`,
+				key, owner, ttl, wait).Scan(&acquired, &epoch, &expiresAt, &serverNow)
+		})
 	}
 	var err error
 	if wait == 0 {
@@ -196,10 +205,12 @@ func (c *Client) Renew(ctx context.Context, t Token, ttl time.Duration) (Grant, 
 	)
 	var sent time.Time
 	err := retryOnce(ctx, func() error {
-		sent = c.clock.Now()
-		return c.db.QueryRow(ctx,
-			`SELECT r.status, r.expires_at, clock_timestamp() FROM lease.renew($1, $2, $3, $4) r`,
-			t.Key, t.Owner, t.Epoch, ttl).Scan(&status, &expiresAt, &serverNow)
+		return c.onConn(ctx, "renew", func() Token { return t }, func(q Querier) error {
+			sent = c.clock.Now()
+			return q.QueryRow(ctx,
+				`SELECT r.status, r.expires_at, clock_timestamp() FROM lease.renew($1, $2, $3, $4) r`,
+				t.Key, t.Owner, t.Epoch, ttl).Scan(&status, &expiresAt, &serverNow)
+		})
 	})
 	if err != nil {
 		return Grant{}, mapError("renew", t, err)
@@ -217,7 +228,9 @@ func (c *Client) Renew(ctx context.Context, t Token, ttl time.Duration) (Grant, 
 func (c *Client) Release(ctx context.Context, t Token) error {
 	var status string
 	err := retryOnce(ctx, func() error {
-		return c.db.QueryRow(ctx, `SELECT lease.release($1, $2, $3)`, t.Key, t.Owner, t.Epoch).Scan(&status)
+		return c.onConn(ctx, "release", func() Token { return t }, func(q Querier) error {
+			return q.QueryRow(ctx, `SELECT lease.release($1, $2, $3)`, t.Key, t.Owner, t.Epoch).Scan(&status)
+		})
 	})
 	if err != nil {
 		return mapError("release", t, err)

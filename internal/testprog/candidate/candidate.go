@@ -128,6 +128,9 @@ func runElector(ctx context.Context, id string) error {
 	// Warm each new connection: a handoff's first acquire and release then
 	// cost what later ones do (no PL/pgSQL compile, no statement prepare).
 	pcfg.AfterConnect = lease.WarmConn
+	// Never acknowledge a change whose wait for the synchronous standbys was
+	// cancelled (lease.ErrCommitUnknown).
+	lease.ObserveCommits(&pcfg.ConnConfig.Config)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err
