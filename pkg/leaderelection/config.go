@@ -158,7 +158,7 @@ func (c *Config) validate(fldPath *field.Path) error {
 		errs = append(errs, field.NotSupported(fldPath.Child("resourceLock"), c.ResourceLock,
 			[]string{rl.LeasesResourceLock, resourceLockPgLease, resourceLockMigration}))
 	}
-	errs = append(errs, checkTiming(c.pgLeaseKey(), c.LeaseDuration.Duration, c.RenewDeadline.Duration, c.RetryPeriod.Duration,
+	errs = append(errs, checkTiming(c.LeaseDuration.Duration, c.RenewDeadline.Duration, c.RetryPeriod.Duration,
 		c.pgTTL(), fldPath)...)
 	if len(errs) == 0 {
 		return nil
@@ -174,23 +174,19 @@ func (c *Config) pgTTL() time.Duration {
 	return c.LeaseDuration.Duration
 }
 
-// checkTiming applies, when ttl > 0 (the pg_lease locks), the one timing
-// rule, the lock's own (resourcelock.Lock.LeaderElectionConfig: client-go's
-// rules, and RenewDeadline + RetryPeriod below the TTL minus the lock's
-// margin, so that a leader that stopped renewing stops leading before its
-// grant lapses), to a lock of that TTL made only to ask it. Its error is
-// reported at leaseDuration when the TTL itself is refused, else at
+// checkTiming applies the one timing rule of the pg_lease locks
+// (resourcelock.Timing, with the default margin) when ttl > 0. A TTL the
+// rule refuses is reported at leaseDuration, any other offence at
 // renewDeadline. The Kubernetes locks have no server TTL: component-base's
 // validation and client-go's own checks apply.
-func checkTiming(key string, leaseDuration, renewDeadline, retryPeriod, ttl time.Duration, fldPath *field.Path) field.ErrorList {
+func checkTiming(leaseDuration, renewDeadline, retryPeriod, ttl time.Duration, fldPath *field.Path) field.ErrorList {
 	if ttl <= 0 || renewDeadline <= 0 || retryPeriod <= 0 {
 		return nil
 	}
-	lock, err := resourcelock.New(lease.New(nil), key, "validation", resourcelock.Options{LeaseDuration: ttl})
-	if err != nil {
+	if _, err := lease.CheckMargin(ttl, 0); err != nil {
 		return field.ErrorList{field.Invalid(fldPath.Child("leaseDuration"), leaseDuration.String(), err.Error())}
 	}
-	if _, err := lock.LeaderElectionConfig(leaderelection.LeaderElectionConfig{
+	if _, err := resourcelock.Timing(ttl, 0, leaderelection.LeaderElectionConfig{
 		LeaseDuration: leaseDuration, RenewDeadline: renewDeadline, RetryPeriod: retryPeriod,
 	}); err != nil {
 		return field.ErrorList{field.Invalid(fldPath.Child("renewDeadline"), renewDeadline.String(), err.Error())}

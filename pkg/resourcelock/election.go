@@ -5,30 +5,15 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/pglease/pg_lease/pkg/lease"
 	"k8s.io/client-go/tools/leaderelection"
 )
 
 // LeaderElectionConfig checks, and completes, a client-go
-// LeaderElectionConfig for this lock: it sets Lock when nil, fills zero
-// timings in client-go's default proportions of the lock's lease duration
-// (15s/10s/2s for 15s: LeaseDuration = the lock's, RenewDeadline = 2/3 of
-// it, RetryPeriod = 2/15 of it), and returns an error naming every offending
-// field:
-//
-//   - client-go's own rules, which NewLeaderElector enforces and RunOrDie
-//     panics on: LeaseDuration > RenewDeadline > JitterFactor × RetryPeriod > 0;
-//   - RenewDeadline + RetryPeriod below the lock's lease duration minus its
-//     margin. client-go's leader context ends only after a renewal round of
-//     RenewDeadline, which starts RetryPeriod after the last success, has
-//     failed: with a longer sum, that context outlives the grant on the
-//     server and overlaps the successor's term;
-//   - Lock, when set, must be this lock.
-//
-// client-go's LeaseDuration only times followers (the server decides every
-// expiry with the lock's own lease duration), so it may differ from the
-// lock's; zero takes the lock's.
+// LeaderElectionConfig for this lock. It sets Lock when nil; a Lock that is
+// set must be this lock. The timings follow Timing with the lock's lease
+// duration and margin. The error names every offending field.
 func (l *Lock) LeaderElectionConfig(cfg leaderelection.LeaderElectionConfig) (leaderelection.LeaderElectionConfig, error) {
-	ttl := l.opts.leaseDuration
 	var errs []error
 	switch {
 	case cfg.Lock == nil:
@@ -36,6 +21,47 @@ func (l *Lock) LeaderElectionConfig(cfg leaderelection.LeaderElectionConfig) (le
 	case cfg.Lock != l:
 		errs = append(errs, fmt.Errorf("Lock: is %s, not this lock (%s)", cfg.Lock.Describe(), l.Describe()))
 	}
+	cfg, err := timing(l.opts.leaseDuration, l.opts.margin, cfg)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		return cfg, fmt.Errorf("resourcelock: LeaderElectionConfig for %s: %w", l.Describe(), errors.Join(errs...))
+	}
+	return cfg, nil
+}
+
+// Timing is the timing rule of every pg_lease lock, for a lock whose lease
+// duration (the TTL sent to the server) is ttl and whose margin is margin
+// (0: lease.CheckMargin's default). It fills zero timings of cfg in
+// client-go's proportions of ttl: LeaseDuration = ttl, RenewDeadline = 2/3
+// and RetryPeriod = 2/15 of it (15s/10s/2s for 15s). It returns an error
+// naming every offending field:
+//
+//   - the TTL or margin that lease.CheckMargin refuses;
+//   - client-go's own rules, which NewLeaderElector enforces and RunOrDie
+//     panics on: LeaseDuration > RenewDeadline > JitterFactor × RetryPeriod > 0;
+//   - RenewDeadline + RetryPeriod below ttl minus the margin. client-go's
+//     leader context ends only after a renewal round of RenewDeadline has
+//     failed, and that round starts RetryPeriod after the last success.
+//     With a longer sum the context outlives the grant on the server.
+//
+// client-go's LeaseDuration only times followers (the server decides every
+// expiry with ttl), so it may differ from ttl. cfg.Lock is not looked at.
+func Timing(ttl, margin time.Duration, cfg leaderelection.LeaderElectionConfig) (leaderelection.LeaderElectionConfig, error) {
+	if _, err := lease.CheckMargin(ttl, 0); err != nil {
+		return cfg, fmt.Errorf("LeaseDuration: %w", err)
+	}
+	m, err := lease.CheckMargin(ttl, margin)
+	if err != nil {
+		return cfg, fmt.Errorf("Margin: %w", err)
+	}
+	return timing(ttl, m, cfg)
+}
+
+// timing is Timing for a checked margin.
+func timing(ttl, margin time.Duration, cfg leaderelection.LeaderElectionConfig) (leaderelection.LeaderElectionConfig, error) {
+	var errs []error
 	if cfg.LeaseDuration == 0 {
 		cfg.LeaseDuration = ttl
 	}
@@ -55,13 +81,10 @@ func (l *Lock) LeaderElectionConfig(cfg leaderelection.LeaderElectionConfig) (le
 	if cfg.LeaseDuration <= cfg.RenewDeadline {
 		errs = append(errs, fmt.Errorf("LeaseDuration (%v) must be greater than RenewDeadline (%v)", cfg.LeaseDuration, cfg.RenewDeadline))
 	}
-	if limit := ttl - l.opts.margin; cfg.RenewDeadline+cfg.RetryPeriod >= limit {
+	if limit := ttl - margin; cfg.RenewDeadline+cfg.RetryPeriod >= limit {
 		errs = append(errs, fmt.Errorf("RenewDeadline (%v) + RetryPeriod (%v) = %v must be below the lock's lease duration (%v) minus its margin (%v) = %v: "+
 			"client-go's leader context would outlive the grant", cfg.RenewDeadline, cfg.RetryPeriod,
-			cfg.RenewDeadline+cfg.RetryPeriod, ttl, l.opts.margin, limit))
+			cfg.RenewDeadline+cfg.RetryPeriod, ttl, margin, limit))
 	}
-	if len(errs) > 0 {
-		return cfg, fmt.Errorf("resourcelock: LeaderElectionConfig for %s: %w", l.Describe(), errors.Join(errs...))
-	}
-	return cfg, nil
+	return cfg, errors.Join(errs...)
 }
