@@ -133,7 +133,17 @@ func run(ctx context.Context, w io.Writer, dsn, storeDSN, key string) error {
 	fmt.Fprintf(w, "A writes with epoch %d: %s\n", a.Epoch, verdict(save(a.Token)))
 
 	fmt.Fprintln(w, "A pauses past its TTL (GC pause, SIGSTOP, partition): no renewal")
-	time.Sleep(time.Until(a.ValidUntil()) + 100*time.Millisecond)
+	// Wait until the server's expiry has certainly passed. a.ValidUntil() is
+	// the wrong bound here: it is the earliest instant the grant may end (the
+	// request's send time plus the TTL), right for a holder that stops acting
+	// in time, too early for a waiter, since the server read its clock later.
+	// A read's ExpiresLocal is the latest bound: its reply's receipt plus the
+	// time the server said was left.
+	st, err := client.Inspect(ctx, key)
+	if err != nil {
+		return err
+	}
+	time.Sleep(time.Until(st.ExpiresLocal()))
 
 	b, ok, err := client.Acquire(ctx, key, "B", time.Minute)
 	if err != nil || !ok {

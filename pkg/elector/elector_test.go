@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/elector"
 	"github.com/pglease/pg_lease/pkg/fence"
 	"github.com/pglease/pg_lease/pkg/lease"
@@ -211,7 +212,8 @@ func testReleaseOnCancel(t *testing.T, useWaiter bool) {
 	ta := waitTerm(t, r.events, 10*time.Second)
 	stopB := runElector(t, b)
 	defer stopB()
-	time.Sleep(200 * time.Millisecond) // b is now a follower
+	// b becomes a follower once it has read the key.
+	pgtest.Eventually(t, 10*time.Second, "b to observe a's term", func() bool { return b.Status().Leader != "" })
 	if s := b.Status(); s.Leading || s.Leader != "a" || s.Epoch != ta.token.Epoch {
 		t.Fatalf("follower status %+v", s)
 	}
@@ -377,8 +379,8 @@ func TestLapseThenReacquire(t *testing.T) {
 	if err := el.Check(&http.Request{}); err == nil {
 		t.Errorf("Check with a callback running past its deadline: %v", err)
 	}
-	// Let the lease lapse on the server, then unblock.
-	time.Sleep(time.Until(expires.Add(-offset)) + 100*time.Millisecond)
+	// Let the lease lapse on the server (its own clock says so), then unblock.
+	pgtest.WaitServerPast(t, pool, expires)
 	if err := locker.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
