@@ -10,7 +10,8 @@
 // durable mode (fsync on) and statement-cost mode (fsync off). Latencies come
 // from pgbench's per-transaction logs (-l). In statement-cost mode it also
 // times scratch variants of lease.renew (scratch.sql) and profiles W1 with
-// pg_stat_statements (track = all).
+// pg_stat_statements (track = all). <w>_nohistory runs <w> with the leadership
+// history turned off (lease.configure_history(0)): the difference is its cost.
 //
 //	go run ./bench/pgbench -out bench/results/x -duration 8s
 package main
@@ -183,7 +184,8 @@ func runMode(ctx context.Context, mode string, clients []int, tmp string) (modeR
 		}
 	}
 
-	main := []string{"w1_lease", "w1_lease_nonotify", "w1_lease_always", "w1_lease_wother", "w1_lease_wsame", "w1_bare", "w1_select1", "w2_lease", "w2_bare", "w2_select1",
+	main := []string{"w1_lease", "w1_lease_nonotify", "w1_lease_nohistory", "w1_lease_always", "w1_lease_wother", "w1_lease_wsame", "w1_bare", "w1_select1",
+		"w2_lease", "w2_lease_nohistory", "w2_bare", "w2_select1",
 		"r_lease", "r_lease_nonotify", "r_bare", "r_select1"}
 	if *only == "none" {
 		main = nil
@@ -299,6 +301,16 @@ func pgbench(s *pgtest.Server, tmp, workload string, clients int, d time.Duratio
 			defer stop()
 		}
 	}
+	// <w>_nohistory: workload w with the leadership history turned off
+	// (lease.configure_history(0)) for the run, then back to the default:
+	// the same run's <w> against it is the history's cost.
+	if base, ok := strings.CutSuffix(workload, "_nohistory"); ok {
+		workload = base
+		if err := configureHistory(0); err != nil {
+			return o, err
+		}
+		defer configureHistory(100)
+	}
 	script, err := files.ReadFile("scripts/" + workload + ".sql")
 	if err != nil {
 		return o, err
@@ -355,6 +367,20 @@ func pgbench(s *pgtest.Server, tmp, workload string, clients int, d time.Duratio
 		return o, fmt.Errorf("pgbench %s: no transactions logged\n%s", workload, outb)
 	}
 	return o, nil
+}
+
+// configureHistory sets how many events each key's history keeps
+// (0: none recorded) in the bench database.
+func configureHistory(rows int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, benchDSN)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "SELECT lease.configure_history($1)", rows)
+	return err
 }
 
 // benchDSN is the bench database of the current mode (for startListener).

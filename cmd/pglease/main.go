@@ -9,6 +9,9 @@
 //	pglease lock KEY -- COMMAND [ARG...]   run COMMAND while holding KEY
 //	pglease release --force KEY            free a key whatever its holder (operators)
 //	pglease cleanup --free-for DURATION    delete keys free for at least DURATION (operators)
+//	pglease history KEY [-o FORMAT]        a key's last grants, releases, takeovers and their reasons
+//	pglease health [KEY...] [-o FORMAT]    every key's leader, term and time without a leader
+//	pglease serve-metrics [--listen ADDR]  every key's leadership as Prometheus metrics
 //
 // Every command takes --help; flags go anywhere on the line. The connection
 // comes from --dsn-file, $PGLEASE_DSN_FILE, $PGLEASE_DSN, else the libpq

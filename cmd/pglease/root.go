@@ -144,6 +144,9 @@ local user in the process list. Passwords are never printed.
 		a.lockCmd(),
 		a.releaseCmd(),
 		a.cleanupCmd(),
+		a.historyCmd(),
+		a.healthCmd(),
+		a.serveMetricsCmd(),
 	)
 	root.CompletionOptions.HiddenDefaultCmd = true
 	return root, a
