@@ -70,7 +70,47 @@ SELECT '1 hour'::pg_catalog.interval,
 HAVING pg_catalog.count(*) OPERATOR(pg_catalog.>) 0;
 
 -- ---- sql/update/0.3.0--0.4.0.sql
--- State 0.3.0 -> 0.4.0: none yet.
+-- State 0.3.0 -> 0.4.0.
+
+-- ---------------------------------------------------------------------------
+-- Leadership history (0.4.0): every grant, takeover, release, forced release
+-- and promotion grace of a key, recorded by the functions that make them, in
+-- the same transaction, under the key's row lock. Each key keeps its last
+-- history_rows events (lease.configure_history, default 100): a write trims
+-- the key's oldest rows, so storage is bounded per key, and clean-up removes
+-- a key's history with the key. Read through lease.history and lease.health.
+-- ---------------------------------------------------------------------------
+
+CREATE TABLE lease.history (
+    key            text        NOT NULL,
+    seq            bigint      NOT NULL,
+    at             timestamptz NOT NULL,
+    event          text        NOT NULL,
+    owner          text,
+    holder_role    text,
+    epoch          bigint,
+    actor          text        NOT NULL,
+    previous_owner text,
+    previous_epoch bigint,
+    vacant_since   timestamptz,
+    ttl            interval,
+    grants         bigint      NOT NULL,
+    detail         text,
+    CONSTRAINT history_pkey PRIMARY KEY (key, seq),
+    CONSTRAINT history_key_fkey FOREIGN KEY (key) REFERENCES lease.leases (key) ON DELETE CASCADE,
+    CONSTRAINT history_event_check CHECK (event IN ('acquired', 'taken_over', 'handed_over', 'released',
+                                                    'force_released', 'promotion_grace'))
+);
+COMMENT ON TABLE lease.history IS
+  'pg_lease internal: the last events of each key (lease.history, lease.health; retention: lease.configure_history)';
+
+-- No row: the default retention, 100 events per key.
+CREATE TABLE lease.history_settings (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    keep_rows integer NOT NULL CHECK (keep_rows BETWEEN 0 AND 100000)
+);
+COMMENT ON TABLE lease.history_settings IS
+  'pg_lease internal: history retention (lease.configure_history); no row means 100 events per key';
 
 -- @shared-begin: every install and update script runs this part as written.
 
@@ -374,6 +414,38 @@ END
 $$;
 
 
+-- Records one event of key k. Called only by the functions that change the
+-- key's row, after the change and under its row lock, so the key's events
+-- are numbered without gaps or races. is_grant: the event begins a term (it
+-- counts in grants). Trims the key's events beyond the retention: only this
+-- key's rows, which no other key's caller ever waits for.
+CREATE FUNCTION lease._record(k text, ev text, is_grant boolean, o text, r text, e bigint,
+                              prev_owner text, prev_epoch bigint, vacant timestamptz,
+                              t interval, why text, ts timestamptz)
+RETURNS void LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+  v_keep   integer;
+  v_seq    bigint;
+  v_grants bigint;
+BEGIN
+  v_keep := coalesce((SELECT s.keep_rows FROM lease.history_settings s), 100);
+  IF v_keep = 0 THEN
+    RETURN;
+  END IF;
+  SELECT h.seq, h.grants INTO v_seq, v_grants
+    FROM lease.history h WHERE h.key = k ORDER BY h.seq DESC LIMIT 1;
+  v_seq := coalesce(v_seq, 0) + 1;
+  v_grants := coalesce(v_grants, 0) + CASE WHEN is_grant THEN 1 ELSE 0 END;
+  INSERT INTO lease.history (key, seq, at, event, owner, holder_role, epoch, actor, previous_owner,
+                             previous_epoch, vacant_since, ttl, grants, detail)
+    VALUES (k, v_seq, ts, ev, o, r, e, session_user, prev_owner, prev_epoch, vacant, t, v_grants, why);
+  IF v_seq > v_keep THEN
+    DELETE FROM lease.history h WHERE h.key = k AND h.seq <= v_seq - v_keep;
+  END IF;
+END
+$$;
+
 -- ---------------------------------------------------------------------------
 -- 3. The API: every role (EXECUTE granted to PUBLIC).
 -- ---------------------------------------------------------------------------
@@ -532,6 +604,8 @@ BEGIN
                 RETURNING l.epoch INTO epoch;
               END IF;
             END IF;
+            PERFORM lease._record(v_key, 'acquired', true, v_owner, v_role, epoch, NULL, NULL, NULL,
+                                  v_ttl, NULL, v_now);
           ELSE
             -- Free or lapsed when read: lock, read the clock, decide again.
             -- (wait 0: NOWAIT, so no lock wait at all.)
@@ -556,6 +630,16 @@ BEGIN
                    lapsed_owner = r_owner, lapsed_epoch = CASE WHEN r_owner IS NOT NULL THEN r_epoch END
              WHERE l.key = v_key
             RETURNING l.epoch, l.expires_at INTO epoch, expires_at;
+            -- History: a grace after a timeline change that ended after the
+            -- previous grant did (it withheld this grant), then the grant.
+            IF v_grace IS NOT NULL AND r_epoch <= v_base AND v_grace > r_expires THEN
+              PERFORM lease._record(v_key, 'promotion_grace', false, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                                    format('no new grant before %s: the grace after a timeline change (promotion)',
+                                           v_grace), v_now);
+            END IF;
+            PERFORM lease._record(v_key, CASE WHEN r_owner IS NULL THEN 'acquired' ELSE 'taken_over' END, true,
+                                  v_owner, v_role, epoch, r_owner, CASE WHEN r_owner IS NOT NULL THEN r_epoch END,
+                                  r_expires, v_ttl, NULL, v_now);
           END IF;
           IF v_deadline IS NOT NULL OR NOT v_found THEN
             PERFORM set_config('lock_timeout', v_lt, true);  -- only where it was set above
@@ -726,6 +810,7 @@ BEGIN
   EXCEPTION WHEN SQLSTATE 'LEASE' THEN
     RETURN;
   END;
+  PERFORM lease._record(v_key, 'released', false, v_owner, r_role, v_epoch, NULL, NULL, NULL, NULL, NULL, v_now);
   PERFORM lease._changed('released', v_key, v_owner, v_epoch);
   RETURN;
 END
@@ -888,6 +973,88 @@ AS $$
     LEFT JOIN LATERAL (SELECT * FROM lease.timeline_state s ORDER BY s.era DESC, s.timeline DESC LIMIT 1) t ON true
 $$;
 
+-- Every role that may inspect: the last max_rows events of key, oldest
+-- first. owner, holder_role and epoch are the grant the event concerns (the
+-- new one, or the one that ended); actor is the role whose call made it.
+CREATE FUNCTION lease.history(key text, max_rows integer DEFAULT 100)
+RETURNS TABLE (seq bigint, at timestamptz, event text, owner text, holder_role text, epoch bigint,
+               actor text, previous_owner text, previous_epoch bigint, vacant_since timestamptz,
+               ttl interval, detail text)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+  v_key  text := key;
+  v_rows integer := max_rows;
+BEGIN
+  PERFORM lease._raise_invalid(ARRAY[
+    lease._text_violation('key', v_key),
+    CASE WHEN v_rows IS NULL THEN 'max_rows must not be NULL'
+         WHEN v_rows < 1 OR v_rows > 10000 THEN 'max_rows must be between 1 and 10000' END]);
+  RETURN QUERY
+    SELECT x.seq, x.at, x.event, x.owner, x.holder_role, x.epoch, x.actor, x.previous_owner,
+           x.previous_epoch, x.vacant_since, x.ttl, x.detail
+      FROM (SELECT h.* FROM lease.history h WHERE h.key = v_key ORDER BY h.seq DESC LIMIT v_rows) x
+     ORDER BY x.seq;
+END
+$$;
+
+-- Every role that may inspect: every key's leadership over the last period,
+-- as lease.list reports it (lazy expiry), plus: when the key was last held
+-- (vacant_since, when not held), the ttl of its current or last grant,
+-- grants (a counter of the terms recorded since its history began), the
+-- terms begun within the period (transitions), the seconds within the
+-- period with no holder (leaderless_seconds: the gaps before each grant in
+-- the period, and the current one), and the oldest event kept
+-- (history_since: transitions and leaderless_seconds see no further back).
+-- A key's first grant has no gap before it. Reads only: no lock.
+CREATE FUNCTION lease.health(period interval DEFAULT '1 hour')
+RETURNS TABLE (key text, held boolean, owner text, holder_role text, epoch bigint,
+               term_started timestamptz, expires_at timestamptz, vacant_since timestamptz,
+               ttl interval, grants bigint, transitions bigint, leaderless_seconds double precision,
+               history_since timestamptz, observed_at timestamptz)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+  v_now  timestamptz := clock_timestamp();
+  v_from timestamptz;
+BEGIN
+  PERFORM lease._raise_invalid(ARRAY[
+    lease._duration_violation('period', period, true),
+    CASE WHEN period IS NOT NULL AND isfinite(period)
+          AND extract(epoch FROM period) > extract(epoch FROM interval '100 years')
+         THEN 'period must be at most 100 years' END]);
+  v_from := v_now - lease._seconds(period);
+  RETURN QUERY
+    SELECT l.key, s.h, CASE WHEN s.h THEN l.owner END, CASE WHEN s.h THEN l.holder_role END, l.epoch,
+           CASE WHEN s.h THEN l.acquired_at END, CASE WHEN s.h THEN l.expires_at END,
+           CASE WHEN NOT s.h THEN l.expires_at END,
+           g.ttl, last.grants, coalesce(w.n, 0),
+           coalesce(w.gaps, 0)
+             + CASE WHEN s.h THEN 0
+                    ELSE greatest(0, extract(epoch FROM v_now - greatest(l.expires_at, v_from))::float8) END,
+           first.at, v_now
+      FROM lease.leases l
+     CROSS JOIN LATERAL (SELECT l.owner IS NOT NULL AND l.expires_at > v_now AS h) s
+      LEFT JOIN LATERAL (SELECT h.grants FROM lease.history h
+                          WHERE h.key = l.key ORDER BY h.seq DESC LIMIT 1) last ON true
+      LEFT JOIN LATERAL (SELECT h.at FROM lease.history h
+                          WHERE h.key = l.key ORDER BY h.seq LIMIT 1) first ON true
+      LEFT JOIN LATERAL (SELECT h.ttl FROM lease.history h
+                          WHERE h.key = l.key AND h.ttl IS NOT NULL ORDER BY h.seq DESC LIMIT 1) g ON true
+      LEFT JOIN LATERAL (SELECT count(*) AS n,
+                                sum(greatest(0, extract(epoch FROM h.at - greatest(h.vacant_since, v_from))::float8))
+                                  FILTER (WHERE h.vacant_since IS NOT NULL) AS gaps
+                           FROM lease.history h
+                          WHERE h.key = l.key AND h.at > v_from
+                            AND h.event IN ('acquired', 'taken_over', 'handed_over')) w ON true
+     ORDER BY l.key;
+END
+$$;
+
 -- The installed SQL version.
 CREATE OR REPLACE FUNCTION lease.version()
 RETURNS text LANGUAGE sql IMMUTABLE
@@ -911,6 +1078,9 @@ DECLARE
   v_key     text := key;
   r_owner   text;
   r_epoch   bigint;
+  r_expires timestamptz;
+  r_role    text;
+  v_now     timestamptz;
 BEGIN
   PERFORM lease._raise_invalid(ARRAY[lease._text_violation('key', v_key)]);
   IF current_setting('transaction_read_only') = 'on' THEN
@@ -918,14 +1088,15 @@ BEGIN
   END IF;
   released := false;
   BEGIN
-    SELECT l.owner, l.epoch INTO r_owner, r_epoch
+    SELECT l.owner, l.epoch, l.expires_at, l.holder_role INTO r_owner, r_epoch, r_expires, r_role
       FROM lease.leases l WHERE l.key = v_key FOR NO KEY UPDATE;
     epoch := r_epoch;
     IF r_owner IS NULL THEN
       RAISE EXCEPTION USING ERRCODE = 'LEASE';  -- never leased, or already free
     END IF;
+    v_now := clock_timestamp();
     UPDATE lease.leases l
-       SET owner = NULL, epoch = l.epoch + 1, expires_at = clock_timestamp(), holder_role = NULL
+       SET owner = NULL, epoch = l.epoch + 1, expires_at = v_now, holder_role = NULL
      WHERE l.key = v_key
     RETURNING l.epoch INTO epoch;
     released := true;
@@ -933,6 +1104,8 @@ BEGIN
   EXCEPTION WHEN SQLSTATE 'LEASE' THEN
     RETURN;
   END;
+  PERFORM lease._record(v_key, 'force_released', false, r_owner, r_role, r_epoch, NULL, NULL, NULL, NULL,
+                        CASE WHEN r_expires <= v_now THEN 'the grant had lapsed' END, v_now);
   PERFORM lease._changed('force_released', v_key, r_owner, r_epoch);
   RETURN;
 END
@@ -1041,6 +1214,34 @@ BEGIN
 END
 $$;
 
+-- Operators only (EXECUTE revoked from PUBLIC): how many events each key
+-- keeps (0 to 100000; 0 records nothing; NULL: leave it). Lowering it trims
+-- every key's history at once, which locks the rows it deletes: run it in a
+-- transaction of its own.
+CREATE FUNCTION lease.configure_history(keep_rows integer DEFAULT NULL, OUT history_rows integer)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+  v_keep integer := configure_history.keep_rows;
+BEGIN
+  PERFORM lease._raise_invalid(ARRAY[
+    CASE WHEN v_keep < 0 OR v_keep > 100000 THEN 'keep_rows must be between 0 and 100000' END]);
+  IF current_setting('transaction_read_only') = 'on' THEN
+    PERFORM lease._raise_read_only('lease.configure_history');
+  END IF;
+  IF v_keep IS NOT NULL THEN
+    INSERT INTO lease.history_settings AS s (keep_rows) VALUES (v_keep)
+      ON CONFLICT (singleton) DO UPDATE SET keep_rows = excluded.keep_rows;
+    DELETE FROM lease.history h
+     USING (SELECT x.key, max(x.seq) AS last FROM lease.history x GROUP BY x.key) m
+     WHERE h.key = m.key AND h.seq <= m.last - v_keep;
+  END IF;
+  history_rows := coalesce((SELECT s.keep_rows FROM lease.history_settings s), 100);
+END
+$$;
+
 -- ---------------------------------------------------------------------------
 -- 5. Dump and privileges
 -- ---------------------------------------------------------------------------
@@ -1061,6 +1262,8 @@ BEGIN
     PERFORM pg_catalog.pg_extension_config_dump('lease.epoch_floor', 'WHERE floor > 0');
     PERFORM pg_catalog.pg_extension_config_dump('lease.timeline_state', '');
     PERFORM pg_catalog.pg_extension_config_dump('lease.settings', '');
+    PERFORM pg_catalog.pg_extension_config_dump('lease.history', '');
+    PERFORM pg_catalog.pg_extension_config_dump('lease.history_settings', '');
   END IF;
 END
 $$;
@@ -1126,5 +1329,7 @@ GRANT EXECUTE ON FUNCTION lease.status() TO PUBLIC;
 GRANT EXECUTE ON FUNCTION lease.listen(text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION lease.unlisten(text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION lease.version() TO PUBLIC;
+GRANT EXECUTE ON FUNCTION lease.history(text, integer) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION lease.health(interval) TO PUBLIC;
 
 -- @shared-end
