@@ -79,6 +79,14 @@ func TestUsageErrorsExitTwoWithoutConnecting(t *testing.T) {
 		{"lock", "k", "--ttl", "10s", "--grace", "7s", "--", "true"},
 		{"lock", "k", "--ttl", "100ms", "--", "true"},
 		{"--dsn-file", "/nonexistent/pglease-dsn", "list"},
+		{"history"},
+		{"history", "k", "--limit", "0"},
+		{"history", "k", "-o", "name"},
+		{"health", "--period", "0s"},
+		{"health", "-o", "name"},
+		{"serve-metrics", "extra"},
+		{"serve-metrics", "--period", "0s"},
+		{"serve-metrics", "--timeout", "-1s"},
 	} {
 		_, errs := wantExit(t, ctx, bad, exitUsage, args...)
 		if strings.Contains(errs, "cannot connect") {
