@@ -703,6 +703,138 @@ BEGIN
 END
 $$;
 
+-- Renews many grants of one owner in one statement and one commit. Each key
+-- gets what lease.renew(key, owner, epoch, ttl) would answer, with the same
+-- precedence, role binding and durability. Rows are locked in key order, so
+-- two batches never wait on each other in a cycle. A key whose status is not
+-- ok keeps no row lock: the locks of such a round are rolled back and the
+-- round runs again without those keys. At most 1000 keys; the rows come back
+-- in the order of keys.
+CREATE OR REPLACE FUNCTION lease.renew_many(keys text[], owner text, epochs bigint[], ttl interval)
+RETURNS TABLE (key text, status text, expires_at timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  v_keys    text[] := keys;
+  v_owner   text := owner;
+  v_epochs  bigint[] := epochs;
+  v_max     constant integer := 1000;
+  v_ttl     interval;
+  v_now     timestamptz;
+  v_exp     timestamptz;
+  v_elem    text[];
+  v_try_k   text[];    -- the keys of the next round, in key order
+  v_try_e   bigint[];  -- their epochs
+  d_keys    text[];    -- one round's decisions, in key order
+  d_epochs  bigint[];
+  d_status  text[];
+  d_found   boolean[];
+  res_keys  text[] := '{}';  -- decided keys and their statuses
+  res_stat  text[] := '{}';
+BEGIN
+  v_elem := CASE
+    WHEN v_keys IS NULL OR v_epochs IS NULL OR array_ndims(v_keys) > 1 OR array_ndims(v_epochs) > 1
+      OR cardinality(v_keys) > v_max OR cardinality(v_keys) <> cardinality(v_epochs) THEN '{}'
+    ELSE ARRAY(
+      SELECT v FROM (
+        SELECT 1 AS arg, u.n, lease._text_violation(format('keys[%s]', u.n), u.k) AS v
+          FROM unnest(v_keys) WITH ORDINALITY u(k, n)
+        UNION ALL
+        SELECT 1, d.n, format('keys[%s] repeats keys[%s]', d.n, d.first)
+          FROM (SELECT u.n, first_value(u.n) OVER (PARTITION BY u.k ORDER BY u.n) AS first
+                  FROM unnest(v_keys) WITH ORDINALITY u(k, n)
+                 WHERE lease._text_violation('key', u.k) IS NULL) d
+         WHERE d.n <> d.first
+        UNION ALL
+        SELECT 3, u.n, CASE WHEN u.e IS NULL THEN format('epochs[%s] must not be NULL', u.n)
+                            WHEN u.e < 1 THEN format('epochs[%s] must be at least 1', u.n) END
+          FROM unnest(v_epochs) WITH ORDINALITY u(e, n)) x
+       WHERE x.v IS NOT NULL
+       ORDER BY x.arg, x.n)
+  END;
+  IF cardinality(v_elem) > 10 THEN
+    v_elem := v_elem[1:10] || format('and %s more', cardinality(v_elem) - 10);
+  END IF;
+  PERFORM lease._raise_invalid(ARRAY[
+    CASE WHEN v_keys IS NULL THEN 'keys must not be NULL'
+         WHEN array_ndims(v_keys) > 1 THEN 'keys must be a one-dimensional array'
+         WHEN cardinality(v_keys) > v_max THEN format('keys must hold at most %s keys (%s given)', v_max, cardinality(v_keys)) END,
+    lease._text_violation('owner', v_owner),
+    CASE WHEN v_epochs IS NULL THEN 'epochs must not be NULL'
+         WHEN array_ndims(v_epochs) > 1 THEN 'epochs must be a one-dimensional array'
+         WHEN v_keys IS NOT NULL AND cardinality(v_keys) <> cardinality(v_epochs)
+           THEN format('keys and epochs must have the same length (%s keys, %s epochs)',
+                       cardinality(v_keys), cardinality(v_epochs)) END,
+    lease._duration_violation('ttl', ttl, true),
+    CASE WHEN ttl IS NOT NULL AND isfinite(ttl)
+          AND extract(epoch FROM ttl) > extract(epoch FROM coalesce((SELECT s.max_ttl FROM lease.settings s), interval '1 hour'))
+         THEN lease._ttl_violation(ttl, interval '0') END] || v_elem);
+  IF current_setting('transaction_read_only') = 'on' THEN
+    PERFORM lease._raise_read_only('lease.renew_many');
+  END IF;
+  v_ttl := lease._seconds(ttl);
+
+  SELECT coalesce(array_agg(u.k ORDER BY u.k), '{}'), coalesce(array_agg(u.e ORDER BY u.k), '{}')
+    INTO v_try_k, v_try_e
+    FROM unnest(v_keys, v_epochs) u(k, e);
+
+  -- Each round locks the rows of its keys in key order and decides every key
+  -- at one clock reading taken after the locks. When a key with a row is not
+  -- ok, the round is rolled back with its locks, its failures are recorded,
+  -- and the next round tries only the keys that were ok.
+  WHILE cardinality(v_try_k) > 0 LOOP
+    BEGIN
+      PERFORM FROM lease.leases l WHERE l.key = ANY (v_try_k) ORDER BY l.key FOR NO KEY UPDATE;
+      v_now := clock_timestamp();
+      SELECT array_agg(t.k ORDER BY t.n), array_agg(t.e ORDER BY t.n),
+             array_agg(CASE WHEN s.st = 'ok' AND l.holder_role IS NOT NULL
+                             AND l.holder_role <> session_user::text AND NOT lease._may_act(l.holder_role)
+                            THEN 'not_owner' ELSE s.st END ORDER BY t.n),
+             array_agg(l.key IS NOT NULL ORDER BY t.n)
+        INTO d_keys, d_epochs, d_status, d_found
+        FROM unnest(v_try_k, v_try_e) WITH ORDINALITY t(k, e, n)
+        LEFT JOIN lease.leases l ON l.key = t.k,
+        LATERAL (SELECT lease._holder_status(l.key IS NOT NULL, l.owner, l.epoch, l.expires_at,
+                                             l.lapsed_owner, l.lapsed_epoch, v_owner, t.e, v_now) AS st) s;
+      -- Keys without a row took no lock: their answer is final.
+      res_keys := res_keys || ARRAY(SELECT x.k FROM unnest(d_keys, d_status, d_found) x(k, st, f)
+                                     WHERE x.st <> 'ok' AND NOT x.f);
+      res_stat := res_stat || ARRAY(SELECT x.st FROM unnest(d_keys, d_status, d_found) x(k, st, f)
+                                     WHERE x.st <> 'ok' AND NOT x.f);
+      IF EXISTS (SELECT FROM unnest(d_status, d_found) x(st, f) WHERE x.st <> 'ok' AND x.f) THEN
+        res_keys := res_keys || ARRAY(SELECT x.k FROM unnest(d_keys, d_status, d_found) x(k, st, f)
+                                       WHERE x.st <> 'ok' AND x.f);
+        res_stat := res_stat || ARRAY(SELECT x.st FROM unnest(d_keys, d_status, d_found) x(k, st, f)
+                                       WHERE x.st <> 'ok' AND x.f);
+        SELECT coalesce(array_agg(x.k ORDER BY x.n), '{}'), coalesce(array_agg(x.e ORDER BY x.n), '{}')
+          INTO v_try_k, v_try_e
+          FROM unnest(d_keys, d_epochs, d_status) WITH ORDINALITY x(k, e, st, n) WHERE x.st = 'ok';
+        RAISE EXCEPTION USING ERRCODE = 'LEASE';
+      END IF;
+      v_exp := v_now + v_ttl;
+      UPDATE lease.leases l SET expires_at = v_exp
+       WHERE l.key = ANY (ARRAY(SELECT x.k FROM unnest(d_keys, d_status) x(k, st) WHERE x.st = 'ok'));
+      res_keys := res_keys || ARRAY(SELECT x.k FROM unnest(d_keys, d_status) x(k, st) WHERE x.st = 'ok');
+      res_stat := res_stat || ARRAY(SELECT x.st FROM unnest(d_keys, d_status) x(k, st) WHERE x.st = 'ok');
+      v_try_k := '{}';
+    EXCEPTION WHEN SQLSTATE 'LEASE' THEN
+      NULL;  -- the failures are recorded; the locks went with the subtransaction
+    END;
+  END LOOP;
+
+  -- Durability as in lease._changed, but no notification (a renewal wakes nobody).
+  IF v_exp IS NOT NULL AND current_setting('synchronous_commit') IN ('off', 'local') THEN
+    PERFORM set_config('synchronous_commit', 'on', true);
+  END IF;
+  RETURN QUERY
+    SELECT i.k, r.st, CASE WHEN r.st = 'ok' THEN v_exp END
+      FROM unnest(v_keys) WITH ORDINALITY i(k, n)
+      JOIN unnest(res_keys, res_stat) r(k, st) ON r.k = i.k
+     ORDER BY i.n;
+END
+$$;
+
 -- Frees the caller's current grant; the key's counter becomes epoch + 1.
 -- status as for renew.
 CREATE OR REPLACE FUNCTION lease.release(key text, owner text, epoch bigint, OUT status text)
@@ -1258,6 +1390,7 @@ $$;
 GRANT USAGE ON SCHEMA lease TO PUBLIC;
 GRANT EXECUTE ON FUNCTION lease.acquire(text, text, interval, interval) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION lease.renew(text, text, bigint, interval) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION lease.renew_many(text[], text, bigint[], interval) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION lease.release(text, text, bigint) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION lease.inspect(text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION lease.list() TO PUBLIC;
