@@ -76,11 +76,10 @@ func (a *app) lockCmd() *cobra.Command {
 				return err
 			}
 			if o.owner == "" {
-				host, _ := os.Hostname()
-				o.owner = fmt.Sprintf("%s/pglease-lock/%d", host, os.Getpid())
+				o.owner = lease.DefaultOwner()
 			}
-			if o.owner == "" || len(o.owner) > 1024 {
-				return fmt.Errorf("%w: --owner: 1 to 1024 bytes", lease.ErrInvalidInput)
+			if err := lease.CheckOwner(o.owner); err != nil {
+				return fmt.Errorf("--owner: %w", err)
 			}
 			if o.ttl < time.Second {
 				return usagef("--ttl %v: must be at least 1s", o.ttl)
@@ -104,7 +103,7 @@ func (a *app) lockCmd() *cobra.Command {
 	f.DurationVar(&o.ttl, "ttl", 15*time.Second, "grant duration; renewed every ttl/3")
 	f.DurationVar(&o.grace, "grace", 5*time.Second, "time between SIGTERM and SIGKILL when the command must stop")
 	f.DurationVar(&o.timeout, "timeout", 0, "give up (exit 8) when the key stays held this long (0: wait as long as it takes)")
-	f.StringVar(&o.owner, "owner", "", "owner identity (default HOSTNAME/pglease-lock/PID)")
+	f.StringVar(&o.owner, "owner", "", "owner identity (default HOSTNAME-PID-RANDOM)")
 	return cmd
 }
 

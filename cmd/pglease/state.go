@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -170,14 +168,11 @@ func (r *reader) readKeys(ctx context.Context, conn *pgx.Conn, keys []string) ([
 	return out, err
 }
 
-// checkKey validates a key as the server would (1 to 1024 bytes of UTF-8
-// text without NUL bytes), before anything is sent.
+// checkKey applies the server's key rule (lease.CheckKey) before anything
+// is sent, naming the key.
 func checkKey(k string) error {
-	if k == "" || len(k) > 1024 {
-		return fmt.Errorf("%w: invalid key %s: a key is 1 to 1024 bytes", lease.ErrInvalidInput, quoteField(truncate(k, 64)))
-	}
-	if !utf8.ValidString(k) || strings.ContainsRune(k, 0) {
-		return fmt.Errorf("%w: invalid key %s: a key is UTF-8 text without NUL bytes", lease.ErrInvalidInput, quoteField(truncate(k, 64)))
+	if err := lease.CheckKey(k); err != nil {
+		return fmt.Errorf("invalid key %s: %w", quoteField(truncate(k, 64)), err)
 	}
 	return nil
 }

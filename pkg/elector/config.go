@@ -2,11 +2,8 @@ package elector
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -128,17 +125,14 @@ func configErr(field, format string, args ...any) error {
 // withDefaults returns c with every zero field set to its default, and
 // validates the result.
 func (c Config) withDefaults() (Config, error) {
-	if c.Key == "" {
-		return c, configErr("Key", "must not be empty")
-	}
-	if len(c.Key) > 1024 {
-		return c, configErr("Key", "must be at most 1024 bytes, got %d", len(c.Key))
+	if err := lease.CheckKey(c.Key); err != nil {
+		return c, configErr("Key", "%v", err)
 	}
 	if c.Identity == "" {
-		c.Identity = defaultIdentity()
+		c.Identity = lease.DefaultOwner()
 	}
-	if len(c.Identity) > 1024 {
-		return c, configErr("Identity", "must be at most 1024 bytes, got %d", len(c.Identity))
+	if err := lease.CheckOwner(c.Identity); err != nil {
+		return c, configErr("Identity", "%v", err)
 	}
 	if c.TTL == 0 {
 		c.TTL = defaultTTL
@@ -176,14 +170,4 @@ func (c Config) withDefaults() (Config, error) {
 		c.Logger = logr.Discard()
 	}
 	return c, nil
-}
-
-func defaultIdentity() string {
-	host, err := os.Hostname()
-	if err != nil || host == "" {
-		host = "unknown"
-	}
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
 }

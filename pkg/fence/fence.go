@@ -74,22 +74,13 @@ func (e *lostError) Unwrap() []error { return []error{ErrStale, e.err} }
 // fn is not called and the error matches ErrStale and lease.ErrLost. An
 // error from fn rolls the transaction back and is returned as is.
 func InTx(ctx context.Context, db lease.Beginner, token lease.Token, fn func(tx pgx.Tx) error) error {
-	tx, err := db.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("fence: begin: %w", err)
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := lease.Fence(ctx, tx, token); err != nil {
-		if errors.Is(err, lease.ErrLost) {
-			return &lostError{err}
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := lease.Fence(ctx, tx, token); err != nil {
+			if errors.Is(err, lease.ErrLost) {
+				return &lostError{err}
+			}
+			return err
 		}
-		return err
-	}
-	if err := fn(tx); err != nil {
-		return err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("fence: commit: %w", err)
-	}
-	return nil
+		return fn(tx)
+	})
 }

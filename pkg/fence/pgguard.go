@@ -202,15 +202,10 @@ func (g *PGGuard) EnsureTable(ctx context.Context) error {
 
 // exec runs one statement in a transaction of its own.
 func (g *PGGuard) exec(ctx context.Context, sql string) error {
-	tx, err := g.db.Begin(ctx)
-	if err != nil {
+	return pgx.BeginFunc(ctx, g.db, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, sql)
 		return err
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := tx.Exec(ctx, sql); err != nil {
-		return err
-	}
-	return tx.Commit(ctx)
+	})
 }
 
 // ErrNoResource: with OwnRows, the resource's row does not exist.
@@ -260,34 +255,20 @@ func (g *PGGuard) Write(ctx context.Context, token lease.Token, fn func(tx pgx.T
 // same transaction and commits: the epoch record and fn's writes commit
 // together, and a writer with a higher epoch waits for them.
 func (g *PGGuard) WriteResource(ctx context.Context, resource string, token lease.Token, fn func(tx pgx.Tx) error) error {
-	tx, err := g.db.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("fence: begin: %w", err)
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if err := g.claim(ctx, tx, resource, token); err != nil {
-		return err
-	}
-	if fn != nil {
-		if err := fn(tx); err != nil {
+	return pgx.BeginFunc(ctx, g.db, func(tx pgx.Tx) error {
+		if err := g.claim(ctx, tx, resource, token); err != nil || fn == nil {
 			return err
 		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("fence: commit: %w", err)
-	}
-	return nil
+		return fn(tx)
+	})
 }
 
 // epoch returns the highest epoch accepted for resource (0 if none).
 func (g *PGGuard) epoch(ctx context.Context, resource string) (int64, error) {
-	tx, err := g.db.Begin(ctx)
-	if err != nil {
-		return 0, err
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	var e *int64
-	err = tx.QueryRow(ctx, g.readSQL, resource).Scan(&e)
+	err := pgx.BeginFunc(ctx, g.db, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, g.readSQL, resource).Scan(&e)
+	})
 	if errors.Is(err, pgx.ErrNoRows) || (err == nil && e == nil) {
 		return 0, nil
 	}

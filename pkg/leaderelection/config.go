@@ -66,7 +66,7 @@ type Config struct {
 	// DSNFile is empty. Default PGLEASE_DSN.
 	DSNEnv string
 	// Identity of this candidate; must be unique among candidates. Default:
-	// hostname + "_" + a random UUID, as controller-runtime does.
+	// lease.DefaultOwner (hostname-PID-random).
 	Identity string
 	// Key overrides the pg_lease key. Default ResourceNamespace + "/" +
 	// ResourceName, the same name as the Lease of the Kubernetes locks.

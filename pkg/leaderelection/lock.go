@@ -3,7 +3,6 @@ package leaderelection
 import (
 	"context"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -11,7 +10,6 @@ import (
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/uuid"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
@@ -85,16 +83,6 @@ func (l *Lock) timing() (leaseDuration, renewDeadline, retryPeriod time.Duration
 	return c.LeaseDuration.Duration, c.RenewDeadline.Duration, c.RetryPeriod.Duration
 }
 
-// defaultIdentity is hostname + "_" + a random UUID (controller-runtime's
-// and kube-controller-manager's form).
-func defaultIdentity() (string, error) {
-	host, err := os.Hostname()
-	if err != nil {
-		return "", err
-	}
-	return host + "_" + string(uuid.NewUUID()), nil
-}
-
 // New validates c (Config.validate) and returns the lock it names:
 //
 //	leases          client-go's LeaseLock (coordination.k8s.io/v1 Lease)
@@ -117,11 +105,7 @@ func New(ctx context.Context, c Config, o BuildOptions) (*Lock, error) {
 		return nil, err
 	}
 	if c.Identity == "" {
-		id, err := defaultIdentity()
-		if err != nil {
-			return nil, fmt.Errorf("leaderelection: identity: %w", err)
-		}
-		c.Identity = id
+		c.Identity = lease.DefaultOwner()
 	}
 	out := &Lock{Config: c}
 	var kube rl.Interface

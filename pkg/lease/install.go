@@ -188,16 +188,8 @@ func inTx(ctx context.Context, db Beginner, f func(pgx.Tx) error) error {
 }
 
 func inTxOnce(ctx context.Context, db Beginner, f func(pgx.Tx) error) error {
-	tx, err := db.Begin(ctx)
-	if err != nil {
+	if err := pgx.BeginFunc(ctx, db, f); err != nil {
 		return fmt.Errorf("lease: install: %w", err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if err := f(tx); err != nil {
-		return err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("lease: install: commit: %w", err)
 	}
 	return nil
 }

@@ -120,15 +120,11 @@ func New(client *lease.Client, key, identity string, opts Options) (*Lock, error
 	if client == nil {
 		errs = append(errs, errors.New("client must not be nil"))
 	}
-	if key == "" {
-		errs = append(errs, errors.New("key must not be empty"))
-	} else if len(key) > 1024 {
-		errs = append(errs, errors.New("key must be at most 1024 bytes"))
+	if err := lease.CheckKey(key); err != nil {
+		errs = append(errs, err)
 	}
-	if identity == "" {
-		errs = append(errs, errors.New("identity must not be empty"))
-	} else if len(identity) > 1024 {
-		errs = append(errs, errors.New("identity must be at most 1024 bytes"))
+	if err := lease.CheckOwner(identity); err != nil {
+		errs = append(errs, fmt.Errorf("identity: %w", err))
 	}
 	if _, err := lease.CheckMargin(o.leaseDuration, 0); err != nil {
 		errs = append(errs, fmt.Errorf("LeaseDuration: %w", err))
