@@ -36,7 +36,7 @@ full)
 	physical_args=(-samples 5000 -fsync-seconds 2)
 	pgbench_args=(-duration 8s -rounds 2 -clients 1,4,16)
 	handoff_args=(-trials 60)
-	# pkg/elector alone over 200 trials (issue 17 item 3: p99 over >= 200), with
+	# pkg/elector alone over 200 trials (a p99 needs at least 200), with
 	# warm pools (lease.WarmConn) and cold ones, interleaved
 	elector_args=(-systems elector,elector-cold -profiles fast -trials 200)
 	scale_args=(-duration 30s -rounds 2 -keys 1000,10000,100000 -renewals 10000000 -cleanup-keys 100000)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Deliberate-defect run (issue 8, item 4): applies, one at a time, six
+# Deliberate-defect run: applies, one at a time, six
 # deliberate defects to pg_lease's SQL and shows that the project's suites
 # (regression, isolation, failure, robustness) fail for every one of them.
 #

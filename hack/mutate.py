@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Mutation testing of pg_lease's SQL (issue 15, item 5).
+"""Mutation testing of pg_lease's SQL.
 
     hack/mutate.py [--list] [--max N] [--seed S] [--only ID[,ID...]] [--ops OP[,OP...]]
                    [--suites regression,isolation,go,upgrade] [--out DIR] [--bindir DIR] [--report-only]

@@ -540,7 +540,7 @@ func report(results []modeResult) string {
 // createRenewCandidates makes scratch copies of the installed lease.renew
 // (pg_get_functiondef: whatever version is installed, 0.3.0 here), each
 // changed in one way, so that candidate changes of the statement cost are
-// timed in the same run as the function itself (issue 17 item 2):
+// timed in the same run as the function itself:
 //
 //	renew03_copy     unchanged (a copy costs what the original costs)
 //	renew03_fastval  validation fast path: one inline test of the common
@@ -549,7 +549,7 @@ func report(results []modeResult) string {
 //	                 helpers only when it fails; accepts a subset of what
 //	                 the helpers accept, so it keeps the guarantee
 //	renew03_noval    no validation at all (the most any fast path can save)
-//	renew03_norole   no role-binding check (issue 15's authorization model)
+//	renew03_norole   no role-binding check (the authorization model of 0.3.0)
 //	renew03_nosubtx  no subtransaction around the locked read and UPDATE
 //
 // Each replacement must match exactly once, or the benchmark stops: a

@@ -1,4 +1,4 @@
-// Command waiters measures many waiters on one key (issue 17 item 4): W
+// Command waiters measures many waiters on one key: W
 // waiters (goroutines, each a follower in lease.(*Waiter).Await on the key,
 // then a wait-0 acquire when it sees the key free) spread over N
 // lease.Waiters (N listen connections: N simulated processes, each

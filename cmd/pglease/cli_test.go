@@ -123,7 +123,7 @@ func TestFlagsAnywhere(t *testing.T) {
 	}
 }
 
-// Issue 16: -o wide refused; REMAINING printed 71h59m58.225s; no AGE.
+// -o wide works; REMAINING is rounded (never 71h59m58.225s); AGE is shown.
 func TestGetListFormats(t *testing.T) {
 	ctx, dsn, c := leaseSetup(t)
 	e := dsnEnv(dsn)
@@ -180,7 +180,7 @@ func TestGetListFormats(t *testing.T) {
 	}
 }
 
-// Issue 16: a lapsed key lost its holder (`lapsed <none> 1 - -`).
+// A lapsed key keeps its holder (never `lapsed <none> 1 - -`).
 func TestLapsedKeyKeepsItsHolder(t *testing.T) {
 	ctx, dsn, c := leaseSetup(t)
 	acquire(t, ctx, c, "job-42", "worker-a1", 200*time.Millisecond)
@@ -207,7 +207,7 @@ func TestLapsedKeyKeepsItsHolder(t *testing.T) {
 	}
 }
 
-// Issue 16: a key with a tab broke the table. Any key and owner prints on
+// A key with a tab must not break the table. Any key and owner prints on
 // one line and one cell, and survives json exactly.
 func TestAnyKeyPrintsSafely(t *testing.T) {
 	ctx, dsn, c := leaseSetup(t)
@@ -262,7 +262,7 @@ func TestAnyKeyPrintsSafely(t *testing.T) {
 	}
 }
 
-// Issue 16: `release --force` of a never-leased key exited 0 while get exits 5.
+// `release --force` of a never-leased key exits 5, as get does.
 func TestReleaseForce(t *testing.T) {
 	ctx, dsn, c := leaseSetup(t)
 	e := dsnEnv(dsn)
@@ -285,8 +285,8 @@ func TestReleaseForce(t *testing.T) {
 	}
 }
 
-// Issue 16: every 42501 hinted GRANT EXECUTE ON FUNCTION lease.force_release,
-// install's included.
+// A 42501 hints at the privilege of the call that failed, not always at
+// GRANT EXECUTE ON FUNCTION lease.force_release (install's included).
 func TestPermissionHintPerOperation(t *testing.T) {
 	ctx := testCtx(t)
 	dsn := leaseDB(t)
@@ -425,8 +425,8 @@ func TestCleanup(t *testing.T) {
 	}
 }
 
-// Issue 16: every connection error started with `tls error: server refused
-// TLS connection`, and a refused connection said it twice.
+// A connection error names its real cause, not `tls error: server refused
+// TLS connection`, and a refused connection says it once.
 func TestConnectionErrorsAreOneLine(t *testing.T) {
 	ctx := testCtx(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")

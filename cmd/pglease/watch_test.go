@@ -42,8 +42,8 @@ func TestWatchShowsALeaseMovingBetweenHolders(t *testing.T) {
 	}
 }
 
-// Issue 16: watch showed a renewal only when the old expiry passed (renewals
-// send no notification). The grant here lasts 10 minutes: the renewal must
+// watch shows a renewal before the old expiry passes (renewals send no
+// notification). The grant here lasts 10 minutes: the renewal must
 // show long before.
 func TestWatchShowsRenewalsWhenTheyHappen(t *testing.T) {
 	ctx, dsn, c := leaseSetup(t)
@@ -59,8 +59,8 @@ func TestWatchShowsRenewalsWhenTheyHappen(t *testing.T) {
 	p.wait(t)
 }
 
-// Issue 16: watch exited when PostgreSQL restarted (FATAL: terminating
-// connection … 57P01, rc 1). It says so, reconnects, says so, and goes on.
+// watch survives a PostgreSQL restart (FATAL: terminating connection …
+// 57P01). It says so, reconnects, says so, and goes on.
 func TestWatchSurvivesServerRestart(t *testing.T) {
 	ctx := testCtx(t)
 	srv := pgtest.New(t)

@@ -119,8 +119,8 @@ type watcher struct {
 	stop func() bool     // context.AfterFunc's
 }
 
-// registry is the Waiter's bookkeeping of lease.listen registrations (issue
-// 17: with pg_lease.notify = waiters, the default, a grant or release
+// registry is the Waiter's bookkeeping of lease.listen registrations (with
+// pg_lease.notify = waiters, the default, a grant or release
 // notifies only when some backend registered its key, or '*'). Every key a
 // Watch subscription (and so every Await) waits for is registered on the
 // listen connection before the subscription reads anything, and dropped

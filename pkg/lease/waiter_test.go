@@ -432,7 +432,7 @@ func (r *recorder) sawNotified(key string) bool {
 	}
 }
 
-// TestAwaitRegisters (issue 17 item 1): with the default pg_lease.notify
+// TestAwaitRegisters: with the default pg_lease.notify
 // (waiters), a change notifies only keys some backend registered with
 // lease.listen. Await registers its key on the waiter's connection before
 // its first read, is woken by the release's notification (the poll and the
@@ -584,7 +584,7 @@ func (q *gatedReads) QueryRow(ctx context.Context, sql string, args ...any) pgx.
 	return q.Querier.QueryRow(ctx, sql, args...)
 }
 
-// TestAwaitSharesReads (issue 17 item 4, no herd of queries): Awaits of one
+// TestAwaitSharesReads (no herd of queries): Awaits of one
 // key through one client and one Waiter, woken by the same notification,
 // share one read: while the first one's read is held at the gate, every
 // other one joins it.

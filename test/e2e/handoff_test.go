@@ -27,7 +27,7 @@ const (
 // leader (SIGKILL), and asserts only safety and order: the successor leads
 // under a higher epoch each time, there are never two leaders, and the
 // store accepted only writes of the epoch leading (env.verify). It REPORTS
-// the figures of issue 12 item 5 (t.Logf, one results line per lock, also
+// the handoff figures (t.Logf, one results line per lock, also
 // appended to the file $PGLEASE_E2E_RESULTS when set): the handoff (SIGTERM
 // to the successor's grant) and the takeover (SIGKILL to the successor's
 // grant; for pg_lease also the grant's distance from the killed grant's

@@ -304,7 +304,7 @@ func (w *migWorld) eventLog() string {
 	return b.String()
 }
 
-// TestMigrationFromLeases is the rolling update of issue 16 item 2 on a
+// TestMigrationFromLeases is the rolling update from leases to pglease on a
 // real kube-apiserver: old pods elect through the coordination.k8s.io Lease
 // (resource lock "leases", client-go's LeaseLock inside controller-runtime),
 // new pods through "leases+pglease" (both locks), and a later rollout

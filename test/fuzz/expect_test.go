@@ -33,16 +33,16 @@ type rules struct {
 
 	// Known deviations, accepted (and counted in the log) until fixed:
 	//
-	// defaultPrivilegesLeak (issue 15 item 3): default privileges that the
+	// defaultPrivilegesLeak: default privileges that the
 	// installing role set for another role (not PUBLIC) apply to the
 	// extension's objects: the scripts revoke only from PUBLIC.
 	defaultPrivilegesLeak bool
 	//
-	// payloadOverflow (issue 15 item 6): a grant, release or force-release
+	// payloadOverflow: a grant, release or force-release
 	// whose NOTIFY payload would reach 8000 bytes fails with 22023 "payload
 	// string too long" (not invalid_input) from inside the function.
 	payloadOverflow bool
-	// cleanupUnderflow (issue 15 item 6): lease.cleanup(free_for) with a
+	// cleanupUnderflow: lease.cleanup(free_for) with a
 	// free_for reaching past timestamptz's lower bound (4714 BC) from now
 	// fails with 22008 (datetime_field_overflow).
 	cleanupUnderflow bool

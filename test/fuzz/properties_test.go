@@ -168,7 +168,7 @@ func TestOtherRolesPrivileges(t *testing.T) {
 	t.Run("default privileges to a role", func(t *testing.T) {
 		h := newHarnessWith(t, grantAll("fuzz_app_rw"))
 		if h.rules.defaultPrivilegesLeak {
-			t.Logf("pg_lease %s: default privileges granted to a role leak into its objects (known: issue 15 item 3); checking PUBLIC only", h.version)
+			t.Logf("pg_lease %s: default privileges granted to a role leak into its objects (known before 0.3.0); checking PUBLIC only", h.version)
 			checkOtherRoles(t, h, role)
 			return
 		}

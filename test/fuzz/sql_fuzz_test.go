@@ -318,13 +318,13 @@ func (h *harness) fuzzSQL(t *testing.T, fn, nulls, pre uint8, key, owner string,
 		case vs.verdict == either && pg != nil && pg.Code == "22023" && pg.Message == "invalid_input":
 			// at a bound: refused is right too
 		case r.payloadOverflow && isPayloadOverflow(err):
-			// known deviation (issue 15 item 6); a long key or owner
+			// known deviation before 0.3.0; a long key or owner
 			if payloadVerdict(payloadLen("force_released", key, owner, cur+1)) == valid &&
 				payloadVerdict(payloadLen("force_released", key, other, cur+1)) == valid {
 				t.Fatalf("payload string too long for a short key and owner: %v", err)
 			}
 		case fn == fnCleanup && r.cleanupUnderflow && pg != nil && pg.Code == "22008" && ttl.secs >= ttl.lower-fuzzy:
-			// known deviation (issue 15 item 6): free_for past 4714 BC
+			// known deviation before 0.3.0: free_for past 4714 BC
 		case fn == fnFence && pg != nil && pg.Code == "55000" &&
 			(pg.Message == "not_owner" || pg.Message == "lapsed" || pg.Message == "epoch_mismatch"):
 			if pre == preHeld && pe != nil && *pe == cur {

@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# dump_restore.sh: pg_dump and restore keep pg_lease's state (issue 15,
-# finding 2): every row of lease.leases, the epoch floor, the settings, the
+# dump_restore.sh: pg_dump and restore keep pg_lease's state: every row of lease.leases, the epoch floor, the settings, the
 # recorded timeline and the leadership history (0.4.0) with its retention, in plain format (restored with psql) and custom format
 # (restored with pg_restore), both with errors fatal, so a restore that
 # conflicts with the rows CREATE EXTENSION makes fails the test.

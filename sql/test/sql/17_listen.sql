@@ -1,4 +1,4 @@
--- 17_listen (0.3.0, issue 17 item 1, SQL half): lease.listen / lease.unlisten
+-- 17_listen (0.3.0, SQL half): lease.listen / lease.unlisten
 -- register and drop this backend's interest in a key ('*': every key), for
 -- pg_lease.notify = 'waiters'. Invalid keys are 22023; registrations of
 -- backends that are gone are dropped by the next listen; read-only is 25006.

@@ -1,7 +1,7 @@
 -- upgrade_05_install_0_2_0: CREATE EXTENSION pg_lease VERSION '0.2.0' in a
 -- database of its own, with keys in every state and an epoch floor above 0
 -- (clean-up ran), and an installing role whose default privileges leak into
--- 0.2.0's objects (issue 15, finding 3). ALTER EXTENSION UPDATE keeps every
+-- 0.2.0's objects. ALTER EXTENSION UPDATE keeps every
 -- row and the floor, and takes back every privilege the defaults gave away.
 \set VERBOSITY default
 \set SHOW_CONTEXT never
