@@ -189,6 +189,12 @@ func (t *Term) Renew(ctx context.Context) error {
 		}
 		return err
 	}
+	return t.extend(g)
+}
+
+// extend moves the term to the renewed grant g, unless the term ended or
+// its deadline passed before the answer. The caller holds renewMu.
+func (t *Term) extend(g Grant) error {
 	now := t.c.clock.Now() // read outside t.mu (see arm)
 	nd := g.ValidUntil().Add(-t.margin)
 	t.mu.Lock()

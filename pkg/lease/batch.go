@@ -1,0 +1,194 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+)
+
+// MaxRenewMany is the most grants one RenewMany may renew: the bound of
+// lease.renew_many.
+const MaxRenewMany = 1000
+
+// RenewResult is RenewMany's answer for one token.
+type RenewResult struct {
+	Token Token
+	// Grant is the renewed grant when Err is nil.
+	Grant Grant
+	// Err is nil when the grant was renewed, else an error matching ErrLost
+	// and ErrNotOwner, ErrLapsed or ErrEpochMismatch, as Renew reports it.
+	Err error
+}
+
+// RenewMany renews every grant of ts for ttl in one statement and one
+// commit (lease.renew_many): each gets what Renew would answer, and every
+// renewed one the same server expiry. The tokens must share one owner and
+// name distinct keys; at most MaxRenewMany. Results come in the order of
+// ts. The returned error is for the whole call (invalid input, a
+// connection failure, ErrCommitUnknown): then no result is returned. No
+// tokens: no call.
+func (c *Client) RenewMany(ctx context.Context, ts []Token, ttl time.Duration) ([]RenewResult, error) {
+	if len(ts) == 0 {
+		return nil, nil
+	}
+	if err := checkBatch(ts); err != nil {
+		return nil, err
+	}
+	if err := checkTTL("renew_many", ts[0], "ttl", ttl, false); err != nil {
+		return nil, err
+	}
+	keys := make([]string, len(ts))
+	epochs := make([]int64, len(ts))
+	for i, t := range ts {
+		keys[i], epochs[i] = t.Key, t.Epoch
+	}
+	type row struct {
+		status    string
+		expiresAt *time.Time
+	}
+	var (
+		rows      []row
+		serverNow time.Time
+		sent      time.Time
+	)
+	err := retryOnce(ctx, func() error {
+		return c.onConn(ctx, "renew_many", func() Token { return Token{Owner: ts[0].Owner} }, func(q Querier) error {
+			rows = rows[:0]
+			sent = c.clock.Now()
+			// One statement: clock_timestamp() is read after every row of
+			// the function's result, so each decision came before it.
+			r, err := q.Query(ctx,
+				`SELECT r.status, r.expires_at, clock_timestamp() FROM lease.renew_many($1, $2, $3, $4) r`,
+				keys, ts[0].Owner, epochs, ttl)
+			if err != nil {
+				return err
+			}
+			defer r.Close()
+			for r.Next() {
+				var x row
+				if err := r.Scan(&x.status, &x.expiresAt, &serverNow); err != nil {
+					return err
+				}
+				rows = append(rows, x)
+			}
+			return r.Err()
+		})
+	})
+	if err != nil {
+		return nil, mapError("renew_many", Token{Owner: ts[0].Owner}, err)
+	}
+	if len(rows) != len(ts) {
+		return nil, fmt.Errorf("lease: renew_many: %d rows from the server for %d keys", len(rows), len(ts))
+	}
+	out := make([]RenewResult, len(ts))
+	for i, t := range ts {
+		out[i].Token = t
+		if err := statusErr("renew", t, rows[i].status); err != nil {
+			out[i].Err = err
+			continue
+		}
+		if rows[i].expiresAt == nil {
+			return nil, fmt.Errorf("lease: renew_many %q: status ok without an expiry", t.Key)
+		}
+		out[i].Grant = newGrant(t, *rows[i].expiresAt, ttl, sent, serverNow)
+	}
+	return out, nil
+}
+
+// checkBatch rejects, without a round trip, what the server would reject
+// for the batch as a whole: too many tokens, several owners, a repeated key.
+func checkBatch(ts []Token) error {
+	if len(ts) > MaxRenewMany {
+		return fmt.Errorf("renew_many: %w: %d tokens, at most %d", ErrInvalidInput, len(ts), MaxRenewMany)
+	}
+	seen := make(map[string]int, len(ts))
+	for i, t := range ts {
+		if t.Owner != ts[0].Owner {
+			return fmt.Errorf("renew_many: %w: tokens %d and 0 have different owners (%q, %q)",
+				ErrInvalidInput, i, t.Owner, ts[0].Owner)
+		}
+		if j, dup := seen[t.Key]; dup {
+			return fmt.Errorf("renew_many: %w: tokens %d and %d name the same key %q", ErrInvalidInput, j, i, t.Key)
+		}
+		seen[t.Key] = i
+	}
+	return nil
+}
+
+// RenewTerms renews the grants of terms in one RenewMany and applies each
+// answer as Term.Renew would: errs[i] is what terms[i].Renew would have
+// returned. The terms must share an owner and a TTL and hold distinct keys
+// (else every errs[i] matches ErrInvalidInput). The call is bounded by the
+// earliest deadline among the live terms. Ended terms are left out of the
+// call and get their end's error.
+func (c *Client) RenewTerms(ctx context.Context, terms []*Term) []error {
+	errs := make([]error, len(terms))
+	if len(terms) == 0 {
+		return errs
+	}
+	// Lock every term's renewMu in key order, as Term.Renew locks one.
+	order := make([]int, len(terms))
+	for i := range order {
+		order[i] = i
+	}
+	sort.Slice(order, func(a, b int) bool { return terms[order[a]].Grant().Key < terms[order[b]].Grant().Key })
+	for i, j := range order {
+		if i > 0 && terms[order[i-1]] == terms[j] {
+			return fill(errs, fmt.Errorf("renew_many: %w: a term appears twice", ErrInvalidInput))
+		}
+		terms[j].renewMu.Lock()
+		defer terms[j].renewMu.Unlock()
+	}
+
+	var (
+		live     []int
+		ts       []Token
+		deadline time.Time
+	)
+	for i, t := range terms {
+		if err := t.Err(); err != nil {
+			errs[i] = fmt.Errorf("lease: renew %s: term ended: %w", t.grant.Token, err)
+			continue
+		}
+		g := t.Grant()
+		if len(ts) > 0 && g.TTL != terms[live[0]].Grant().TTL {
+			return fill(errs, fmt.Errorf("renew_many: %w: terms of different TTLs (%v, %v)",
+				ErrInvalidInput, g.TTL, terms[live[0]].Grant().TTL))
+		}
+		if d := t.Deadline(); deadline.IsZero() || d.Before(deadline) {
+			deadline = d
+		}
+		live = append(live, i)
+		ts = append(ts, g.Token)
+	}
+	if len(live) == 0 {
+		return errs
+	}
+	rctx, cancel := context.WithTimeout(ctx, deadline.Sub(c.clock.Now()))
+	defer cancel()
+	res, err := c.RenewMany(rctx, ts, terms[live[0]].Grant().TTL)
+	for k, i := range live {
+		t := terms[i]
+		switch {
+		case err != nil && ctx.Err() == nil && rctx.Err() != nil:
+			errs[i] = fmt.Errorf("lease: renew %s: %w (%w)", ts[k], ErrLocalDeadline, err)
+		case err != nil:
+			errs[i] = err
+		case errors.Is(res[k].Err, ErrLost):
+			t.end(res[k].Err, true)
+			errs[i] = res[k].Err
+		default:
+			errs[i] = t.extend(res[k].Grant)
+		}
+	}
+	return errs
+}
+
+func fill(errs []error, err error) []error {
+	for i := range errs {
+		errs[i] = err
+	}
+	return errs
+}

@@ -1,0 +1,170 @@
+package lease_test
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/pglease/pg_lease/pkg/lease"
+)
+
+// TestRenewMany: one batch answers each token as Renew would, in order,
+// renews the held ones to one server expiry, and refuses bad batches.
+func TestRenewMany(t *testing.T) {
+	db := newDB(t, installModes[0])
+	ctx := testCtx(t)
+	c := db.c
+	var held []lease.Token
+	for _, k := range []string{"b-3", "b-1", "b-2"} {
+		g, ok, err := c.Acquire(ctx, k, "o1", 30*time.Second)
+		if err != nil || !ok {
+			t.Fatalf("acquire %s: %v %v", k, ok, err)
+		}
+		held = append(held, g.Token)
+	}
+	other, _, err := c.Acquire(ctx, "b-other", "o2", 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	free, _, err := c.Acquire(ctx, "b-free", "o1", 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Release(ctx, free.Token); err != nil {
+		t.Fatal(err)
+	}
+	ts := append(append([]lease.Token{}, held...),
+		lease.Token{Key: "b-other", Owner: "o1", Epoch: other.Epoch},
+		lease.Token{Key: "b-never", Owner: "o1", Epoch: 1},
+		lease.Token{Key: "b-free", Owner: "o1", Epoch: 1})
+	wrongEpoch := held[0]
+	wrongEpoch.Epoch++
+
+	before := time.Now()
+	res, err := c.RenewMany(ctx, ts, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != len(ts) {
+		t.Fatalf("%d results for %d tokens", len(res), len(ts))
+	}
+	for i, r := range res {
+		if r.Token != ts[i] {
+			t.Errorf("result %d is for %v, want %v (input order)", i, r.Token, ts[i])
+		}
+	}
+	for i := range held {
+		r := res[i]
+		if r.Err != nil {
+			t.Fatalf("%v: %v", r.Token, r.Err)
+		}
+		if r.Grant.Token != held[i] || r.Grant.TTL != time.Minute {
+			t.Errorf("%v: grant %v ttl %v", r.Token, r.Grant.Token, r.Grant.TTL)
+		}
+		if !r.Grant.ExpiresAt.Equal(res[0].Grant.ExpiresAt) {
+			t.Errorf("%v: expiry %v, the batch's first %v (one expiry per batch)", r.Token, r.Grant.ExpiresAt, res[0].Grant.ExpiresAt)
+		}
+		if !r.Grant.ValidUntil().After(before.Add(50 * time.Second)) {
+			t.Errorf("%v: valid until %v, renewed for a minute at %v", r.Token, r.Grant.ValidUntil(), before)
+		}
+	}
+	for _, r := range res[len(held):] {
+		if !errors.Is(r.Err, lease.ErrNotOwner) || !errors.Is(r.Err, lease.ErrLost) {
+			t.Errorf("%v: %v, want not_owner", r.Token, r.Err)
+		}
+	}
+	// The server's expiry moved for the held keys.
+	st, err := c.Inspect(ctx, "b-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.ExpiresAt.Equal(res[0].Grant.ExpiresAt) {
+		t.Errorf("b-2 expires at %v on the server, the batch said %v", st.ExpiresAt, res[0].Grant.ExpiresAt)
+	}
+	// A wrong epoch beside a good one.
+	res, err = c.RenewMany(ctx, []lease.Token{held[1], wrongEpoch}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Err != nil || !errors.Is(res[1].Err, lease.ErrEpochMismatch) {
+		t.Errorf("good %v, wrong epoch %v", res[0].Err, res[1].Err)
+	}
+
+	// Nothing to renew: no call, no error.
+	if res, err := c.RenewMany(ctx, nil, time.Minute); res != nil || err != nil {
+		t.Errorf("empty batch: %v %v", res, err)
+	}
+	// Bad batches: refused as invalid input, changing nothing.
+	many := make([]lease.Token, lease.MaxRenewMany+1)
+	for i := range many {
+		many[i] = lease.Token{Key: fmt.Sprintf("m-%d", i), Owner: "o1", Epoch: 1}
+	}
+	bad := map[string][]lease.Token{
+		"two owners":   {held[0], {Key: "b-x", Owner: "o2", Epoch: 1}},
+		"repeated key": {held[0], held[0]},
+		"too many":     many,
+		"empty key":    {held[0], {Key: "", Owner: "o1", Epoch: 1}},
+		"epoch 0":      {held[0], {Key: "b-y", Owner: "o1", Epoch: 0}},
+	}
+	for name, b := range bad {
+		if _, err := c.RenewMany(ctx, b, time.Minute); !errors.Is(err, lease.ErrInvalidInput) {
+			t.Errorf("%s: %v, want ErrInvalidInput", name, err)
+		}
+	}
+	if _, err := c.RenewMany(ctx, held, 0); !errors.Is(err, lease.ErrInvalidInput) {
+		t.Errorf("ttl 0: %v, want ErrInvalidInput", err)
+	}
+	if _, err := c.RenewMany(ctx, held, 2*time.Hour); !errors.Is(err, lease.ErrInvalidInput) {
+		t.Errorf("ttl above max_ttl: %v, want ErrInvalidInput", err)
+	}
+}
+
+// TestRenewTerms: a batch renewal moves each live term's deadline, ends the
+// term whose grant the server says is gone, and leaves ended terms out.
+func TestRenewTerms(t *testing.T) {
+	db := newDB(t, installModes[0])
+	ctx := testCtx(t)
+	c := db.c
+	var terms []*lease.Term
+	for _, k := range []string{"t-a", "t-b", "t-c"} {
+		g, ok, err := c.Acquire(ctx, k, "o1", 30*time.Second)
+		if err != nil || !ok {
+			t.Fatalf("acquire %s: %v %v", k, ok, err)
+		}
+		term, err := c.Begin(g, 0, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = term.Release(ctx) })
+		terms = append(terms, term)
+	}
+	// t-b is taken from its holder; t-c's term ends locally.
+	if released, _, _, err := c.ForceRelease(ctx, "t-b"); err != nil || !released {
+		t.Fatalf("force_release: %v %v", released, err)
+	}
+	terms[2].End(lease.ErrReleased)
+	old := terms[0].Deadline()
+
+	errs := c.RenewTerms(ctx, terms)
+	if errs[0] != nil {
+		t.Fatalf("t-a: %v", errs[0])
+	}
+	if !terms[0].Deadline().After(old) {
+		t.Errorf("t-a: deadline %v not after %v", terms[0].Deadline(), old)
+	}
+	if !errors.Is(errs[1], lease.ErrNotOwner) || !errors.Is(terms[1].Err(), lease.ErrNotOwner) {
+		t.Errorf("t-b: %v, term %v; want not_owner for both", errs[1], terms[1].Err())
+	}
+	select {
+	case <-terms[1].Done():
+	default:
+		t.Error("t-b: term not done after the server said the grant is gone")
+	}
+	if !errors.Is(errs[2], lease.ErrReleased) {
+		t.Errorf("t-c: %v, want the term's end (ErrReleased)", errs[2])
+	}
+	if errs := c.RenewTerms(ctx, []*lease.Term{terms[0], terms[0]}); !errors.Is(errs[0], lease.ErrInvalidInput) {
+		t.Errorf("a term twice: %v", errs[0])
+	}
+}
