@@ -1,0 +1,301 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Strategy says which registered candidate a release hands a key to
+// (lease.set_strategy). The release grants the key to the chosen ready
+// candidate, epoch + 1, in its own transaction.
+type Strategy string
+
+// The strategies. Under StrategyAny (the default) a release frees the key and
+// the waiters race, as without candidates.
+const (
+	StrategyAny Strategy = "any"
+	// StrategyPriority: the highest Priority, then the earliest registration.
+	StrategyPriority Strategy = "priority"
+	// StrategyNewestVersion: the highest semantic Version, then the earliest
+	// registration. Candidates without a version are never chosen.
+	StrategyNewestVersion Strategy = "newest_version"
+	// StrategyOldestVersion: the lowest semantic Version, then the earliest
+	// registration (Kubernetes' OldestEmulationVersion).
+	StrategyOldestVersion Strategy = "oldest_version"
+)
+
+// ErrTooMany: the role reached the server's bound on candidate registrations
+// or on keys with a strategy (SQLSTATE 54000).
+var ErrTooMany = errors.New("lease: too many registrations for this role")
+
+// ParseStrategy returns the Strategy named s ("any", "priority",
+// "newest_version", "oldest_version"; "-" may stand for "_").
+func ParseStrategy(s string) (Strategy, error) {
+	b := []byte(s)
+	for i, c := range b {
+		if c == '-' {
+			b[i] = '_'
+		}
+	}
+	switch st := Strategy(b); st {
+	case StrategyAny, StrategyPriority, StrategyNewestVersion, StrategyOldestVersion:
+		return st, nil
+	}
+	return "", fmt.Errorf("lease: %w: strategy %q is not one of any, priority, newest-version, oldest-version", ErrInvalidInput, s)
+}
+
+// Candidate is a registration of Owner as a candidate of a key.
+type Candidate struct {
+	Owner string
+	// Version is a semantic version (1.31.0, v1.31.0-rc.1); empty: none.
+	Version string
+	// Priority orders candidates under StrategyPriority (higher first).
+	Priority int32
+	// Ready: only ready candidates are chosen (for example once caches are synced).
+	Ready bool
+	// TTL is how long the registration lasts unless renewed, and how long
+	// a grant handed to the candidate lasts.
+	TTL time.Duration
+}
+
+// CandidateState is one registration as lease.candidates reports it.
+type CandidateState struct {
+	Owner    string
+	Version  string
+	Priority int32
+	Ready    bool
+	// Live: registered within its TTL, its connection open, its role existing.
+	Live bool
+	// Rank is the order in which the key's strategy would choose it (1
+	// first); 0 when it cannot be chosen now (or the strategy is any).
+	Rank         int64
+	RegisteredAt time.Time
+	ExpiresAt    time.Time
+}
+
+func candidateError(op string, t Token, err error) error {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) && pg.Code == "54000" {
+		return &serverError{op: op, kind: ErrTooMany, pg: pg}
+	}
+	return mapError(op, t, err)
+}
+
+// Register registers (or renews) cand as a candidate of key until the server
+// time it returns. The registration also ends when the connection that made
+// it closes. It fails with ErrNotOwner when another database role
+// registered the same owner for key and that registration is live.
+func (c *Client) Register(ctx context.Context, key string, cand Candidate) (time.Time, error) {
+	t := Token{Key: key, Owner: cand.Owner}
+	if err := checkTTL("register", t, "ttl", cand.TTL, false); err != nil {
+		return time.Time{}, err
+	}
+	var version *string
+	if cand.Version != "" {
+		version = &cand.Version
+	}
+	var (
+		status    string
+		expiresAt *time.Time
+	)
+	err := retryOnce(ctx, func() error {
+		return c.db.QueryRow(ctx,
+			`SELECT r.status, r.expires_at FROM lease.candidate($1, $2, $3, $4, $5, $6) r`,
+			key, cand.Owner, cand.TTL, version, cand.Priority, cand.Ready).Scan(&status, &expiresAt)
+	})
+	if err != nil {
+		return time.Time{}, candidateError("register", t, err)
+	}
+	if status != "ok" {
+		return time.Time{}, statusErr("register", t, status)
+	}
+	return *expiresAt, nil
+}
+
+// Withdraw ends owner's registration for key; false when there was none
+// (or another role's).
+func (c *Client) Withdraw(ctx context.Context, key, owner string) (bool, error) {
+	var ok bool
+	err := retryOnce(ctx, func() error {
+		return c.db.QueryRow(ctx, `SELECT lease.withdraw($1, $2)`, key, owner).Scan(&ok)
+	})
+	if err != nil {
+		return false, mapError("withdraw", Token{Key: key, Owner: owner}, err)
+	}
+	return ok, nil
+}
+
+// SetStrategy sets key's strategy and returns the one before. A strategy is
+// bound to the database role that set it: another role gets ErrPermission.
+func (c *Client) SetStrategy(ctx context.Context, key string, s Strategy) (Strategy, error) {
+	var prev string
+	err := retryOnce(ctx, func() error {
+		return c.db.QueryRow(ctx, `SELECT lease.set_strategy($1, $2)`, key, string(s)).Scan(&prev)
+	})
+	if err != nil {
+		return "", candidateError("set strategy", Token{Key: key}, err)
+	}
+	return Strategy(prev), nil
+}
+
+// Candidates returns key's strategy and its registrations, in the order the
+// strategy would choose them.
+func (c *Client) Candidates(ctx context.Context, key string) (Strategy, []CandidateState, error) {
+	rows, err := c.db.Query(ctx,
+		`SELECT c.strategy, c.owner, c.version, c.priority, c.ready, c.live, c.rank, c.registered_at, c.expires_at
+		   FROM lease.candidates($1) c`, key)
+	if err != nil {
+		return "", nil, mapError("candidates", Token{Key: key}, err)
+	}
+	defer rows.Close()
+	strategy := StrategyAny
+	var out []CandidateState
+	for rows.Next() {
+		var (
+			cs      CandidateState
+			st      string
+			version *string
+			rank    *int64
+		)
+		if err := rows.Scan(&st, &cs.Owner, &version, &cs.Priority, &cs.Ready, &cs.Live, &rank,
+			&cs.RegisteredAt, &cs.ExpiresAt); err != nil {
+			return "", nil, mapError("candidates", Token{Key: key}, err)
+		}
+		strategy = Strategy(st)
+		if version != nil {
+			cs.Version = *version
+		}
+		if rank != nil {
+			cs.Rank = *rank
+		}
+		out = append(out, cs)
+	}
+	if err := rows.Err(); err != nil {
+		return "", nil, mapError("candidates", Token{Key: key}, err)
+	}
+	if len(out) == 0 {
+		// No registration: read the strategy alone.
+		var st string
+		if err := c.db.QueryRow(ctx, `SELECT lease.strategy($1)`, key).Scan(&st); err != nil {
+			return "", nil, mapError("candidates", Token{Key: key}, err)
+		}
+		strategy = Strategy(st)
+	}
+	return strategy, out, nil
+}
+
+// Candidacy is how an elector or a lock takes part in handovers: while it
+// follows, it keeps itself registered as a candidate of its key (Registrar),
+// and a release by the leader may grant it the key directly.
+type Candidacy struct {
+	// Strategy, when set, is set on the key at the first registration
+	// (lease.set_strategy); empty leaves the key's strategy as it is.
+	Strategy Strategy
+	// Version is this candidate's semantic version (empty: none).
+	Version string
+	// Priority orders candidates under StrategyPriority (higher first).
+	Priority int32
+	// Ready reports whether this candidate may be chosen now (for example
+	// once its caches are synced). Nil: always ready.
+	Ready func() bool
+}
+
+// Registrar keeps one candidate of one key registered. It is not safe for
+// concurrent use: its owner (an elector's campaign, a lock's Get) calls it.
+type Registrar struct {
+	c          *Client
+	key, owner string
+	ttl        time.Duration
+	cand       Candidacy
+
+	strategySet bool
+	last        time.Time // local time of the last successful registration
+	lastReady   bool
+}
+
+// NewRegistrar returns a Registrar that registers owner as a candidate of
+// key for ttl (also the TTL of a grant handed to it) with cand's attributes.
+func (c *Client) NewRegistrar(key, owner string, ttl time.Duration, cand Candidacy) *Registrar {
+	return &Registrar{c: c, key: key, owner: owner, ttl: ttl, cand: cand}
+}
+
+// Interval is how often the registration must be renewed: a third of its TTL.
+func (r *Registrar) Interval() time.Duration { return r.ttl / 3 }
+
+// Ready reports the candidate's readiness now.
+func (r *Registrar) Ready() bool { return r.cand.Ready == nil || r.cand.Ready() }
+
+// Due reports whether Refresh would register: never registered, an
+// Interval since the last registration, or readiness changed since.
+func (r *Registrar) Due() bool {
+	return r.last.IsZero() || r.c.clock.Since(r.last) >= r.Interval() || r.Ready() != r.lastReady
+}
+
+// RegisteredReady reports whether the last registration said ready.
+func (r *Registrar) RegisteredReady() bool { return !r.last.IsZero() && r.lastReady }
+
+// Refresh registers the candidate when Due (and sets the key's strategy at
+// the first registration).
+func (r *Registrar) Refresh(ctx context.Context) error {
+	if !r.Due() {
+		return nil
+	}
+	if !r.strategySet && r.cand.Strategy != "" {
+		if _, err := r.c.SetStrategy(ctx, r.key, r.cand.Strategy); err != nil && !errors.Is(err, ErrPermission) {
+			return err
+		}
+		// ErrPermission: another role set the key's strategy; it stays.
+		r.strategySet = true
+	}
+	ready := r.Ready()
+	if _, err := r.c.Register(ctx, r.key, Candidate{
+		Owner: r.owner, Version: r.cand.Version, Priority: r.cand.Priority, Ready: ready, TTL: r.ttl,
+	}); err != nil {
+		return err
+	}
+	r.last, r.lastReady = r.c.clock.Now(), ready
+	return nil
+}
+
+// Withdraw ends the registration (if any was made).
+func (r *Registrar) Withdraw(ctx context.Context) error {
+	if r.last.IsZero() {
+		return nil
+	}
+	r.last = time.Time{}
+	_, err := r.c.Withdraw(ctx, r.key, r.owner)
+	return err
+}
+
+// WatchReady returns a context that is done when ctx is, or, while the last
+// registration said not ready, as soon as the candidate becomes ready (read
+// every 100ms), so that a follower's wait ends and it registers as ready at
+// once. Call cancel when done.
+func (r *Registrar) WatchReady(ctx context.Context) (context.Context, context.CancelFunc) {
+	wctx, cancel := context.WithCancel(ctx)
+	if r.RegisteredReady() || r.cand.Ready == nil {
+		return wctx, cancel
+	}
+	ready := r.cand.Ready
+	clk := r.c.clock
+	go func() {
+		for {
+			t := clk.NewTimer(100 * time.Millisecond)
+			select {
+			case <-wctx.Done():
+				t.Stop()
+				return
+			case <-t.C():
+			}
+			if ready() {
+				cancel()
+				return
+			}
+		}
+	}()
+	return wctx, cancel
+}
