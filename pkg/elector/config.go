@@ -94,6 +94,12 @@ type Config struct {
 	// RetryInterval, and wake at the observed grant's expiry either way.
 	Waiter *lease.Waiter
 
+	// Candidacy, when set, registers this elector as a candidate of Key
+	// while it follows (lease.Candidacy), so that a leader's release may
+	// hand the key straight to it; its Strategy is set on the key. Nil: no
+	// registration, and a release frees the key for the race.
+	Candidacy *lease.Candidacy
+
 	Callbacks Callbacks
 
 	// Logger receives state changes (Info) and failed calls (Error).
@@ -109,7 +115,7 @@ type Config struct {
 	//	pg_lease_elector_epoch{key}                        epoch of the term this process leads, 0 when not leading
 	//	pg_lease_elector_renew_duration_seconds{key}       latency of every renew call, successful or not
 	//	pg_lease_elector_transitions_total{key,transition} "started" and "stopped" terms
-	//	pg_lease_elector_errors_total{key,kind}            failures by kind (acquire, inspect, renew, release,
+	//	pg_lease_elector_errors_total{key,kind}            failures by kind (acquire, inspect, renew, release, register,
 	//	                                                   lapsed, not_owner, epoch_mismatch, deadline)
 	//
 	// Several electors may share one Registerer: the collectors one

@@ -28,6 +28,7 @@ var errAlreadyRunning = errors.New("elector: Run is already running")
 type Elector struct {
 	client  *lease.Client
 	cfg     Config
+	reg     *lease.Registrar           // nil without a Candidacy; Run's goroutine only
 	clock   clock.WithDelayedExecution // the client's
 	metrics *metrics
 
@@ -60,7 +61,11 @@ func New(client *lease.Client, cfg Config) (*Elector, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Elector{client: client, cfg: c, clock: client.Clock(), metrics: m}, nil
+	e := &Elector{client: client, cfg: c, clock: client.Clock(), metrics: m}
+	if c.Candidacy != nil {
+		e.reg = client.NewRegistrar(c.Key, c.Identity, c.TTL, *c.Candidacy)
+	}
+	return e, nil
 }
 
 // Status is a snapshot of an elector's view.
@@ -129,6 +134,15 @@ func (e *Elector) Run(ctx context.Context) error {
 	defer e.running.Store(false)
 	log := e.cfg.Logger.WithValues("key", e.cfg.Key, "identity", e.cfg.Identity)
 	log.V(1).Info("campaigning")
+	if e.reg != nil {
+		defer func() {
+			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.TTL)
+			defer cancel()
+			if err := e.reg.Withdraw(wctx); err != nil {
+				log.Error(err, "withdrawing the candidate registration failed; it lapses at its TTL")
+			}
+		}()
+	}
 	for {
 		g, err := e.campaign(ctx)
 		if ctx.Err() != nil {
@@ -215,13 +229,8 @@ func (e *Elector) campaign(ctx context.Context) (lease.Grant, error) {
 		}
 
 		// Held by another owner: wait (one read per wake, lease's one wake
-		// policy) until it is free.
-		_, err = c.Waiter.Await(ctx, e.client, c.Key, c.RetryInterval, func(st lease.State) bool {
-			if st.Held {
-				e.observe(st.Owner, st.Epoch)
-			}
-			return !st.Held
-		})
+		// policy) until it is free, or handed to this elector.
+		err = e.follow(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return lease.Grant{}, ctx.Err()
@@ -230,6 +239,42 @@ func (e *Elector) campaign(ctx context.Context) (lease.Grant, error) {
 			log.Error(err, "inspect failed; retrying", "retryInterval", c.RetryInterval)
 			e.sleep(ctx, c.RetryInterval)
 		}
+	}
+}
+
+// follow waits until the key is free or held by this elector (a leader's
+// release handed it over). With a Candidacy it keeps the registration
+// fresh: each wait lasts at most the registration's Interval, and ends at
+// once when the candidate becomes ready.
+func (e *Elector) follow(ctx context.Context) error {
+	c := &e.cfg
+	for {
+		wctx, cancel := ctx, context.CancelFunc(func() {})
+		if e.reg != nil {
+			if err := e.reg.Refresh(ctx); err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				e.countError(errorKindRegister)
+				c.Logger.Error(err, "candidate registration failed; retrying", "key", c.Key, "identity", c.Identity)
+			}
+			wctx, cancel = e.reg.WatchReady(ctx)
+			var tcancel context.CancelFunc
+			wctx, tcancel = context.WithTimeout(wctx, e.reg.Interval())
+			prev := cancel
+			cancel = func() { tcancel(); prev() }
+		}
+		_, err := c.Waiter.Await(wctx, e.client, c.Key, c.RetryInterval, func(st lease.State) bool {
+			if st.Held {
+				e.observe(st.Owner, st.Epoch)
+			}
+			return !st.Held || st.Owner == c.Identity
+		})
+		cancel()
+		if err != nil && ctx.Err() == nil && wctx.Err() != nil {
+			continue // time to renew the registration
+		}
+		return err
 	}
 }
 

@@ -17,6 +17,7 @@ const (
 	errorKindNotOwner      = "not_owner"      // a renewal was answered not_owner
 	errorKindEpochMismatch = "epoch_mismatch" // a renewal was answered epoch_mismatch
 	errorKindDeadline      = "deadline"       // renewals failed until the local deadline
+	errorKindRegister      = "register"       // a candidate registration failed
 )
 
 // metrics are an elector's Prometheus metrics, labelled by lease key (the

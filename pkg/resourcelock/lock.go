@@ -56,6 +56,13 @@ type Options struct {
 	EventRecorder  rl.EventRecorder
 	EventObject    runtime.Object
 	EventNamespace string
+	// Candidacy, when set, registers the lock as a candidate of its key
+	// while it follows (every Get renews the registration when due, and a
+	// waiting Get lasts at most the registration's Interval), so that the
+	// leader's release may hand the key straight to it: the next Get
+	// returns a record naming this identity, and client-go's Update takes
+	// up the grant. Its Strategy is set on the key.
+	Candidacy *lease.Candidacy
 
 	// margin is how long before Grant.ValidUntil a term ends when no
 	// renewal moved it: the term margin of lease.CheckMargin (the one
@@ -74,6 +81,7 @@ type options struct {
 	eventObject    runtime.Object
 	eventNamespace string
 	waiter         *lease.Waiter
+	candidacy      *lease.Candidacy
 }
 
 // Lock is a client-go resourcelock.Interface over one pg_lease key. See the
@@ -88,7 +96,8 @@ type Lock struct {
 	identity string
 	opts     options
 
-	op sync.Mutex // serializes Get, Create, Update
+	op  sync.Mutex       // serializes Get, Create, Update
+	reg *lease.Registrar // nil without a Candidacy; under op
 
 	mu       sync.Mutex
 	term     *lease.Term // the term of the grant the server last gave us and has not taken back; an ended term stays until its grant is given back
@@ -112,6 +121,7 @@ func New(client *lease.Client, key, identity string, opts Options) (*Lock, error
 		eventObject:    opts.EventObject,
 		eventNamespace: opts.EventNamespace,
 		waiter:         opts.Waiter,
+		candidacy:      opts.Candidacy,
 	}
 	if o.leaseDuration == 0 {
 		o.leaseDuration = defaultLeaseDuration
@@ -142,7 +152,11 @@ func New(client *lease.Client, key, identity string, opts Options) (*Lock, error
 		l.APIVersion = coordinationv1.SchemeGroupVersion.String()
 		o.eventObject = l
 	}
-	return &Lock{client: client, key: key, identity: identity, opts: o}, nil
+	l := &Lock{client: client, key: key, identity: identity, opts: o}
+	if o.candidacy != nil {
+		l.reg = client.NewRegistrar(key, identity, o.leaseDuration, *o.candidacy)
+	}
+	return l, nil
 }
 
 // Identity returns the lock's identity (the owner it presents to pg_lease).
@@ -260,8 +274,20 @@ func (l *Lock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error
 		s   lease.State
 		err error
 	)
+	limit := maxFollowerWait
+	waitCtx, stopReady := ctx, context.CancelFunc(func() {})
+	if follower && l.reg != nil {
+		// A failed registration only costs this follower its handover;
+		// the next Get tries again.
+		rctx, cancel := context.WithTimeout(ctx, l.followerTimeout())
+		_ = l.reg.Refresh(rctx)
+		cancel()
+		limit = l.reg.Interval()
+		waitCtx, stopReady = l.reg.WatchReady(ctx)
+	}
+	defer stopReady()
 	if w := l.opts.waiter; follower && returned && w != nil {
-		wctx, cancel := context.WithTimeout(ctx, maxFollowerWait)
+		wctx, cancel := context.WithTimeout(waitCtx, limit)
 		s, err = w.Await(wctx, l.client, l.key, l.followerPoll(), func(st lease.State) bool {
 			r := l.recordOf(st)
 			return r.Key != last.Key || r.Holder != last.Holder || r.Epoch != last.Epoch
