@@ -147,6 +147,7 @@ local user in the process list. Passwords are never printed.
 		a.historyCmd(),
 		a.healthCmd(),
 		a.serveMetricsCmd(),
+		a.candidatesCmd(),
 	)
 	root.CompletionOptions.HiddenDefaultCmd = true
 	return root, a

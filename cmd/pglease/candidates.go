@@ -1,0 +1,116 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/spf13/cobra"
+	"sigs.k8s.io/yaml"
+
+	"github.com/pglease/pg_lease/pkg/lease"
+)
+
+// Output formats of candidates.
+var candidateFormats = []string{"table", "json", "yaml", "name"}
+
+func (a *app) candidatesCmd() *cobra.Command {
+	var p printFlags
+	cmd := &cobra.Command{
+		Use:   "candidates KEY",
+		Short: "Show a key's handover strategy and its candidates",
+		Long: `Show KEY's handover strategy and the candidates registered for it, in the order
+the strategy would choose them on the holder's release (RANK 1 first). A candidate
+without a rank cannot be chosen now: not live (its registration lapsed or its
+connection ended), not ready, without a version under a version strategy, or
+the strategy is any (a release frees the key and the waiters race).`,
+		Args: args(1, 1, "exactly one KEY"),
+		RunE: a.runE("candidates", func(cmd *cobra.Command, keys []string) error {
+			key := keys[0]
+			if err := checkKey(key); err != nil {
+				return err
+			}
+			if err := p.check(candidateFormats); err != nil {
+				return err
+			}
+			return a.withConn(cmd.Context(), func(conn *pgx.Conn) error {
+				strategy, cs, err := lease.New(conn).Candidates(cmd.Context(), key)
+				if err != nil {
+					return err
+				}
+				return printCandidates(a.stdout, p, key, strategy, cs)
+			})
+		}),
+	}
+	p.add(cmd, candidateFormats)
+	return cmd
+}
+
+// candidateRow is one candidate as candidates prints it in json and yaml.
+type candidateRow struct {
+	Owner        string    `json:"owner"`
+	Version      string    `json:"version,omitempty"`
+	Priority     int32     `json:"priority"`
+	Ready        bool      `json:"ready"`
+	Live         bool      `json:"live"`
+	Rank         int64     `json:"rank,omitempty"`
+	RegisteredAt time.Time `json:"registeredAt"`
+	ExpiresAt    time.Time `json:"expiresAt"`
+}
+
+func printCandidates(w io.Writer, p printFlags, key string, strategy lease.Strategy, cs []lease.CandidateState) error {
+	switch p.output {
+	case "json", "yaml":
+		v := struct {
+			Key        string         `json:"key"`
+			Strategy   string         `json:"strategy"`
+			Candidates []candidateRow `json:"candidates"`
+		}{Key: key, Strategy: string(strategy), Candidates: []candidateRow{}}
+		for _, c := range cs {
+			v.Candidates = append(v.Candidates, candidateRow{Owner: c.Owner, Version: c.Version, Priority: c.Priority,
+				Ready: c.Ready, Live: c.Live, Rank: c.Rank, RegisteredAt: c.RegisteredAt, ExpiresAt: c.ExpiresAt})
+		}
+		var b []byte
+		var err error
+		if p.output == "json" {
+			b, err = json.MarshalIndent(v, "", "  ")
+			b = append(b, '\n')
+		} else {
+			b, err = yaml.Marshal(v)
+		}
+		if err != nil {
+			return err
+		}
+		_, err = w.Write(b)
+		return err
+	case "name":
+		for _, c := range cs {
+			if _, err := fmt.Fprintln(w, quoteField(c.Owner)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if !p.noHeaders {
+		fmt.Fprintf(w, "%s: strategy %s\n", quoteField(key), strategy)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 3, ' ', 0)
+	if !p.noHeaders {
+		fmt.Fprintln(tw, "RANK\tCANDIDATE\tVERSION\tPRIORITY\tREADY\tLIVE\tREGISTERED")
+	}
+	for _, c := range cs {
+		rank, version := "-", "-"
+		if c.Rank > 0 {
+			rank = strconv.FormatInt(c.Rank, 10)
+		}
+		if c.Version != "" {
+			version = quoteField(c.Version)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%v\t%v\t%s\n", rank, quoteField(c.Owner), version, c.Priority, c.Ready, c.Live, stamp(c.RegisteredAt))
+	}
+	return tw.Flush()
+}
