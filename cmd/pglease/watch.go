@@ -375,7 +375,7 @@ func (wt *watcher) diff(o keyState, seen bool, n keyState) keyState {
 	return n
 }
 
-// notified handles one notification: acquired (read the grant's expiry),
+// notified handles one notification: acquired or handover (read the grant's expiry),
 // released or force_released (the notification names the holder).
 func (wt *watcher) notified(ctx context.Context, conn *pgx.Conn, ev lease.Event) error {
 	o, seen := wt.known[ev.Key]
@@ -383,7 +383,7 @@ func (wt *watcher) notified(ctx context.Context, conn *pgx.Conn, ev lease.Event)
 		return nil // older than what watch has already read
 	}
 	switch ev.Type {
-	case lease.EventAcquired:
+	case lease.EventAcquired, lease.EventHandover:
 		if seen && o.Held && o.Epoch == ev.Epoch {
 			return nil // already read by a poll
 		}

@@ -1,0 +1,102 @@
+package lease_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/pkg/lease"
+)
+
+// The candidate calls map the server's answers to the package's sentinel
+// errors, and a handover grant is the candidate's own: its Acquire answers
+// it (idempotent), and it renews it.
+func TestCandidatesAndHandover(t *testing.T) {
+	forEachMode(t, func(t *testing.T, db *testDB) {
+		ctx := testCtx(t)
+		c := db.c
+		if prev, err := c.SetStrategy(ctx, "k", lease.StrategyPriority); err != nil || prev != lease.StrategyAny {
+			t.Fatalf("SetStrategy: %v %v", prev, err)
+		}
+		g, ok, err := c.Acquire(ctx, "k", "leader", time.Minute)
+		if err != nil || !ok {
+			t.Fatalf("acquire: %v %v", ok, err)
+		}
+		// A registration on a connection of its own: it ends with it.
+		goneConn := connect(t, db.dsn)
+		gone := lease.New(goneConn)
+		if _, err := gone.Register(ctx, "k", lease.Candidate{Owner: "gone", Priority: 9, Ready: true, TTL: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+		exp, err := c.Register(ctx, "k", lease.Candidate{Owner: "next", Version: "1.2.3", Priority: 1, Ready: true, TTL: 30 * time.Second})
+		if err != nil || exp.IsZero() {
+			t.Fatalf("Register: %v %v", exp, err)
+		}
+		if _, err := c.Register(ctx, "k", lease.Candidate{Owner: "idle", Ready: false, TTL: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+		st, cs, err := c.Candidates(ctx, "k")
+		if err != nil || st != lease.StrategyPriority || len(cs) != 3 || cs[0].Owner != "gone" || cs[0].Rank != 1 ||
+			cs[1].Owner != "next" || cs[1].Version != "1.2.3" || cs[2].Rank != 0 {
+			t.Fatalf("Candidates: %v %+v %v", st, cs, err)
+		}
+		if err := goneConn.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		pgtest.Eventually(t, time.Minute, "the closed connection's candidate to be gone", func() bool {
+			_, cs, err := c.Candidates(ctx, "k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			return len(cs) == 3 && cs[0].Owner == "next" && cs[0].Rank == 1 && cs[1].Owner == "gone" && !cs[1].Live && cs[1].Rank == 0
+		})
+
+		if err := c.Release(ctx, g.Token); err != nil {
+			t.Fatal(err)
+		}
+		s, err := c.Inspect(ctx, "k")
+		if err != nil || !s.Held || s.Owner != "next" || s.Epoch != g.Epoch+1 {
+			t.Fatalf("after the release: %+v %v, want next at epoch %d", s, err, g.Epoch+1)
+		}
+		h, ok, err := c.Acquire(ctx, "k", "next", time.Minute)
+		if err != nil || !ok || h.Epoch != s.Epoch || !h.ExpiresAt.Equal(s.ExpiresAt) {
+			t.Fatalf("the candidate's acquire: %+v %v %v, want the handed grant", h, ok, err)
+		}
+		if _, err := c.Renew(ctx, h.Token, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+
+		if ok, err := c.Withdraw(ctx, "k", "idle"); err != nil || !ok {
+			t.Fatalf("Withdraw: %v %v", ok, err)
+		}
+		if ok, err := c.Withdraw(ctx, "k", "idle"); err != nil || ok {
+			t.Fatalf("second Withdraw: %v %v", ok, err)
+		}
+		_, err = c.Register(ctx, "k", lease.Candidate{Owner: "bad", Version: "one", Ready: true, TTL: time.Minute})
+		var pg *pgconn.PgError
+		if !errors.Is(err, lease.ErrInvalidInput) || !errors.As(err, &pg) || pg.Detail == "" {
+			t.Fatalf("bad version: %v", err)
+		}
+		if _, err := c.SetStrategy(ctx, "k", "fastest"); !errors.Is(err, lease.ErrInvalidInput) {
+			t.Fatalf("bad strategy: %v", err)
+		}
+		if _, err := lease.ParseStrategy("newest-version"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := lease.ParseStrategy("fastest"); !errors.Is(err, lease.ErrInvalidInput) {
+			t.Fatalf("ParseStrategy: %v", err)
+		}
+		// The bound on a role's registrations is ErrTooMany.
+		if _, err := db.pool.Exec(ctx, `INSERT INTO lease.candidates (key, owner, role, pid, priority, ready, ttl, registered_at, expires_at)
+			SELECT 'many', 'c' || i, session_user, pg_backend_pid(), 0, true, '1 min', clock_timestamp(), clock_timestamp() + interval '1 min'
+			  FROM generate_series(1, 1024) i`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Register(ctx, "many", lease.Candidate{Owner: "more", Ready: true, TTL: time.Minute}); !errors.Is(err, lease.ErrTooMany) {
+			t.Fatalf("registration beyond the bound: %v", err)
+		}
+	})
+}
