@@ -165,6 +165,42 @@ CREATE TABLE lease.history_settings (
 COMMENT ON TABLE lease.history_settings IS
   'pg_lease internal: history retention (lease.configure_history); no row means 100 events per key';
 
+-- Candidates of a key for a handover on release (lease.candidate). A
+-- registration is bound to session_user and to the registering backend: it is
+-- gone when that backend's connection ends or its ttl passes unrenewed.
+-- UNLOGGED: the rows belong to live backends, which a crash or a failover
+-- ends anyway; never dumped.
+CREATE UNLOGGED TABLE lease.candidates (
+    key           text        NOT NULL,
+    owner         text        NOT NULL,
+    role          text        NOT NULL,
+    pid           integer     NOT NULL,
+    version       text,
+    version_num   numeric[],
+    version_pre   text COLLATE "C",
+    priority      integer     NOT NULL,
+    ready         boolean     NOT NULL,
+    ttl           interval    NOT NULL,
+    registered_at timestamptz NOT NULL,
+    expires_at    timestamptz NOT NULL,
+    CONSTRAINT candidates_pkey PRIMARY KEY (key, owner)
+);
+CREATE INDEX candidates_role ON lease.candidates (role);
+COMMENT ON TABLE lease.candidates IS
+  'pg_lease internal: candidates of a key for a handover on release (lease.candidate)';
+
+-- Strategies. No row: any (the waiters race, as before).
+CREATE TABLE lease.strategies (
+    key      text        NOT NULL,
+    strategy text        NOT NULL CHECK (strategy IN ('priority', 'newest_version', 'oldest_version')),
+    role     text        NOT NULL,
+    set_at   timestamptz NOT NULL,
+    CONSTRAINT strategies_pkey PRIMARY KEY (key)
+);
+CREATE INDEX strategies_role ON lease.strategies (role);
+COMMENT ON TABLE lease.strategies IS
+  'pg_lease internal: who a release hands a key to (lease.set_strategy); no row means any';
+
 -- @shared-begin: every install and update script runs this part as written.
 
 -- ---------------------------------------------------------------------------
@@ -496,6 +532,158 @@ BEGIN
   IF v_seq > v_keep THEN
     DELETE FROM lease.history h WHERE h.key = k AND h.seq <= v_seq - v_keep;
   END IF;
+END
+$$;
+
+-- 2d. Handover (specs/SEMANTICS.md section 16). A candidate registers for a key
+-- with a version, a priority and readiness; a key's strategy says which ready
+-- candidate a release grants the key to, epoch + 1, in the release's own
+-- transaction. No strategy, or no ready candidate: the release frees the key.
+
+-- A version as Kubernetes parses it (semver, tolerant): an optional v, one to
+-- three numbers, an optional pre-release and build. Returns the numbers
+-- (missing ones are 0) and a pre-release sort key (NULL: a release, which
+-- sorts above every pre-release). NULL numbers: not a version.
+CREATE OR REPLACE FUNCTION lease._version_parts(v text, OUT num numeric[], OUT pre text)
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+  m text[];
+  p text;
+BEGIN
+  m := regexp_match(v, '^\s*[vV]?(\d{1,30})(?:\.(\d{1,30}))?(?:\.(\d{1,30}))?(?:-([0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*))?(?:\+[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?\s*$');
+  IF m IS NULL THEN
+    RETURN;
+  END IF;
+  num := ARRAY[m[1]::numeric, coalesce(m[2], '0')::numeric, coalesce(m[3], '0')::numeric];
+  IF m[4] IS NOT NULL THEN
+    -- Numeric identifiers sort below alphanumeric ones and by value.
+    SELECT string_agg(CASE WHEN i ~ '^\d+$' THEN '0' || lpad(ltrim(i, '0'), 30, '0') ELSE '1' || i END,
+                      '.' ORDER BY n)
+      INTO p
+      FROM unnest(string_to_array(m[4], '.')) WITH ORDINALITY AS t(i, n);
+    pre := p;
+  END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION lease._version_violation(v text)
+RETURNS text LANGUAGE sql IMMUTABLE
+AS $$
+  SELECT CASE
+    WHEN v IS NULL THEN NULL
+    WHEN octet_length(v) > 256 THEN 'version must be at most 256 bytes'
+    WHEN (lease._version_parts(v)).num IS NULL
+      THEN 'version must be a semantic version such as 1.31.0 or v1.31.0-rc.1'
+  END
+$$;
+
+CREATE OR REPLACE FUNCTION lease._strategy_violation(v text)
+RETURNS text LANGUAGE sql IMMUTABLE
+AS $$
+  SELECT CASE
+    WHEN v IS NULL THEN 'strategy must not be NULL'
+    WHEN v NOT IN ('any', 'priority', 'newest_version', 'oldest_version')
+      THEN 'strategy must be one of any, priority, newest_version, oldest_version'
+  END
+$$;
+
+-- Registrations a role may hold in all (every key). A registration that
+-- would exceed it is refused with 54000.
+CREATE OR REPLACE FUNCTION lease._max_candidates()
+RETURNS integer LANGUAGE sql IMMUTABLE
+AS $$ SELECT 1024 $$;
+
+-- The candidates of key in the order the key's strategy would choose them
+-- (rank 1 first), each with whether it is live (registered within its ttl,
+-- its backend still connected, its role still existing). rank is NULL for a
+-- candidate the strategy cannot choose (not live, not ready, no version
+-- under a version strategy), and for every candidate under any. The backend
+-- list is read afresh: pg_stat_activity is otherwise cached for the whole
+-- transaction, and a backend gone since would look connected.
+CREATE OR REPLACE FUNCTION lease._ranked(key text, now timestamptz)
+RETURNS TABLE (owner text, role text, version text, priority integer, ready boolean, live boolean,
+               ttl interval, registered_at timestamptz, expires_at timestamptz, rank bigint)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+  v_key      text := key;
+  v_strategy text;
+BEGIN
+  SELECT s.strategy INTO v_strategy FROM lease.strategies s WHERE s.key = v_key;
+  PERFORM pg_catalog.pg_stat_clear_snapshot();
+  RETURN QUERY
+  WITH c AS (
+    SELECT c.*,
+           c.expires_at > now
+             AND c.pid IN (SELECT a.pid FROM pg_catalog.pg_stat_activity a WHERE a.pid IS NOT NULL)
+             AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = c.role) AS is_live
+      FROM lease.candidates c
+     WHERE c.key = v_key
+  ), e AS (
+    SELECT c.*, c.is_live AND c.ready AND v_strategy IS NOT NULL
+                AND (v_strategy = 'priority' OR c.version_num IS NOT NULL) AS eligible
+      FROM c
+  )
+  SELECT e.owner, e.role, e.version, e.priority, e.ready, e.is_live, e.ttl, e.registered_at, e.expires_at,
+         CASE WHEN e.eligible THEN row_number() OVER (
+           ORDER BY e.eligible DESC,
+                    CASE WHEN v_strategy = 'priority' THEN -e.priority::bigint END,
+                    CASE WHEN v_strategy = 'newest_version' THEN e.version_num END DESC,
+                    CASE WHEN v_strategy = 'newest_version' THEN e.version_pre IS NULL END DESC,
+                    CASE WHEN v_strategy = 'newest_version' THEN e.version_pre END DESC,
+                    CASE WHEN v_strategy = 'oldest_version' THEN e.version_num END,
+                    CASE WHEN v_strategy = 'oldest_version' THEN e.version_pre IS NULL END,
+                    CASE WHEN v_strategy = 'oldest_version' THEN e.version_pre END,
+                    e.registered_at, e.owner) END
+    FROM e
+   ORDER BY 10 NULLS LAST, e.registered_at, e.owner;
+END
+$$;
+
+-- Called by release, on the key's locked row, after the holder (owner,
+-- epoch) was found to be the caller. Grants the key to the candidate the
+-- strategy chooses (not the releasing owner), epoch + 1, for the
+-- candidate's ttl, and returns it; NULL owner when there is none or no new
+-- grant may be made now (the grace after a timeline change): the caller then
+-- frees the key. Reads candidates without locking them.
+CREATE OR REPLACE FUNCTION lease._handover(key text, owner text, epoch bigint,
+                                OUT new_owner text, OUT new_epoch bigint, OUT new_expires timestamptz,
+                                OUT new_role text, OUT new_ttl interval)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+  v_key   text := key;
+  v_now   timestamptz;
+  v_base  bigint;
+  v_grace timestamptz;
+  c_owner text;
+  c_role  text;
+  c_ttl   interval;
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM lease.strategies s WHERE s.key = v_key) THEN
+    RETURN;
+  END IF;
+  v_now := clock_timestamp();
+  SELECT r.owner, r.role, r.ttl INTO c_owner, c_role, c_ttl
+    FROM lease._ranked(v_key, v_now) r
+   WHERE r.rank IS NOT NULL AND r.owner <> _handover.owner
+   ORDER BY r.rank LIMIT 1;
+  IF NOT FOUND THEN
+    RETURN;
+  END IF;
+  SELECT g.base, g.grace_until INTO v_base, v_grace FROM lease._grant_context() g;
+  IF v_grace IS NOT NULL AND clock_timestamp() < v_grace THEN
+    RETURN;  -- no new grant during the grace after a timeline change
+  END IF;
+  v_now := clock_timestamp();
+  new_ttl := least(c_ttl, lease._max_ttl());
+  UPDATE lease.leases l
+     SET owner = c_owner, epoch = greatest(l.epoch, v_base) + 1,
+         expires_at = v_now + new_ttl, acquired_at = v_now, holder_role = c_role,
+         lapsed_owner = NULL, lapsed_epoch = NULL
+   WHERE l.key = v_key
+  RETURNING l.owner, l.epoch, l.expires_at, l.holder_role INTO new_owner, new_epoch, new_expires, new_role;
 END
 $$;
 
@@ -952,7 +1140,11 @@ END
 $$;
 
 -- Frees the caller's current grant; the key's counter becomes epoch + 1.
--- status as for renew.
+-- Frees the caller's current grant; the key's counter becomes epoch + 1.
+-- With a strategy and a ready candidate, the key goes to that candidate
+-- instead, epoch + 1, in this transaction (lease._handover); only that grant
+-- is announced ('handover', naming the new holder and epoch). status as for
+-- renew.
 CREATE OR REPLACE FUNCTION lease.release(key text, owner text, epoch bigint, OUT status text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -962,6 +1154,10 @@ DECLARE
   v_owner   text := owner;
   v_epoch   bigint := epoch;
   v_now     timestamptz;
+  v_next    text;
+  v_nepoch  bigint;
+  v_nrole   text;
+  v_nttl    interval;
   r_owner   text;
   r_epoch   bigint;
   r_expires timestamptz;
@@ -990,13 +1186,24 @@ BEGIN
     IF status <> 'ok' THEN
       RAISE EXCEPTION USING ERRCODE = 'LEASE';
     END IF;
-    UPDATE lease.leases l SET owner = NULL, epoch = l.epoch + 1, expires_at = v_now, holder_role = NULL
-     WHERE l.key = v_key;
+    SELECT h.new_owner, h.new_epoch, h.new_role, h.new_ttl INTO v_next, v_nepoch, v_nrole, v_nttl
+      FROM lease._handover(v_key, v_owner, r_epoch) h;
+    IF v_next IS NULL THEN
+      UPDATE lease.leases l SET owner = NULL, epoch = l.epoch + 1, expires_at = v_now, holder_role = NULL
+       WHERE l.key = v_key;
+    END IF;
   EXCEPTION WHEN SQLSTATE 'LEASE' THEN
     RETURN;
   END;
-  PERFORM lease._record(v_key, 'released', false, v_owner, r_role, v_epoch, NULL, NULL, NULL, NULL, NULL, v_now);
-  PERFORM lease._changed('released', v_key, v_owner, v_epoch);
+  IF v_next IS NULL THEN
+    PERFORM lease._record(v_key, 'released', false, v_owner, r_role, v_epoch, NULL, NULL, NULL, NULL, NULL, v_now);
+    PERFORM lease._changed('released', v_key, v_owner, v_epoch);
+  ELSE
+    -- History: one term begun by a handover, with no gap before it.
+    PERFORM lease._record(v_key, 'handed_over', true, v_next, v_nrole, v_nepoch, v_owner, v_epoch, NULL,
+                          v_nttl, NULL, clock_timestamp());
+    PERFORM lease._changed('handover', v_key, v_next, v_nepoch);
+  END IF;
   RETURN;
 END
 $$;
@@ -1247,6 +1454,215 @@ SET search_path = pg_catalog, pg_temp
 AS $$ SELECT '0.4.0'::text $$;
 
 
+-- lease.candidate: registers (or refreshes) owner as a candidate of key. The
+-- registration lasts ttl unless refreshed and ends with this backend's
+-- connection; a handover grants the key for ttl. version (NULL: none, which
+-- the version strategies never choose), priority (higher first) and ready
+-- (only ready candidates are chosen) replace the registered ones. status:
+-- ok, or not_owner when another role registered owner for key. At most
+-- lease._max_candidates() registrations per role (54000 beyond).
+CREATE OR REPLACE FUNCTION lease.candidate(key text, owner text, ttl interval,
+                                version text DEFAULT NULL, priority integer DEFAULT 0,
+                                ready boolean DEFAULT true,
+                                OUT status text, OUT expires_at timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  v_key   text := key;
+  v_owner text := owner;
+  v_role  text := session_user;
+  v_ttl   interval;
+  v_now   timestamptz;
+  v_num   numeric[];
+  v_pre   text;
+  r_role  text;
+  v_n     bigint;
+BEGIN
+  PERFORM lease._raise_invalid(ARRAY[
+    lease._text_violation('key', v_key),
+    lease._text_violation('owner', v_owner),
+    lease._duration_violation('ttl', ttl, true),
+    CASE WHEN ttl IS NOT NULL AND isfinite(ttl) THEN lease._ttl_violation(ttl, interval '0') END,
+    lease._version_violation(version),
+    CASE WHEN priority IS NULL THEN 'priority must not be NULL' END,
+    CASE WHEN ready IS NULL THEN 'ready must not be NULL' END]);
+  IF current_setting('transaction_read_only') = 'on' THEN
+    PERFORM lease._raise_read_only('lease.candidate');
+  END IF;
+  v_ttl := lease._seconds(ttl);
+  SELECT p.num, p.pre INTO v_num, v_pre FROM lease._version_parts(version) p;
+  v_now := clock_timestamp();
+
+  -- Refresh of this role's registration (the common case): one row.
+  UPDATE lease.candidates c
+     SET pid = pg_backend_pid(), version = candidate.version, version_num = v_num, version_pre = v_pre,
+         priority = candidate.priority, ready = candidate.ready, ttl = v_ttl,
+         registered_at = CASE WHEN c.expires_at > v_now THEN c.registered_at ELSE v_now END,
+         expires_at = v_now + v_ttl
+   WHERE c.key = v_key AND c.owner = v_owner AND c.role = v_role
+  RETURNING c.expires_at INTO expires_at;
+  IF FOUND THEN
+    status := 'ok';
+    RETURN;
+  END IF;
+
+  SELECT c.role INTO r_role FROM lease.candidates c WHERE c.key = v_key AND c.owner = v_owner;
+  IF FOUND AND NOT lease._may_act(r_role) THEN
+    -- Another role's registration of this owner string, live or not: the
+    -- owner string stays bound to that role until it withdraws.
+    IF EXISTS (SELECT 1 FROM lease._ranked(v_key, v_now) r WHERE r.owner = v_owner AND r.live) THEN
+      status := 'not_owner';
+      RETURN;
+    END IF;
+  END IF;
+
+  -- A new registration: first drop this role's registrations of the key
+  -- that are gone (never another role's rows, whose locks we would keep).
+  DELETE FROM lease.candidates c
+   WHERE c.key = v_key AND c.role = v_role
+     AND c.owner IN (SELECT r.owner FROM lease._ranked(v_key, v_now) r WHERE NOT r.live);
+  SELECT count(*) INTO v_n FROM lease.candidates c WHERE c.role = v_role;
+  IF v_n >= lease._max_candidates() THEN
+    RAISE EXCEPTION 'too_many_candidates'
+      USING ERRCODE = '54000',
+            DETAIL = format('role %s already has %s candidate registrations, the most a role may have',
+                            v_role, v_n),
+            HINT = 'Withdraw registrations that are no longer needed (lease.withdraw).';
+  END IF;
+  INSERT INTO lease.candidates AS c (key, owner, role, pid, version, version_num, version_pre,
+                                     priority, ready, ttl, registered_at, expires_at)
+    VALUES (v_key, v_owner, v_role, pg_backend_pid(), version, v_num, v_pre,
+            priority, ready, v_ttl, v_now, v_now + v_ttl)
+    ON CONFLICT ON CONSTRAINT candidates_pkey DO UPDATE
+      SET role = excluded.role, pid = excluded.pid, version = excluded.version,
+          version_num = excluded.version_num, version_pre = excluded.version_pre,
+          priority = excluded.priority, ready = excluded.ready, ttl = excluded.ttl,
+          registered_at = excluded.registered_at, expires_at = excluded.expires_at
+  RETURNING c.expires_at INTO expires_at;
+  status := 'ok';
+END
+$$;
+
+-- lease.withdraw: ends owner's registration for key. Only its role (or a
+-- member) may; returns whether a registration was removed.
+CREATE OR REPLACE FUNCTION lease.withdraw(key text, owner text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  v_key   text := key;
+  v_owner text := owner;
+  r_role  text;
+BEGIN
+  PERFORM lease._raise_invalid(ARRAY[
+    lease._text_violation('key', v_key),
+    lease._text_violation('owner', v_owner)]);
+  IF current_setting('transaction_read_only') = 'on' THEN
+    PERFORM lease._raise_read_only('lease.withdraw');
+  END IF;
+  -- Unlocked read first: another role's row is never locked.
+  SELECT c.role INTO r_role FROM lease.candidates c WHERE c.key = v_key AND c.owner = v_owner;
+  IF NOT FOUND OR NOT lease._may_act(r_role) THEN
+    RETURN false;
+  END IF;
+  DELETE FROM lease.candidates c WHERE c.key = v_key AND c.owner = v_owner AND c.role = r_role;
+  RETURN FOUND;
+END
+$$;
+
+-- lease.set_strategy: who a release hands key to: any (no handover: the key
+-- is freed and the waiters race), priority, newest_version or
+-- oldest_version. The strategy is bound to the role that set it: another
+-- role (not a member) gets 42501. Returns the strategy before the call.
+-- At most lease._max_candidates() keys with a strategy per role.
+CREATE OR REPLACE FUNCTION lease.set_strategy(key text, strategy text, OUT previous text)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  v_key      text := key;
+  v_strategy text := strategy;
+  r_role     text;
+  v_n        bigint;
+BEGIN
+  PERFORM lease._raise_invalid(ARRAY[
+    lease._text_violation('key', v_key),
+    lease._strategy_violation(v_strategy)]);
+  IF current_setting('transaction_read_only') = 'on' THEN
+    PERFORM lease._raise_read_only('lease.set_strategy');
+  END IF;
+  SELECT s.strategy, s.role INTO previous, r_role FROM lease.strategies s WHERE s.key = v_key;
+  IF NOT FOUND THEN
+    previous := 'any';
+    IF v_strategy = 'any' THEN
+      RETURN;
+    END IF;
+    SELECT count(*) INTO v_n FROM lease.strategies s WHERE s.role = session_user::text;
+    IF v_n >= lease._max_candidates() THEN
+      RAISE EXCEPTION 'too_many_strategies'
+        USING ERRCODE = '54000',
+              DETAIL = format('role %s already set a strategy on %s keys, the most a role may set', session_user, v_n),
+              HINT = 'Set strategy any on keys that no longer need one.';
+    END IF;
+    INSERT INTO lease.strategies AS s (key, strategy, role, set_at)
+      VALUES (v_key, v_strategy, session_user, clock_timestamp())
+      ON CONFLICT ON CONSTRAINT strategies_pkey DO NOTHING;
+    IF NOT FOUND THEN
+      RAISE EXCEPTION '%', format('could not set the strategy: key %L got one from another transaction', v_key)
+        USING ERRCODE = '40001', HINT = 'Retry the transaction.';
+    END IF;
+    RETURN;
+  END IF;
+  IF NOT lease._may_act(r_role) THEN
+    RAISE EXCEPTION '%', format('permission denied for the strategy of key %L', v_key)
+      USING ERRCODE = '42501',
+            DETAIL = 'another role set it; only that role (or a member of it) may change it';
+  END IF;
+  IF v_strategy = 'any' THEN
+    DELETE FROM lease.strategies s WHERE s.key = v_key;
+  ELSE
+    UPDATE lease.strategies s SET strategy = v_strategy, set_at = clock_timestamp() WHERE s.key = v_key;
+  END IF;
+END
+$$;
+
+-- lease.strategy(key): the key's strategy (any when none was set).
+CREATE OR REPLACE FUNCTION lease.strategy(key text)
+RETURNS text
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  v_key text := key;
+BEGIN
+  PERFORM lease._raise_invalid(ARRAY[lease._text_violation('key', v_key)]);
+  RETURN coalesce((SELECT s.strategy FROM lease.strategies s WHERE s.key = v_key), 'any');
+END
+$$;
+
+-- lease.candidates(key): the key's strategy and candidates, in the order the
+-- strategy would choose them (rank 1 first; NULL: not choosable now). The
+-- role is not shown, as in inspect. Never writes, never locks.
+CREATE OR REPLACE FUNCTION lease.candidates(key text)
+RETURNS TABLE (strategy text, owner text, version text, priority integer, ready boolean,
+               live boolean, rank bigint, registered_at timestamptz, expires_at timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  v_key      text := key;
+  v_strategy text;
+BEGIN
+  PERFORM lease._raise_invalid(ARRAY[lease._text_violation('key', v_key)]);
+  v_strategy := coalesce((SELECT s.strategy FROM lease.strategies s WHERE s.key = v_key), 'any');
+  RETURN QUERY
+  SELECT v_strategy, r.owner, r.version, r.priority, r.ready, r.live, r.rank, r.registered_at, r.expires_at
+    FROM lease._ranked(v_key, clock_timestamp()) r;
+END
+$$;
+
 -- ---------------------------------------------------------------------------
 -- 4. Operator functions (EXECUTE revoked from PUBLIC).
 -- ---------------------------------------------------------------------------
@@ -1447,6 +1863,7 @@ BEGIN
     PERFORM pg_catalog.pg_extension_config_dump('lease.epoch_floor', 'WHERE floor > 0');
     PERFORM pg_catalog.pg_extension_config_dump('lease.timeline_state', '');
     PERFORM pg_catalog.pg_extension_config_dump('lease.settings', '');
+    PERFORM pg_catalog.pg_extension_config_dump('lease.strategies', '');
     PERFORM pg_catalog.pg_extension_config_dump('lease.history', '');
     PERFORM pg_catalog.pg_extension_config_dump('lease.history_settings', '');
   END IF;
@@ -1515,6 +1932,11 @@ GRANT EXECUTE ON FUNCTION lease.status() TO PUBLIC;
 GRANT EXECUTE ON FUNCTION lease.listen(text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION lease.unlisten(text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION lease.version() TO PUBLIC;
+GRANT EXECUTE ON FUNCTION lease.candidate(text, text, interval, text, integer, boolean) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION lease.withdraw(text, text) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION lease.set_strategy(text, text) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION lease.strategy(text) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION lease.candidates(text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION lease.history(text, integer) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION lease.health(interval) TO PUBLIC;
 

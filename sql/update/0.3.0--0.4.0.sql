@@ -39,3 +39,41 @@ CREATE TABLE lease.history_settings (
 );
 COMMENT ON TABLE lease.history_settings IS
   'pg_lease internal: history retention (lease.configure_history); no row means 100 events per key';
+
+-- ---------------------------------------------------------------------------
+-- Handover (0.4.0): the candidates and strategies of keys (new, empty).
+-- ---------------------------------------------------------------------------
+
+-- Registrations. UNLOGGED: they belong to live backends, which a crash or a
+-- failover ends anyway; never dumped.
+CREATE UNLOGGED TABLE lease.candidates (
+    key           text        NOT NULL,
+    owner         text        NOT NULL,
+    role          text        NOT NULL,
+    pid           integer     NOT NULL,
+    version       text,
+    version_num   numeric[],
+    version_pre   text COLLATE "C",
+    priority      integer     NOT NULL,
+    ready         boolean     NOT NULL,
+    ttl           interval    NOT NULL,
+    registered_at timestamptz NOT NULL,
+    expires_at    timestamptz NOT NULL,
+    CONSTRAINT candidates_pkey PRIMARY KEY (key, owner)
+);
+CREATE INDEX candidates_role ON lease.candidates (role);
+COMMENT ON TABLE lease.candidates IS
+  'pg_lease internal: candidates of a key for a handover on release (lease.candidate)';
+
+-- Strategies. No row: any (the waiters race, as before).
+CREATE TABLE lease.strategies (
+    key      text        NOT NULL,
+    strategy text        NOT NULL CHECK (strategy IN ('priority', 'newest_version', 'oldest_version')),
+    role     text        NOT NULL,
+    set_at   timestamptz NOT NULL,
+    CONSTRAINT strategies_pkey PRIMARY KEY (key)
+);
+CREATE INDEX strategies_role ON lease.strategies (role);
+COMMENT ON TABLE lease.strategies IS
+  'pg_lease internal: who a release hands a key to (lease.set_strategy); no row means any';
+
