@@ -5,7 +5,7 @@ export PATH := $(PATH):/usr/local/go/bin
 # the servers run as "nobody", which cannot enter /root: cache outside it.
 export PGLEASE_CACHE ?= $(if $(filter 0,$(shell id -u)),/var/cache/pg_lease,$(HOME)/.cache/pg_lease)
 
-.PHONY: all build test test-matrix install installcheck demo robustness bench bench-smoke defects fuzz mutate fmt vet
+.PHONY: all build test test-ha test-matrix install installcheck demo robustness bench bench-smoke defects fuzz mutate fmt vet
 
 all: build
 
@@ -16,6 +16,14 @@ build:
 ## test: install what is missing, then run every suite on throwaway servers
 test:
 	hack/test.sh
+
+## test-ha: pg_lease under Patroni (etcd, three PostgreSQL 15 nodes; asynchronous, synchronous and strict
+## synchronous): switchovers, crashes, frozen primaries; prints the leaderless time per mode and fault (test/ha)
+test-ha:
+	hack/install-deps.sh
+	$(MAKE) -s -C sql install >/dev/null
+	bash hack/build-control-plane.sh >/dev/null
+	hack/test-ha.sh
 
 ## install: copy the extension into the local PostgreSQL (needs root or write access)
 install:

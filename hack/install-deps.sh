@@ -7,6 +7,7 @@
 #   - make, setpriv (util-linux)
 #   - promtool (Debian's prometheus package), for the alert rules' and the
 #     dashboard's tests
+#   - patroni (Debian 12: 3.0.x), the HA manager of make test-ha
 #   - node and npm (PostgreSQL 14, 16, 17, 18 come from the npm registry)
 # Go (>= 1.26) must already be on PATH; it is not installed here.
 set -euo pipefail
@@ -20,6 +21,7 @@ command -v make >/dev/null || need+=(make)
 command -v setpriv >/dev/null || need+=(util-linux)
 command -v pgbench >/dev/null || need+=(postgresql-contrib)
 command -v promtool >/dev/null || need+=(prometheus)
+command -v patroni >/dev/null && command -v patronictl >/dev/null || need+=(patroni)
 # node and npm fetch the other PostgreSQL majors for make test-matrix
 command -v node >/dev/null || need+=(nodejs)
 command -v npm >/dev/null || need+=(npm)

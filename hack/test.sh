@@ -5,7 +5,8 @@
 #   2. installs the extension files into the local PostgreSQL (make -C sql install)
 #   3. regression + isolation suites against a throwaway cluster
 #   4. every Go test (unit, integration, failure suite, end-to-end), each
-#      package starting its own throwaway servers
+#      package starting its own throwaway servers (the Patroni suite,
+#      test/ha, is make test-ha: CI runs it after this)
 #   5. a short run of every fuzz target (FUZZTIME each, default 15s; the
 #      long run is `make fuzz`)
 set -euo pipefail
@@ -35,7 +36,7 @@ go vet ./...
 # kube-apiserver) runs alone after the rest, so that its timing-sensitive
 # properties (a cut-off leader stops before its server-side expiry) are not
 # measured on a machine saturated by the other packages' tests.
-go test -count=1 -timeout 25m ${GOTESTFLAGS:-} $(go list ./... | grep -v '/test/e2e$')
+go test -count=1 -timeout 25m ${GOTESTFLAGS:-} $(go list ./... | grep -v -e '/test/e2e$' -e '/test/ha$')
 go test -count=1 -timeout 15m ${GOTESTFLAGS:-} ./test/e2e/
 
 echo "== fuzzing: ${FUZZTIME:-15s} per target (make fuzz runs them longer)" >&2

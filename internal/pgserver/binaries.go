@@ -192,3 +192,7 @@ func FindLibFaketime() (string, error) {
 	return "", fmt.Errorf("pgserver: FakeClock needs libfaketime, which is not installed: run `apt-get install faketime` "+
 		"(or set %s to libfaketime.so.1)", EnvLibFaketime)
 }
+
+// UnprivilegedCredential is the credential servers run with when this
+// process is root (nobody:nogroup), or nil when it is not root.
+func UnprivilegedCredential() (*syscall.Credential, error) { return unprivilegedCredential() }

@@ -314,3 +314,24 @@ func isPostmasterOf(pid int, dataDir string) bool {
 	}
 	return bytes.Contains(b, []byte(dataDir))
 }
+
+// KillTree crashes a postmaster that this package did not start (one that an
+// HA manager runs): it stops pid, SIGKILLs it and every child at once and
+// waits until they are gone. Reaping pid is its parent's business.
+func KillTree(pid int) error { return killTree(pid) }
+
+// SignalTree sends sig to a postmaster and all its children, in the order
+// Freeze and Thaw use (SIGSTOP: the postmaster first).
+func SignalTree(pid int, sig syscall.Signal) error { return signalTree(pid, sig) }
+
+// Children returns the pids of the live children of pid.
+func Children(pid int) []int { return children(pid) }
+
+// PostmasterPID returns the pid that dataDir/postmaster.pid names, or 0.
+func PostmasterPID(dataDir string) int {
+	pf, ok := readPidFile(dataDir)
+	if !ok || !alive(pf.pid) {
+		return 0
+	}
+	return pf.pid
+}

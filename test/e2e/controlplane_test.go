@@ -1,18 +1,7 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
-	"errors"
-	"fmt"
-	"io"
-	"net"
-	"net/url"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,181 +12,20 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/pglease/pg_lease/internal/kubetest"
 )
 
 // wantKubernetesVersion is the version hack/controlplane builds and the
 // version the server must report (set through -ldflags by the build script).
 const wantKubernetesVersion = "v1.37.2"
 
-// controlPlaneStartTimeout bounds how long etcd and kube-apiserver may take to
-// become healthy; generous because a 2-core machine may be busy with other
-// tests.
-const controlPlaneStartTimeout = 2 * time.Minute
+// StartControlPlane starts a fresh control plane for the test (kubetest.Start).
+func StartControlPlane(t testing.TB) *rest.Config { return kubetest.Start(t) }
 
-var (
-	controlPlaneOnce sync.Once
-	controlPlaneDir  string
-	controlPlaneErr  error
-)
+func repoRoot() (string, error) { return kubetest.RepoRoot() }
 
-// controlPlaneAssets runs hack/build-control-plane.sh once per test binary and
-// returns the folder holding the etcd and kube-apiserver binaries. A cold
-// build takes about a quarter of an hour on 2 cores (run the script before
-// `go test`, or raise -timeout); a cached one returns at once.
-func controlPlaneAssets() (string, error) {
-	controlPlaneOnce.Do(func() {
-		controlPlaneDir, controlPlaneErr = buildControlPlane()
-	})
-	return controlPlaneDir, controlPlaneErr
-}
-
-func buildControlPlane() (string, error) {
-	root, err := repoRoot()
-	if err != nil {
-		return "", err
-	}
-	script := filepath.Join(root, "hack", "build-control-plane.sh")
-	var stdout, stderr bytes.Buffer
-	cmd := exec.Command("bash", script)
-	cmd.Dir = root
-	cmd.Stdout = &stdout
-	// Progress of a cold build goes to the test's stderr as it happens, and
-	// is kept for the failure message.
-	cmd.Stderr = io.MultiWriter(&stderr, os.Stderr)
-	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("%s failed: %w\n%s", script, err, strings.TrimSpace(stderr.String()))
-	}
-	dir := strings.TrimSpace(stdout.String())
-	if dir == "" || strings.Contains(dir, "\n") {
-		return "", fmt.Errorf("%s printed %q on stdout, want one folder path\n%s", script, stdout.String(), stderr.String())
-	}
-	for _, name := range []string{"etcd", "kube-apiserver"} {
-		if fi, err := os.Stat(filepath.Join(dir, name)); err != nil || fi.Mode()&0o111 == 0 {
-			return "", fmt.Errorf("%s: %s is missing or not executable in %s (stat error: %v)", script, name, dir, err)
-		}
-	}
-	return dir, nil
-}
-
-// repoRoot walks up from the working directory to the folder holding the main
-// module's go.mod.
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no go.mod found above the working directory")
-		}
-		dir = parent
-	}
-}
-
-// StartControlPlane builds (or reuses) etcd and kube-apiserver from
-// hack/build-control-plane.sh, starts a fresh control plane through envtest on
-// loopback addresses only, and stops it when the test ends. It returns an
-// admin (system:masters) config. A failed build fails the test; it never
-// skips.
-func StartControlPlane(t testing.TB) *rest.Config {
-	t.Helper()
-	dir, err := controlPlaneAssets()
-	if err != nil {
-		t.Fatalf("building the test control plane: %v", err)
-	}
-
-	logDir := t.TempDir()
-	etcdLog, err := os.Create(filepath.Join(logDir, "etcd.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	apiLog, err := os.Create(filepath.Join(logDir, "kube-apiserver.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { etcdLog.Close(); apiLog.Close() })
-
-	useExisting := false
-	env := &envtest.Environment{
-		// Explicit paths, so that KUBEBUILDER_ASSETS or TEST_ASSET_* in the
-		// environment cannot swap in other binaries, and never an existing
-		// cluster (USE_EXISTING_CLUSTER) or a download.
-		BinaryAssetsDirectory:    dir,
-		UseExistingCluster:       &useExisting,
-		DownloadBinaryAssets:     false,
-		ControlPlaneStartTimeout: controlPlaneStartTimeout,
-		ControlPlaneStopTimeout:  time.Minute,
-		ControlPlane: envtest.ControlPlane{
-			Etcd: &envtest.Etcd{
-				Path: filepath.Join(dir, "etcd"),
-				Out:  etcdLog,
-				Err:  etcdLog,
-			},
-			// envtest picks free ports on localhost for etcd's client and
-			// peer URLs and the API server's secure port, and advertises
-			// 127.0.0.1; the addresses are checked after the start.
-			APIServer: &envtest.APIServer{
-				Path: filepath.Join(dir, "kube-apiserver"),
-				Out:  apiLog,
-				Err:  apiLog,
-			},
-		},
-	}
-
-	start := time.Now()
-	cfg, err := env.Start()
-	if err != nil {
-		// Stop whatever did start before failing.
-		stopErr := env.Stop()
-		t.Fatalf("starting envtest control plane from %s: %v (stop: %v)\netcd log tail:\n%s\nkube-apiserver log tail:\n%s",
-			dir, err, stopErr, tail(etcdLog.Name()), tail(apiLog.Name()))
-	}
-	t.Logf("control plane from %s started in %v at %s", dir, time.Since(start).Round(time.Millisecond), cfg.Host)
-	t.Cleanup(func() {
-		start := time.Now()
-		if err := env.Stop(); err != nil {
-			t.Errorf("stopping envtest control plane: %v", err)
-		}
-		t.Logf("control plane stopped in %v", time.Since(start).Round(time.Millisecond))
-	})
-
-	if err := requireLoopback(cfg.Host); err != nil {
-		t.Fatal(err)
-	}
-	if err := requireLoopback(env.ControlPlane.Etcd.URL.String()); err != nil {
-		t.Fatal(err)
-	}
-	return cfg
-}
-
-func requireLoopback(host string) error {
-	u, err := url.Parse(host)
-	if err != nil {
-		return fmt.Errorf("control plane host %q: %w", host, err)
-	}
-	ip := net.ParseIP(u.Hostname())
-	if ip == nil || !ip.IsLoopback() {
-		return fmt.Errorf("control plane serves on %q, want a loopback IP address", host)
-	}
-	return nil
-}
-
-func tail(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	const max = 4000
-	if len(b) > max {
-		b = b[len(b)-max:]
-	}
-	return string(b)
-}
+func tail(path string) string { return kubetest.Tail(path) }
 
 func TestControlPlaneStarts(t *testing.T) {
 	cfg := StartControlPlane(t)

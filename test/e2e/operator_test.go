@@ -29,11 +29,10 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/client-go/tools/leaderelection"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/pglease/pg_lease/internal/kubetest"
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
 )
@@ -109,31 +108,7 @@ func buildOperator(t testing.TB) string {
 }
 
 // writeKubeconfig writes a kubeconfig file for cfg (the envtest admin).
-func writeKubeconfig(t testing.TB, cfg *rest.Config) string {
-	t.Helper()
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["e2e"] = &clientcmdapi.Cluster{
-		Server:                   cfg.Host,
-		CertificateAuthorityData: cfg.CAData,
-		CertificateAuthority:     cfg.CAFile,
-	}
-	kc.AuthInfos["e2e"] = &clientcmdapi.AuthInfo{
-		ClientCertificateData: cfg.CertData,
-		ClientCertificate:     cfg.CertFile,
-		ClientKeyData:         cfg.KeyData,
-		ClientKey:             cfg.KeyFile,
-		Token:                 cfg.BearerToken,
-		Username:              cfg.Username,
-		Password:              cfg.Password,
-	}
-	kc.Contexts["e2e"] = &clientcmdapi.Context{Cluster: "e2e", AuthInfo: "e2e"}
-	kc.CurrentContext = "e2e"
-	path := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := clientcmd.WriteToFile(*kc, path); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
+func writeKubeconfig(t testing.TB, cfg *rest.Config) string { return kubetest.WriteKubeconfig(t, cfg) }
 
 // harness is what every scenario shares: one control plane, one operator
 // binary.

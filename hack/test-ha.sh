@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# `make test-ha`: pg_lease under Patroni (test/ha). Patroni with etcd and
+# three PostgreSQL nodes on loopback, in asynchronous, synchronous and strict
+# synchronous mode; electors on a multi-host DSN; switchovers, crashes,
+# frozen primaries and failovers back and forth. Prints, per mode and fault
+# kind, the time from Patroni's promotion to the next leader's first fenced
+# write. Expects what `make test-ha` installs first (Patroni, the extension
+# files, the test control plane's etcd).
+#   PGLEASE_HA_MODES=strict      a subset of the modes (async,sync,strict)
+#   PGLEASE_HA_ROUNDS=N          every fault kind N times in every mode
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PATH:/usr/local/go/bin"
+
+log="$(mktemp "${TMPDIR:-/tmp}/pglease-test-ha.XXXXXX")"
+trap 'rm -f "$log"' EXIT
+status=0
+go test -count=1 -v -run '^TestPatroni$' -timeout 30m ./test/ha/ >"$log" 2>&1 || status=$?
+if [ "$status" != 0 ]; then
+  tail -c 60000 "$log" >&2
+  echo "test-ha: FAILED (status $status)" >&2
+  exit "$status"
+fi
+grep -E '^\s+(ha_test|check_test)\.go' "$log" | grep -v 'leaderless after failover' >&2 || true
+grep -E '^leaderless after failover:' "$log"

@@ -1,0 +1,344 @@
+package patroni
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/pglease/pg_lease/internal/pgserver"
+)
+
+// Node is one Patroni process and the PostgreSQL it manages.
+type Node struct {
+	c        *Cluster
+	Name     string
+	Port     int // PostgreSQL
+	RESTPort int // Patroni's REST API
+	dir      string
+	password string
+
+	mu      sync.Mutex
+	sup     *exec.Cmd
+	supDone chan struct{}
+	patroni int // pid
+	frozen  []int
+}
+
+func (n *Node) cfgPath() string   { return filepath.Join(n.dir, "patroni.yml") }
+func (n *Node) sockDir() string   { return filepath.Join(n.dir, "sock") }
+func (n *Node) dataDir() string   { return filepath.Join(n.dir, "data") }
+func (n *Node) LogPath() string   { return filepath.Join(n.dir, "patroni.log") }
+func (n *Node) String() string    { return n.Name }
+func (n *Node) restURL() string   { return fmt.Sprintf("http://127.0.0.1:%d", n.RESTPort) }
+func (n *Node) DataDir() string   { return n.dataDir() }
+func (n *Node) LogTail() string   { return tail(n.LogPath()) }
+func (n *Node) Cluster() *Cluster { return n.c }
+
+// DSN reaches database db on this node only.
+func (n *Node) DSN(db string) string {
+	return fmt.Sprintf("host=127.0.0.1 port=%d user=%s dbname=%s sslmode=disable connect_timeout=2", n.Port, Superuser, db)
+}
+
+// writeConfig writes the node's Patroni configuration (JSON, which is YAML).
+func (n *Node) writeConfig() error {
+	o := n.c.opts
+	params := map[string]any{
+		"wal_level": "replica", "hot_standby": "on", "wal_log_hints": "on",
+		"max_wal_senders": 10, "max_replication_slots": 10, "wal_keep_size": "128MB",
+		"shared_buffers": "32MB", "dynamic_shared_memory_type": "mmap", "timezone": "UTC",
+		"max_connections": 100, "log_line_prefix": "%m [%p] ", "logging_collector": "off",
+	}
+	for k, v := range o.Parameters {
+		params[k] = v
+	}
+	hba := []string{
+		"local all all trust",
+		"host all all 127.0.0.1/32 trust",
+		"host replication replicator 127.0.0.1/32 trust",
+	}
+	cfg := map[string]any{
+		"scope": n.c.scope,
+		"name":  n.Name,
+		"log":   map[string]any{"level": "INFO", "format": "%(asctime)s " + n.Name + " %(levelname)s: %(message)s"},
+		"restapi": map[string]any{
+			"listen":          fmt.Sprintf("127.0.0.1:%d", n.RESTPort),
+			"connect_address": fmt.Sprintf("127.0.0.1:%d", n.RESTPort),
+		},
+		"etcd3": map[string]any{"hosts": fmt.Sprintf("127.0.0.1:%d", n.c.ePort)},
+		"bootstrap": map[string]any{
+			"dcs": map[string]any{
+				"ttl": o.TTL, "loop_wait": o.LoopWait, "retry_timeout": o.RetryTimeout,
+				"maximum_lag_on_failover": 1 << 20,
+				"synchronous_mode":        o.Mode != Async,
+				"synchronous_mode_strict": o.Mode == Strict,
+				"synchronous_node_count":  1,
+				"postgresql": map[string]any{
+					"use_pg_rewind": true,
+					"use_slots":     true,
+					"parameters":    params,
+				},
+			},
+			"initdb": []any{map[string]any{"encoding": "UTF8"}, map[string]any{"locale": "C"}},
+		},
+		"postgresql": map[string]any{
+			"listen":          fmt.Sprintf("127.0.0.1:%d", n.Port),
+			"connect_address": fmt.Sprintf("127.0.0.1:%d", n.Port),
+			"data_dir":        n.dataDir(),
+			"bin_dir":         o.BinDir,
+			"pgpass":          filepath.Join(n.dir, "pgpass"),
+			"authentication": map[string]any{
+				"superuser":   map[string]any{"username": Superuser, "password": n.password},
+				"replication": map[string]any{"username": "replicator", "password": n.password},
+			},
+			"parameters": map[string]any{"unix_socket_directories": n.sockDir()},
+			"pg_hba":     hba,
+			"basebackup": []any{map[string]any{"checkpoint": "fast"}},
+			"remove_data_directory_on_rewind_failure":     true,
+			"remove_data_directory_on_diverged_timelines": true,
+		},
+	}
+	b, err := json.MarshalIndent(cfg, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(n.cfgPath(), b, 0o600); err != nil {
+		return err
+	}
+	return n.c.chown(n.cfgPath())
+}
+
+// Running reports whether the node's Patroni runs (frozen counts).
+func (n *Node) Running() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.sup != nil
+}
+
+// Frozen reports whether the node is stopped by Freeze.
+func (n *Node) Frozen() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.frozen != nil
+}
+
+// PostmasterPID is the running postmaster's pid, or 0.
+func (n *Node) PostmasterPID() int { return pgserver.PostmasterPID(n.dataDir()) }
+
+// Start starts Patroni on the node (again, after Kill or Stop: on the same
+// data directory) and waits until its REST API answers.
+func (n *Node) Start(ctx context.Context) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.sup != nil {
+		return fmt.Errorf("patroni: %s is already running", n.Name)
+	}
+	logf, err := os.OpenFile(n.LogPath(), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	args := []string{}
+	if cred := n.c.cred; cred != nil {
+		args = append(args, "-uid", strconv.Itoa(int(cred.Uid)), "-gid", strconv.Itoa(int(cred.Gid)))
+	}
+	args = append(args, "--", n.c.opts.Patroni, n.cfgPath())
+	cmd := exec.Command(n.c.opts.Supervise, args...)
+	cmd.Dir = n.dir
+	cmd.Env = append(os.Environ(), "LC_ALL=C.UTF-8", "LANG=C.UTF-8", "HOME="+n.dir, "PYTHONUNBUFFERED=1")
+	cmd.Stderr = logf
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("patroni: starting %s: %w", n.Name, err)
+	}
+	done := make(chan struct{})
+	pidc := make(chan int, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			var pid int
+			if _, err := fmt.Sscanf(sc.Text(), "pid %d", &pid); err == nil {
+				pidc <- pid
+			}
+		}
+		_ = cmd.Wait()
+		close(done)
+	}()
+	select {
+	case pid := <-pidc:
+		n.sup, n.supDone, n.patroni, n.frozen = cmd, done, pid, nil
+	case <-done:
+		return fmt.Errorf("patroni: %s exited at start; log:\n%s", n.Name, n.LogTail())
+	case <-ctx.Done():
+		_ = cmd.Process.Kill()
+		<-done
+		return ctx.Err()
+	}
+	for {
+		var v map[string]any
+		if err := n.rest(ctx, "GET", "/patroni", &v); err == nil {
+			return nil
+		} else if !errors.Is(err, errUnavailable) {
+			return err
+		}
+		select {
+		case <-done:
+			n.sup = nil
+			return fmt.Errorf("patroni: %s exited at start; log:\n%s", n.Name, n.LogTail())
+		case <-ctx.Done():
+			return fmt.Errorf("patroni: %s: REST API not up: %w; log:\n%s", n.Name, ctx.Err(), n.LogTail())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+var errUnavailable = errors.New("unavailable")
+
+// rest calls the node's REST API and decodes its JSON answer into out
+// (any status; Patroni answers 503 with a body on replicas).
+func (n *Node) rest(ctx context.Context, method, path string, out any) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, n.restURL()+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w: %v", n.Name, path, errUnavailable, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, out); err != nil {
+		return fmt.Errorf("%s %s: %d %q: %w", n.Name, path, resp.StatusCode, b, err)
+	}
+	return nil
+}
+
+// Stop stops Patroni with SIGTERM (Patroni stops PostgreSQL, fast
+// shutdown) and waits; after a minute it kills both.
+func (n *Node) Stop() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.sup == nil {
+		return nil
+	}
+	n.thawLocked()
+	_ = n.sup.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-n.supDone:
+	case <-time.After(time.Minute):
+		err := n.killLocked()
+		return errors.Join(fmt.Errorf("patroni: %s did not stop within a minute; killed", n.Name), err)
+	}
+	n.sup = nil
+	return nil
+}
+
+// Kill crashes the node: SIGKILL of Patroni and of the postmaster with
+// every backend, with neither able to react in between (both are stopped
+// first). The supervisor reaps them and exits.
+func (n *Node) Kill() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.killLocked()
+}
+
+func (n *Node) killLocked() error {
+	if n.sup == nil {
+		return fmt.Errorf("patroni: Kill: %s is not running", n.Name)
+	}
+	_ = syscall.Kill(n.patroni, syscall.SIGSTOP)
+	var err error
+	if pm := n.PostmasterPID(); pm != 0 {
+		err = pgserver.KillTree(pm)
+	}
+	_ = syscall.Kill(n.patroni, syscall.SIGKILL)
+	select {
+	case <-n.supDone:
+	case <-time.After(30 * time.Second):
+		_ = n.sup.Process.Kill()
+		<-n.supDone
+		err = errors.Join(err, fmt.Errorf("patroni: %s: the supervisor did not exit after the kill", n.Name))
+	}
+	n.sup, n.frozen = nil, nil
+	return err
+}
+
+// Freeze stops the node with SIGSTOP: Patroni, the postmaster and every
+// backend, as a paused machine. Connections stay open and hang; the leader
+// key in etcd is no longer renewed.
+func (n *Node) Freeze() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.sup == nil {
+		return fmt.Errorf("patroni: Freeze: %s is not running", n.Name)
+	}
+	if n.frozen != nil {
+		return nil
+	}
+	if err := syscall.Kill(n.patroni, syscall.SIGSTOP); err != nil {
+		return fmt.Errorf("patroni: Freeze %s: %w", n.Name, err)
+	}
+	n.frozen = []int{n.patroni}
+	if pm := n.PostmasterPID(); pm != 0 {
+		if err := pgserver.SignalTree(pm, syscall.SIGSTOP); err != nil {
+			return fmt.Errorf("patroni: Freeze %s: %w", n.Name, err)
+		}
+		n.frozen = append(n.frozen, pm)
+	}
+	return nil
+}
+
+// Thaw resumes a frozen node: PostgreSQL first, then Patroni (which then
+// finds out whether it still leads).
+func (n *Node) Thaw() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.thawLocked()
+	return nil
+}
+
+func (n *Node) thawLocked() {
+	if n.frozen == nil {
+		return
+	}
+	for _, pid := range n.frozen[1:] {
+		_ = pgserver.SignalTree(pid, syscall.SIGCONT)
+	}
+	_ = syscall.Kill(n.frozen[0], syscall.SIGCONT)
+	n.frozen = nil
+}
+
+// PatroniLog returns the lines of the node's log that contain s.
+func (n *Node) PatroniLog(s string) []string {
+	b, err := os.ReadFile(n.LogPath())
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, s) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
