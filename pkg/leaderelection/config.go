@@ -71,6 +71,14 @@ type Config struct {
 	// Key overrides the pg_lease key. Default ResourceNamespace + "/" +
 	// ResourceName, the same name as the Lease of the Kubernetes locks.
 	Key string
+	// Handover (pglease only) makes this candidate register for the key,
+	// so that the leader's release hands it over directly, and sets the
+	// key's strategy: "priority", "newest-version", "oldest-version"; ""
+	// or "any": no handover (a release frees the key for the race).
+	Handover string
+	// Version is this candidate's semantic version for the version
+	// strategies. Default: the main module's version, when it has one.
+	Version string
 }
 
 // readDSN returns the DSN, from DSNFile or else DSNEnv. Its errors wrap
@@ -158,6 +166,7 @@ func (c *Config) validate(fldPath *field.Path) error {
 		errs = append(errs, field.NotSupported(fldPath.Child("resourceLock"), c.ResourceLock,
 			[]string{rl.LeasesResourceLock, resourceLockPgLease, resourceLockMigration}))
 	}
+	errs = append(errs, c.validateHandover(fldPath)...)
 	errs = append(errs, checkTiming(c.LeaseDuration.Duration, c.RenewDeadline.Duration, c.RetryPeriod.Duration,
 		c.pgTTL(), fldPath)...)
 	if len(errs) == 0 {

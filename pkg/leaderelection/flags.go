@@ -63,6 +63,12 @@ func (f *Flags) pflags() *pflag.FlagSet {
 		"Name of the environment variable holding the PostgreSQL connection string of the pg_lease lock.")
 	pfs.StringVar(&f.Config.Key, flagKey, "",
 		"The pg_lease key (default <resource-namespace>/<resource-name>).")
+	pfs.StringVar(&f.Config.Handover, flagHandover, "",
+		"pglease only: hand the key over on release to the ready candidate this strategy chooses: "+
+			"priority, newest-version or oldest-version (default: none, the followers race).")
+	pfs.StringVar(&f.Config.Version, flagVersion, "",
+		"This candidate's semantic version for --"+flagHandover+" newest-version and oldest-version "+
+			"(default: the binary's module version).")
 	if rl := pfs.Lookup("leader-elect-resource-lock"); rl != nil {
 		rl.Usage = "The type of resource object that is used for locking during leader election. " +
 			"Supported options are 'leases' (a coordination.k8s.io Lease), 'pglease' (a pg_lease key in PostgreSQL) " +

@@ -48,6 +48,9 @@ type BuildOptions struct {
 	// settings) and Close closes it. "leases+pglease" never waits (see
 	// MigrationLock) and gets none.
 	Waiter *lease.Waiter
+	// Ready is the candidate's readiness under Config.Handover (nil: always
+	// ready). Flags.NewManager sets it: ready once the manager's caches synced.
+	Ready func() bool
 }
 
 // Lock is a ready client-go resourcelock.Interface built from a Config,
@@ -162,6 +165,9 @@ func New(ctx context.Context, c Config, o BuildOptions) (*Lock, error) {
 	ev.APIVersion = coordinationv1.SchemeGroupVersion.String()
 	opts := o.PgLease
 	opts.LeaseDuration = c.LeaseDuration.Duration
+	if opts.Candidacy == nil && kube == nil {
+		opts.Candidacy = c.candidacy(o.Ready)
+	}
 	if o.EventRecorder != nil {
 		opts.EventRecorder, opts.EventObject, opts.EventNamespace = o.EventRecorder, ev, c.ResourceNamespace
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/pglease/pg_lease/pkg/resourcelock"
@@ -100,7 +101,9 @@ func (f *Flags) NewManager(cfg *rest.Config, opts manager.Options) (manager.Mana
 	if lcfg == nil {
 		lcfg = cfg
 	}
-	lock, err := New(context.Background(), c, BuildOptions{KubeConfig: lcfg, Labels: opts.LeaderElectionLabels})
+	var built atomic.Pointer[manager.Manager]
+	lock, err := New(context.Background(), c, BuildOptions{KubeConfig: lcfg, Labels: opts.LeaderElectionLabels,
+		Ready: cacheReady(&built)})
 	if err != nil {
 		return nil, err
 	}
@@ -112,6 +115,7 @@ func (f *Flags) NewManager(cfg *rest.Config, opts manager.Options) (manager.Mana
 		lock.Close()
 		return nil, fmt.Errorf("leaderelection: %w", err)
 	}
+	built.Store(&mgr)
 	// /healthz fails when the lock holds a grant its elector stopped
 	// renewing (resourcelock.Lock.Check): restarting such a process ends it.
 	if err := mgr.AddHealthzCheck(healthzCheckName, lock.PgLease.Check); err != nil {

@@ -1,0 +1,80 @@
+package leaderelection_test
+
+import (
+	"context"
+	goflag "flag"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/pglease/pg_lease/internal/pgtest"
+	pgle "github.com/pglease/pg_lease/pkg/leaderelection"
+	"github.com/pglease/pg_lease/pkg/lease"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+// --leader-elect-handover and --leader-elect-version: the flags fill the
+// Config, bad values are field errors, and a lock built from the Config
+// registers its follower as a candidate with that strategy and version,
+// ready as BuildOptions.Ready says.
+func TestHandoverOption(t *testing.T) {
+	fs := goflag.NewFlagSet("x", goflag.ContinueOnError)
+	f := pgle.BindFlags(fs)
+	if err := fs.Parse([]string{"-leader-elect", "--leader-elect-resource-lock=pglease",
+		"--leader-elect-resource-name=op", "--leader-elect-resource-namespace=ns",
+		"--leader-elect-handover=newest-version", "--leader-elect-version=v1.2.0"}); err != nil {
+		t.Fatal(err)
+	}
+	c := f.Config
+	if c.Handover != "newest-version" || c.Version != "v1.2.0" {
+		t.Fatalf("config %+v", c)
+	}
+	if err := pgle.Validate(&c, field.NewPath("leaderElection")); err != nil {
+		t.Fatalf("valid config: %v", err)
+	}
+	bad := c
+	bad.Handover = "fastest"
+	if err := pgle.Validate(&bad, field.NewPath("leaderElection")); err == nil || !strings.Contains(err.Error(), "leaderElection.handover") {
+		t.Fatalf("handover fastest: %v", err)
+	}
+	bad = c
+	bad.Version = ""
+	if err := pgle.Validate(&bad, field.NewPath("leaderElection")); err == nil || !strings.Contains(err.Error(), "leaderElection.version") {
+		t.Fatalf("newest-version without a version (a test binary has no module version): %v", err)
+	}
+
+	dsn := pgtest.NewLeaseDatabase(t)
+	t.Setenv("TEST_LEASE_DSN", dsn)
+	c.DSNEnv, c.Identity = "TEST_LEASE_DSN", "me"
+	c.LeaseDuration.Duration, c.RenewDeadline.Duration, c.RetryPeriod.Duration = 3*time.Second, 2*time.Second, 200*time.Millisecond
+	var ready atomic.Bool
+	lock, err := pgle.New(context.Background(), c, pgle.BuildOptions{Ready: ready.Load})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	admin := lease.New(pgtest.NewPool(t, dsn))
+	ctx := pgtest.Context(t, time.Minute)
+	if _, ok, err := admin.Acquire(ctx, "ns/op", "leader", time.Minute); err != nil || !ok {
+		t.Fatalf("acquire: %v %v", ok, err)
+	}
+	candidate := func() lease.CandidateState {
+		t.Helper()
+		if _, _, err := lock.Get(ctx); err != nil {
+			t.Fatal(err)
+		}
+		st, cs, err := admin.Candidates(ctx, "ns/op")
+		if err != nil || st != lease.StrategyNewestVersion || len(cs) != 1 || cs[0].Owner != "me" || cs[0].Version != "v1.2.0" {
+			t.Fatalf("candidates: %v %+v %v", st, cs, err)
+		}
+		return cs[0]
+	}
+	if cs := candidate(); cs.Ready || cs.Rank != 0 {
+		t.Fatalf("not ready yet: %+v", cs)
+	}
+	ready.Store(true)
+	if cs := candidate(); !cs.Ready || cs.Rank != 1 {
+		t.Fatalf("ready: %+v", cs)
+	}
+}
