@@ -32,10 +32,12 @@ func Installed(ctx context.Context, q Querier) (version string, extension bool, 
 		hasVersion bool
 		hasSchema  bool
 	)
+	// Every operator is pg_catalog's, named in full: the caller's
+	// search_path may hold another role's operators.
 	err = q.QueryRow(ctx, `SELECT
-		  (SELECT e.extversion FROM pg_catalog.pg_extension e WHERE e.extname = 'pg_lease'),
+		  (SELECT e.extversion FROM pg_catalog.pg_extension e WHERE e.extname OPERATOR(pg_catalog.=) 'pg_lease'),
 		  pg_catalog.to_regprocedure('lease.version()') IS NOT NULL,
-		  EXISTS (SELECT 1 FROM pg_catalog.pg_namespace n WHERE n.nspname = 'lease')`).
+		  EXISTS (SELECT 1 FROM pg_catalog.pg_namespace n WHERE n.nspname OPERATOR(pg_catalog.=) 'lease')`).
 		Scan(&extVersion, &hasVersion, &hasSchema)
 	if err != nil {
 		return "", false, fmt.Errorf("lease: reading the installed version: %w", err)
@@ -138,16 +140,8 @@ func InstallSchema(ctx context.Context, db Beginner) error {
 			}
 			return fmt.Errorf("lease: InstallSchema: %w", err)
 		}
-		var path string
-		if err := tx.QueryRow(ctx, `SELECT pg_catalog.current_setting('search_path')`).Scan(&path); err != nil {
-			return fmt.Errorf("lease: InstallSchema: %w", err)
-		}
 		if _, err := tx.Exec(ctx, script); err != nil {
 			return fmt.Errorf("lease: InstallSchema: running the install script: %w", err)
-		}
-		// The script pinned search_path for the rest of the transaction.
-		if _, err := tx.Exec(ctx, `SELECT pg_catalog.set_config('search_path', $1, true)`, path); err != nil {
-			return fmt.Errorf("lease: InstallSchema: restoring search_path: %w", err)
 		}
 		v, ext, err = Installed(ctx, tx)
 		if err != nil {
@@ -187,8 +181,26 @@ func inTx(ctx context.Context, db Beginner, f func(pgx.Tx) error) error {
 	}
 }
 
+// inTxOnce runs f in one transaction (pgx.BeginFunc). It pins search_path
+// to pg_catalog for f, so that no function or operator that another role
+// created in the caller's schemas runs, and restores the caller's
+// search_path before the commit.
 func inTxOnce(ctx context.Context, db Beginner, f func(pgx.Tx) error) error {
-	if err := pgx.BeginFunc(ctx, db, f); err != nil {
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		var path string
+		if err := tx.QueryRow(ctx, `SELECT pg_catalog.current_setting('search_path')`).Scan(&path); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true)`); err != nil {
+			return err
+		}
+		if err := f(tx); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `SELECT pg_catalog.set_config('search_path', $1, true)`, path)
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("lease: install: %w", err)
 	}
 	return nil
