@@ -86,6 +86,11 @@ CREATE INDEX strategies_role ON lease.strategies (role);
 COMMENT ON TABLE lease.strategies IS
   'pg_lease internal: who a release hands a key to (lease.set_strategy); no row means any';
 
+-- The listeners' pid index (the per-session bound, the clean-up).
+-- listen returns whether its registration was already in place (boolean).
+DROP FUNCTION IF EXISTS lease.listen(text);  -- (a 0.3.0 install has it)
+CREATE INDEX listeners_pid ON lease.listeners (pid);
+
 -- @shared-begin: every install and update script runs this part as written.
 
 -- ---------------------------------------------------------------------------
@@ -209,12 +214,15 @@ CREATE OR REPLACE FUNCTION lease._seconds(v interval)
 RETURNS interval LANGUAGE sql IMMUTABLE
 AS $$ SELECT make_interval(secs => extract(epoch FROM v)::double precision) $$;
 
--- lock_timeout for acquire's lock waits: what is left of the wait (deadline
--- NULL: wait 0, 1 ms), at least 1 ms, at most lock_timeout's maximum.
+-- lock_timeout for acquire's lock waits: what is left of the wait, at least
+-- 1 ms, at most lock_timeout's maximum. deadline NULL (wait 0): 100 ms, the
+-- bound of a first grant's insertion. It waits only for a concurrent first
+-- grant of the key or for the server's own short locks (extending the table
+-- or an index), which must not deny a free key under load.
 CREATE OR REPLACE FUNCTION lease._lock_timeout(deadline timestamptz)
 RETURNS text LANGUAGE sql VOLATILE
 AS $$
-  SELECT CASE WHEN deadline IS NULL THEN '1'
+  SELECT CASE WHEN deadline IS NULL THEN '100'
     ELSE least(2147483647, greatest(1, ceil(extract(epoch FROM deadline - clock_timestamp()) * 1000)))::bigint::text
   END
 $$;
@@ -700,7 +708,7 @@ BEGIN
           -- bounded: a lock_timeout would also cut the waits for the
           -- server's own short locks (extending the table or an index, for
           -- one) and deny a free key under load. A first grant's insertion,
-          -- which can only wait, waits 1 ms at a time, three times at most.
+          -- which can only wait, waits 100 ms at a time, twice at most.
           IF v_deadline IS NOT NULL OR NOT v_found THEN
             PERFORM set_config('lock_timeout', lease._lock_timeout(v_deadline), true);
           END IF;
@@ -780,9 +788,9 @@ BEGIN
             -- locked longer than the wait allows.
             IF v_deadline IS NULL THEN
               -- wait 0: the NOWAIT row lock, or a first grant's insertion
-              -- that waited 1 ms (for a concurrent first grant of the key,
-              -- or for a short server lock: read again, twice).
-              IF NOT v_found AND v_busy < 2 THEN
+              -- that waited 100 ms (for a concurrent first grant of the key
+              -- kept uncommitted, or an overloaded server: read again, once).
+              IF NOT v_found AND v_busy < 1 THEN
                 v_busy := v_busy + 1;
                 CONTINUE;
               END IF;
@@ -1180,19 +1188,32 @@ END
 $$;
 
 -- Registers this backend as waiting for notifications of key ('*': of every
--- key), for pg_lease.notify = 'waiters' (specs/SEMANTICS.md). Call it in a
--- transaction of its own (autocommit), then LISTEN pg_lease, then read the
--- key's state. listen locks the key's row FOR SHARE until its transaction
--- ends: a change in flight, past its decision whether to notify, commits
--- before listen returns, and any later change sees the registration. It also
--- drops the registrations of backends that are gone.
+-- key), for pg_lease.notify = 'waiters' (specs/SEMANTICS.md). A waiter runs
+-- LISTEN pg_lease, then listen(key) in a transaction of its own until it
+-- returns true, then reads the key's state. It misses no change: a change
+-- whose notify decision came before the registration was committed still
+-- held the key's row lock (or its uncommitted first grant) then. listen
+-- waits for such a change to end, without keeping any lock, so a read that
+-- follows sees it. Every later change sees the registration and notifies.
+-- true: the registration was committed before this call, so the guarantee
+-- holds. false: a new registration; call again after this transaction ends.
+-- For '*' nothing in flight is waited for. A session may hold at most 1000
+-- registrations (54000 beyond). Each call also drops a few registrations of
+-- backends that are gone.
 CREATE OR REPLACE FUNCTION lease.listen(key text)
-RETURNS void
+RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-  v_key text := key;
+  v_key   text := key;
+  v_pid   integer := pg_backend_pid();
+  v_max   constant integer := 1000;
+  v_since timestamptz;
+  v_n     bigint;
+  v_live  integer[];
+  v_gone  integer;
+  v_tid   tid;
 BEGIN
   IF v_key IS DISTINCT FROM '*' THEN
     PERFORM lease._raise_invalid(ARRAY[lease._text_violation('key', v_key)]);
@@ -1200,14 +1221,64 @@ BEGIN
   IF current_setting('transaction_read_only') = 'on' THEN
     PERFORM lease._raise_read_only('lease.listen');
   END IF;
-  DELETE FROM lease.listeners w
-   WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a WHERE a.pid = w.pid);
-  INSERT INTO lease.listeners AS w (pid, key, since)
-    VALUES (pg_backend_pid(), v_key, clock_timestamp())
-    ON CONFLICT ON CONSTRAINT listeners_pkey DO NOTHING;
-  IF v_key <> '*' THEN
-    PERFORM FROM lease.leases l WHERE l.key = v_key FOR SHARE;
+
+  -- Clean-up of backends that are gone, bounded: the distinct pids through
+  -- the pid index, then at most 100 rows of one gone backend. The list of live backends is read
+  -- fresh: a transaction's cached copy may predate a backend that registered.
+  PERFORM pg_stat_clear_snapshot();
+  v_live := ARRAY(SELECT a.pid FROM pg_stat_get_activity(NULL::integer) a WHERE a.pid IS NOT NULL);
+  WITH RECURSIVE p(pid) AS (
+    (SELECT w.pid FROM lease.listeners w ORDER BY w.pid LIMIT 1)
+    UNION ALL
+    SELECT (SELECT w.pid FROM lease.listeners w WHERE w.pid > p.pid ORDER BY w.pid LIMIT 1)
+      FROM p WHERE p.pid IS NOT NULL
+  )
+  SELECT min(p.pid) INTO v_gone FROM p WHERE p.pid IS NOT NULL AND p.pid <> ALL (v_live);
+  IF v_gone IS NOT NULL THEN
+    -- (Through the pid index, from the end of the backend's entries: the
+    -- first entry of each pid, where the search above lands, stays live.)
+    FOR v_tid IN SELECT g.ctid FROM lease.listeners g WHERE g.pid = v_gone ORDER BY g.pid DESC LIMIT 100 LOOP
+      DELETE FROM lease.listeners w WHERE w.ctid = v_tid;
+    END LOOP;
   END IF;
+
+  SELECT w.since INTO v_since FROM lease.listeners w WHERE w.key = v_key AND w.pid = v_pid;
+  IF NOT FOUND THEN
+    -- (EXECUTE: planned for this pid, through the pid index, never as one
+    -- generic plan that may scan every backend's registrations.)
+    EXECUTE 'SELECT count(*) FROM lease.listeners w WHERE w.pid = $1' INTO v_n USING v_pid;
+    IF v_n >= v_max THEN
+      RAISE EXCEPTION 'too_many_registrations'
+        USING ERRCODE = '54000',
+              DETAIL = format('this session has %s registrations, the most one session may hold', v_n),
+              HINT = 'Drop keys with lease.unlisten, or register ''*'' for every key.';
+    END IF;
+    INSERT INTO lease.listeners AS w (pid, key, since)
+      VALUES (v_pid, v_key, clock_timestamp())
+      ON CONFLICT ON CONSTRAINT listeners_pkey DO NOTHING;
+  END IF;
+
+  IF v_key <> '*' THEN
+    -- Wait for a change of the key in flight, keeping no lock. A row lock
+    -- taken in a subtransaction is released when it rolls back. A key with
+    -- no committed row may have a first grant in flight: an insertion of
+    -- the key waits for it, and is rolled back with the subtransaction.
+    BEGIN
+      PERFORM FROM lease.leases l WHERE l.key = v_key FOR SHARE;
+      IF NOT FOUND THEN
+        INSERT INTO lease.leases AS l (key, owner, epoch, expires_at, acquired_at)
+          VALUES (v_key, NULL, 1, clock_timestamp(), clock_timestamp())
+          ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING;
+        IF NOT FOUND THEN
+          PERFORM FROM lease.leases l WHERE l.key = v_key FOR SHARE;
+        END IF;
+      END IF;
+      RAISE EXCEPTION USING ERRCODE = 'LEASE';
+    EXCEPTION WHEN SQLSTATE 'LEASE' THEN
+      NULL;
+    END;
+  END IF;
+  RETURN v_since IS NOT NULL AND v_since < transaction_timestamp();
 END
 $$;
 

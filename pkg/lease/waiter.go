@@ -381,6 +381,12 @@ func (w *Waiter) syncRegistrations(conn *pgx.Conn) (retry bool, err error) {
 		}
 		for _, k := range add {
 			err := w.regQuery(conn, `SELECT lease.listen($1)`, k)
+			if err == nil {
+				// Once more, now that the registration is committed: this call
+				// waits for a change of the key that was in flight before it
+				// (pg_lease 0.4.0; a no-op before).
+				err = w.regQuery(conn, `SELECT lease.listen($1)`, k)
+			}
 			switch {
 			case err == nil:
 				w.event("listen", k)

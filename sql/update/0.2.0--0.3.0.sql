@@ -9,7 +9,7 @@ ALTER TABLE lease.epoch_floor DROP CONSTRAINT epoch_floor_pkey;
 
 CREATE TABLE lease.timeline_state (
     timeline    bigint      NOT NULL,
-    era         bigint      NOT NULL CHECK (era >= 0 AND era < 8388607),
+    era         bigint      NOT NULL CHECK (era OPERATOR(pg_catalog.>=) 0 AND era OPERATOR(pg_catalog.<) 8388607),
     grace_until timestamptz
 );
 COMMENT ON TABLE lease.timeline_state IS

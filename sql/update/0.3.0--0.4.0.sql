@@ -77,3 +77,7 @@ CREATE INDEX strategies_role ON lease.strategies (role);
 COMMENT ON TABLE lease.strategies IS
   'pg_lease internal: who a release hands a key to (lease.set_strategy); no row means any';
 
+-- The listeners' pid index (the per-session bound, the clean-up).
+-- listen returns whether its registration was already in place (boolean).
+DROP FUNCTION IF EXISTS lease.listen(text);  -- (a 0.3.0 install has it)
+CREATE INDEX listeners_pid ON lease.listeners (pid);

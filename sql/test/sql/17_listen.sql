@@ -1,12 +1,14 @@
--- 17_listen (0.3.0, SQL half): lease.listen / lease.unlisten
--- register and drop this backend's interest in a key ('*': every key), for
--- pg_lease.notify = 'waiters'. Invalid keys are 22023; registrations of
--- backends that are gone are dropped by the next listen; read-only is 25006.
+-- 17_listen: lease.listen / lease.unlisten register and drop this backend's
+-- interest in a key ('*': every key), for pg_lease.notify = 'waiters'.
+-- listen answers true once its registration was committed before the call.
+-- Invalid keys are 22023; registrations of backends that are gone are dropped
+-- by later listens, at most 100 per call; a session holds at most 1000
+-- registrations (54000 beyond); read-only is 25006.
 \set VERBOSITY default
 \set SHOW_CONTEXT never
 
 SELECT lease.listen('ls-1');
-SELECT lease.listen('ls-1');   -- idempotent
+SELECT lease.listen('ls-1');   -- idempotent; committed before: true
 SELECT lease.listen('*');
 SELECT key, pid = pg_backend_pid() AS mine FROM lease.listeners ORDER BY key;
 SELECT lease.unlisten('ls-1') AS dropped;
@@ -46,3 +48,40 @@ SELECT * FROM lease.listeners;
 \echo :LAST_ERROR_SQLSTATE
 RESET SESSION AUTHORIZATION;
 DROP ROLE regress_pglease_listener;
+
+-- Within one transaction a new registration is not yet committed: false,
+-- however often listen is called; after the commit, true.
+BEGIN;
+SELECT lease.listen('ls-5') AS settled;
+SELECT lease.listen('ls-5') AS settled;
+COMMIT;
+SELECT lease.listen('ls-5') AS settled;
+SELECT lease.unlisten('*') AS dropped;
+
+-- Clean-up is bounded: 250 registrations of a backend that is gone (pid 0)
+-- take three listens to drop, 100 at most per call.
+INSERT INTO lease.listeners SELECT 0, 'ls-gone-' || i, clock_timestamp() FROM generate_series(1, 250) i;
+SELECT lease.listen('ls-6') IS NOT NULL AS listened;
+SELECT count(*) AS gone_left FROM lease.listeners WHERE pid = 0;
+SELECT lease.listen('ls-6') IS NOT NULL AS listened;
+SELECT count(*) AS gone_left FROM lease.listeners WHERE pid = 0;
+SELECT lease.listen('ls-6') IS NOT NULL AS listened;
+SELECT count(*) AS gone_left FROM lease.listeners WHERE pid = 0;
+SELECT lease.unlisten('*') AS dropped;
+
+-- At most 1000 registrations per session: the 1001st key is refused with
+-- 54000 and nothing is added; a key already registered and '*' beyond it are
+-- refused or answered as usual.
+SELECT count(lease.listen('ls-cap-' || i)) AS registered FROM generate_series(1, 1000) i;
+SELECT lease.listen('ls-cap-1001');
+\echo :LAST_ERROR_SQLSTATE
+SELECT lease.listen('ls-cap-1') AS settled;
+SELECT count(*) AS registrations FROM lease.listeners WHERE pid = pg_backend_pid();
+SELECT lease.unlisten('ls-cap-1') AS dropped;
+SELECT lease.listen('ls-cap-1001') AS settled;
+SELECT lease.unlisten('*') AS dropped;
+
+-- listen leaves no row behind for a key never leased.
+SELECT lease.listen('ls-never') AS settled;
+SELECT count(*) AS rows FROM lease.leases WHERE key = 'ls-never';
+SELECT lease.unlisten('*') AS dropped;
