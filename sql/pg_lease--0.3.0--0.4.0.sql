@@ -35,8 +35,8 @@ CREATE TABLE lease.history (
     detail         text,
     CONSTRAINT history_pkey PRIMARY KEY (key, seq),
     CONSTRAINT history_key_fkey FOREIGN KEY (key) REFERENCES lease.leases (key) ON DELETE CASCADE,
-    CONSTRAINT history_event_check CHECK (event IN ('acquired', 'taken_over', 'handed_over', 'released',
-                                                    'force_released', 'promotion_grace'))
+    CONSTRAINT history_event_check CHECK (event OPERATOR(pg_catalog.=) ANY (ARRAY['acquired', 'taken_over', 'handed_over', 'released',
+                                                    'force_released', 'promotion_grace']::pg_catalog.text[]))
 );
 COMMENT ON TABLE lease.history IS
   'pg_lease internal: the last events of each key (lease.history, lease.health; retention: lease.configure_history)';
@@ -44,7 +44,7 @@ COMMENT ON TABLE lease.history IS
 -- No row: the default retention, 100 events per key.
 CREATE TABLE lease.history_settings (
     singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
-    keep_rows integer NOT NULL CHECK (keep_rows BETWEEN 0 AND 100000)
+    keep_rows integer NOT NULL CHECK (keep_rows OPERATOR(pg_catalog.>=) 0 AND keep_rows OPERATOR(pg_catalog.<=) 100000)
 );
 COMMENT ON TABLE lease.history_settings IS
   'pg_lease internal: history retention (lease.configure_history); no row means 100 events per key';

@@ -131,6 +131,9 @@ var (
 	operator = regexp.MustCompile(`[+\-*/<>=~!@#%^&|?]+`)
 	// qualifiedOperator: OPERATOR(pg_catalog.x), removed before the scan.
 	qualifiedOperator = regexp.MustCompile(`OPERATOR\(pg_catalog\.[^)]+\)`)
+	// keywordOperator: SQL syntax that compares through an operator that
+	// search_path resolves (IN with a list, BETWEEN, LIKE, IS DISTINCT FROM).
+	keywordOperator = regexp.MustCompile(`(?i)\bIN\s*\(\s*[^sS\s]|\bBETWEEN\b|\bI?LIKE\b|\bSIMILAR\s+TO\b|\bDISTINCT\s+FROM\b`)
 	// reloptions: WITH (name = value, ...), not operators.
 	reloptions = regexp.MustCompile(`(?i)WITH\s*\([a-z_]+\s*=\s*[0-9a-z_]+\)`)
 )
@@ -174,6 +177,10 @@ func scriptCalls(script string) (unqualified, qualified, operators []string) {
 		for _, op := range operator.FindAllString(rest, -1) {
 			ops[op] = true
 		}
+		// Operators written as keywords: IN (a list), BETWEEN, LIKE ...
+		for _, m := range keywordOperator.FindAllString(rest, -1) {
+			ops[strings.ToUpper(strings.Join(strings.Fields(m), " "))] = true
+		}
 	}
 	return keys(uq), keys(q), keys(ops)
 }
@@ -214,6 +221,10 @@ func TestScanFindsUnqualified(t *testing.T) {
 	uq, _, ops := scriptCalls(released)
 	if !contains(uq, "format") || !contains(ops, "=") {
 		t.Fatalf("the scan missed the released script's unqualified format() or =: calls %v, operators %v", uq, ops)
+	}
+	_, _, ops = scriptCalls("CREATE TABLE lease.t (a int CHECK (a IN (1, 2) AND a BETWEEN 0 AND 3));")
+	if !contains(ops, "IN (1") || !contains(ops, "BETWEEN") {
+		t.Fatalf("the scan missed IN (a list) or BETWEEN: %v", ops)
 	}
 	// Function bodies are left out; DO blocks are scanned.
 	uq, _, _ = scriptCalls("CREATE FUNCTION lease.f() RETURNS int LANGUAGE sql AS $$ SELECT abs(1) $$;\nDO $$ BEGIN PERFORM lower('x'); END $$;")
