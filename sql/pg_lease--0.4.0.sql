@@ -195,7 +195,7 @@ COMMENT ON TABLE lease.candidates IS
 -- Strategies. No row: any (the waiters race, as before).
 CREATE TABLE lease.strategies (
     key      text        NOT NULL,
-    strategy text        NOT NULL CHECK (strategy IN ('priority', 'newest_version', 'oldest_version')),
+    strategy text        NOT NULL CHECK (strategy OPERATOR(pg_catalog.=) ANY (ARRAY['priority', 'newest_version', 'oldest_version']::pg_catalog.text[])),
     role     text        NOT NULL,
     set_at   timestamptz NOT NULL,
     CONSTRAINT strategies_pkey PRIMARY KEY (key)
