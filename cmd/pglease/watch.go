@@ -366,7 +366,10 @@ func (wt *watcher) diff(o keyState, seen bool, n keyState) keyState {
 		if n.Status == statusFree {
 			n.Status = statusReleased
 		}
-		wt.print("released", n, o.Holder)
+		// Print the released grant's epoch, as a notification names it.
+		r := n
+		r.Epoch = o.Epoch
+		wt.print("released", r, o.Holder)
 	case n.Epoch == o.Epoch && n.Status == statusFree:
 		// Nothing changed; keep what watch derived (lapsed, its holder).
 		o.ServerNow, o.ReadAt = n.ServerNow, n.ReadAt
