@@ -69,17 +69,26 @@ echo "building the robustness runner"
 (cd "$repo" && go build -o "$scratch/pglease-robustness" ./cmd/pglease-robustness)
 
 # --- the defects: exact, asserted substitutions ---
-# make_defect DEFECT DIR: writes DIR/pg_lease--0.1.0.sql and the update
-# scripts (broken), and DIR/plain.sql (base + updates, for plain installs).
+# make_defect DEFECT DIR: writes DIR/pg_lease--*.sql (broken where the
+# default version's install runs them) and DIR/plain.sql (for plain
+# installs). With a full script of the default version (0.4.0 on), the
+# defect goes into it and into the same shared part of the direct update
+# scripts; before, into the base script and the update chain.
 make_defect() {
   python3 - "$sqldir" "$2" "$1" <<'PY'
 import glob, os, re, sys
 src, dst, defect = sys.argv[1:4]
-base_name = 'pg_lease--0.1.0.sql'
-updates = sorted((os.path.basename(p) for p in glob.glob(os.path.join(src, 'pg_lease--*--*.sql'))),
-                 key=lambda n: [int(x) for x in re.findall(r'\d+', n)])
-order = [base_name] + updates          # the scripts, in the order an install runs them
-texts = {n: open(os.path.join(src, n)).read() for n in order}
+version = re.search(r"^default_version = '([^']+)'", open(os.path.join(src, 'pg_lease.control')).read(), re.M).group(1)
+allnames = sorted(os.path.basename(p) for p in glob.glob(os.path.join(src, 'pg_lease--*.sql')))
+full = 'pg_lease--%s.sql' % version
+if full in allnames:
+    order = [full]                     # CREATE EXTENSION runs this script alone
+else:
+    base_name = 'pg_lease--0.1.0.sql'
+    updates = sorted((n for n in allnames if n.count('--') == 2),
+                     key=lambda n: [int(x) for x in re.findall(r'\d+', n)])
+    order = [base_name] + updates      # the scripts, in the order an install runs them
+texts = {n: open(os.path.join(src, n)).read() for n in allnames}
 orig = dict(texts)
 HEAD = r'CREATE (?:OR REPLACE )?FUNCTION lease\.%s\('
 
@@ -169,10 +178,21 @@ else:
 
 if (texts == orig) != (defect == 'control'):
     sys.exit('defect %s: the scripts are %s' % (defect, 'unchanged' if texts == orig else 'changed'))
+# The direct update scripts carry the full script's shared part verbatim
+# (hack/gensql): the defect goes there too, so every update path has it.
+SHARED = re.compile(r'^-- @shared-begin.*?^-- @shared-end[^\n]*\n', re.M | re.S)
+if full in order and texts[full] != orig[full]:
+    a, b = SHARED.search(orig[full]), SHARED.search(texts[full])
+    for n in allnames:
+        if n.endswith('--%s.sql' % version) and n.count('--') == 2:
+            if orig[n].count(a.group(0)) != 1:
+                sys.exit('defect %s: %s does not carry the shared part of %s' % (defect, n, full))
+            texts[n] = orig[n].replace(a.group(0), b.group(0))
 os.makedirs(dst, exist_ok=True)
+for n in allnames:
+    open(os.path.join(dst, n), 'w').write(texts[n])
 plain = ''
 for n in order:
-    open(os.path.join(dst, n), 'w').write(texts[n])
     plain += texts[n] if texts[n].endswith('\n') else texts[n] + '\n'
 open(os.path.join(dst, 'plain.sql'), 'w').write(plain)
 PY

@@ -5,12 +5,14 @@
                    [--suites regression,isolation,go,upgrade] [--out DIR] [--bindir DIR] [--report-only]
 
 Every mutant is ONE small change to the SQL that CREATE EXTENSION pg_lease runs:
-the base script and every update script on the path to the control file's
-default_version (so sql/pg_lease--0.2.0--0.3.0.sql is picked up when it lands).
-A function is mutated only in its final definition, the last script on that
-path that creates it (a function redefined by a later update script would undo
-a mutant of its older text); top-level ACL and ownership statements and DO
-blocks are mutated in every script, since all of them run.
+the shortest install path to the control file's default_version. From 0.4.0
+on that is one full script (sql/pg_lease--0.4.0.sql). A mutant inside its
+shared part (between the @shared-begin and @shared-end lines) is made in the
+direct update scripts too (pg_lease--X--0.4.0.sql carry that part verbatim,
+hack/gensql), so every install and update path runs it. On an older chain, a
+function is mutated only in its final definition, the last script on that path
+that creates it; top-level ACL and ownership statements and DO blocks are
+mutated in every script, since all of them run.
 
 Operators (--ops):
   cmp     a comparison operator: < <=, > >=, = <>, <> =  (one site each)
@@ -37,7 +39,7 @@ temporary directory: the extension directory this writes is never a shared
 one), one throwaway cluster serves the whole run (hack/with-postgres.sh), and:
 
   probe       CREATE EXTENSION pg_lease in a fresh database, and the update path
-              from the oldest base version; a mutant that does not install is
+              from the oldest full script (0.1.0); a mutant that does not install is
               "stillborn" (not counted: it tests nothing)
   regression  PGXS make installcheck ISOLATION=   (sql/test/sql)
   isolation   PGXS make installcheck REGRESS=     (sql/test/specs)
@@ -565,7 +567,6 @@ CREATE EXTENSION pg_lease VERSION '0.1.0';
 SELECT acquired FROM lease.acquire('iu-held', 'o1', interval '1h');
 SELECT acquired FROM lease.acquire('iu-free', 'o1', interval '1h');
 SELECT status FROM lease.release('iu-free', 'o1', 1);
-ALTER EXTENSION pg_lease UPDATE TO '0.2.0';
 SELECT acquired FROM lease.acquire('iu-held2', 'o2', interval '1h');
 SELECT acquired FROM lease.acquire('iu-lapsed2', 'o2', interval '1ms');
 ALTER EXTENSION pg_lease UPDATE;
@@ -590,7 +591,7 @@ def upgrade_suite(plan, work, log, env, out, mid):
                     os.symlink(f, os.path.join(inp, sub, os.path.basename(f)))
     regress = sorted(os.path.basename(f)[:-4] for f in glob.glob(os.path.join(work, 'test', 'sql', '*.sql')))
     ups = sorted(os.path.basename(f)[:-4] for f in glob.glob(os.path.join(work, 'test', 'upgrade', 'sql', 'upgrade_*.sql')))
-    last = [u for u in ups if u.startswith('upgrade_99_')]
+    last = [u for u in ups if re.match(r'upgrade_9[0-9]_', u)]
     ups = [u for u in ups if u not in last]
     odir = os.path.join(work, 'upgrade-out')
     shutil.rmtree(odir, ignore_errors=True)
@@ -779,6 +780,25 @@ def load_equivalent():
                 mid, _, why = line.partition(' ')
                 eq[mid] = why.strip()
     return eq
+
+
+SHARED = re.compile(r'^-- @shared-begin.*?^-- @shared-end[^\n]*\n', re.M | re.S)
+
+
+def shared_copies(orig, mutated, version, allfiles):
+    """The direct update scripts to version with the mutant of the full
+    script's shared part made in them too: {name: text}. Empty when the
+    mutant lies outside the shared part (in the fresh install's state)."""
+    a, b = SHARED.search(orig), SHARED.search(mutated)
+    if not a or not b or a.group(0) == b.group(0):
+        return {}
+    out = {}
+    for n, t in allfiles.items():
+        if n.endswith('--%s.sql' % version) and n.count('--') == 2:
+            if t.count(a.group(0)) != 1:
+                die('%s does not carry the shared part of pg_lease--%s.sql: run go run ./hack/gensql' % (n, version))
+            out[n] = t.replace(a.group(0), b.group(0))
+    return out
 
 
 def plain_sql(files, order):
@@ -991,6 +1011,8 @@ def main():
             else:
                 s = texts[st.script]
                 files[st.script] = s[:st.a] + st.new + s[st.b:]
+                for n, t in shared_copies(s, files[st.script], version, allfiles).items():
+                    files[n] = t
                 what, op, script, line, unit = st.what, st.op, st.script, line_of(s, st.a), st.unit
                 patch = ''.join(difflib.unified_diff(
                     s.splitlines(True), files[st.script].splitlines(True),
@@ -1001,7 +1023,9 @@ def main():
             plan_mutants.append({'id': m['id'], 'op': op, 'what': what, 'script': script, 'line': line,
                                  'unit': unit, 'files': files,
                                  'unit_sha': unit_sha(texts, st) if st is not None else ''})
-        base = order[0][len('pg_lease--'):-len('.sql')]
+        base = min((os.path.basename(p)[len('pg_lease--'):-len('.sql')]
+                    for p in glob.glob(os.path.join(SQLDIR, 'pg_lease--*.sql'))
+                    if '--' not in os.path.basename(p)[len('pg_lease--'):]), key=vkey)
         plan = {'chain_sha': csha, 'prev': prev, 'seed': args.seed, 'max': args.max, 'out': args.out, 'extdir': extdir, 'work': work, 'bindir': sbin, 'pg_config': spgconfig,
                 'suites': suites, 'go_pkg': args.go_pkg, 'control_files': control, 'mutants': plan_mutants,
                 'base': base}
