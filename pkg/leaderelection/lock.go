@@ -98,8 +98,9 @@ func (l *Lock) timing() (leaseDuration, renewDeadline, retryPeriod time.Duration
 //	                followers poll: see NewMigrationLock)
 //
 // A disabled election (LeaderElect false) is an error: there is no lock to
-// build. For "pglease" New opens the listen connection (BuildOptions.Waiter
-// unset), so PostgreSQL must answer; ctx bounds that connection.
+// build. New needs no answer from PostgreSQL: the pool and the listen
+// connection connect when the server can be reached, so a process started
+// during a database restart elects once it is back.
 func New(ctx context.Context, c Config, o BuildOptions) (*Lock, error) {
 	if !c.LeaderElect {
 		return nil, fmt.Errorf("%w: leaderElect is false: no lock to build", ErrInvalidConfig)
@@ -178,7 +179,7 @@ func New(ctx context.Context, c Config, o BuildOptions) (*Lock, error) {
 		w := o.Waiter
 		if w == nil {
 			var err error
-			if w, err = lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{}); err != nil {
+			if w, err = lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{ConnectInBackground: true}); err != nil {
 				out.Close()
 				return nil, fmt.Errorf("leaderelection: opening the listen connection (DSN from %s): %w", c.dsnSource(), err)
 			}

@@ -29,6 +29,12 @@ type WaiterOptions struct {
 	QueryTimeout time.Duration
 	// WatchBuffer is the capacity of each Watch channel. Zero: 256.
 	WatchBuffer int
+	// ConnectInBackground makes NewWaiter return without a connection when
+	// the server cannot be reached. The Waiter then connects when it can,
+	// with the reconnection backoff. Until it listens, Await polls; once it
+	// listens, every Watch subscriber gets an EventResync. A process that
+	// starts during a database restart then waits instead of failing.
+	ConnectInBackground bool
 }
 
 func (o *WaiterOptions) validate() error {
@@ -153,8 +159,8 @@ type registry struct {
 // pgx.ParseConfig(dsn). The connection always interrupts waits with
 // deadlines (pgconn.DeadlineContextWatcherHandler), never with cancel
 // requests, whatever cfg says. NewWaiter fails if the first connection
-// cannot be made; later losses of the connection are repaired in the
-// background.
+// cannot be made, unless opts.ConnectInBackground. Later losses of the
+// connection are repaired in the background.
 func NewWaiter(ctx context.Context, cfg *pgx.ConnConfig, opts WaiterOptions) (*Waiter, error) {
 	return newWaiter(ctx, cfg, opts, nil)
 }
@@ -182,10 +188,14 @@ func newWaiter(ctx context.Context, cfg *pgx.ConnConfig, opts WaiterOptions, hoo
 	cfg.RuntimeParams["lock_timeout"] = "50ms"
 	w := &Waiter{cfg: cfg, opts: opts, loopDone: make(chan struct{}), watchers: map[*watcher]struct{}{}, hook: hook}
 	conn, err := w.connect(ctx)
-	if err != nil {
+	switch {
+	case err == nil:
+		w.regs.up = true // before run starts: a Watch from now on waits for its registration
+	case opts.ConnectInBackground:
+		w.event("connect_failed", err.Error()) // run connects
+	default:
 		return nil, err
 	}
-	w.regs.up = true // before run starts: a Watch from now on waits for its registration
 	w.ctx, w.cancel = context.WithCancel(context.Background())
 	go w.run(conn)
 	return w, nil
@@ -690,7 +700,9 @@ func (w *Waiter) run(conn *pgx.Conn) {
 		}
 		w.shutdown()
 	}()
-	w.event("listening", "")
+	if conn != nil {
+		w.event("listening", "")
+	}
 	backoff := w.opts.ReconnectMin
 	retryAt := time.Time{}
 	for w.ctx.Err() == nil {

@@ -1,0 +1,68 @@
+package lease_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/pkg/lease"
+)
+
+// A Waiter built with ConnectInBackground while the server is down starts
+// at once, connects when the server is back, tells its subscribers to read
+// again, and then delivers notifications.
+func TestWaiterConnectsInBackground(t *testing.T) {
+	ctx := testCtx(t)
+	srv := pgtest.New(t)
+	ensureExtensionFiles(t, srv)
+	dsn, err := srv.NewDatabase(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := connect(t, dsn)
+	if _, err := conn.Exec(ctx, "CREATE EXTENSION pg_lease"); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.Close(ctx)
+	if err := srv.Stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := lease.NewWaiter(ctx, connConfig(t, dsn), lease.WaiterOptions{}); err == nil {
+		t.Fatal("NewWaiter without ConnectInBackground succeeded while the server was down")
+	}
+	rec := &recorder{ch: make(chan hookEvent, 4096)}
+	w, err := lease.NewWaiterWithHook(ctx, connConfig(t, dsn),
+		lease.WaiterOptions{ConnectInBackground: true, ReconnectMax: 200 * time.Millisecond}, rec.hook)
+	if err != nil {
+		t.Fatalf("NewWaiter with ConnectInBackground while the server is down: %v", err)
+	}
+	defer w.Close()
+	rec.next(t, "connect_failed")
+	events := w.Watch(ctx, "k") // returns at once: nothing listens yet
+
+	if err := srv.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rec.next(t, "listening") // k is registered by now
+	next := func() lease.Event {
+		t.Helper()
+		select {
+		case ev := <-events:
+			return ev
+		case <-ctx.Done():
+			t.Fatal("no event")
+		}
+		return lease.Event{}
+	}
+	if ev := next(); ev.Type != lease.EventResync {
+		t.Fatalf("first event %+v, want a resync", ev)
+	}
+	c := lease.New(newPool(t, dsn))
+	if _, ok, err := c.Acquire(ctx, "k", "a", time.Minute); err != nil || !ok {
+		t.Fatalf("acquire: %v %v", ok, err)
+	}
+	if ev := next(); ev.Type != lease.EventAcquired || ev.Key != "k" || ev.Owner != "a" {
+		t.Fatalf("event %+v, want k acquired by a", ev)
+	}
+}
