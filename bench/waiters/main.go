@@ -55,6 +55,7 @@ var (
 	alsoF    = flag.String("also", "50x50", "more runs, WAITERSxCONNS comma-separated (50x50: one waiter per simulated process); empty: none")
 	settle   = flag.Duration("settle", 300*time.Millisecond, "pause after each grant, so each round's herd has finished before the next release")
 	fsync    = flag.String("fsync", "on", "server fsync (on: durable commits)")
+	handover = flag.Bool("handover", false, "run every shape twice: the waiters race (as without candidates), then each waiter is a registered candidate and the key's strategy is priority, so each release grants the key to one of them")
 )
 
 const key = "hot"
@@ -70,6 +71,7 @@ type result struct {
 	CPUms        float64              `json:"server_cpu_ms_per_release"`
 	Statements   float64              `json:"statements_per_release"`
 	Load         float64              `json:"load"`
+	Handover     bool                 `json:"handover"`
 	Server       benchutil.ServerInfo `json:"server"`
 }
 
@@ -113,17 +115,23 @@ func main() {
 	}
 	shapes = append(shapes, [2]int{*waitersF, *connsF})
 	failed := false
+	modes := []bool{false}
+	if *handover {
+		modes = append(modes, true)
+	}
 	for _, sh := range shapes {
-		r, err := run(ctx, dsn, sh[0], sh[1])
-		r.Server = info
-		if err != nil {
-			log.Printf("waiters=%d conns=%d: %v", sh[0], sh[1], err)
-			failed = true
-			continue
+		for _, ho := range modes {
+			r, err := run(ctx, dsn, sh[0], sh[1], ho)
+			r.Server = info
+			if err != nil {
+				log.Printf("waiters=%d conns=%d handover=%v: %v", sh[0], sh[1], ho, err)
+				failed = true
+				continue
+			}
+			results = append(results, r)
+			log.Printf("waiters=%d conns=%d handover=%v releases=%d: release-to-grant p50=%.0fus p99=%.0fus max=%.0fus; winners per release %d..%d; server CPU %.2f ms and %.1f statements per release",
+				r.Waiters, r.Conns, r.Handover, r.Releases, r.ReleaseGrant.P50, r.ReleaseGrant.P99, r.ReleaseGrant.Max, r.MinWinners, r.MaxWinners, r.CPUms, r.Statements)
 		}
-		results = append(results, r)
-		log.Printf("waiters=%d conns=%d releases=%d: release-to-grant p50=%.0fus p99=%.0fus max=%.0fus; winners per release %d..%d; server CPU %.2f ms and %.1f statements per release",
-			r.Waiters, r.Conns, r.Releases, r.ReleaseGrant.P50, r.ReleaseGrant.P99, r.ReleaseGrant.Max, r.MinWinners, r.MaxWinners, r.CPUms, r.Statements)
 	}
 	if err := benchutil.WriteResults(*out, "waiters", results, report(results)); err != nil {
 		log.Fatal(err)
@@ -138,8 +146,8 @@ type win struct {
 	at time.Time
 }
 
-func run(ctx context.Context, dsn string, nWaiters, nConns int) (result, error) {
-	res := result{Waiters: nWaiters, Conns: nConns, Pool: min(*poolF, nWaiters+1), Releases: *releases}
+func run(ctx context.Context, dsn string, nWaiters, nConns int, handover bool) (result, error) {
+	res := result{Waiters: nWaiters, Conns: nConns, Pool: min(*poolF, nWaiters+1), Releases: *releases, Handover: handover}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	admin, err := pgx.Connect(ctx, dsn)
@@ -147,8 +155,11 @@ func run(ctx context.Context, dsn string, nWaiters, nConns int) (result, error) 
 		return res, err
 	}
 	defer admin.Close(context.Background())
-	if _, err := admin.Exec(ctx, `DELETE FROM lease.leases WHERE key = $1`, key); err != nil {
-		return res, err
+	for _, q := range []string{`DELETE FROM lease.leases WHERE key = $1`, `DELETE FROM lease.candidates WHERE key = $1`,
+		`DELETE FROM lease.strategies WHERE key = $1`} {
+		if _, err := admin.Exec(ctx, q, key); err != nil {
+			return res, err
+		}
 	}
 	pcfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
@@ -161,6 +172,18 @@ func run(ctx context.Context, dsn string, nWaiters, nConns int) (result, error) 
 	}
 	defer pool.Close()
 	c := lease.New(pool)
+	if handover {
+		// Every waiter a ready candidate (registered in one statement on a
+		// pool connection, which stays open for the run); the strategy
+		// picks one per release.
+		if _, err := c.SetStrategy(ctx, key, lease.StrategyPriority); err != nil {
+			return res, err
+		}
+		if _, err := pool.Exec(ctx, `SELECT lease.candidate($1, 'w' || i, interval '1 hour', priority => i % 7)
+			FROM generate_series(0, $2 - 1) i`, key, nWaiters); err != nil {
+			return res, err
+		}
+	}
 	held, ok, err := c.Acquire(ctx, key, "driver", time.Minute)
 	if err != nil || !ok {
 		return res, fmt.Errorf("driver's first grant: %v %v", ok, err)
@@ -181,12 +204,17 @@ func run(ctx context.Context, dsn string, nWaiters, nConns int) (result, error) 
 		go func(i int) {
 			defer wg.Done()
 			w, owner := ws[i%nConns], "w"+strconv.Itoa(i)
+			var won int64 // the epoch this waiter last won
 			for ctx.Err() == nil {
-				if _, err := w.Await(ctx, c, key, 5*time.Second, func(s lease.State) bool { return !s.Held }); err != nil {
+				// Free (the race), or handed to this waiter (a handover).
+				if _, err := w.Await(ctx, c, key, 5*time.Second, func(s lease.State) bool {
+					return !s.Held || (s.Owner == owner && s.Epoch > won)
+				}); err != nil {
 					continue
 				}
 				g, ok, err := c.Acquire(ctx, key, owner, time.Minute)
-				if err == nil && ok {
+				if err == nil && ok && g.Epoch > won {
+					won = g.Epoch
 					wins <- win{g, time.Now()}
 				}
 			}
@@ -314,10 +342,14 @@ func postmasterPID(backend int32) (int32, error) {
 func report(rs []result) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "### waiters: many waiters on one key (release, herd, one winner)\n\n")
-	fmt.Fprintf(&b, "| waiters | listen conns | pool | releases | release-to-grant p50 µs | p99 µs | max µs | winners/release | server CPU ms/release | statements/release | load |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| waiters | listen conns | pool | on release | releases | release-to-grant p50 µs | p99 µs | max µs | winners/release | server CPU ms/release | statements/release | load |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rs {
-		fmt.Fprintf(&b, "| %d | %d | %d | %d | %.0f | %.0f | %.0f | %d..%d | %.2f | %.1f | %.1f |\n",
-			r.Waiters, r.Conns, r.Pool, r.Releases, r.ReleaseGrant.P50, r.ReleaseGrant.P99, r.ReleaseGrant.Max,
+		mode := "race"
+		if r.Handover {
+			mode = "handover"
+		}
+		fmt.Fprintf(&b, "| %d | %d | %d | %s | %d | %.0f | %.0f | %.0f | %d..%d | %.2f | %.1f | %.1f |\n",
+			r.Waiters, r.Conns, r.Pool, mode, r.Releases, r.ReleaseGrant.P50, r.ReleaseGrant.P99, r.ReleaseGrant.Max,
 			r.MinWinners, r.MaxWinners, r.CPUms, r.Statements, r.Load)
 	}
 	if len(rs) >= 2 && rs[0].Statements > 0 && rs[0].ReleaseGrant.P50 > 0 {
@@ -332,8 +364,8 @@ func report(rs []result) string {
 			return fmt.Sprintf("server CPU %.1f×", r.CPUms/rs[0].CPUms)
 		}
 		for _, r := range rs[1:] {
-			fmt.Fprintf(&b, "- %d waiters over %d: release-to-grant p50 %.2f×, p99 %.2f×; %s; statements %.1f×\n",
-				r.Waiters, r.Conns, r.ReleaseGrant.P50/rs[0].ReleaseGrant.P50, r.ReleaseGrant.P99/rs[0].ReleaseGrant.P99,
+			fmt.Fprintf(&b, "- %d waiters over %d (handover %v): release-to-grant p50 %.2f×, p99 %.2f×; %s; statements %.1f×\n",
+				r.Waiters, r.Conns, r.Handover, r.ReleaseGrant.P50/rs[0].ReleaseGrant.P50, r.ReleaseGrant.P99/rs[0].ReleaseGrant.P99,
 				cpuRatio(r), r.Statements/rs[0].Statements)
 		}
 	}
