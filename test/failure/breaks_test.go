@@ -40,8 +40,8 @@ type breakDef struct {
 
 var breaks = []breakDef{
 	{
-		name: "uptime_clock",
-		what: "server time is the time since the postmaster started: a clock that restarts with the server",
+		name:     "uptime_clock",
+		what:     "server time is the time since the postmaster started: a clock that restarts with the server",
 		fnsUsing: "clock_timestamp()",
 		sql: func(t *testing.T, s string) string {
 			s = strings.ReplaceAll(s, "clock_timestamp()", "lease._uclock()")
