@@ -1,0 +1,154 @@
+package lease
+
+// The wake policy (Await) and the reads the Awaits of one Waiter share.
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Await is the module's one wake policy for code that waits on a key (an
+// elector's follower, a resourcelock follower's Get, the CLI's watch): it
+// reads key through c (Inspect) and returns the first state for which done
+// is true, reading again only when the key may have changed:
+//
+//   - a notification for key (a grant, a release, a force-release) or a
+//     EventResync (the listen connection came back: notifications may have
+//     been missed), from w;
+//   - the observed grant's expiry on the local clock (State.ExpiresLocal:
+//     never early), because a lapse sends no notification;
+//   - poll after the last read, which bounds how late a change is seen when
+//     no notification can arrive (w nil or closed, the listen connection
+//     down, pg_lease.notify = off on the writer, a transaction-pooling proxy
+//     in between).
+//
+// It subscribes (Watch: registering key with lease.listen) before the first
+// read, so a change committed after that read always wakes it, whatever
+// pg_lease.notify says (except off). Each read is bounded by the Waiter's QueryTimeout
+// (10 s without a Waiter), so a silently dead connection cannot stall it. It
+// returns the read's error, or ctx's cause when ctx ends. w may be nil
+// (polling only). Timers run on c's clock.
+func (w *Waiter) Await(ctx context.Context, c *Client, key string, poll time.Duration, done func(State) bool) (State, error) {
+	if poll <= 0 {
+		return State{}, fmt.Errorf("lease: Await %q: %w: poll must be positive, got %v", key, ErrInvalidInput, poll)
+	}
+	var events <-chan Event
+	callTimeout := 10 * time.Second
+	if w != nil {
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		events = w.Watch(wctx, key)
+		callTimeout = w.opts.QueryTimeout
+	}
+	clk := c.clock
+	var after uint64 // the events dispatched when this Await woke
+	shared := false  // woken by an event: a read begun since then will do
+	for {
+		var (
+			st  State
+			err error
+		)
+		if shared {
+			st, err = w.sharedInspect(ctx, c, key, after, callTimeout)
+		} else {
+			ictx, cancel := context.WithTimeout(ctx, callTimeout)
+			st, err = c.Inspect(ictx, key)
+			cancel()
+		}
+		shared = false
+		if err != nil {
+			if ctx.Err() != nil {
+				return State{}, fmt.Errorf("lease: await %q: %w", key, context.Cause(ctx))
+			}
+			return State{}, err
+		}
+		if done(st) {
+			return st, nil
+		}
+		wake := poll
+		if at := st.ExpiresLocal(); !at.IsZero() {
+			wake = min(wake, max(at.Sub(clk.Now()), 0))
+		}
+		timer := clk.NewTimer(wake)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return State{}, fmt.Errorf("lease: await %q: %w", key, context.Cause(ctx))
+		case _, ok := <-events:
+			if !ok {
+				events = nil // the Waiter was closed: poll from now on
+			} else {
+				after, shared = w.dispatched(), true
+			}
+		case <-timer.C():
+		}
+		timer.Stop()
+	}
+}
+
+// readKey names the reads Awaits of one Waiter may share.
+type readKey struct {
+	c   *Client
+	key string
+}
+
+// sharedRead is one Inspect of a key that the Awaits woken by the same
+// notification share: a herd of followers of one key in one process costs
+// one read per notification, not one per follower.
+type sharedRead struct {
+	seq  uint64 // events dispatched when the read began
+	done chan struct{}
+	st   State
+	err  error
+}
+
+// sharedReads are the reads in flight that the Awaits of one Waiter share.
+// They have a lock of their own: the listener never touches them.
+type sharedReads struct {
+	mu sync.Mutex
+	m  map[readKey]*sharedRead
+}
+
+// sharedInspect reads key through c, joining a read of the same key and
+// client that began after the first after events were dispatched (and so
+// after the change that woke the caller committed), or starting one. The
+// read runs to its end (bounded by timeout) even if the caller stops
+// waiting, for the others.
+func (w *Waiter) sharedInspect(ctx context.Context, c *Client, key string, after uint64, timeout time.Duration) (State, error) {
+	k := readKey{c, key}
+	seq := w.dispatched() // read before the read begins: never newer than it
+	rs := &w.reads
+	rs.mu.Lock()
+	r := rs.m[k]
+	joined := r != nil && r.seq >= after
+	if !joined {
+		r = &sharedRead{seq: seq, done: make(chan struct{})}
+		if rs.m == nil {
+			rs.m = map[readKey]*sharedRead{}
+		}
+		rs.m[k] = r
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+		go func() {
+			defer cancel()
+			r.st, r.err = c.Inspect(rctx, key)
+			rs.mu.Lock()
+			if rs.m[k] == r {
+				delete(rs.m, k)
+			}
+			rs.mu.Unlock()
+			close(r.done)
+		}()
+	}
+	rs.mu.Unlock()
+	if joined {
+		w.event("read_shared", key)
+	}
+	select {
+	case <-r.done:
+		return r.st, r.err
+	case <-ctx.Done():
+		return State{}, ctx.Err()
+	}
+}
