@@ -2,7 +2,6 @@ package resourcelock
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -182,72 +181,6 @@ func (l *Lock) RecordEvent(s string) {
 	l.opts.eventRecorder.Eventf(l.opts.eventObject, corev1.EventTypeNormal, "LeaderElection", "%s", msg)
 }
 
-// liveTerm returns the live term, or nil when the lock holds none (never
-// held, lost, released, or past its local deadline).
-func (l *Lock) liveTerm() *lease.Term {
-	l.mu.Lock()
-	t := l.term
-	l.mu.Unlock()
-	if t == nil || t.Err() != nil {
-		return nil
-	}
-	return t
-}
-
-// Token returns the live term's fencing token; ok is false when the lock
-// holds no live, unexpired term.
-func (l *Lock) Token() (t lease.Token, ok bool) {
-	if tm := l.liveTerm(); tm != nil && l.client.Clock().Now().Before(tm.Deadline()) {
-		return tm.Grant().Token, true
-	}
-	return lease.Token{}, false
-}
-
-// TokenContext returns a context with the values of parent that carries the
-// live term's token (lease.TokenFromContext) and is done when the term ends
-// (with the term's cause) or when parent is done (lease.Term.Context): the
-// end of the term cancels it synchronously, before OnEpochChange hears of
-// the end and before any later term is handed out. It fails with
-// ErrNotHolding when there is no live, unexpired term. Call cancel when
-// done.
-func (l *Lock) TokenContext(parent context.Context) (context.Context, context.CancelFunc, error) {
-	t := l.liveTerm()
-	if t == nil || !l.client.Clock().Now().Before(t.Deadline()) {
-		return nil, nil, fmt.Errorf("%w: %s (identity %q)", ErrNotHolding, l.Describe(), l.identity)
-	}
-	ctx, cancel := t.Context(parent)
-	return ctx, cancel, nil
-}
-
-// rawRecord is what Get's raw bytes encode: the facts a holder's write
-// changes and nothing computed at read time.
-type rawRecord struct {
-	Key    string `json:"key"`
-	Epoch  int64  `json:"epoch"`
-	Holder string `json:"holder"`
-	// ExpiresAt is the server's expiry written by the last grant or renewal
-	// of Epoch (UTC); absent when the key is free.
-	ExpiresAt *time.Time `json:"expiresAt,omitempty"`
-}
-
-func (l *Lock) heldRecord(g lease.Grant) rawRecord {
-	exp := g.ExpiresAt.UTC()
-	return rawRecord{Key: l.key, Epoch: g.Epoch, Holder: l.identity, ExpiresAt: &exp}
-}
-
-func (l *Lock) record(r rawRecord) (*rl.LeaderElectionRecord, []byte, error) {
-	raw, err := json.Marshal(r)
-	if err != nil {
-		return nil, nil, err
-	}
-	secs := int((l.opts.leaseDuration + time.Second - 1) / time.Second)
-	return &rl.LeaderElectionRecord{
-		HolderIdentity:       r.Holder,
-		LeaseDurationSeconds: secs,
-		LeaderTransitions:    int(r.Epoch),
-	}, raw, nil
-}
-
 // maxFollowerWait bounds how long a follower's Get waits for news.
 const maxFollowerWait = 10 * time.Minute
 
@@ -358,22 +291,6 @@ func (l *Lock) followerTimeout() time.Duration { return max(l.opts.leaseDuration
 // connection down).
 func (l *Lock) followerPoll() time.Duration { return min(l.opts.leaseDuration/2, time.Second) }
 
-// recordOf is the record of state s: a held key names its holder, epoch
-// and server expiry; a free key, released or lapsed (a lapse the server
-// decided is a change like a release), only its epoch; a key that does not
-// exist is the zero record.
-func (l *Lock) recordOf(s lease.State) rawRecord {
-	switch {
-	case !s.Exists:
-		return rawRecord{}
-	case s.Held:
-		exp := s.ExpiresAt.UTC()
-		return rawRecord{Key: l.key, Epoch: s.Epoch, Holder: s.Owner, ExpiresAt: &exp}
-	default:
-		return rawRecord{Key: l.key, Epoch: s.Epoch}
-	}
-}
-
 // Create obtains the first grant of a key that was never leased. If the key
 // exists, it returns an error for which apierrors.IsAlreadyExists is true and
 // changes nothing.
@@ -475,98 +392,6 @@ func (l *Lock) Update(ctx context.Context, ler rl.LeaderElectionRecord) error {
 		return l.conflict(fmt.Errorf("%s is held by another owner", l.key))
 	}
 	return l.begin(ctx, g)
-}
-
-// begin starts the term of a new grant g and reports it. No term is held
-// (callers drop or give back the old one first, and that returns only after
-// its end was reported), so the start is reported after every earlier end.
-func (l *Lock) begin(ctx context.Context, g lease.Grant) error {
-	l.notify(lease.Token{}, g.Token)
-	t, err := l.client.Begin(g, l.opts.margin, func(tok lease.Token, _ error) { l.notify(tok, lease.Token{}) })
-	if err != nil {
-		return err // cannot happen: New checked the margin
-	}
-	l.mu.Lock()
-	l.term = t
-	l.obs = l.heldRecord(g)
-	l.mu.Unlock()
-	if t.Err() != nil {
-		// Granted, but the answer came back after the grant's local
-		// deadline: never hand it out.
-		if err := l.giveBack(ctx, t); err != nil {
-			return err
-		}
-		return l.conflict(fmt.Errorf("%w: grant %s arrived too late to use", lease.ErrLocalDeadline, g.Token))
-	}
-	return nil
-}
-
-// lose ends t after the server said its grant is gone, and forgets it.
-func (l *Lock) lose(t *lease.Term, cause error) {
-	t.End(cause)
-	l.drop(t)
-}
-
-// drop forgets t (ended) if it is still the lock's term.
-func (l *Lock) drop(t *lease.Term) {
-	l.mu.Lock()
-	if l.term == t {
-		l.term = nil
-	}
-	l.mu.Unlock()
-}
-
-// giveBack releases the grant of t after its term ended locally; a lost
-// grant needs no release.
-func (l *Lock) giveBack(ctx context.Context, t *lease.Term) error {
-	err := t.Release(ctx)
-	if err != nil && !errors.Is(err, lease.ErrLost) {
-		return err // keep the grant: the next Update tries again
-	}
-	l.drop(t)
-	if err == nil {
-		l.mu.Lock()
-		l.obs = rawRecord{Key: l.key, Epoch: t.Grant().Epoch + 1}
-		l.mu.Unlock()
-	}
-	return nil
-}
-
-// release is Update with an empty HolderIdentity. The term ends (everything
-// acting under it is told) before the server frees the key. A release that
-// fails on a dead connection is sent once more (lease.Client.Release).
-func (l *Lock) release(ctx context.Context) error {
-	l.op.Lock()
-	defer l.op.Unlock()
-	l.mu.Lock()
-	t := l.term
-	l.mu.Unlock()
-	if t == nil {
-		return fmt.Errorf("resourcelock: release of %s: %w", l.key, ErrNotHolding)
-	}
-	err := t.Release(ctx)
-	switch {
-	case err == nil:
-	case errors.Is(err, lease.ErrLost):
-		l.drop(t)
-		return fmt.Errorf("resourcelock: nothing to release: %w", err)
-	default:
-		return err
-	}
-	l.drop(t)
-	l.mu.Lock()
-	l.obs = rawRecord{Key: l.key, Epoch: t.Grant().Epoch + 1}
-	l.mu.Unlock()
-	return nil
-}
-
-func (l *Lock) notify(old, new lease.Token) {
-	if l.opts.onEpochChange == nil {
-		return
-	}
-	l.hookMu.Lock()
-	defer l.hookMu.Unlock()
-	l.opts.onEpochChange(old, new)
 }
 
 // conflictError is a Conflict StatusError that also unwraps to its cause, so

@@ -1,0 +1,56 @@
+package resourcelock
+
+// The leader election record the lock shows client-go, and its raw bytes.
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/pglease/pg_lease/pkg/lease"
+	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
+)
+
+// rawRecord is what Get's raw bytes encode: the facts a holder's write
+// changes and nothing computed at read time.
+type rawRecord struct {
+	Key    string `json:"key"`
+	Epoch  int64  `json:"epoch"`
+	Holder string `json:"holder"`
+	// ExpiresAt is the server's expiry written by the last grant or renewal
+	// of Epoch (UTC); absent when the key is free.
+	ExpiresAt *time.Time `json:"expiresAt,omitempty"`
+}
+
+func (l *Lock) heldRecord(g lease.Grant) rawRecord {
+	exp := g.ExpiresAt.UTC()
+	return rawRecord{Key: l.key, Epoch: g.Epoch, Holder: l.identity, ExpiresAt: &exp}
+}
+
+func (l *Lock) record(r rawRecord) (*rl.LeaderElectionRecord, []byte, error) {
+	raw, err := json.Marshal(r)
+	if err != nil {
+		return nil, nil, err
+	}
+	secs := int((l.opts.leaseDuration + time.Second - 1) / time.Second)
+	return &rl.LeaderElectionRecord{
+		HolderIdentity:       r.Holder,
+		LeaseDurationSeconds: secs,
+		LeaderTransitions:    int(r.Epoch),
+	}, raw, nil
+}
+
+// recordOf is the record of state s: a held key names its holder, epoch
+// and server expiry; a free key, released or lapsed (a lapse the server
+// decided is a change like a release), only its epoch; a key that does not
+// exist is the zero record.
+func (l *Lock) recordOf(s lease.State) rawRecord {
+	switch {
+	case !s.Exists:
+		return rawRecord{}
+	case s.Held:
+		exp := s.ExpiresAt.UTC()
+		return rawRecord{Key: l.key, Epoch: s.Epoch, Holder: s.Owner, ExpiresAt: &exp}
+	default:
+		return rawRecord{Key: l.key, Epoch: s.Epoch}
+	}
+}
