@@ -85,13 +85,16 @@ func (l *ledger) run(ctx context.Context) {
 		defer cancel()
 		before := l.warn.total.Load()
 		err := f(c)
-		if err == nil && l.warn.total.Load() != before {
-			// Success carrying the cancelled-wait warning: the change may
-			// exist on this server only. Its outcome is unknown.
+		if l.warn.total.Load() != before {
+			// The commit carried the cancelled-wait warning: the change may
+			// exist on this server only. Its outcome is unknown (pkg/lease
+			// says so with ErrCommitUnknown).
 			l.mu.Lock()
 			l.warned++
 			l.mu.Unlock()
-			return errWarned
+			if err == nil {
+				err = errWarned
+			}
 		}
 		return err
 	}

@@ -23,10 +23,14 @@ type syncWarnings struct {
 
 func (s *syncWarnings) option() pgtest.PoolOption {
 	return func(c *pgxpool.Config) {
+		next := c.ConnConfig.OnNotice
 		c.ConnConfig.OnNotice = func(pc *pgconn.PgConn, n *pgconn.Notice) {
 			if strings.Contains(n.Message, "wait for synchronous replication") {
 				s.of(pc).Add(1)
 				s.total.Add(1)
+			}
+			if next != nil {
+				next(pc, n)
 			}
 		}
 	}

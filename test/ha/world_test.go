@@ -168,8 +168,13 @@ func (w *world) shutdown() {
 	w.wg.Wait()
 }
 
+// pool opens a pool on the cluster whose connections count the
+// cancelled-wait warnings (w.warn, then opts' own counters) and report
+// them to pkg/lease (lease.ObserveCommits: a change whose commit carried
+// one is ErrCommitUnknown, not done).
 func (w *world) pool(opts ...pgtest.PoolOption) *pgxpool.Pool {
 	opts = append([]pgtest.PoolOption{pgtest.ConnectTimeout(2 * time.Second), pgtest.MaxConns(4), w.warn.option()}, opts...)
+	opts = append(opts, func(c *pgxpool.Config) { lease.ObserveCommits(&c.ConnConfig.Config) })
 	return pgtest.NewPool(w.t, w.dsn, opts...)
 }
 
