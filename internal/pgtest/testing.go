@@ -124,6 +124,31 @@ func NewLeaseDatabase(t testing.TB) string {
 	return dsn
 }
 
+// NewLeaseDatabaseOn installs pg_lease's files on srv, a server of the
+// test's own (one it may stop and start), creates a database there with
+// the extension, and returns its DSN. The database goes with the server.
+func NewLeaseDatabaseOn(t testing.TB, srv *Server) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := srv.InstallExtensionFiles(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dsn, err := srv.NewDatabase(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "CREATE EXTENSION pg_lease"); err != nil {
+		t.Fatal(err)
+	}
+	return dsn
+}
+
 // Main runs the tests of a package (call it from TestMain), closes the
 // shared server, and then, if the tests passed, checks that no goroutine
 // leaked (goleak; opts add ignores). It exits with the tests' status.

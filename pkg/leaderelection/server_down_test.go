@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pglease/pg_lease/internal/pgtest"
 	pgle "github.com/pglease/pg_lease/pkg/leaderelection"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -20,21 +18,7 @@ import (
 func TestManagerStartedWhileTheServerIsDown(t *testing.T) {
 	ctx := pgtest.Context(t, 3*time.Minute)
 	srv := pgtest.New(t)
-	if err := srv.InstallExtensionFiles(ctx); err != nil {
-		t.Fatal(err)
-	}
-	dsn, err := srv.NewDatabase(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Exec(ctx, "CREATE EXTENSION pg_lease"); err != nil {
-		t.Fatal(err)
-	}
-	_ = conn.Close(ctx)
+	dsn := pgtest.NewLeaseDatabaseOn(t, srv)
 	if err := srv.Stop(); err != nil {
 		t.Fatal(err)
 	}

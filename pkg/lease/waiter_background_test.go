@@ -14,16 +14,7 @@ import (
 func TestWaiterConnectsInBackground(t *testing.T) {
 	ctx := testCtx(t)
 	srv := pgtest.New(t)
-	ensureExtensionFiles(t, srv)
-	dsn, err := srv.NewDatabase(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn := connect(t, dsn)
-	if _, err := conn.Exec(ctx, "CREATE EXTENSION pg_lease"); err != nil {
-		t.Fatal(err)
-	}
-	_ = conn.Close(ctx)
+	dsn := pgtest.NewLeaseDatabaseOn(t, srv)
 	if err := srv.Stop(); err != nil {
 		t.Fatal(err)
 	}
