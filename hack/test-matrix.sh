@@ -350,10 +350,12 @@ run_major() {
 		return 1
 	fi
 	eval "$env"
-	# PGLEASE_MATRIX_PG15_BINDIR: a private copy of Debian's 15 (its own
-	# extension dir), so that this run does not install into the system one.
-	if [[ $major == 15 && -n ${PGLEASE_MATRIX_PG15_BINDIR:-} ]]; then
-		export PGLEASE_PG_BINDIR=$PGLEASE_MATRIX_PG15_BINDIR
+	# PGLEASE_MATRIX_PG<MAJOR>_BINDIR: a private copy of that major's
+	# installation (its own extension dir), so that this run installs into no
+	# directory that other runs on the machine use.
+	local override=PGLEASE_MATRIX_PG${major}_BINDIR
+	if [[ -n ${!override:-} ]]; then
+		export PGLEASE_PG_BINDIR=${!override}
 	fi
 	mark fetch pass $((SECONDS - t0))
 	if ! hack/install-extension.sh "$PGLEASE_PG_BINDIR" >"$mdir/install.log" 2>&1; then
