@@ -9,27 +9,25 @@ import (
 	"time"
 )
 
-// Await is the module's one wake policy for code that waits on a key (an
-// elector's follower, a resourcelock follower's Get, the CLI's watch): it
+// Await is the module's one wake policy for code that waits on a key: an
+// elector's follower, a resourcelock follower's Get, the CLI's lock. It
 // reads key through c (Inspect) and returns the first state for which done
-// is true, reading again only when the key may have changed:
+// is true. It reads again only when the key may have changed:
 //
-//   - a notification for key (a grant, a release, a force-release) or a
-//     EventResync (the listen connection came back: notifications may have
-//     been missed), from w;
-//   - the observed grant's expiry on the local clock (State.ExpiresLocal:
+//   - on a notification for key (a grant, a release, a force-release) or an
+//     EventResync from w (notifications may have been missed);
+//   - at the observed grant's expiry on the local clock (State.ExpiresLocal,
 //     never early), because a lapse sends no notification;
-//   - poll after the last read, which bounds how late a change is seen when
-//     no notification can arrive (w nil or closed, the listen connection
-//     down, pg_lease.notify = off on the writer, a transaction-pooling proxy
-//     in between).
+//   - poll after the last read. This bounds how late a change is seen when no
+//     notification can arrive: w nil or closed, the listen connection down,
+//     pg_lease.notify = off on the writer, a transaction-pooling proxy.
 //
-// It subscribes (Watch: registering key with lease.listen) before the first
-// read, so a change committed after that read always wakes it, whatever
-// pg_lease.notify says (except off). Each read is bounded by the Waiter's QueryTimeout
-// (10 s without a Waiter), so a silently dead connection cannot stall it. It
-// returns the read's error, or ctx's cause when ctx ends. w may be nil
-// (polling only). Timers run on c's clock.
+// It subscribes (Watch, which registers key with lease.listen) before the
+// first read. So a change committed after that read always wakes it, unless
+// pg_lease.notify is off. Each read is bounded by the Waiter's QueryTimeout
+// (10 s without a Waiter): a silently dead connection cannot stall it. It
+// returns the read's error, or ctx's cause when ctx ends. w may be nil; then
+// Await polls. Timers run on c's clock.
 func (w *Waiter) Await(ctx context.Context, c *Client, key string, poll time.Duration, done func(State) bool) (State, error) {
 	if poll <= 0 {
 		return State{}, fmt.Errorf("lease: Await %q: %w: poll must be positive, got %v", key, ErrInvalidInput, poll)
@@ -94,9 +92,9 @@ type readKey struct {
 	key string
 }
 
-// sharedRead is one Inspect of a key that the Awaits woken by the same
-// notification share: a herd of followers of one key in one process costs
-// one read per notification, not one per follower.
+// sharedRead is one Inspect of a key, shared by the Awaits that the same
+// notification woke. A herd of followers of one key in one process costs one
+// read per notification, not one per follower.
 type sharedRead struct {
 	seq  uint64 // events dispatched when the read began
 	done chan struct{}
@@ -111,11 +109,11 @@ type sharedReads struct {
 	m  map[readKey]*sharedRead
 }
 
-// sharedInspect reads key through c, joining a read of the same key and
-// client that began after the first after events were dispatched (and so
-// after the change that woke the caller committed), or starting one. The
-// read runs to its end (bounded by timeout) even if the caller stops
-// waiting, for the others.
+// sharedInspect reads key through c. It joins a read of the same key and
+// client that began after the first after events were dispatched, and so
+// after the change that woke the caller committed. Otherwise it starts one.
+// The read runs to its end (bounded by timeout) for the others, even if the
+// caller stops waiting.
 func (w *Waiter) sharedInspect(ctx context.Context, c *Client, key string, after uint64, timeout time.Duration) (State, error) {
 	k := readKey{c, key}
 	seq := w.dispatched() // read before the read begins: never newer than it

@@ -12,9 +12,9 @@ import (
 // maxText is the longest key or owner the server accepts, in bytes.
 const maxText = 1024
 
-// CheckKey applies the server's rule for a key before anything is sent: 1
-// to 1024 bytes of UTF-8 text, without NUL bytes or control characters
-// (U+0001 to U+001F, U+007F). Its error matches ErrInvalidInput.
+// CheckKey applies the server's rule for a key before anything is sent. A
+// key is 1 to 1024 bytes of UTF-8 text. It holds no NUL byte and no control
+// character (U+0001 to U+001F, U+007F). The error matches ErrInvalidInput.
 func CheckKey(key string) error { return checkText("key", key) }
 
 // CheckOwner applies the key rule (CheckKey) to an owner, the identity a

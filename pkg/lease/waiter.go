@@ -89,11 +89,11 @@ const (
 	EventResync EventType = "resync"
 )
 
-// Waiter is the process's one listener: it holds one dedicated connection
-// (not from a pool: it must stay LISTENing), runs LISTEN pg_lease on it,
-// re-establishes it after any loss, and fans the notifications out to Watch
-// subscribers. Await, the one wake policy of the module, waits on it. See
-// the package documentation.
+// Waiter is the process's one listener. It holds one dedicated connection,
+// not one from a pool, because it must stay LISTENing. It runs LISTEN
+// pg_lease there and makes the connection again after any loss. It fans
+// the notifications out to Watch subscribers. Await, the module's one wake
+// policy, waits on it. See the package documentation.
 type Waiter struct {
 	cfg  *pgx.ConnConfig
 	opts WaiterOptions
@@ -114,13 +114,13 @@ type Waiter struct {
 }
 
 // NewWaiter connects with cfg and returns a Waiter listening on channel
-// pg_lease. cfg is copied (the caller may change it afterwards): pass
+// pg_lease. cfg is copied, so the caller may change it afterwards. Pass
 // pool.Config().ConnConfig to listen on a pool's database, or the result of
-// pgx.ParseConfig(dsn). The connection always interrupts waits with
-// deadlines (pgconn.DeadlineContextWatcherHandler), never with cancel
-// requests, whatever cfg says. NewWaiter fails if the first connection
-// cannot be made, unless opts.ConnectInBackground. Later losses of the
-// connection are repaired in the background.
+// pgx.ParseConfig(dsn). Whatever cfg says, the connection interrupts waits
+// with deadlines (pgconn.DeadlineContextWatcherHandler), never with cancel
+// requests. NewWaiter fails if the first connection cannot be made, unless
+// opts.ConnectInBackground. Later losses of the connection are repaired in
+// the background.
 func NewWaiter(ctx context.Context, cfg *pgx.ConnConfig, opts WaiterOptions) (*Waiter, error) {
 	return newWaiter(ctx, cfg, opts, nil)
 }
@@ -172,21 +172,20 @@ func (w *Waiter) Close() error {
 	return nil
 }
 
-// Watch subscribes to pg_lease notifications for keys (every key when none
-// is given) until ctx ends or the Waiter is closed; then the channel is
+// Watch subscribes to pg_lease notifications for keys, or for every key
+// when none is given. The channel is closed when ctx ends or the Waiter is
 // closed. Events come in the order the server committed them. A subscriber
-// that does not keep up loses events and gets an EventResync before the next
-// one it receives; so does every subscriber after the listen connection was
-// re-established. Notifications sent with pg_lease.notify = off, or through
-// a proxy that drops LISTEN, never arrive.
+// that does not keep up loses events, and gets an EventResync before the
+// next one it receives. So does every subscriber after the listen
+// connection was made again. Notifications sent with pg_lease.notify = off,
+// or through a proxy that drops LISTEN, never arrive.
 //
 // Watch registers its keys ('*' when none is given) with lease.listen on the
-// listen connection and returns once the server holds the registrations (or
-// the connection is down, or ctx ends, or QueryTimeout passed while a
-// transaction kept the key's row locked: then the registration completes in
-// the background and an EventResync follows), so
+// listen connection. It returns once the server holds the registrations, so
 // that with pg_lease.notify = waiters every change committed after Watch
-// returns is notified. The registrations are dropped (lease.unlisten) a
+// returns is notified. It also returns when the connection is down, when ctx
+// ends, or after QueryTimeout. In the last case the registration completes
+// in the background and an EventResync follows. The registrations are dropped (lease.unlisten) a
 // second (registrationLinger) after the last subscription of a key ends,
 // and all of them at Close.
 func (w *Waiter) Watch(ctx context.Context, keys ...string) <-chan Event {

@@ -119,7 +119,7 @@ func (w *Waiter) run(conn *pgx.Conn) {
 }
 
 // keepalive is how long the connection may stay silent before the waiter
-// checks it with a query: a connection that died without a word (a dropped
+// checks it with a query. A connection that died without a word (a dropped
 // route, a frozen proxy) is found within keepalive + QueryTimeout.
 const keepalive = time.Minute
 

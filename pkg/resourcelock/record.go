@@ -39,10 +39,10 @@ func (l *Lock) record(r rawRecord) (*rl.LeaderElectionRecord, []byte, error) {
 	}, raw, nil
 }
 
-// recordOf is the record of state s: a held key names its holder, epoch
-// and server expiry; a free key, released or lapsed (a lapse the server
-// decided is a change like a release), only its epoch; a key that does not
-// exist is the zero record.
+// recordOf is the record of state s. A held key names its holder, epoch and
+// server expiry. A free key names only its epoch, whether it was released or
+// lapsed: a lapse the server decided is a change like a release. A key that
+// does not exist is the zero record.
 func (l *Lock) recordOf(s lease.State) rawRecord {
 	switch {
 	case !s.Exists:

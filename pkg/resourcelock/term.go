@@ -32,13 +32,12 @@ func (l *Lock) Token() (t lease.Token, ok bool) {
 	return lease.Token{}, false
 }
 
-// TokenContext returns a context with the values of parent that carries the
-// live term's token (lease.TokenFromContext) and is done when the term ends
-// (with the term's cause) or when parent is done (lease.Term.Context): the
-// end of the term cancels it synchronously, before OnEpochChange hears of
-// the end and before any later term is handed out. It fails with
-// ErrNotHolding when there is no live, unexpired term. Call cancel when
-// done.
+// TokenContext returns a context with the values of parent. It carries the
+// live term's token (lease.TokenFromContext). It is done when the term ends,
+// with the term's cause, or when parent is done (lease.Term.Context). The
+// end of the term cancels it at once: before OnEpochChange hears of the end,
+// and before any later term is handed out. It fails with ErrNotHolding when
+// there is no live, unexpired term. Call cancel when done.
 func (l *Lock) TokenContext(parent context.Context) (context.Context, context.CancelFunc, error) {
 	t := l.liveTerm()
 	if t == nil || !l.client.Clock().Now().Before(t.Deadline()) {
@@ -48,9 +47,9 @@ func (l *Lock) TokenContext(parent context.Context) (context.Context, context.Ca
 	return ctx, cancel, nil
 }
 
-// begin starts the term of a new grant g and reports it. No term is held
-// (callers drop or give back the old one first, and that returns only after
-// its end was reported), so the start is reported after every earlier end.
+// begin starts the term of a new grant g and reports it. No term is held:
+// callers drop or give back the old one first, which returns only after its
+// end was reported. So the start is reported after every earlier end.
 func (l *Lock) begin(ctx context.Context, g lease.Grant) error {
 	l.notify(lease.Token{}, g.Token)
 	t, err := l.client.Begin(g, l.opts.margin, func(tok lease.Token, _ error) { l.notify(tok, lease.Token{}) })
