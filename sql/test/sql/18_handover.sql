@@ -41,6 +41,10 @@ SELECT acquired, epoch FROM lease.acquire('ho-new', 'new-3', interval '30s');
 SELECT status FROM lease.renew('ho-new', 'new-3', 2, interval '30s');
 -- the former holder is told not_owner, as after any release
 SELECT status FROM lease.renew('ho-new', 'old-1', 1, interval '30s');
+-- the history records one term begun by a handover, with no gap before it
+SELECT event, owner, epoch, previous_owner, previous_epoch, vacant_since, ttl
+  FROM lease.history('ho-new') ORDER BY seq;
+SELECT transitions, leaderless_seconds FROM lease.health() WHERE key = 'ho-new';
 -- new-2 becomes ready; a release by new-3 (itself registered) passes over it
 SELECT status FROM lease.candidate('ho-new', 'new-2', interval '20s', '1.31.0', ready => true);
 SELECT status FROM lease.release('ho-new', 'new-3', 2);
