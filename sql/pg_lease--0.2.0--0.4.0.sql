@@ -143,6 +143,11 @@ COMMENT ON TABLE lease.strategies IS
 DROP FUNCTION IF EXISTS lease.listen(text);  -- (a 0.3.0 install has it)
 CREATE INDEX listeners_pid ON lease.listeners (pid);
 
+-- The promotion mode of lease.configure ('any' when NULL: a grace of max_ttl
+-- after a promotion; 'synchronous': none).
+ALTER TABLE lease.settings ADD COLUMN promotion text
+  CHECK (promotion OPERATOR(pg_catalog.=) ANY (ARRAY['any', 'synchronous']::pg_catalog.text[]));
+
 -- @shared-begin: every install and update script runs this part as written.
 
 -- ---------------------------------------------------------------------------
@@ -291,15 +296,36 @@ BEGIN
 END
 $$;
 
--- The grace a timeline change seen now imposes: the max_ttl, or a higher one
--- in force until prev_until (grants made under it may still be believed).
+-- The grace a timeline change seen now imposes. promotion 'any' (the
+-- default): max_ttl, since a promoted standby may lack any grant the old
+-- primary acknowledged. 'synchronous': 0, since the operator states that
+-- only a standby holding every acknowledged commit can be promoted
+-- (specs/FAILURE-MODEL.md lists the assumptions). Either way a higher grace
+-- in force until prev_until wins (grants made under it may still be believed).
 CREATE OR REPLACE FUNCTION lease._grace()
 RETURNS interval LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
-  RETURN coalesce((SELECT CASE WHEN s.prev_until > clock_timestamp() AND s.prev_max_ttl > s.max_ttl
-                               THEN s.prev_max_ttl ELSE s.max_ttl END
+  RETURN coalesce((SELECT greatest(CASE WHEN s.promotion = 'synchronous' THEN interval '0' ELSE s.max_ttl END,
+                                   CASE WHEN s.prev_until > clock_timestamp() THEN s.prev_max_ttl END)
                      FROM lease.settings s), interval '1 hour');
+END
+$$;
+
+-- At grant and renewal time, under the row lock: the ttl against the max_ttl
+-- in force now. A call checked before lease.configure lowered max_ttl may
+-- have waited since (a blocking acquire, a renew behind a row lock); it must
+-- not get the old ttl once the grace that covered it has moved on.
+CREATE OR REPLACE FUNCTION lease._check_ttl_now(ttl interval)
+RETURNS void LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+  v_max interval := lease._max_ttl();
+BEGIN
+  IF extract(epoch FROM ttl) > extract(epoch FROM v_max) THEN
+    PERFORM lease._raise_invalid(ARRAY['ttl must be at most max_ttl (' || trim_scale(extract(epoch FROM v_max))::text
+                                       || ' s, set by lease.configure while this call waited)']);
+  END IF;
 END
 $$;
 
@@ -329,16 +355,20 @@ AS $$
   SELECT ('x' || substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))::bit(32)::bigint
 $$;
 
--- Called on every grant path (free, lapsed or never-leased key), outside any
--- subtransaction, before the grant. Returns the era's epoch base (every epoch
--- granted now must exceed it) and when the grace after the last timeline
--- change ends. When the server's timeline differs from the one recorded, this
--- is the first grant path on a new timeline (a promotion, or a restore into
+-- Called on every grant path (free, lapsed or never-leased key) and by every
+-- renewal, outside any subtransaction. Returns the era's epoch base (every
+-- epoch granted now must exceed it) and when the grace after the last
+-- timeline change ends. When the server's timeline differs from the state's,
+-- this is the first call on a new timeline (a promotion, or a restore into
 -- another cluster): it moves to a higher era (by the timeline difference when
 -- the timeline grew, so that two successive promotions cannot share an era;
--- by one otherwise) and starts the grace. That update commits with the
--- caller's transaction; if it rolls back, the next grant path starts the grace
--- again, later (the safe direction).
+-- by one otherwise) and starts the grace, by inserting a row. An insertion
+-- locks nothing that another session waits for, so a recording left in an
+-- open transaction (a denied acquire's, a blocking acquire's) never delays
+-- another key's call: until it commits, other calls record their own rows,
+-- with the same era and their own (later, so also safe) grace. Renewals
+-- record too, so after a switchover in which leaders keep renewing the grace
+-- starts at their first renewal, not at the next grant days later.
 CREATE OR REPLACE FUNCTION lease._grant_context(OUT base bigint, OUT grace_until timestamptz)
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -347,30 +377,21 @@ DECLARE
   s_tl    bigint;
   s_era   bigint;
   s_grace timestamptz;
-  v_era   bigint;
 BEGIN
-  LOOP
-    SELECT t.timeline, t.era, t.grace_until INTO s_tl, s_era, s_grace
-      FROM lease.timeline_state t ORDER BY t.era DESC, t.timeline DESC LIMIT 1;
-    IF NOT FOUND THEN
-      -- The state row was removed by hand: start above every epoch stored.
-      SELECT greatest(coalesce(max(l.epoch), 0), lease._first_epoch()) >> 40 INTO s_era FROM lease.leases l;
-      INSERT INTO lease.timeline_state (timeline, era, grace_until)
-        VALUES (v_tl, s_era + 1, clock_timestamp() + lease._grace());
-      CONTINUE;
-    END IF;
-    IF s_tl = v_tl THEN
-      base := s_era << 40;
-      grace_until := s_grace;
-      RETURN;
-    END IF;
-    v_era := s_era + CASE WHEN v_tl > s_tl THEN v_tl - s_tl ELSE 1 END;
-    UPDATE lease.timeline_state t
-       SET timeline = v_tl, era = v_era,
-           grace_until = greatest(t.grace_until, clock_timestamp() + lease._grace())
-     WHERE t.timeline <> v_tl;
-    -- none updated: another session's change committed meanwhile; read it
-  END LOOP;
+  SELECT t.timeline, t.era, t.grace_until INTO s_tl, s_era, s_grace
+    FROM lease.timeline_state t ORDER BY t.era DESC, t.grace_until ASC NULLS FIRST, t.timeline DESC LIMIT 1;
+  IF NOT FOUND THEN
+    -- The state rows were removed by hand: start above every epoch stored.
+    SELECT greatest(coalesce(max(l.epoch), 0), lease._first_epoch()) >> 40 INTO s_era FROM lease.leases l;
+    s_tl := NULL;
+  ELSIF s_tl = v_tl THEN
+    base := s_era << 40;
+    grace_until := s_grace;
+    RETURN;
+  END IF;
+  base := (s_era + CASE WHEN v_tl > s_tl THEN v_tl - s_tl ELSE 1 END) << 40;
+  grace_until := greatest(s_grace, clock_timestamp() + lease._grace());
+  INSERT INTO lease.timeline_state (timeline, era, grace_until) VALUES (v_tl, base >> 40, grace_until);
 END
 $$;
 
@@ -720,23 +741,36 @@ BEGIN
         r_expires := least(r_expires, v_grace);
       ELSIF v_mine THEN
         -- Idempotent: the caller already holds it. Same epoch, same expiry.
-        -- Under REPEATABLE READ / SERIALIZABLE the row read is the snapshot's:
-        -- a locked read (FOR SHARE conflicts with every change of the row;
-        -- the lock is released at once) raises 40001 if it changed since. A
-        -- row locked right now by another transaction is not waited for
-        -- (wait is 0 at these levels): that is 40001 too.
-        IF NOT v_rc THEN
-          BEGIN
+        -- The answer confirms a grant whose commit the caller may never have
+        -- seen acknowledged (its wait for the synchronous standbys cancelled):
+        -- it must not be acknowledged before the standbys have it. A row lock
+        -- is WAL-logged and gives the transaction an xid, so this call's
+        -- commit (durability raised as for a change) waits for the standbys
+        -- up to its own commit record, which follows the grant's.
+        -- Under READ COMMITTED the lock is FOR KEY SHARE: it conflicts only
+        -- with FOR UPDATE, which no pg_lease call takes on a held row, so it
+        -- never waits. Under REPEATABLE READ / SERIALIZABLE the row read is
+        -- the snapshot's: FOR SHARE (it conflicts with every change of the
+        -- row) raises 40001 if it changed since. A row locked right now by
+        -- another transaction is not waited for (wait is 0 at these levels):
+        -- that is 40001 too. Either lock is released at once.
+        BEGIN
+          IF v_rc THEN
+            PERFORM FROM lease.leases l WHERE l.key = v_key FOR KEY SHARE;
+          ELSE
             PERFORM FROM lease.leases l WHERE l.key = v_key FOR SHARE NOWAIT;
-            RAISE EXCEPTION USING ERRCODE = 'LEASE';
-          EXCEPTION
-            WHEN SQLSTATE 'LEASE' THEN
-              NULL;
-            WHEN lock_not_available THEN
-              RAISE EXCEPTION 'could not serialize access: key %L is being changed by another transaction', v_key
-                USING ERRCODE = '40001',
-                      HINT = 'Retry the transaction.';
-          END;
+          END IF;
+          RAISE EXCEPTION USING ERRCODE = 'LEASE';
+        EXCEPTION
+          WHEN SQLSTATE 'LEASE' THEN
+            NULL;
+          WHEN lock_not_available THEN
+            RAISE EXCEPTION 'could not serialize access: key %L is being changed by another transaction', v_key
+              USING ERRCODE = '40001',
+                    HINT = 'Retry the transaction.';
+        END;
+        IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+          PERFORM set_config('synchronous_commit', 'on', true);
         END IF;
         acquired := true; epoch := r_epoch; expires_at := r_expires;
         RETURN;
@@ -769,6 +803,7 @@ BEGIN
             -- it waited for a concurrent first grant that rolled back, the grant
             -- is shorter by that wait, never longer.)
             v_first := greatest(lease._floor(NOT v_rc), v_base) + 1;
+            PERFORM lease._check_ttl_now(v_ttl);
             v_now := clock_timestamp();
             INSERT INTO lease.leases AS l (key, owner, epoch, expires_at, acquired_at, holder_role)
               VALUES (v_key, v_owner, v_first, v_now + v_ttl, v_now, v_role)
@@ -810,6 +845,7 @@ BEGIN
               -- Granted to someone (maybe this owner) since the unlocked read.
               RAISE EXCEPTION USING ERRCODE = 'LEASE';
             END IF;
+            PERFORM lease._check_ttl_now(v_ttl);
             UPDATE lease.leases l
                SET owner = v_owner, epoch = greatest(l.epoch, v_base) + 1,
                    expires_at = v_now + v_ttl, acquired_at = v_now, holder_role = v_role,
@@ -863,9 +899,12 @@ BEGIN
     END IF;
 
     -- Denied: the key is held by another owner until r_expires (or no new
-    -- grant is made before r_expires, the end of a grace).
+    -- grant is made before r_expires, the end of a grace). During a grace the
+    -- denial says when it ends: expires_at is set (and epoch NULL), so a
+    -- waiting client sleeps until then instead of asking again at once.
     IF v_deadline IS NULL THEN
-      acquired := false; epoch := NULL; expires_at := NULL;
+      acquired := false; epoch := NULL;
+      expires_at := CASE WHEN v_in_grace THEN r_expires END;
       RETURN;
     END IF;
     v_now := clock_timestamp();
@@ -937,6 +976,7 @@ BEGIN
     IF status <> 'ok' THEN
       RAISE EXCEPTION USING ERRCODE = 'LEASE';
     END IF;
+    PERFORM lease._check_ttl_now(v_ttl);
     UPDATE lease.leases l SET expires_at = v_now + v_ttl
      WHERE l.key = v_key
     RETURNING l.expires_at INTO expires_at;
@@ -948,6 +988,9 @@ BEGIN
   IF current_setting('synchronous_commit') IN ('off', 'local') THEN
     PERFORM set_config('synchronous_commit', 'on', true);
   END IF;
+  -- A renewal is the first call on a promoted server in a switchover where
+  -- leaders keep renewing: it records the timeline change (the grace starts).
+  PERFORM lease._grant_context();
   RETURN;
 END
 $$;
@@ -1359,18 +1402,22 @@ END
 $$;
 
 -- Every role: the settings and the recorded timeline state (what a grant path
--- last saw; it does not read the server's timeline, so it also answers on a
--- standby).
-CREATE OR REPLACE FUNCTION lease.status(OUT max_ttl interval, OUT promotion_grace interval,
+-- or a renewal last saw; it does not read the server's timeline, so it also
+-- answers on a standby). promotion_grace is the grace a promotion seen now
+-- would impose; grace_until is when the grace of the last one recorded ends.
+DROP FUNCTION IF EXISTS lease.status();
+CREATE FUNCTION lease.status(OUT max_ttl interval, OUT promotion_grace interval,
                              OUT timeline bigint, OUT era bigint, OUT grace_until timestamptz,
-                             OUT epoch_floor bigint)
+                             OUT epoch_floor bigint, OUT promotion text)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
   SELECT lease._max_ttl(), lease._grace(), t.timeline, t.era, t.grace_until,
-         (SELECT coalesce(max(f.floor), 0) FROM lease.epoch_floor f)
+         (SELECT coalesce(max(f.floor), 0) FROM lease.epoch_floor f),
+         coalesce((SELECT s.promotion FROM lease.settings s), 'any')
     FROM (SELECT 1) one
-    LEFT JOIN LATERAL (SELECT * FROM lease.timeline_state s ORDER BY s.era DESC, s.timeline DESC LIMIT 1) t ON true
+    LEFT JOIN LATERAL (SELECT * FROM lease.timeline_state s
+                        ORDER BY s.era DESC, s.grace_until ASC NULLS FIRST, s.timeline DESC LIMIT 1) t ON true
 $$;
 
 -- Every role that may inspect: the last max_rows events of key, oldest
@@ -1778,48 +1825,72 @@ BEGIN
 END
 $$;
 
--- Sets the maximum ttl that
--- acquire and renew accept (NULL: leave it) and returns the setting and the
--- promotion grace it implies now. Lowering max_ttl keeps the higher value as
--- the grace for that higher value's duration, since grants made under it
--- may still be believed.
-CREATE OR REPLACE FUNCTION lease.configure(max_ttl interval DEFAULT NULL,
-                                OUT configured_max_ttl interval, OUT promotion_grace interval)
+-- Sets the maximum ttl that acquire and renew accept and the promotion mode
+-- (NULL: leave it), and returns the settings and the promotion grace they
+-- imply now. promotion 'synchronous' states that only a standby holding every
+-- commit the primary acknowledged can be promoted (specs/FAILURE-MODEL.md):
+-- no grace; 'any' (the default): a grace of max_ttl.
+-- A change that lowers the grace keeps the previous grace in force for its
+-- own length (prev_max_ttl until prev_until): grants made under it may still
+-- be believed, also ones in flight now. Only when no grant is held and no
+-- other transaction is changing lease.leases (a SHARE lock taken NOWAIT,
+-- kept until this transaction ends) is nothing believed: then the lower
+-- grace applies at once (a fresh database, a quiet one).
+DROP FUNCTION IF EXISTS lease.configure(interval);
+CREATE FUNCTION lease.configure(max_ttl interval DEFAULT NULL, promotion text DEFAULT NULL,
+                                OUT configured_max_ttl interval, OUT promotion_grace interval,
+                                OUT configured_promotion text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
   v_max   interval := configure.max_ttl;
-  v_grace interval;
+  v_mode  text := configure.promotion;
+  v_old   interval;
+  v_new   interval;
+  v_quiet boolean := false;
 BEGIN
-  IF v_max IS NOT NULL THEN
-    PERFORM lease._raise_invalid(ARRAY[
-      CASE WHEN NOT isfinite(v_max) THEN 'max_ttl must be finite'
-           WHEN extract(epoch FROM v_max) <= 0 THEN 'max_ttl must be positive'
-           WHEN extract(epoch FROM v_max) > extract(epoch FROM interval '100 years')
-             THEN 'max_ttl must be at most 100 years' END]);
-  END IF;
+  PERFORM lease._raise_invalid(ARRAY[
+    CASE WHEN v_max IS NULL THEN NULL
+         WHEN NOT isfinite(v_max) THEN 'max_ttl must be finite'
+         WHEN extract(epoch FROM v_max) <= 0 THEN 'max_ttl must be positive'
+         WHEN extract(epoch FROM v_max) > extract(epoch FROM interval '100 years')
+           THEN 'max_ttl must be at most 100 years' END,
+    CASE WHEN v_mode IS NOT NULL AND v_mode NOT IN ('any', 'synchronous')
+           THEN 'promotion must be ''any'' or ''synchronous''' END]);
   IF current_setting('transaction_read_only') = 'on' THEN
     PERFORM lease._raise_read_only('lease.configure');
   END IF;
-  IF v_max IS NOT NULL THEN
-    v_grace := lease._grace();
-    v_max := lease._seconds(v_max);
-    INSERT INTO lease.settings AS s (max_ttl, prev_max_ttl, prev_until)
-      VALUES (v_max,
-              CASE WHEN v_grace > v_max THEN v_grace END,
-              CASE WHEN v_grace > v_max THEN clock_timestamp() + v_grace END)
+  IF v_max IS NOT NULL OR v_mode IS NOT NULL THEN
+    v_old := lease._grace();
+    INSERT INTO lease.settings AS s (max_ttl, promotion)
+      VALUES (coalesce(lease._seconds(v_max), interval '1 hour'), v_mode)
       ON CONFLICT (singleton) DO UPDATE
-        SET max_ttl = excluded.max_ttl,
-            prev_max_ttl = CASE WHEN v_grace > excluded.max_ttl THEN v_grace END,
-            prev_until = CASE WHEN v_grace > excluded.max_ttl THEN clock_timestamp() + v_grace END;
+        SET max_ttl = CASE WHEN v_max IS NULL THEN s.max_ttl ELSE excluded.max_ttl END,
+            promotion = coalesce(excluded.promotion, s.promotion);
+    SELECT CASE WHEN s.promotion = 'synchronous' THEN interval '0' ELSE s.max_ttl END
+      INTO v_new FROM lease.settings s;
+    IF v_old > v_new
+       AND NOT EXISTS (SELECT 1 FROM lease.leases l WHERE l.owner IS NOT NULL AND l.expires_at > clock_timestamp()) THEN
+      BEGIN
+        LOCK TABLE lease.leases IN SHARE MODE NOWAIT;
+        v_quiet := NOT EXISTS (SELECT 1 FROM lease.leases l
+                                WHERE l.owner IS NOT NULL AND l.expires_at > clock_timestamp());
+      EXCEPTION WHEN lock_not_available THEN
+        v_quiet := false;
+      END;
+    END IF;
+    UPDATE lease.settings s
+       SET prev_max_ttl = CASE WHEN v_old > v_new AND NOT v_quiet THEN v_old END,
+           prev_until = CASE WHEN v_old > v_new AND NOT v_quiet THEN clock_timestamp() + v_old END;
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
       PERFORM set_config('synchronous_commit', 'on', true);
     END IF;
   END IF;
   configured_max_ttl := lease._max_ttl();
   promotion_grace := lease._grace();
+  configured_promotion := coalesce((SELECT s.promotion FROM lease.settings s), 'any');
 END
 $$;
 

@@ -112,11 +112,15 @@ func (a *app) lock(ctx context.Context, o lockOpts) error {
 	defer sess.close()
 	c := lease.New(sess)
 	g, ok, err := c.Acquire(ctx, o.key, o.owner, o.ttl)
-	if err != nil {
+	if err != nil && !errors.Is(err, lease.ErrGrace) {
 		return err
 	}
 	if !ok {
-		a.logf("lock: %s is held by another owner; waiting", quoteField(o.key))
+		if err != nil {
+			a.logf("lock: %s: %v; waiting", quoteField(o.key), err)
+		} else {
+			a.logf("lock: %s is held by another owner; waiting", quoteField(o.key))
+		}
 		if g, err = a.waitFor(ctx, sess, c, o); err != nil {
 			return err
 		}
@@ -272,6 +276,11 @@ func (a *app) waitFor(ctx context.Context, sess *session, c *lease.Client, o loc
 			var ok bool
 			if g, ok, err = c.Acquire(wctx, o.key, o.owner, o.ttl); err == nil && ok {
 				return g, nil
+			}
+			// A promotion's grace: sleep until it ends (nothing wakes a
+			// Waiter then), and ask again.
+			if c.WaitOutGrace(wctx, err) {
+				err = nil
 			}
 		}
 		switch {

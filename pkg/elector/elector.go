@@ -187,6 +187,12 @@ func (e *Elector) campaign(ctx context.Context) (lease.Grant, error) {
 		g, ok, err := e.client.Acquire(actx, c.Key, c.Identity, c.TTL)
 		cancel()
 		switch {
+		case errors.Is(err, lease.ErrGrace):
+			// A promotion's grace: no grant before it ends, and nothing is
+			// written when it ends. Sleep until then (one acquire per grace).
+			log.Info("no new grant during the promotion grace; waiting for its end", "err", err)
+			e.client.WaitOutGrace(ctx, err)
+			continue
 		case err != nil:
 			if ctx.Err() != nil {
 				return lease.Grant{}, ctx.Err()

@@ -127,6 +127,17 @@ func TestCommitWhoseSyncWaitIsCancelledIsNotAcknowledged(t *testing.T) {
 		t.Fatalf("inspect after the unknown acquire: %+v %v; want held by o at epoch 1 on the primary (committed locally)", s, err)
 	}
 
+	// The owner's retry, the idempotent re-acquire, writes nothing of the
+	// lease, but must not confirm a grant the standby never received: its
+	// commit waits for the standby too (pg_lease 0.4.0), and is cancelled.
+	before := ss.interrupts.Load()
+	_, ok, err = ss.c.Acquire(ctx, "acquired", "o", time.Hour)
+	wantUnknown(t, "the owner's re-acquire", err, "acquire", lease.Token{Key: "acquired", Owner: "o", Epoch: 1})
+	if ok {
+		t.Fatal("re-acquire reported ok with ErrCommitUnknown")
+	}
+	ss.waitInterrupts(t, before+1)
+
 	_, err = ss.c.Renew(ctx, gr.Token, time.Hour)
 	wantUnknown(t, "renew", err, "renew", gr.Token)
 	if s, err := ss.c.Inspect(ctx, "renewed"); err != nil || !s.ExpiresAt.After(gr.ExpiresAt) {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -34,6 +35,10 @@ var (
 	// ErrWaitTimeout: a server-side blocking acquire saw the key held for its
 	// whole wait (SQLSTATE 57014, message "timeout").
 	ErrWaitTimeout = errors.New("lease: wait timed out")
+	// ErrGrace: the server makes no new grant before the grace after a
+	// promotion ends (pg_lease 0.4.0 answers such an acquire with the end).
+	// errors.As reaches a *GraceError with the instant.
+	ErrGrace = errors.New("lease: no new grant during the promotion grace")
 	// ErrInvalidIsolation: a server-side blocking acquire was called in a
 	// REPEATABLE READ or SERIALIZABLE transaction (SQLSTATE 25000).
 	ErrInvalidIsolation = errors.New("lease: blocking acquire needs READ COMMITTED")
@@ -203,3 +208,21 @@ func connectionError(err error) bool {
 	return pgconn.SafeToRetry(err) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, net.ErrClosed) || errors.As(err, &ne)
 }
+
+// GraceError is Acquire's answer during the grace after a promotion: no new
+// grant of Key before Until (server clock). It matches ErrGrace.
+type GraceError struct {
+	Key string
+	// Until is when the grace ends, on the server's clock.
+	Until time.Time
+	// UntilLocal is the local instant (on the Client's clock) by which the
+	// grace has certainly ended on the server: the reply's receipt plus the
+	// time the server said was left. Waking at it is never early.
+	UntilLocal time.Time
+}
+
+func (e *GraceError) Error() string {
+	return fmt.Sprintf("acquire %q: %v (until %s)", e.Key, ErrGrace, e.Until.UTC().Format(time.RFC3339Nano))
+}
+
+func (e *GraceError) Unwrap() error { return ErrGrace }

@@ -120,6 +120,9 @@ func checkTTL(op string, t Token, name string, d time.Duration, allowZero bool) 
 // Acquire tries once to take key for owner for ttl (lease.acquire with
 // wait 0). ok is false when another owner holds the key. Acquiring a key the
 // owner already holds returns the same grant (same epoch and expiry).
+// During the grace after a promotion, when the server makes no new grant, it
+// returns a *GraceError (matching ErrGrace) that says when the grace ends:
+// wait until its UntilLocal, not in a loop.
 func (c *Client) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (g Grant, ok bool, err error) {
 	return c.acquire(ctx, "acquire", key, owner, ttl, 0)
 }
@@ -153,9 +156,9 @@ func (c *Client) acquire(ctx context.Context, op, key, owner string, ttl, wait t
 		expiresAt *time.Time
 		serverNow time.Time
 	)
-	var sent time.Time
+	var sent, received time.Time
 	query := func() error {
-		epoch = nil
+		epoch, expiresAt = nil, nil
 		return c.onConn(ctx, op, func() Token {
 			tt := t
 			if epoch != nil {
@@ -164,9 +167,11 @@ func (c *Client) acquire(ctx context.Context, op, key, owner string, ttl, wait t
 			return tt
 		}, func(q Querier) error {
 			sent = c.clock.Now()
-			return q.QueryRow(ctx,
+			err := q.QueryRow(ctx,
 				`SELECT a.acquired, a.epoch, a.expires_at, clock_timestamp() FROM lease.acquire($1, $2, $3, $4) a`,
 				key, owner, ttl, wait).Scan(&acquired, &epoch, &expiresAt, &serverNow)
+			received = c.clock.Now()
+			return err
 		})
 	}
 	var err error
@@ -179,6 +184,11 @@ func (c *Client) acquire(ctx context.Context, op, key, owner string, ttl, wait t
 		return Grant{}, false, mapError(op, t, err)
 	}
 	if !acquired {
+		if expiresAt != nil {
+			// A denial that names an instant: the promotion grace (0.4.0).
+			rt := roundTrip{sent: sent, received: received, serverNow: serverNow}
+			return Grant{}, false, &GraceError{Key: key, Until: *expiresAt, UntilLocal: rt.latest(*expiresAt)}
+		}
 		return Grant{}, false, nil
 	}
 	t.Epoch = *epoch
@@ -367,4 +377,28 @@ func (c *Client) Cleanup(ctx context.Context, freeFor time.Duration, maxRows int
 		return 0, 0, mapError("cleanup", Token{}, err)
 	}
 	return removed, epochFloor, nil
+}
+
+// WaitOutGrace is the one wake policy for the grace after a promotion: when
+// err matches ErrGrace it waits on the client's clock until the grace has
+// certainly ended (GraceError.UntilLocal) or ctx ends, and reports true; for
+// any other err it returns false at once. Acquire again after it: the grace
+// ends without any notification (nothing is written when it ends), so a
+// Waiter would not wake for it, and asking again before it ends is denied.
+func (c *Client) WaitOutGrace(ctx context.Context, err error) bool {
+	var ge *GraceError
+	if !errors.As(err, &ge) {
+		return false
+	}
+	d := ge.UntilLocal.Sub(c.clock.Now())
+	if d <= 0 {
+		return true
+	}
+	t := c.clock.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C():
+	case <-ctx.Done():
+	}
+	return true
 }

@@ -103,6 +103,7 @@ type Lock struct {
 	obs      rawRecord   // last state seen or written: Get's bytes come from it
 	seen     bool        // a Get or Create ran: Update may act
 	returned bool        // a Get returned a record (or NotFound): the next may wait
+	graceEnd time.Time   // an acquire met a promotion's grace: the next Get sleeps until it ends
 
 	lastCall time.Time // last Get, Create or Update (Check)
 
@@ -199,7 +200,8 @@ func (l *Lock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error
 	defer l.op.Unlock()
 	l.touch()
 	l.mu.Lock()
-	t, last, returned := l.term, l.obs, l.returned
+	t, last, returned, graceEnd := l.term, l.obs, l.returned, l.graceEnd
+	l.graceEnd = time.Time{}
 	l.mu.Unlock()
 	follower := t == nil && last.Holder != l.identity
 
@@ -219,7 +221,22 @@ func (l *Lock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error
 		waitCtx, stopReady = l.reg.WatchReady(ctx)
 	}
 	defer stopReady()
-	if w := l.opts.waiter; follower && returned && w != nil {
+	if follower && !graceEnd.IsZero() {
+		// The last acquire met a promotion's grace. Its end changes no
+		// record and sends no notification: sleep until it, then read.
+		if d := graceEnd.Sub(l.client.Clock().Now()); d > 0 {
+			tm := l.client.Clock().NewTimer(d)
+			select {
+			case <-tm.C():
+			case <-ctx.Done():
+			}
+			tm.Stop()
+			if ctx.Err() != nil {
+				return nil, nil, ctx.Err()
+			}
+		}
+		s, err = l.inspect(ctx, follower)
+	} else if w := l.opts.waiter; follower && returned && w != nil {
 		wctx, cancel := context.WithTimeout(waitCtx, limit)
 		s, err = w.Await(wctx, l.client, l.key, l.followerPoll(), func(st lease.State) bool {
 			r := l.recordOf(st)
@@ -315,7 +332,7 @@ func (l *Lock) Create(ctx context.Context, ler rl.LeaderElectionRecord) error {
 	}
 	g, ok, err := l.client.Acquire(ctx, l.key, l.identity, l.opts.leaseDuration)
 	if err != nil {
-		return err
+		return l.graceConflict(err)
 	}
 	if !ok {
 		return apierrors.NewAlreadyExists(groupResource, l.key)
@@ -386,7 +403,7 @@ func (l *Lock) Update(ctx context.Context, ler rl.LeaderElectionRecord) error {
 	defer cancel()
 	g, ok, err := l.client.Acquire(actx, l.key, l.identity, l.opts.leaseDuration)
 	if err != nil {
-		return err
+		return l.graceConflict(err)
 	}
 	if !ok {
 		return l.conflict(fmt.Errorf("%s is held by another owner", l.key))
@@ -402,6 +419,21 @@ type conflictError struct {
 }
 
 func (e *conflictError) Unwrap() error { return e.cause }
+
+// graceConflict turns an acquire's error into Create's and Update's answer:
+// a promotion's grace is a conflict (the key cannot be taken now), and the
+// next Get sleeps until the grace ends instead of waiting for a change that
+// its end does not make. Other errors are returned as they are.
+func (l *Lock) graceConflict(err error) error {
+	var ge *lease.GraceError
+	if !errors.As(err, &ge) {
+		return err
+	}
+	l.mu.Lock()
+	l.graceEnd = ge.UntilLocal
+	l.mu.Unlock()
+	return l.conflict(err)
+}
 
 func (l *Lock) conflict(cause error) error {
 	return &conflictError{StatusError: apierrors.NewConflict(groupResource, l.key, cause), cause: cause}

@@ -81,3 +81,8 @@ COMMENT ON TABLE lease.strategies IS
 -- listen returns whether its registration was already in place (boolean).
 DROP FUNCTION IF EXISTS lease.listen(text);  -- (a 0.3.0 install has it)
 CREATE INDEX listeners_pid ON lease.listeners (pid);
+
+-- The promotion mode of lease.configure ('any' when NULL: a grace of max_ttl
+-- after a promotion; 'synchronous': none).
+ALTER TABLE lease.settings ADD COLUMN promotion text
+  CHECK (promotion OPERATOR(pg_catalog.=) ANY (ARRAY['any', 'synchronous']::pg_catalog.text[]));
