@@ -193,3 +193,49 @@ func waitGone(t *testing.T, pids []int, p *proc) {
 		}
 	}
 }
+
+// During the grace after a (simulated) promotion, lock sleeps until the grace
+// ends, told by the denial, then runs the command: a few acquires in all
+// (counted by the server, track_functions), where asking again whenever the
+// key reads free made thousands.
+func TestLockSleepsThroughGrace(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := pgtest.NewDatabase(t)
+	conn, c := connect(t, ctx, dsn)
+	// The SQL embedded in this build (no shared extension files).
+	if err := lease.InstallSchema(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		"SELECT lease.configure(max_ttl => '3s')",
+		"DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET track_functions = ''pl''', current_database()); END $$",
+		"UPDATE lease.timeline_state SET timeline = 0", // the promotion, as the SQL sees one
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, _ := wantExit(t, ctx, dsnEnv(dsn), 0, "lock", "job", "--ttl", "3s", "--grace", "1s", "--", "echo", "ran")
+	if out != "ran\n" {
+		t.Fatalf("lock after the grace: %q", out)
+	}
+	var calls int64
+	// The statistics of pglease's session are flushed when it exits.
+	pgtest.Eventually(t, time.Minute, "pglease's acquire calls in pg_stat_user_functions", func() bool {
+		err := conn.QueryRow(ctx, `SELECT coalesce(sum(f.calls), 0) FROM pg_stat_user_functions f
+		    WHERE f.schemaname = 'lease' AND f.funcname = 'acquire'`).Scan(&calls)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = conn.Exec(ctx, "SELECT pg_stat_clear_snapshot()")
+		return calls > 0
+	})
+	t.Logf("%d acquires through a 3s grace", calls)
+	// Granted in the new era (released since: its counter is one above).
+	if st, err := c.Inspect(ctx, "job"); err != nil || st.Epoch != 1<<40+2 {
+		t.Fatalf("after lock: %+v %v, want the grant of era 1 released", st, err)
+	}
+	if calls > 10 {
+		t.Fatalf("%d acquires through a 3s grace: lock asked again instead of sleeping until its end", calls)
+	}
+}

@@ -31,7 +31,7 @@ type syncServer struct {
 func newSyncServer(t *testing.T) *syncServer {
 	t.Helper()
 	s := pgtest.New(t)
-	db := newDBOn(t, s, installModes[0])
+	db := newDBOn(t, s, installModes[1]) // the embedded SQL of this build
 	pool := pgtest.NewPool(t, db.dsn, func(c *pgxpool.Config) { lease.ObserveCommits(&c.ConnConfig.Config) })
 	ss := &syncServer{s: s, db: db, pool: pool, c: lease.New(pool)}
 	ss.mode.Store("")

@@ -1,0 +1,205 @@
+package lease_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pg_lease/pkg/lease"
+)
+
+// The promotion path on one server. A promotion is simulated as the SQL sees
+// one: the recorded timeline (lease.timeline_state) differs from the
+// server's. Real promotions are in test/failover.
+
+func simulatePromotion(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	if _, err := pool.Exec(testCtx(t), "UPDATE lease.timeline_state SET timeline = 0"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func configure(t *testing.T, pool *pgxpool.Pool, sql string) {
+	t.Helper()
+	if _, err := pool.Exec(testCtx(t), "SELECT lease.configure("+sql+")"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitBackend waits until some backend running a query matching like is in
+// the wait event (or wait event type) named.
+func waitBackend(t *testing.T, pool *pgxpool.Pool, like, wait string) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(5 * time.Millisecond) {
+		var n int
+		if err := pool.QueryRow(testCtx(t), `SELECT count(*) FROM pg_stat_activity
+		    WHERE query LIKE $1 AND (wait_event = $2 OR wait_event_type = $2) AND pid <> pg_backend_pid()`,
+			like, wait).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no backend running %s in %s after a minute", like, wait)
+		}
+	}
+}
+
+// TestMaxTTLEnforcedWhenGranted: a blocking acquire checked against max_ttl
+// at its start, then waiting while lease.configure lowered it, is refused at
+// grant time (before 0.4.0 it was granted its old ttl after the old value's
+// window had passed: a grant no promotion grace covered).
+func TestMaxTTLEnforcedWhenGranted(t *testing.T) {
+	db := newDB(t, installModes[1])
+	ctx := testCtx(t)
+	if _, ok, err := db.c.Acquire(ctx, "k", "holder", time.Second); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	res := make(chan error, 1)
+	go func() {
+		_, err := db.c.AcquireWait(ctx, "k", "waiter", 4*time.Second, time.Minute)
+		res <- err
+	}()
+	waitBackend(t, db.pool, "%lease.acquire%", "PgSleep")
+	configure(t, db.pool, "max_ttl => '1s'")
+	err := <-res
+	if !errors.Is(err, lease.ErrInvalidInput) {
+		t.Fatalf("blocking acquire of 4s after max_ttl was lowered to 1s: %v, want ErrInvalidInput", err)
+	}
+	if s, err := db.c.Inspect(ctx, "k"); err != nil || (s.Held && s.Owner == "waiter") {
+		t.Fatalf("inspect: %+v %v: the refused acquire must change nothing", s, err)
+	}
+}
+
+// TestMaxTTLEnforcedWhenRenewed: a renew checked at its start, then waiting
+// for the row lock (a fence held by a transaction) while lease.configure
+// lowered max_ttl, is refused once it has the lock.
+func TestMaxTTLEnforcedWhenRenewed(t *testing.T) {
+	db := newDB(t, installModes[1])
+	ctx := testCtx(t)
+	g, ok, err := db.c.Acquire(ctx, "k", "holder", 10*time.Second)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	tx, err := db.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := lease.Fence(ctx, tx, g.Token); err != nil {
+		t.Fatal(err)
+	}
+	res := make(chan error, 1)
+	go func() {
+		_, err := db.c.Renew(ctx, g.Token, 10*time.Second)
+		res <- err
+	}()
+	waitBackend(t, db.pool, "%lease.renew%", "Lock")
+	configure(t, db.pool, "max_ttl => '5s'")
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-res; !errors.Is(err, lease.ErrInvalidInput) {
+		t.Fatalf("renew of 10s that waited while max_ttl was lowered to 5s: %v, want ErrInvalidInput", err)
+	}
+}
+
+// TestGraceDenialSaysWhenItEnds: during the grace after a promotion an
+// acquire is denied with the grace's end (ErrGrace, the server's
+// grace_until), WaitOutGrace sleeps until it, and the next acquire is
+// granted in the new era. In promotion mode 'synchronous' there is no grace.
+func TestGraceDenialSaysWhenItEnds(t *testing.T) {
+	db := newDB(t, installModes[1])
+	ctx := testCtx(t)
+	configure(t, db.pool, "max_ttl => '2s'")
+	simulatePromotion(t, db.pool)
+	_, ok, err := db.c.Acquire(ctx, "k", "a", time.Second)
+	var ge *lease.GraceError
+	if !errors.As(err, &ge) || ok {
+		t.Fatalf("acquire during the grace: ok=%t err=%v, want a GraceError", ok, err)
+	}
+	var until time.Time
+	if err := db.pool.QueryRow(ctx, "SELECT grace_until FROM lease.status()").Scan(&until); err != nil {
+		t.Fatal(err)
+	}
+	if !ge.Until.Equal(until) || ge.Key != "k" {
+		t.Fatalf("GraceError %+v, want key k until the recorded grace_until %v", ge, until)
+	}
+	if !db.c.WaitOutGrace(ctx, err) {
+		t.Fatal("WaitOutGrace did not recognize the GraceError")
+	}
+	var past bool
+	if err := db.pool.QueryRow(ctx, "SELECT clock_timestamp() >= $1", until).Scan(&past); err != nil || !past {
+		t.Fatalf("after WaitOutGrace the server's clock is not past grace_until (%v)", err)
+	}
+	g, ok, err := db.c.Acquire(ctx, "k", "a", time.Second)
+	if err != nil || !ok || g.Epoch <= 1<<40 {
+		t.Fatalf("acquire after the grace: %+v ok=%t err=%v, want a grant of era 1", g, ok, err)
+	}
+
+	// Switched with no grant held: nothing acknowledged before the switch is
+	// believed, so the grace is 0 at once.
+	if err := db.c.Release(ctx, g.Token); err != nil {
+		t.Fatal(err)
+	}
+	configure(t, db.pool, "promotion => 'synchronous'")
+	simulatePromotion(t, db.pool)
+	g, ok, err = db.c.Acquire(ctx, "k2", "a", time.Second)
+	if err != nil || !ok || g.Epoch <= 2<<40 {
+		t.Fatalf("acquire right after a promotion in mode synchronous: %+v ok=%t err=%v, want a grant of era 2 at once", g, ok, err)
+	}
+}
+
+// TestRenewalRecordsPromotion: after a switchover in which the holder keeps
+// renewing, the grace starts at its first renewal (before 0.4.0 only a grant
+// path recorded the change, possibly days later, and blocked every key then).
+func TestRenewalRecordsPromotion(t *testing.T) {
+	db := newDB(t, installModes[1])
+	ctx := testCtx(t)
+	configure(t, db.pool, "max_ttl => '2s'")
+	g, ok, err := db.c.Acquire(ctx, "k", "a", time.Second)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	simulatePromotion(t, db.pool)
+	if _, err := db.c.Renew(ctx, g.Token, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	var recorded, inGrace bool
+	if err := db.pool.QueryRow(ctx, `SELECT timeline = lease._timeline(), coalesce(grace_until > clock_timestamp(), false)
+	    FROM lease.status()`).Scan(&recorded, &inGrace); err != nil {
+		t.Fatal(err)
+	}
+	if !recorded || !inGrace {
+		t.Fatalf("after the renewal: timeline recorded %t, grace running %t; want both", recorded, inGrace)
+	}
+}
+
+// TestTimelineRecordingBlocksNoOne: the first grant path after a promotion,
+// left in an open transaction, does not delay another key's acquire (before
+// 0.4.0 it updated the one timeline row and held its lock until the
+// transaction ended: every other grant path waited).
+func TestTimelineRecordingBlocksNoOne(t *testing.T) {
+	db := newDB(t, installModes[1])
+	ctx := testCtx(t)
+	configure(t, db.pool, "max_ttl => '1 hour'")
+	simulatePromotion(t, db.pool)
+	tx, err := db.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, _, err := lease.New(tx).Acquire(ctx, "x", "a", time.Second); !errors.Is(err, lease.ErrGrace) {
+		t.Fatalf("first grant path in the open transaction: %v, want ErrGrace", err)
+	}
+	// Bounded so that a blocked call fails the test rather than hangs it.
+	bctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, _, err := db.c.Acquire(bctx, "y", "b", time.Second); !errors.Is(err, lease.ErrGrace) {
+		t.Fatalf("another key's acquire while the recording transaction is open: %v, want ErrGrace at once", err)
+	}
+}
