@@ -1163,6 +1163,7 @@ BEGIN
           FROM unnest(d_keys, d_epochs, d_status) WITH ORDINALITY x(k, e, st, n) WHERE x.st = 'ok';
         RAISE EXCEPTION USING ERRCODE = 'LEASE';
       END IF;
+      PERFORM lease._check_ttl_now(v_ttl);  -- max_ttl as it is now, under the locks
       v_exp := v_now + v_ttl;
       UPDATE lease.leases l SET expires_at = v_exp
        WHERE l.key = ANY (ARRAY(SELECT x.k FROM unnest(d_keys, d_status) x(k, st) WHERE x.st = 'ok'));
@@ -1177,6 +1178,10 @@ BEGIN
   -- Durability as in lease._changed, but no notification (a renewal wakes nobody).
   IF v_exp IS NOT NULL AND current_setting('synchronous_commit') IN ('off', 'local') THEN
     PERFORM set_config('synchronous_commit', 'on', true);
+  END IF;
+  -- Renewals record a timeline change, as lease.renew does.
+  IF v_exp IS NOT NULL THEN
+    PERFORM lease._grant_context();
   END IF;
   RETURN QUERY
     SELECT i.k, r.st, CASE WHEN r.st = 'ok' THEN v_exp END

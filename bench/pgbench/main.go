@@ -146,7 +146,7 @@ func runMode(ctx context.Context, mode string, clients []int, tmp string) (modeR
 		// The module's own version (0.3.0: pg_lease.notify = waiters by
 		// default), with room for the 100 h TTLs of the R keys.
 		`ALTER EXTENSION pg_lease UPDATE`,
-		`DO $$ BEGIN IF to_regprocedure('lease.configure(interval)') IS NOT NULL THEN
+		`DO $$ BEGIN IF to_regprocedure('lease.configure(interval)') IS NOT NULL OR to_regprocedure('lease.configure(interval,text)') IS NOT NULL THEN
 		   PERFORM lease.configure(max_ttl => interval '1000 h'); END IF; END $$`,
 		`CREATE SCHEMA bench`,
 		`CREATE TABLE bench.bare (key text NOT NULL PRIMARY KEY, owner text, epoch bigint NOT NULL CHECK (epoch >= 1),

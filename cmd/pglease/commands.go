@@ -307,3 +307,59 @@ func cleanupKeys(ctx context.Context, conn *pgx.Conn, freeFor time.Duration, max
 	}
 	return 0, 0, fmt.Errorf("cleanup: %w", err)
 }
+
+func (a *app) statusCmd() *cobra.Command {
+	var output string
+	cmd := &cobra.Command{
+		Use:   "status [-o json]",
+		Short: "Show the database's max_ttl, promotion mode, and the promotion grace in force",
+		Long: `Show lease.status(): the largest TTL accepted (max_ttl), the promotion mode
+(any: a grace of max_ttl after a promotion; synchronous: none), the grace a
+promotion seen now would impose, the WAL timeline and epoch era last recorded,
+and whether the grace of the last promotion is still in force and when it ends:
+no new grant of any key is made before then (renewals go on).`,
+		Example: "  pglease status\n  pglease status -o json",
+		Args:    args(0, 0, "no arguments"),
+		RunE: a.runE("status", func(cmd *cobra.Command, _ []string) error {
+			if output != "" && output != "json" {
+				return usagef("-o %s: want json (or nothing for text)", output)
+			}
+			return a.withConn(cmd.Context(), func(conn *pgx.Conn) error {
+				s, err := lease.New(conn).Settings(cmd.Context())
+				if err != nil {
+					return err
+				}
+				if output == "json" {
+					type row struct {
+						MaxTTLSeconds         float64    `json:"max_ttl_seconds"`
+						Promotion             string     `json:"promotion"`
+						PromotionGraceSeconds float64    `json:"promotion_grace_seconds"`
+						Timeline              int64      `json:"timeline"`
+						Era                   int64      `json:"era"`
+						GraceUntil            *time.Time `json:"grace_until"`
+						GraceLeftSeconds      float64    `json:"grace_left_seconds"`
+						EpochFloor            int64      `json:"epoch_floor"`
+						ServerTime            time.Time  `json:"server_time"`
+					}
+					r := row{MaxTTLSeconds: s.MaxTTL.Seconds(), Promotion: s.Promotion,
+						PromotionGraceSeconds: s.PromotionGrace.Seconds(), Timeline: s.Timeline, Era: s.Era,
+						GraceLeftSeconds: s.GraceLeft().Seconds(), EpochFloor: s.EpochFloor, ServerTime: s.ServerNow.UTC()}
+					if !s.GraceUntil.IsZero() {
+						g := s.GraceUntil.UTC()
+						r.GraceUntil = &g
+					}
+					return writeStructured(a.stdout, "json", r)
+				}
+				grace := "none in force"
+				if left := s.GraceLeft(); left > 0 {
+					grace = fmt.Sprintf("no new grant until %s (%s left)", s.GraceUntil.UTC().Format(time.RFC3339Nano), left.Round(time.Millisecond))
+				}
+				fmt.Fprintf(a.stdout, "max_ttl:          %s\npromotion:        %s\npromotion grace:  %s (what a promotion seen now imposes)\ntimeline:         %d (era %d)\ngrace:            %s\nepoch floor:      %d\n",
+					s.MaxTTL, s.Promotion, s.PromotionGrace, s.Timeline, s.Era, grace, s.EpochFloor)
+				return nil
+			})
+		}),
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "", "json, or nothing for text")
+	return cmd
+}

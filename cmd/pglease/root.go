@@ -146,6 +146,7 @@ local user in the process list. Passwords are never printed.
 		a.cleanupCmd(),
 		a.historyCmd(),
 		a.healthCmd(),
+		a.statusCmd(),
 		a.serveMetricsCmd(),
 		a.candidatesCmd(),
 	)

@@ -125,7 +125,7 @@ func (c *cluster) failover(ctx context.Context, tail time.Duration) (string, err
 // what a failover breaks.
 func configureGrace(ctx context.Context, conn *pgx.Conn, maxTTL time.Duration) error {
 	var has bool
-	if err := conn.QueryRow(ctx, "SELECT to_regprocedure('lease.configure(interval)') IS NOT NULL").Scan(&has); err != nil || !has {
+	if err := conn.QueryRow(ctx, "SELECT (to_regprocedure('lease.configure(interval)') IS NOT NULL OR to_regprocedure('lease.configure(interval,text)') IS NOT NULL)").Scan(&has); err != nil || !has {
 		return err
 	}
 	if _, err := conn.Exec(ctx, "SELECT lease.configure(max_ttl => $1::interval)", fmt.Sprintf("%d milliseconds", maxTTL.Milliseconds())); err != nil {

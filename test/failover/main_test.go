@@ -102,7 +102,7 @@ func (c *cluster) configure(t *testing.T, conn *pgx.Conn, maxTTL time.Duration) 
 	t.Helper()
 	ctx := pgtest.Context(t, time.Minute)
 	var has bool
-	if err := conn.QueryRow(ctx, "SELECT to_regprocedure('lease.configure(interval)') IS NOT NULL").Scan(&has); err != nil {
+	if err := conn.QueryRow(ctx, "SELECT to_regprocedure('lease.configure(interval)') IS NOT NULL OR to_regprocedure('lease.configure(interval,text)') IS NOT NULL").Scan(&has); err != nil {
 		t.Fatal(err)
 	}
 	if !has {

@@ -166,6 +166,25 @@ SELECT * FROM lease.unlisten('tl-ro');
 \echo :LAST_ERROR_SQLSTATE
 ROLLBACK;
 
+-- 0.4.0: the promotion mode. Invalid input changes nothing; 'synchronous'
+-- imposes no grace (the operator states that only a standby with every
+-- acknowledged commit can be promoted). Grants still held keep the previous
+-- grace for its length (here other files' grants: dropped by hand, as if they
+-- had ended; the Go tests check the quiet case). A promotion then moves to a
+-- new era and grants at once.
+DELETE FROM lease.leases WHERE key LIKE 'tl-%';
+SELECT * FROM lease.configure(promotion => 'strict');
+\echo :LAST_ERROR_SQLSTATE
+SELECT configured_max_ttl, configured_promotion FROM lease.configure(max_ttl => interval '1 s', promotion => 'synchronous');
+UPDATE lease.settings SET prev_max_ttl = NULL, prev_until = NULL;
+SELECT max_ttl, promotion_grace, promotion FROM lease.status();
+UPDATE lease.timeline_state SET timeline = 0;
+SELECT acquired, epoch > (1::bigint << 40) AS new_era FROM lease.acquire('tl-sync', 'n', interval '1 s');
+SELECT timeline = lease._timeline() AS recorded, grace_until <= clock_timestamp() AS no_grace FROM lease.status();
+-- back to 'any': the grace is max_ttl again, at once (a longer grace is safe)
+SELECT * FROM lease.configure(promotion => 'any');
+DELETE FROM lease.leases WHERE key = 'tl-sync';
+
 DELETE FROM lease.settings;
 DELETE FROM lease.leases WHERE key LIKE 'tl-%';
 DELETE FROM lease.timeline_state;

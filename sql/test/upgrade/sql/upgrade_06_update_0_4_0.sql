@@ -27,14 +27,15 @@ CREATE TABLE upgrade_before_040 AS SELECT * FROM lease.leases;
 CREATE TABLE upgrade_state_040 AS
   SELECT 'floor' AS t, row(f.*)::text AS r FROM lease.epoch_floor f
   UNION ALL SELECT 'timeline', row(s.*)::text FROM lease.timeline_state s
-  UNION ALL SELECT 'settings', row(s.*)::text FROM lease.settings s
+  UNION ALL SELECT 'settings', row(s.singleton, s.max_ttl, s.prev_max_ttl, s.prev_until)::text FROM lease.settings s
   UNION ALL SELECT 'listeners', row(w.pid, w.key)::text FROM lease.listeners w;
 
 ALTER EXTENSION pg_lease UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'pg_lease';
 SELECT lease.version();
 
--- Every row of every state table as before, all columns, timestamps included.
+-- Every row of every state table as before, all columns, timestamps included
+-- (the settings' columns of 0.3.0: 0.4.0 adds promotion, NULL for the default).
 SELECT count(*) AS rows_before, (SELECT count(*) FROM lease.leases) AS rows_after FROM upgrade_before_040;
 SELECT count(*) AS changed_rows FROM (
   (SELECT * FROM lease.leases EXCEPT ALL SELECT * FROM upgrade_before_040)
@@ -44,7 +45,7 @@ SELECT count(*) AS changed_state_rows FROM (
   (SELECT * FROM upgrade_state_040 EXCEPT ALL (
      SELECT 'floor' AS t, row(f.*)::text AS r FROM lease.epoch_floor f
      UNION ALL SELECT 'timeline', row(s.*)::text FROM lease.timeline_state s
-     UNION ALL SELECT 'settings', row(s.*)::text FROM lease.settings s
+     UNION ALL SELECT 'settings', row(s.singleton, s.max_ttl, s.prev_max_ttl, s.prev_until)::text FROM lease.settings s
      UNION ALL SELECT 'listeners', row(w.pid, w.key)::text FROM lease.listeners w))) d;
 SELECT extconfig::regclass[] AS config_tables, extcondition FROM pg_extension WHERE extname = 'pg_lease';
 
