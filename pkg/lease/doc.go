@@ -55,6 +55,11 @@
 // reports it as success, with a warning); they return ErrCommitUnknown
 // instead, and do not retry it (commit.go says why and how).
 //
+// During the grace after a promotion (no new grant of any key until it
+// ends) Acquire returns a *GraceError (ErrGrace) that says when it ends, and
+// WaitOutGrace sleeps until then: the end writes nothing, so no Waiter wakes
+// for it. Settings reads the database's max_ttl, promotion mode and grace.
+//
 // A call that fails on a dead connection (SQLSTATE class 08, a terminated
 // backend, an EOF) while its context is alive is sent once more, for
 // acquire without a server-side wait, renew, release, and inspect: each is

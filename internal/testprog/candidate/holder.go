@@ -27,6 +27,9 @@ func runHolder(ctx context.Context, owner string) error {
 	for {
 		var ok bool
 		g, ok, err = c.Acquire(ctx, key, owner, ttl)
+		if c.WaitOutGrace(ctx, err) {
+			continue // a promotion's grace: asked again when it ends
+		}
 		if err != nil {
 			return err
 		}
