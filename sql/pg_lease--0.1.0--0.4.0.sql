@@ -77,8 +77,9 @@ HAVING pg_catalog.count(*) OPERATOR(pg_catalog.>) 0;
 -- and promotion grace of a key, recorded by the functions that make them, in
 -- the same transaction, under the key's row lock. Each key keeps its last
 -- history_rows events (lease.configure_history, default 100): a write trims
--- the key's oldest rows, so storage is bounded per key, and clean-up removes
--- a key's history with the key. Read through lease.history and lease.health.
+-- the key's oldest row, so storage is bounded per key, and clean-up removes
+-- a key's history with the key (no foreign key: its check would cost every
+-- write). Read through lease.history and lease.health.
 -- ---------------------------------------------------------------------------
 
 CREATE TABLE lease.history (
@@ -97,7 +98,6 @@ CREATE TABLE lease.history (
     grants         bigint      NOT NULL,
     detail         text,
     CONSTRAINT history_pkey PRIMARY KEY (key, seq),
-    CONSTRAINT history_key_fkey FOREIGN KEY (key) REFERENCES lease.leases (key) ON DELETE CASCADE,
     CONSTRAINT history_event_check CHECK (event OPERATOR(pg_catalog.=) ANY (ARRAY['acquired', 'taken_over', 'handed_over', 'released',
                                                     'force_released', 'promotion_grace']::pg_catalog.text[]))
 );
@@ -484,8 +484,11 @@ $$;
 -- key's row, after the change and under its row lock, so the key's events
 -- are numbered without gaps or races. is_grant: the event begins a term (it
 -- counts in grants). Trims the key's events beyond the retention: only this
--- key's rows, which no other key's caller ever waits for.
-CREATE FUNCTION lease._record(k text, ev text, is_grant boolean, o text, r text, e bigint,
+-- key's rows, which no other key's caller ever waits for. A key's rows are
+-- its last seqs (configure_history trims every key at once), so the trim
+-- looks at a few index entries only: from keep_rows below the new row down
+-- 8 more (a trim that raced configure_history may have left one).
+CREATE OR REPLACE FUNCTION lease._record(k text, ev text, is_grant boolean, o text, r text, e bigint,
                               prev_owner text, prev_epoch bigint, vacant timestamptz,
                               t interval, why text, ts timestamptz)
 RETURNS void LANGUAGE plpgsql VOLATILE
@@ -495,19 +498,23 @@ DECLARE
   v_seq    bigint;
   v_grants bigint;
 BEGIN
-  v_keep := coalesce((SELECT s.keep_rows FROM lease.history_settings s), 100);
+  -- The retention and the key's last event, in one statement.
+  SELECT coalesce((SELECT s.keep_rows FROM lease.history_settings s), 100), h.seq, h.grants
+    INTO v_keep, v_seq, v_grants
+    FROM (SELECT 1) one
+    LEFT JOIN LATERAL (SELECT x.seq, x.grants FROM lease.history x
+                        WHERE x.key = k ORDER BY x.seq DESC LIMIT 1) h ON true;
   IF v_keep = 0 THEN
     RETURN;
   END IF;
-  SELECT h.seq, h.grants INTO v_seq, v_grants
-    FROM lease.history h WHERE h.key = k ORDER BY h.seq DESC LIMIT 1;
   v_seq := coalesce(v_seq, 0) + 1;
   v_grants := coalesce(v_grants, 0) + CASE WHEN is_grant THEN 1 ELSE 0 END;
   INSERT INTO lease.history (key, seq, at, event, owner, holder_role, epoch, actor, previous_owner,
                              previous_epoch, vacant_since, ttl, grants, detail)
     VALUES (k, v_seq, ts, ev, o, r, e, session_user, prev_owner, prev_epoch, vacant, t, v_grants, why);
   IF v_seq > v_keep THEN
-    DELETE FROM lease.history h WHERE h.key = k AND h.seq <= v_seq - v_keep;
+    DELETE FROM lease.history h
+     WHERE h.key = k AND h.seq <= v_seq - v_keep AND h.seq > v_seq - v_keep - 8;
   END IF;
 END
 $$;
@@ -1439,7 +1446,7 @@ $$;
 -- Every role that may inspect: the last max_rows events of key, oldest
 -- first. owner, holder_role and epoch are the grant the event concerns (the
 -- new one, or the one that ended); actor is the role whose call made it.
-CREATE FUNCTION lease.history(key text, max_rows integer DEFAULT 100)
+CREATE OR REPLACE FUNCTION lease.history(key text, max_rows integer DEFAULT 100)
 RETURNS TABLE (seq bigint, at timestamptz, event text, owner text, holder_role text, epoch bigint,
                actor text, previous_owner text, previous_epoch bigint, vacant_since timestamptz,
                ttl interval, detail text)
@@ -1472,7 +1479,7 @@ $$;
 -- the period, and the current one), and the oldest event kept
 -- (history_since: transitions and leaderless_seconds see no further back).
 -- A key's first grant has no gap before it. Reads only: no lock.
-CREATE FUNCTION lease.health(period interval DEFAULT '1 hour')
+CREATE OR REPLACE FUNCTION lease.health(period interval DEFAULT '1 hour')
 RETURNS TABLE (key text, held boolean, owner text, holder_role text, epoch bigint,
                term_started timestamptz, expires_at timestamptz, vacant_since timestamptz,
                ttl interval, grants bigint, transitions bigint, leaderless_seconds double precision,
@@ -1828,7 +1835,10 @@ BEGIN
   ), gone AS (
     DELETE FROM lease.leases l USING victims v
      WHERE l.key = v.key
-    RETURNING l.epoch
+    RETURNING l.key, l.epoch
+  ), gone_history AS (
+    -- a removed key's history goes with it (0.4.0)
+    DELETE FROM lease.history h USING gone g WHERE h.key = g.key
   )
   SELECT count(*), max(g.epoch) INTO removed, v_max FROM gone g;
 
@@ -1914,7 +1924,7 @@ $$;
 -- keeps (0 to 100000; 0 records nothing; NULL: leave it). Lowering it trims
 -- every key's history at once, which locks the rows it deletes: run it in a
 -- transaction of its own.
-CREATE FUNCTION lease.configure_history(keep_rows integer DEFAULT NULL, OUT history_rows integer)
+CREATE OR REPLACE FUNCTION lease.configure_history(keep_rows integer DEFAULT NULL, OUT history_rows integer)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$

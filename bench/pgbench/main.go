@@ -252,10 +252,10 @@ func runMode(ctx context.Context, mode string, clients []int, tmp string) (modeR
 // (each takeover adds one), or 0 for other workloads.
 func w2Epochs(ctx context.Context, conn *pgx.Conn, w string) int64 {
 	var q string
-	switch w {
-	case "w2_lease":
+	switch {
+	case strings.HasPrefix(w, "w2_lease"): // w2_lease and its variants (w2_lease_nohistory)
 		q = `SELECT coalesce(sum(epoch), 0) FROM lease.leases WHERE key LIKE 'w2-%'`
-	case "w2_bare":
+	case w == "w2_bare":
 		q = `SELECT coalesce(sum(epoch), 0) FROM bench.bare WHERE key LIKE 'w2-%'`
 	default:
 		return 0

@@ -5,8 +5,9 @@
 -- and promotion grace of a key, recorded by the functions that make them, in
 -- the same transaction, under the key's row lock. Each key keeps its last
 -- history_rows events (lease.configure_history, default 100): a write trims
--- the key's oldest rows, so storage is bounded per key, and clean-up removes
--- a key's history with the key. Read through lease.history and lease.health.
+-- the key's oldest row, so storage is bounded per key, and clean-up removes
+-- a key's history with the key (no foreign key: its check would cost every
+-- write). Read through lease.history and lease.health.
 -- ---------------------------------------------------------------------------
 
 CREATE TABLE lease.history (
@@ -25,7 +26,6 @@ CREATE TABLE lease.history (
     grants         bigint      NOT NULL,
     detail         text,
     CONSTRAINT history_pkey PRIMARY KEY (key, seq),
-    CONSTRAINT history_key_fkey FOREIGN KEY (key) REFERENCES lease.leases (key) ON DELETE CASCADE,
     CONSTRAINT history_event_check CHECK (event OPERATOR(pg_catalog.=) ANY (ARRAY['acquired', 'taken_over', 'handed_over', 'released',
                                                     'force_released', 'promotion_grace']::pg_catalog.text[]))
 );

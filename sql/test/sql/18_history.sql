@@ -153,10 +153,14 @@ RESET SESSION AUTHORIZATION;
 SELECT * FROM pg_temp.hist('hist-m');
 SELECT seq, event, owner FROM lease.history('hist-1') ORDER BY seq DESC LIMIT 1;
 
--- Removing a key (what clean-up does) removes its history with it.
+-- Clean-up removes a free key's history with the key (in a transaction
+-- rolled back: the other files' free keys and the floor stay as they are).
 SELECT status FROM lease.release('hist-w', 'w', 2);
-DELETE FROM lease.leases WHERE key = 'hist-w';
+BEGIN;
+SELECT removed > 0 AS removed FROM lease.cleanup(interval '0', 100000);
 SELECT count(*) AS history_left FROM lease.history WHERE key = 'hist-w';
+SELECT count(*) AS orphans FROM lease.history h WHERE NOT EXISTS (SELECT 1 FROM lease.leases l WHERE l.key = h.key);
+ROLLBACK;
 
 -- A promotion (the recorded timeline older than the server's, as in
 -- 15_timeline) with max_ttl 1 s: the first grant of a released key after
@@ -178,6 +182,7 @@ DELETE FROM lease.timeline_state;
 INSERT INTO lease.timeline_state (timeline, era) VALUES (lease._timeline(), 0);
 
 DELETE FROM lease.leases WHERE key LIKE 'hist-%';
+DELETE FROM lease.history WHERE key LIKE 'hist-%';
 REVOKE EXECUTE ON FUNCTION lease.force_release(text) FROM regress_pglease_hist_op;
 DROP ROLE regress_pglease_hist_app;
 DROP ROLE regress_pglease_hist_op;
