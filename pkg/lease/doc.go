@@ -18,13 +18,14 @@
 //	  |                 one timing rule (Lock.LeaderElectionConfig)
 //	  |   pkg/elector   leader election for plain Go services
 //	  |   pkg/fence     write guards (InTx, PGGuard)
+//	  |   pkg/leasemetrics  a Prometheus collector of every key (History, Health)
 //	  v     v
 //	pkg/lease           the client, the installer, Term (the one held-grant
 //	                    primitive), Waiter (the one listener), CheckMargin
 //	                    (the one margin rule); imports only pgx, k8s.io/utils'
 //	                    clock and the embedded SQL scripts (package sql)
 //
-// pkg/elector, pkg/resourcelock and pkg/fence import pkg/lease only;
+// pkg/elector, pkg/resourcelock, pkg/fence and pkg/leasemetrics import pkg/lease only;
 // pkg/leaderelection imports pkg/resourcelock and pkg/lease. pkg/elector and
 // pkg/resourcelock are thin users of Term and Waiter.Await; pkg/fence
 // guards writes with a Token.
