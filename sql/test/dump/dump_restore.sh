@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # dump_restore.sh: pg_dump and restore keep pg_lease's state: every row of lease.leases, the epoch floor, the settings, the
-# recorded timeline and the leadership history (0.4.0) with its retention, in plain format (restored with psql) and custom format
+# recorded timeline, the leadership history (0.4.0) with its retention and the handover strategies (0.4.0), in plain format (restored with psql) and custom format
 # (restored with pg_restore), both with errors fatal, so a restore that
 # conflicts with the rows CREATE EXTENSION makes fails the test.
 #
@@ -60,6 +60,7 @@ SELECT removed, epoch_floor FROM lease.cleanup(interval '0', 1);
 SELECT lease.configure_history(50);
 SET SESSION AUTHORIZATION regress_pglease_dump_app;
 SELECT acquired FROM lease.acquire('d-app', 'a1', interval '10 min');
+SELECT previous FROM lease.set_strategy('d-app', 'newest_version');
 RESET SESSION AUTHORIZATION;
 SQL
 
@@ -70,12 +71,15 @@ state() { # DB: everything the restore must keep, as text
 		SELECT 'settings', s.* FROM lease.settings s;
 		SELECT 'history', h.* FROM lease.history h ORDER BY key, seq;
 		SELECT 'history_settings', s.* FROM lease.history_settings s;
+		SELECT 'strategies', s.* FROM lease.strategies s ORDER BY key;
 	SQL
 }
 state "$src" >"$work/src.state"
 grep -q '^status|.*|7$' "$work/src.state" || { echo "dump_restore: setup did not reach floor 7:"; cat "$work/src.state"; exit 1; } >&2
 grep -q '^history|d-held|1|' "$work/src.state" && grep -q '^history_settings|t|50$' "$work/src.state" ||
 	{ echo "dump_restore: setup recorded no history or retention:"; cat "$work/src.state"; exit 1; } >&2
+grep -q '^strategies|d-app|newest_version|regress_pglease_dump_app|' "$work/src.state" ||
+	{ echo "dump_restore: setup set no strategy:"; cat "$work/src.state"; exit 1; } >&2
 
 "$bindir/pg_dump" -Fp -f "$work/dump.sql" "$src"
 "$bindir/pg_dump" -Fc -f "$work/dump.custom" "$src"
@@ -150,5 +154,5 @@ fi
 
 for d in "${dbs[@]}"; do q -d postgres -c "SET client_min_messages = warning" -c "DROP DATABASE IF EXISTS $d"; done
 q -d postgres -c "DROP ROLE IF EXISTS regress_pglease_dump_app" -c "DROP ROLE IF EXISTS regress_pglease_dump_other"
-[[ $rc -eq 0 ]] && echo "dump_restore: plain and custom format keep every lease row, the floor (7), the settings, the timeline state (its era) and the history"
+[[ $rc -eq 0 ]] && echo "dump_restore: plain and custom format keep every lease row, the floor (7), the settings, the timeline state (its era), the history and the handover strategies"
 exit $rc
