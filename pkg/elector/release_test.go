@@ -90,7 +90,9 @@ func TestResignKeepsTheTermUntilTheCallbackReturns(t *testing.T) {
 	dsn := installed(t, nil)
 	admin := lease.New(newPool(t, dsn))
 	ctx, cancel := context.WithCancel(testCtx(t))
-	const ttl = 300 * time.Millisecond
+	// Long enough that renewals keep up on a loaded machine: the test is
+	// about outliving one TTL, not about a short one.
+	const ttl = 2 * time.Second
 	leading := make(chan lease.Token, 1)
 	el, err := elector.New(lease.New(newPool(t, dsn)), elector.Config{
 		Key: "slow", Identity: "me", TTL: ttl,
