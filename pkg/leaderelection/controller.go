@@ -92,8 +92,7 @@ func configure(opts *manager.Options, c ManagerConfig) (*observedLock, error) {
 // the TTL; the lock ends the term (cancelling every fenced reconcile)
 // before it frees the key.
 func NewManager(cfg *rest.Config, opts manager.Options, c ManagerConfig) (manager.Manager, error) {
-	obs, err := configure(&opts, c)
-	if err != nil {
+	if _, err := configure(&opts, c); err != nil {
 		return nil, err
 	}
 	mgr, err := manager.New(cfg, opts)
@@ -102,7 +101,7 @@ func NewManager(cfg *rest.Config, opts manager.Options, c ManagerConfig) (manage
 	}
 	// The election's events are recorded with client-go's (core/v1) event
 	// recorder, as client-go's own locks and controller-runtime do.
-	obs.setEventRecorder(mgr.GetEventRecorderFor(c.PgLease.Identity()), nil, opts.LeaderElectionNamespace) //nolint:staticcheck
+	c.PgLease.SetEventRecorder(mgr.GetEventRecorderFor(c.PgLease.Identity()), opts.LeaderElectionNamespace) //nolint:staticcheck
 	return mgr, nil
 }
 

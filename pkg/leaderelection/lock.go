@@ -8,8 +8,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
-	coordinationv1 "k8s.io/api/coordination/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
@@ -23,9 +21,9 @@ type BuildOptions struct {
 	// copy, as client-go and controller-runtime do).
 	KubeConfig *rest.Config
 	// EventRecorder receives the leader election events ("became leader",
-	// with the epoch for the pg_lease locks), recorded about the Lease
-	// <resourceNamespace>/<resourceName> (which for "pglease" need not
-	// exist). A record.EventRecorder satisfies it.
+	// with the epoch for the pg_lease locks). They are about the Lease named
+	// after the key, <resourceNamespace>/<resourceName> by default; for
+	// "pglease" it need not exist. A record.EventRecorder satisfies it.
 	EventRecorder rl.EventRecorder
 	// Labels are set on the Lease by the Kubernetes locks (client-go's
 	// NewWithLabels).
@@ -161,16 +159,13 @@ func New(ctx context.Context, c Config, o BuildOptions) (*Lock, error) {
 		}
 		out.pool = pool
 	}
-	ev := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: c.ResourceName, Namespace: c.ResourceNamespace}}
-	ev.Kind = "Lease"
-	ev.APIVersion = coordinationv1.SchemeGroupVersion.String()
 	opts := o.PgLease
 	opts.LeaseDuration = c.LeaseDuration.Duration
 	if opts.Candidacy == nil && kube == nil {
 		opts.Candidacy = c.candidacy(o.Ready)
 	}
 	if o.EventRecorder != nil {
-		opts.EventRecorder, opts.EventObject, opts.EventNamespace = o.EventRecorder, ev, c.ResourceNamespace
+		opts.EventRecorder, opts.EventNamespace = o.EventRecorder, c.ResourceNamespace
 	}
 	opts.Waiter = nil
 	if kube == nil {

@@ -4,17 +4,12 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 	"github.com/prometheus/client_golang/prometheus"
-	coordinationv1 "k8s.io/api/coordination/v1"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 )
@@ -100,14 +95,11 @@ func (c *epochCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// observedLock is the lock a manager runs when configured by this package:
-// it passes every call to the lock it wraps (a pg_lease lock, or a
+// observedLock is the lock a manager runs when configured by this package.
+// It passes every call to the lock it wraps: a pg_lease lock, or a
 // composite such as the "leases+pglease" lock whose pg_lease half is
-// PgLease), counts the metrics above, and records the elector's events
-// through the recorder given by setEventRecorder (NewManager gives it the
-// manager's), naming the epoch:
-//
-//	<identity> became leader (epoch 7)
+// PgLease. It counts the metrics above. The pg_lease lock records the
+// elector's events itself (NewManager gives it the manager's recorder).
 type observedLock struct {
 	rl.Interface
 	pg  *resourcelock.Lock
@@ -115,8 +107,6 @@ type observedLock struct {
 
 	mu        sync.Mutex
 	lastEpoch int64
-	recorder  rl.EventRecorder
-	object    runtime.Object
 }
 
 // observe wraps lock, whose epochs are those of pg (lock itself, or the
@@ -134,43 +124,6 @@ func observe(lock rl.Interface, pg *resourcelock.Lock) (*observedLock, error) {
 	}
 	epochs.mu.Unlock()
 	return &observedLock{Interface: lock, pg: pg, key: pg.Key()}, nil
-}
-
-// setEventRecorder sets where RecordEvent records, about obj (nil: a
-// coordination.k8s.io/v1 Lease named after the key, "namespace/name" keys
-// split; defaultNamespace for keys without one).
-func (o *observedLock) setEventRecorder(r rl.EventRecorder, obj runtime.Object, defaultNamespace string) {
-	if obj == nil {
-		ns, name := defaultNamespace, o.key
-		if i := strings.LastIndexByte(o.key, '/'); i >= 0 {
-			ns, name = o.key[:i], o.key[i+1:]
-		}
-		l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
-		l.Kind = "Lease"
-		l.APIVersion = coordinationv1.SchemeGroupVersion.String()
-		obj = l
-	}
-	o.mu.Lock()
-	o.recorder, o.object = r, obj
-	o.mu.Unlock()
-}
-
-// RecordEvent passes the event to the wrapped lock (which records it if it
-// was built with a recorder) and records it on the recorder set by
-// setEventRecorder, with the epoch held at that moment.
-func (o *observedLock) RecordEvent(s string) {
-	o.Interface.RecordEvent(s)
-	o.mu.Lock()
-	r, obj := o.recorder, o.object
-	o.mu.Unlock()
-	if r == nil {
-		return
-	}
-	msg := o.Identity() + " " + s
-	if e := liveEpoch(o.pg); e != 0 {
-		msg = fmt.Sprintf("%s (epoch %d)", msg, e)
-	}
-	r.Eventf(obj, corev1.EventTypeNormal, "LeaderElection", "%s", msg)
 }
 
 // Get passes through, counting errors.

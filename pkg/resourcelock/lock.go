@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -50,8 +51,9 @@ type Options struct {
 	// once and client-go's followers poll every RetryPeriod.
 	Waiter *lease.Waiter
 	// EventRecorder, when set, is what RecordEvent records on, about
-	// EventObject (nil: a coordination.k8s.io/v1 Lease named after the key
-	// in EventNamespace).
+	// EventObject. A nil EventObject is the coordination.k8s.io/v1 Lease
+	// named after the key: a "namespace/name" key is split, any other key
+	// is a name in EventNamespace.
 	EventRecorder  rl.EventRecorder
 	EventObject    runtime.Object
 	EventNamespace string
@@ -73,14 +75,12 @@ type Options struct {
 
 // options configure a Lock; New fills the defaults and validates them once.
 type options struct {
-	leaseDuration  time.Duration
-	margin         time.Duration
-	onEpochChange  func(old, new lease.Token)
-	eventRecorder  rl.EventRecorder
-	eventObject    runtime.Object
-	eventNamespace string
-	waiter         *lease.Waiter
-	candidacy      *lease.Candidacy
+	leaseDuration time.Duration
+	margin        time.Duration
+	onEpochChange func(old, new lease.Token)
+	events        *events
+	waiter        *lease.Waiter
+	candidacy     *lease.Candidacy
 }
 
 // Lock is a client-go resourcelock.Interface over one pg_lease key. See the
@@ -114,14 +114,12 @@ type Lock struct {
 // once; each error names the field.
 func New(client *lease.Client, key, identity string, opts Options) (*Lock, error) {
 	o := options{
-		leaseDuration:  opts.LeaseDuration,
-		margin:         opts.margin,
-		onEpochChange:  opts.OnEpochChange,
-		eventRecorder:  opts.EventRecorder,
-		eventObject:    opts.EventObject,
-		eventNamespace: opts.EventNamespace,
-		waiter:         opts.Waiter,
-		candidacy:      opts.Candidacy,
+		leaseDuration: opts.LeaseDuration,
+		margin:        opts.margin,
+		onEpochChange: opts.OnEpochChange,
+		events:        &events{recorder: opts.EventRecorder, object: opts.EventObject, given: opts.EventObject != nil},
+		waiter:        opts.Waiter,
+		candidacy:     opts.Candidacy,
 	}
 	if o.leaseDuration == 0 {
 		o.leaseDuration = defaultLeaseDuration
@@ -146,11 +144,8 @@ func New(client *lease.Client, key, identity string, opts Options) (*Lock, error
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("resourcelock.New: %w", errors.Join(errs...))
 	}
-	if o.eventObject == nil {
-		l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: key, Namespace: o.eventNamespace}}
-		l.Kind = "Lease"
-		l.APIVersion = coordinationv1.SchemeGroupVersion.String()
-		o.eventObject = l
+	if o.events.object == nil {
+		o.events.object = eventLease(key, opts.EventNamespace)
 	}
 	l := &Lock{client: client, key: key, identity: identity, opts: o}
 	if o.candidacy != nil {
@@ -169,17 +164,57 @@ func (l *Lock) Key() string { return l.key }
 func (l *Lock) Describe() string { return "pg_lease/" + l.key }
 
 // RecordEvent records a client-go leader election event ("became leader",
-// "stopped leading") on Options.EventRecorder, naming the identity
-// and the epoch held when it is recorded.
+// "stopped leading") on the lock's event recorder. The message names the
+// identity and the epoch held when it is recorded.
 func (l *Lock) RecordEvent(s string) {
-	if l.opts.eventRecorder == nil {
+	ev := l.opts.events
+	ev.mu.Lock()
+	r, obj := ev.recorder, ev.object
+	ev.mu.Unlock()
+	if r == nil {
 		return
 	}
 	msg := l.identity + " " + s
 	if t := l.liveTerm(); t != nil {
 		msg = fmt.Sprintf("%s (epoch %d)", msg, t.Grant().Epoch)
 	}
-	l.opts.eventRecorder.Eventf(l.opts.eventObject, corev1.EventTypeNormal, "LeaderElection", "%s", msg)
+	r.Eventf(obj, corev1.EventTypeNormal, "LeaderElection", "%s", msg)
+}
+
+// SetEventRecorder makes RecordEvent record on r from now on, in place of
+// Options.EventRecorder: for a recorder that exists only once the lock is
+// built, such as a controller-runtime manager's. A key without a namespace
+// part names its Lease in namespace.
+func (l *Lock) SetEventRecorder(r rl.EventRecorder, namespace string) {
+	ev := l.opts.events
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	ev.recorder = r
+	if !ev.given {
+		ev.object = eventLease(l.key, namespace)
+	}
+}
+
+// events is where RecordEvent records, and about what.
+type events struct {
+	mu       sync.Mutex
+	recorder rl.EventRecorder
+	object   runtime.Object
+	given    bool // object came from Options.EventObject
+}
+
+// eventLease is the object the lock's events are about: the
+// coordination.k8s.io/v1 Lease named after the key. A "namespace/name" key
+// is split; any other key is a name in namespace.
+func eventLease(key, namespace string) *coordinationv1.Lease {
+	name := key
+	if i := strings.LastIndexByte(key, '/'); i >= 0 {
+		namespace, name = key[:i], key[i+1:]
+	}
+	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}}
+	l.Kind = "Lease"
+	l.APIVersion = coordinationv1.SchemeGroupVersion.String()
+	return l
 }
 
 // maxFollowerWait bounds how long a follower's Get waits for news.

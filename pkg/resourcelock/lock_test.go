@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -12,7 +13,9 @@ import (
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/tools/record"
 )
@@ -555,6 +558,40 @@ func TestRecordEvent(t *testing.T) {
 		}
 	}
 	mustLock(t, newClient(t, dsn), "k", "b").RecordEvent("no recorder: no panic")
+}
+
+// SetEventRecorder moves the events to a recorder made after the lock, about
+// the Lease named after the key: "namespace/name" split, else a name in the
+// namespace given.
+func TestSetEventRecorder(t *testing.T) {
+	dsn := newDB(t)
+	for _, tc := range []struct{ key, ns, wantNS, wantName string }{
+		{"ns/op", "other", "ns", "op"},
+		{"op", "other", "other", "op"},
+	} {
+		first := record.NewFakeRecorder(10)
+		l := mustLock(t, newClient(t, dsn), tc.key, "a", resourcelock.Options{EventRecorder: first})
+		later := &objectRecorder{}
+		l.SetEventRecorder(later, tc.ns)
+		l.RecordEvent("became leader")
+		if len(first.Events) != 0 {
+			t.Errorf("%s: the first recorder still got %q", tc.key, <-first.Events)
+		}
+		lease, ok := later.obj.(*coordinationv1.Lease)
+		if !ok || lease.Namespace != tc.wantNS || lease.Name != tc.wantName || later.msg != "a became leader" {
+			t.Errorf("%s: event %q about %#v, want a Lease %s/%s", tc.key, later.msg, later.obj, tc.wantNS, tc.wantName)
+		}
+	}
+}
+
+// objectRecorder keeps the last event and what it was about.
+type objectRecorder struct {
+	obj runtime.Object
+	msg string
+}
+
+func (r *objectRecorder) Eventf(obj runtime.Object, _, _, format string, args ...any) {
+	r.obj, r.msg = obj, fmt.Sprintf(format, args...)
 }
 
 // TokenContext keeps the caller's values, carries the term's token, ends
