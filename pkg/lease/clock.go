@@ -7,16 +7,16 @@ import (
 	"k8s.io/utils/clock"
 )
 
-// The timing rules of the package, each in one place: the local view of a
-// server instant (roundTrip), the margin of a term (CheckMargin), and the
-// clock everything reads (Client.WithClock).
+// The timing rules of the package, each in one place. roundTrip is the local
+// view of a server instant. CheckMargin is the margin of a term.
+// Client.WithClock sets the clock everything reads.
 
 // Margin rule. A term ends Margin before its grant's ValidUntil. The margin
-// covers two things: the rate difference between this process's monotonic
-// clock and the server's clock over one grant (the drift floor, below which
-// no margin is accepted), and the delay between the local deadline and the
-// moment code acting under the term has observed its end (timer latency,
-// scheduling on a loaded host, a GC pause, a write already in flight).
+// covers two things. The first is the rate difference between this
+// process's monotonic clock and the server's clock over one grant: the drift
+// floor, below which no margin is accepted. The second is the delay between
+// the local deadline and the moment code acting under the term sees its end:
+// timer latency, scheduling on a loaded host, a GC pause, a write in flight.
 const (
 	// maxClockRateDrift is the relative rate difference the drift floor
 	// covers: 1000 ppm, twice what NTP (and chrony by default) may slew a
@@ -37,11 +37,11 @@ func driftFloor(ttl time.Duration) time.Duration {
 	return (d + time.Microsecond - 1).Truncate(time.Microsecond)
 }
 
-// CheckMargin is the margin rule of every term: it returns the margin to use
-// for grants of ttl (margin 0 asks for the default, min(ttl/3, 100ms +
-// ttl/1000)), or an error matching ErrInvalidInput when ttl is below 3ms or
-// margin is below the clock-rate drift floor (ttl/1000, 1000 ppm) or above
-// ttl/3. pkg/elector and pkg/resourcelock validate their Margin with it.
+// CheckMargin is the margin rule of every term. It returns the margin to use
+// for grants of ttl. Margin 0 asks for the default, min(ttl/3, 100ms +
+// ttl/1000). The error matches ErrInvalidInput when ttl is below 3ms, or
+// when margin is below the clock-rate drift floor (ttl/1000, 1000 ppm) or
+// above ttl/3. pkg/elector, pkg/resourcelock and pglease lock use it.
 func CheckMargin(ttl, margin time.Duration) (time.Duration, error) {
 	if ttl < minTermTTL {
 		return 0, fmt.Errorf("%w: ttl must be at least %v for a term, got %v", ErrInvalidInput, minTermTTL, ttl)
@@ -59,10 +59,10 @@ func CheckMargin(ttl, margin time.Duration) (time.Duration, error) {
 
 // roundTrip is one request's round trip on the local clock, with the
 // server's clock read during it (clock_timestamp() in the same statement).
-// It is the one formula by which the package turns a server instant into
-// a local one: the server read serverNow somewhere between sent and
-// received, so, clock rates being equal, the server's clock shows x at a
-// local instant within [earliest(x), latest(x)].
+// It is the one formula by which the package turns a server instant into a
+// local one. The server read serverNow somewhere between sent and received.
+// So, clock rates being equal, the server's clock shows x at a local instant
+// within [earliest(x), latest(x)].
 type roundTrip struct {
 	sent, received, serverNow time.Time
 }

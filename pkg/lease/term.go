@@ -11,24 +11,24 @@ import (
 )
 
 // Term is one grant as this process holds it: one epoch, from the acquire
-// that obtained it until it ends. Renewals extend a term and never change its
-// epoch. A term ends exactly once, for one reason (Err, and context.Cause of
-// every context made by Context):
+// that obtained it until it ends. Renewals extend a term and never change
+// its epoch. A term ends exactly once, for one reason. Err gives it, and so
+// does context.Cause of every context made by Context:
 //
-//   - its local deadline passed without a renewal (ErrLocalDeadline): the
-//     deadline is Grant.ValidUntil minus the margin (CheckMargin), so the
+//   - ErrLocalDeadline: its local deadline passed without a renewal. The
+//     deadline is Grant.ValidUntil minus the margin (CheckMargin). So the
 //     server's expiry, and any successor's grant, come later (A1, see the
-//     package documentation);
-//   - the holder gave it up (ErrReleased): Release;
-//   - the server said the grant is gone (an error matching ErrLost), on a
-//     renewal or as the holder learned otherwise (End).
+//     package documentation).
+//   - ErrReleased: the holder gave it up (Release).
+//   - an error matching ErrLost: the server said the grant is gone, on a
+//     renewal, or the holder learned it otherwise (End).
 //
-// Ending cancels every context of the term synchronously, then calls the
-// onEnd function given to Begin, then closes Done: whoever waits on Done, or
-// calls Release or End (they return only after the end was reported), sees
-// the end fully reported before it begins anything else, so "term N ended"
-// is always reported before "term N+1 began". An ended term never comes
-// back: a later grant, even to the same owner, is a new Term.
+// Ending first cancels every context of the term, then calls the onEnd
+// function given to Begin, then closes Done. Release and End return only
+// after that. So whoever waits on Done, Release or End sees the end fully
+// reported before it begins anything else: "term N ended" always comes
+// before "term N+1 began". An ended term never comes back. A later grant,
+// even to the same owner, is a new Term.
 type Term struct {
 	c      *Client
 	margin time.Duration
@@ -51,15 +51,15 @@ type Term struct {
 	children map[*termContext]context.CancelCauseFunc // live contexts of Context
 }
 
-// Begin starts the term of g, a grant this client's Acquire just returned
-// (or a renewal of it), ending margin before g.ValidUntil; margin 0 is the
+// Begin starts the term of g, a grant this client's Acquire (or Renew) just
+// returned. The term ends margin before g.ValidUntil; margin 0 takes the
 // default of CheckMargin(g.TTL, 0). onEnd, when not nil, is called once when
-// the term ends, with the token and the cause, after the term's contexts
-// were cancelled and before Done is closed; it must not block for long and
-// must not call the term's methods other than Grant and Deadline.
+// the term ends, with the token and the cause. It runs after the term's
+// contexts were cancelled and before Done is closed. It must not block for
+// long, and may call no method of the term but Grant and Deadline.
 //
-// A grant whose deadline has already passed (the answer took most of the TTL
-// to arrive) gives a term that has already ended with ErrLocalDeadline;
+// The answer may take most of the TTL to arrive, so that the deadline has
+// already passed. Then the term has already ended with ErrLocalDeadline, but
 // the grant is still held on the server: Release gives it back. Begin fails
 // (ErrInvalidInput) only for a margin CheckMargin rejects.
 func (c *Client) Begin(g Grant, margin time.Duration, onEnd func(Token, error)) (*Term, error) {
@@ -162,14 +162,14 @@ func (t *Term) Err() error {
 	return context.Cause(t.ctx)
 }
 
-// Renew renews the grant for its TTL and, when the term is still live and
-// the answer arrives before its deadline, moves the deadline. It returns
-// nil when the term was extended; the server's error (matching ErrLost)
-// after ending the term when the grant is gone; an error matching
-// ErrLocalDeadline when the term had ended or its deadline passed before
-// the answer (the grant may still be held: Release gives it back); any
-// other error (a connection failure) leaves the term to its deadline. The
-// call is bounded by the term's deadline: an answer after it is of no use.
+// Renew renews the grant for its TTL. When the term is still live and the
+// answer arrives before its deadline, it moves the deadline and returns nil.
+// When the server says the grant is gone, it ends the term and returns that
+// error (matching ErrLost). When the term had ended, or its deadline passed
+// before the answer, the error matches ErrLocalDeadline; the grant may still
+// be held, and Release gives it back. Any other error, such as a lost
+// connection, leaves the term to its deadline. The call is bounded by the
+// term's deadline: an answer after it is of no use.
 func (t *Term) Renew(ctx context.Context) error {
 	t.renewMu.Lock()
 	defer t.renewMu.Unlock()
@@ -213,13 +213,13 @@ func (t *Term) extend(g Grant) error {
 	return nil
 }
 
-// Release ends the term with ErrReleased (if it has not ended yet) and
-// releases the grant on the server, so that a successor need not wait for
-// the TTL and the next grant carries a greater epoch. It releases an ended
-// term's grant too (one that ended on its deadline may still be held), but
-// not one the server already said is gone: that returns the server's error
-// (matching ErrLost) without a call, as does a release the server answers
-// with not_owner, lapsed or epoch_mismatch.
+// Release ends the term with ErrReleased, if it has not ended yet. Then it
+// releases the grant on the server: a successor need not wait for the TTL,
+// and the next grant carries a greater epoch. It releases the grant of an
+// ended term too, since one that ended on its deadline may still be held.
+// It makes no call for a grant the server already said is gone, and returns
+// the server's error (matching ErrLost). A release the server answers with
+// not_owner, lapsed or epoch_mismatch returns such an error too.
 func (t *Term) Release(ctx context.Context) error {
 	t.end(ErrReleased, false)
 	t.mu.Lock()
@@ -236,14 +236,13 @@ func (t *Term) Release(ctx context.Context) error {
 // ErrLost; Release will not release it) or that must stop at once.
 func (t *Term) End(cause error) { t.end(cause, errors.Is(cause, ErrLost)) }
 
-// Context returns a context that carries the term's token
-// (TokenFromContext) and the values of parent, and is done when the term
-// ends (with the term's cause) or parent is done (with parent's cause),
-// whichever comes first; both reach it synchronously (the term's end before
-// the end is reported). A context made from a done parent, or of an ended
-// term, is done when Context returns. Its Deadline is the earlier of
-// parent's and the term's current one (which renewals move). Call cancel
-// when done with it.
+// Context returns a context with the values of parent that carries the
+// term's token (TokenFromContext). It is done when the term ends, with the
+// term's cause, or when parent is done, with parent's cause. Both reach it at
+// once; the term's end reaches it before the end is reported. A context of a
+// done parent, or of an ended term, is done when Context returns. Its
+// Deadline is the earlier of parent's and the term's current one, which
+// renewals move. Call cancel when done with it.
 func (t *Term) Context(parent context.Context) (context.Context, context.CancelFunc) {
 	inner, cancel := context.WithCancelCause(ContextWithToken(parent, t.grant.Token))
 	ctx := &termContext{Context: inner, term: t}
