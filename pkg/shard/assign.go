@@ -1,0 +1,61 @@
+package shard
+
+import (
+	"hash/fnv"
+	"sort"
+	"strconv"
+)
+
+// Of returns the shard of the object namespace/name among n shards: a
+// stable hash (64-bit FNV-1a of "namespace/name") modulo n. It never
+// depends on the members, so an object stays in its shard for the life of
+// the controller (n is fixed per controller).
+func Of(namespace, name string, n int) int {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(namespace))
+	_, _ = h.Write([]byte{'/'})
+	_, _ = h.Write([]byte(name))
+	return int(h.Sum64() % uint64(n))
+}
+
+// weight is the rendezvous weight of member for shard s: FNV-1a of the
+// member and the shard, spread by the splitmix64 finalizer so that close
+// inputs give unrelated weights.
+func weight(s int, member string) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(member))
+	_, _ = h.Write([]byte{0})
+	_, _ = h.Write([]byte(strconv.Itoa(s)))
+	x := h.Sum64()
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
+
+// Assign maps each of n shards to one of members by rendezvous (highest
+// random weight) hashing: shard s goes to the member with the highest
+// weight(s, member), ties to the lower name. Every replica that sees the
+// same members computes the same map, with no state of its own. When a
+// member joins, only the shards it now wins move, all to it; when one
+// leaves, only its shards move, spread over the others. No member: nil.
+func Assign(n int, members []string) []string {
+	if len(members) == 0 {
+		return nil
+	}
+	ms := append([]string(nil), members...)
+	sort.Strings(ms)
+	out := make([]string, n)
+	for s := range n {
+		best, bw := "", uint64(0)
+		for i, m := range ms {
+			if w := weight(s, m); i == 0 || w > bw {
+				best, bw = m, w
+			}
+		}
+		out[s] = best
+	}
+	return out
+}

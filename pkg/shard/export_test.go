@@ -1,0 +1,5 @@
+package shard
+
+// ErrCrash, as the cause of Run's context, stops a Sharder without
+// releasing anything, as a crashed replica would.
+var ErrCrash = errCrash

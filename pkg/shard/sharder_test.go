@@ -1,0 +1,266 @@
+package shard_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/pkg/fence"
+	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/shard"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// cluster is a set of replicas of one controller on one database, with a
+// worker per replica that acts under every shard it owns and an overlap
+// detector shared by all workers.
+type cluster struct {
+	t        *testing.T
+	dsn      string
+	pool     *pgxpool.Pool
+	n        int
+	ttl      time.Duration
+	mu       sync.Mutex
+	active   map[int]string // shard -> replica acting under it now
+	overlaps []string
+	replicas map[string]*replica
+}
+
+type replica struct {
+	r      *shard.Sharder
+	cancel context.CancelCauseFunc
+	done   chan struct{}
+}
+
+func newCluster(t *testing.T, n int, ttl time.Duration) *cluster {
+	dsn := pgtest.NewLeaseDatabase(t)
+	return &cluster{t: t, dsn: dsn, pool: pgtest.NewPool(t, dsn), n: n, ttl: ttl,
+		active: map[int]string{}, replicas: map[string]*replica{}}
+}
+
+// start runs a replica named id with its own pool and waiter, and a worker
+// that keeps acting under each owned shard: it marks the shard active
+// (failing on another replica's mark), works 2 ms, and unmarks it.
+func (c *cluster) start(id string) *replica {
+	t := c.t
+	pool := pgtest.NewPool(t, c.dsn)
+	cfg, err := pgx.ParseConfig(c.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := lease.NewWaiter(pgtest.Context(t, 0), cfg, lease.WaiterOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Close() })
+	r, err := shard.New(shard.Config{Client: lease.New(pool), Controller: "ctl", Shards: c.n,
+		Identity: id, TTL: c.ttl, Waiter: w})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	rep := &replica{r: r, cancel: cancel, done: make(chan struct{})}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		if err := r.Run(ctx); err != nil {
+			t.Errorf("%s: Run: %v", id, err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		for ctx.Err() == nil {
+			for s := range c.n {
+				c.work(ctx, r, id, s)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	go func() { wg.Wait(); close(rep.done) }()
+	t.Cleanup(func() { cancel(context.Canceled); <-rep.done })
+	c.mu.Lock()
+	c.replicas[id] = rep
+	c.mu.Unlock()
+	return rep
+}
+
+func (c *cluster) work(ctx context.Context, r *shard.Sharder, id string, s int) {
+	sctx, done, ok := r.Begin(ctx, s)
+	if !ok {
+		return
+	}
+	defer done()
+	tok, _ := lease.TokenFromContext(sctx)
+	if tok.Key != shard.Key("ctl", s) || tok.Owner != id {
+		c.t.Errorf("%s: shard %d's context carries %v", id, s, tok)
+	}
+	c.mu.Lock()
+	if other, busy := c.active[s]; busy {
+		c.overlaps = append(c.overlaps, fmt.Sprintf("shard %d: %s began while %s acted under it", s, id, other))
+	}
+	c.active[s] = id
+	c.mu.Unlock()
+	select {
+	case <-sctx.Done():
+	case <-time.After(2 * time.Millisecond):
+	}
+	c.mu.Lock()
+	if c.active[s] == id {
+		delete(c.active, s)
+	}
+	c.mu.Unlock()
+}
+
+// waitSettled waits until the live replicas own every shard between them,
+// each shard by the replica Assign names for them, and returns how long
+// that took.
+func (c *cluster) waitSettled(live ...string) time.Duration {
+	c.t.Helper()
+	start := time.Now()
+	want := shard.Assign(c.n, live)
+	deadline := time.Now().Add(2*time.Minute + 10*c.ttl)
+	for {
+		got := make([]string, c.n)
+		dup := false
+		c.mu.Lock()
+		for _, id := range live {
+			for _, s := range c.replicas[id].r.Owned() {
+				dup = dup || got[s] != ""
+				got[s] = id
+			}
+		}
+		c.mu.Unlock()
+		if !dup && slices.Equal(got, want) {
+			return time.Since(start)
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("not settled on %v: owners %v, want %v", live, got, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (c *cluster) checkNoOverlap() {
+	c.t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, o := range c.overlaps {
+		c.t.Error(o)
+	}
+}
+
+// TestJoinLeaveCrash: replicas join one by one, one leaves, one crashes;
+// after each change the live replicas own every shard as Assign says (no
+// orphan), and no two replicas ever act under one shard at once (no
+// overlap), also when a crashed replica's work runs until its terms'
+// local deadlines.
+func TestJoinLeaveCrash(t *testing.T) {
+	c := newCluster(t, 16, 3*time.Second)
+	c.start("a")
+	t.Logf("a alone: settled in %v", c.waitSettled("a"))
+	c.start("b")
+	t.Logf("b joins: settled in %v", c.waitSettled("a", "b"))
+	c.start("c")
+	t.Logf("c joins: settled in %v", c.waitSettled("a", "b", "c"))
+	c.checkNoOverlap()
+
+	b := c.replicas["b"]
+	b.cancel(context.Canceled)
+	<-b.done
+	if owned := b.r.Owned(); len(owned) != 0 {
+		t.Errorf("b still owns %v after leaving", owned)
+	}
+	t.Logf("b leaves: settled in %v", c.waitSettled("a", "c"))
+
+	cr := c.replicas["c"]
+	cr.cancel(shard.ErrCrash) // stops renewing; its work stops at its terms' deadlines
+	t.Logf("c crashes: settled in %v (ttl %v)", c.waitSettled("a"), c.ttl)
+	<-cr.done
+	c.checkNoOverlap()
+
+	// Every shard key is held by a; the epochs moved on every handover.
+	states, err := lease.New(c.pool).List(pgtest.Context(t, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := 0
+	for _, st := range states {
+		for s := range c.n {
+			if st.Key == shard.Key("ctl", s) {
+				if !st.Held || st.Owner != "a" {
+					t.Errorf("%s: held %v by %q, want a", st.Key, st.Held, st.Owner)
+				}
+				held++
+			}
+		}
+	}
+	if held != c.n {
+		t.Errorf("%d shard keys, want %d", held, c.n)
+	}
+}
+
+// TestFormerOwnerRejectedPerShard: a replica that stopped renewing (as a
+// crashed or paused one) keeps its shard's token; after another replica
+// took the shard over and wrote through a guard, the former owner's write
+// with its token is rejected, by fence.PGGuard and by fence.InTx.
+func TestFormerOwnerRejectedPerShard(t *testing.T) {
+	c := newCluster(t, 4, 3*time.Second)
+	ctx := pgtest.Context(t, 0)
+	a := c.start("a")
+	c.waitSettled("a")
+	sctx, done, ok := a.r.Begin(ctx, 2)
+	if !ok {
+		t.Fatal("a does not own shard 2")
+	}
+	old, _ := lease.TokenFromContext(sctx)
+	done()
+	guard, err := fence.NewPGGuard(c.pool, fence.PGGuardOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := guard.EnsureTable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := guard.Write(ctx, old, nil); err != nil {
+		t.Fatalf("a's write under its own shard: %v", err)
+	}
+
+	a.cancel(shard.ErrCrash)
+	<-a.done
+	<-sctx.Done() // the term's local deadline ended a's context
+	b := c.start("b")
+	c.waitSettled("b")
+	bctx, bdone, ok := b.r.Begin(ctx, 2)
+	if !ok {
+		t.Fatal("b does not own shard 2")
+	}
+	defer bdone()
+	cur, _ := lease.TokenFromContext(bctx)
+	if cur.Key != old.Key || cur.Epoch <= old.Epoch {
+		t.Fatalf("b's token %v after a's %v", cur, old)
+	}
+	if err := guard.Write(bctx, cur, nil); err != nil {
+		t.Fatalf("b's write: %v", err)
+	}
+	if err := guard.Write(ctx, old, nil); !errors.Is(err, fence.ErrStale) {
+		t.Errorf("a's write after b's: %v, want ErrStale", err)
+	}
+	err = fence.InTx(ctx, c.pool, old, func(pgx.Tx) error { return nil })
+	if !errors.Is(err, fence.ErrStale) || !errors.Is(err, lease.ErrLost) {
+		t.Errorf("a's fenced transaction: %v, want ErrStale and ErrLost", err)
+	}
+	// Another shard's token of b is not affected by shard 2's epochs.
+	if err := fence.InTx(ctx, c.pool, cur, func(pgx.Tx) error { return nil }); err != nil {
+		t.Errorf("b's fenced transaction: %v", err)
+	}
+}
