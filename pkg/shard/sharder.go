@@ -526,4 +526,3 @@ func (r *Sharder) Assignment() (members []string, owners []string) {
 	defer r.mu.Unlock()
 	return append([]string(nil), r.members...), append([]string(nil), r.assign...)
 }
-
