@@ -18,7 +18,7 @@ import (
 	"github.com/pglease/pg_lease/pkg/lease"
 )
 
-var commands = []string{"install", "version", "get", "list", "watch", "lock", "release", "cleanup", "history", "health", "serve-metrics", "candidates"}
+var commands = []string{"install", "version", "get", "list", "watch", "lock", "release", "cleanup", "history", "health", "serve-metrics", "candidates", "shards"}
 
 // Guards: `pglease --help` exiting 2, `pglease get --help` calling --help
 // an unknown flag, and a missing --version.

@@ -149,6 +149,7 @@ local user in the process list. Passwords are never printed.
 		a.statusCmd(),
 		a.serveMetricsCmd(),
 		a.candidatesCmd(),
+		a.shardsCmd(),
 	)
 	root.CompletionOptions.HiddenDefaultCmd = true
 	return root, a

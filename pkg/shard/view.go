@@ -1,0 +1,71 @@
+package shard
+
+import (
+	"context"
+	"sort"
+
+	"github.com/pglease/pg_lease/pkg/lease"
+)
+
+// View is a controller's shards as the database has them: what `pglease
+// shards` prints.
+type View struct {
+	Controller string
+	// Members are the live members (their member key held), sorted.
+	Members []string
+	// Shards holds one entry per shard 0..N-1.
+	Shards []ShardState
+}
+
+// ShardState is one shard's key and the member Assign names for it.
+type ShardState struct {
+	Shard int
+	// State of the shard's key (Exists false: never acquired).
+	State lease.State
+	// Assigned is the member that should own the shard ("" without members).
+	Assigned string
+}
+
+// Owned reports whether the shard's key is held.
+func (s ShardState) Owned() bool { return s.State.Held }
+
+// Misplaced reports whether the shard is held by another member than the
+// one assigned: a rebalance in progress, or a holder that is not a member.
+func (s ShardState) Misplaced() bool { return s.State.Held && s.State.Owner != s.Assigned }
+
+// Read reads the controller's members and shard keys in one lease.list.
+// n is the number of shards; 0 infers it from the highest shard key seen.
+func Read(ctx context.Context, c *lease.Client, controller string, n int) (View, error) {
+	states, err := c.List(ctx)
+	if err != nil {
+		return View{}, err
+	}
+	v := View{Controller: controller}
+	byShard := map[int]lease.State{}
+	for _, st := range states {
+		if m, ok := memberOf(controller, st.Key); ok && st.Held {
+			v.Members = append(v.Members, m)
+			continue
+		}
+		if s, ok := parseShard(controller, st.Key, MaxShards); ok {
+			byShard[s] = st
+			if n == 0 || s >= n {
+				n = max(n, s+1)
+			}
+		}
+	}
+	sort.Strings(v.Members)
+	assign := Assign(n, v.Members)
+	for s := range n {
+		st, ok := byShard[s]
+		if !ok {
+			st = lease.State{Key: Key(controller, s)}
+		}
+		ss := ShardState{Shard: s, State: st}
+		if assign != nil {
+			ss.Assigned = assign[s]
+		}
+		v.Shards = append(v.Shards, ss)
+	}
+	return v, nil
+}
