@@ -30,6 +30,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -382,12 +383,17 @@ func (r *Sharder) round(ctx context.Context) (time.Duration, error) {
 		case o == nil:
 			st := shardState[s]
 			if st.Held && st.Owner != r.cfg.Identity {
-				// Its former owner is releasing it, or crashed: retry at
-				// the poll, at the latest when its grant lapses.
-				if d := st.ExpiresLocal().Sub(listed); d > 0 {
+				// A live former owner is releasing it: retry at the poll
+				// (the release's notification may wake us sooner). A holder
+				// that is no member any more crashed: its grant lapses at
+				// its expiry.
+				if slices.Contains(members, st.Owner) {
+					next = min(next, r.cfg.Poll)
+				} else if d := st.ExpiresLocal().Sub(listed); d > 0 {
 					next = min(next, max(d, time.Millisecond))
+				} else {
+					next = min(next, r.cfg.Poll)
 				}
-				next = min(next, r.cfg.Poll)
 				continue
 			}
 			take = append(take, s)
