@@ -30,6 +30,7 @@ type Node struct {
 	password string
 
 	mu      sync.Mutex
+	tags    map[string]any
 	sup     *exec.Cmd
 	supDone chan struct{}
 	patroni int // pid
@@ -109,6 +110,9 @@ func (n *Node) writeConfig() error {
 			"remove_data_directory_on_diverged_timelines": true,
 		},
 	}
+	if n.tags != nil {
+		cfg["tags"] = n.tags
+	}
 	b, err := json.MarshalIndent(cfg, "", "  ")
 	if err != nil {
 		return err
@@ -117,6 +121,21 @@ func (n *Node) writeConfig() error {
 		return err
 	}
 	return n.c.chown(n.cfgPath())
+}
+
+// SetTags replaces the node's Patroni tags (nosync, nofailover, ...; nil:
+// none) and makes a running Patroni reload its configuration (SIGHUP).
+func (n *Node) SetTags(tags map[string]any) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.tags = tags
+	if err := n.writeConfig(); err != nil {
+		return err
+	}
+	if n.sup != nil && n.frozen == nil {
+		return syscall.Kill(n.patroni, syscall.SIGHUP)
+	}
+	return nil
 }
 
 // Running reports whether the node's Patroni runs (frozen counts).

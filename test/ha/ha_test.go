@@ -135,7 +135,7 @@ func withTimeout(ctx context.Context, d time.Duration) context.Context {
 // inject runs one fault of the kind given on a healthy cluster whose keys
 // are all led, measures each failover it causes, and returns once the
 // cluster is healthy again.
-func (w *world) inject(ctx context.Context, fault string) ([]sample, error) {
+func (w *world) inject(ctx context.Context, fault string) (_ []sample, err error) {
 	old, err := w.c.WaitHealthy(withTimeout(ctx, 2*time.Minute))
 	if err != nil {
 		return nil, err
@@ -145,12 +145,27 @@ func (w *world) inject(ctx context.Context, fault string) ([]sample, error) {
 		s, _, err := w.switchover(ctx, old)
 		return []sample{s}, err
 	case faultBackForth:
+		// Patroni switches over only to the synchronous standby in the
+		// synchronous modes. The third node is tagged nosync for the
+		// round, so that the old primary becomes the standby to switch
+		// back to (in strict mode the new primary's commits wait for it).
+		var third *patroni.Node
+		if w.mode != patroni.Async {
+			if third, err = w.third(ctx, old); err != nil {
+				return nil, err
+			}
+			if err := third.SetTags(map[string]any{"nosync": true}); err != nil {
+				return nil, err
+			}
+			defer func() { err = joinErr(err, third.SetTags(nil)) }()
+		}
 		s1, next, err := w.switchover(ctx, old)
 		if err != nil {
 			return nil, err
 		}
-		// Back as soon as Patroni allows it: the old primary has rejoined.
-		if _, err := w.c.WaitHealthy(withTimeout(ctx, 2*time.Minute)); err != nil {
+		// Back as soon as Patroni allows it: the old primary has rejoined
+		// (as the synchronous standby in the synchronous modes).
+		if err := w.awaitStandby(ctx, old); err != nil {
 			return nil, err
 		}
 		s2, _, err := w.switchoverTo(ctx, next, old)
@@ -188,6 +203,47 @@ func (w *world) inject(ctx context.Context, fault string) ([]sample, error) {
 		return []sample{s}, err
 	}
 	return nil, fmt.Errorf("unknown fault %q", fault)
+}
+
+// third is the node that is neither old nor the synchronous standby.
+func (w *world) third(ctx context.Context, old *patroni.Node) (*patroni.Node, error) {
+	ms, err := w.c.Members(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range ms {
+		if m.Name != old.Name && m.Role != "sync_standby" {
+			return w.c.Node(m.Name), nil
+		}
+	}
+	return nil, fmt.Errorf("no third node besides %s and the synchronous standby: %+v", old.Name, ms)
+}
+
+// awaitStandby waits until the cluster is healthy with n streaming (and,
+// in the synchronous modes, as the synchronous standby).
+func (w *world) awaitStandby(ctx context.Context, n *patroni.Node) error {
+	ctx = withTimeout(ctx, 2*time.Minute)
+	for {
+		if _, err := w.c.WaitHealthy(ctx); err != nil {
+			return err
+		}
+		if w.mode == patroni.Async {
+			return nil
+		}
+		ms, err := w.c.Members(ctx)
+		if err == nil {
+			for _, m := range ms {
+				if m.Name == n.Name && m.Role == "sync_standby" {
+					return nil
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s did not become the synchronous standby: %+v (%v)", n.Name, ms, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 func joinErr(a, b error) error {
