@@ -3,6 +3,9 @@
 \set VERBOSITY default
 \set SHOW_CONTEXT never
 
+-- Expiries are checked between exact bounds: the clock before the grant
+-- + 30 s and the clock at the check + 30 s (no guess of elapsed time).
+SELECT clock_timestamp() AS before_held \gset
 SELECT acquired, epoch FROM lease.acquire('insp-held', 'o1', interval '30s');
 SELECT acquired, epoch FROM lease.acquire('insp-free', 'o1', interval '30s');
 SELECT status FROM lease.release('insp-free', 'o1', 1);
@@ -11,7 +14,8 @@ SELECT pg_sleep(0.3);
 
 -- HELD: held=t, owner, epoch, expires_at
 SELECT held, owner, epoch,
-       expires_at > clock_timestamp() + interval '29s' AS expiry_in_30s
+       expires_at BETWEEN :'before_held'::timestamptz + interval '30s'
+                      AND clock_timestamp() + interval '30s' AS expiry_in_30s
   FROM lease.inspect('insp-held');
 -- FREE: held=f, no owner, epoch = the counter (released epoch + 1), no expiry
 SELECT held, owner, epoch, expires_at FROM lease.inspect('insp-free');
@@ -37,7 +41,8 @@ SELECT held, owner, epoch FROM lease.inspect('insp-soon');
 -- (NULL unless held), in ascending key order
 SELECT key, held, owner, epoch,
        acquired_at <= clock_timestamp() AS acquired_in_past,
-       expires_at > clock_timestamp() + interval '29s' AS expiry_in_30s
+       expires_at BETWEEN :'before_held'::timestamptz + interval '30s'
+                      AND clock_timestamp() + interval '30s' AS expiry_in_30s
   FROM lease.list() WHERE key LIKE 'insp-%';
 SELECT (SELECT array_agg(key) FROM lease.list())
        = (SELECT array_agg(key ORDER BY key) FROM lease.leases) AS list_sorted_and_complete;
