@@ -3,7 +3,6 @@ package shard
 import (
 	"hash/fnv"
 	"sort"
-	"strconv"
 )
 
 // Of returns the shard of the object namespace/name among n shards: a
@@ -18,15 +17,19 @@ func Of(namespace, name string, n int) int {
 	return int(h.Sum64() % uint64(n))
 }
 
-// weight is the rendezvous weight of member for shard s: FNV-1a of the
-// member and the shard, spread by the splitmix64 finalizer so that close
-// inputs give unrelated weights.
+// weight is the rendezvous weight of member for shard s: the member's
+// FNV-1a hash and the shard number, each spread by the splitmix64 finalizer
+// before they are combined and spread again. Names that differ in one
+// character (replica-0, replica-1) get unrelated weights.
 func weight(s int, member string) uint64 {
 	h := fnv.New64a()
 	_, _ = h.Write([]byte(member))
-	_, _ = h.Write([]byte{0})
-	_, _ = h.Write([]byte(strconv.Itoa(s)))
-	x := h.Sum64()
+	return mix(mix(h.Sum64()) ^ mix(uint64(s)+0x9e3779b97f4a7c15))
+}
+
+// mix is the splitmix64 finalizer: a bijection whose output bits each
+// depend on every input bit.
+func mix(x uint64) uint64 {
 	x ^= x >> 30
 	x *= 0xbf58476d1ce4e5b9
 	x ^= x >> 27
