@@ -88,6 +88,7 @@ func runMode(t *testing.T, mode patroni.Mode) []string {
 	w := newWorld(t, mode)
 	w.startElectors(3)
 	w.startClientGo(3)
+	w.startOperators(3)
 	w.ledger = startLedger(w)
 
 	ctx := pgtest.Context(t, 15*time.Minute)

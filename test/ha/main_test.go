@@ -1,8 +1,8 @@
 // Package ha runs pg_lease under a real HA manager: Patroni with etcd, three
 // PostgreSQL nodes on loopback, in asynchronous, synchronous and strict
 // synchronous mode, with electors (pkg/elector, client-go with
-// pkg/resourcelock) connected through a multi-host DSN, while Patroni
-// switches over and fails over. See README.md.
+// pkg/resourcelock, controller-runtime managers) connected through a
+// multi-host DSN, while Patroni switches over and fails over. See README.md.
 package ha
 
 import (
@@ -12,7 +12,9 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/go-logr/logr"
 	"k8s.io/klog/v2"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/pglease/pg_lease/internal/kubetest"
 	"github.com/pglease/pg_lease/internal/pgtest"
@@ -27,6 +29,7 @@ func TestMain(m *testing.M) {
 	_ = fs.Set("alsologtostderr", "false")
 	_ = fs.Set("stderrthreshold", "FATAL")
 	klog.SetOutput(io.Discard)
+	ctrllog.SetLogger(logr.Discard())
 	pgtest.Main(m)
 }
 

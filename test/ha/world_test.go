@@ -38,6 +38,9 @@ type term struct {
 	key, who   string
 	epoch      int64
 	start, end time.Time
+	// fromEvents: read from a process's output, so start and end are
+	// late by the pipe's delay (not used for the overlap check).
+	fromEvents bool
 }
 
 // write is one acknowledged fenced write: committed in the cluster under
@@ -75,6 +78,7 @@ type world struct {
 	writes []write
 	probe  *probe
 	ledger *ledger
+	ops    *operators
 }
 
 func newWorld(t *testing.T, mode patroni.Mode) *world {
@@ -307,13 +311,14 @@ func (w *world) startClientGo(n int) {
 }
 
 // firstWrites returns, per key, the first acknowledged fenced write taken
-// by the node on port after at (guard accepted too).
+// by the node on port after at (guard accepted too; an operator's store
+// write is on whichever node takes writes).
 func (w *world) firstWrites(after time.Time, port int) map[string]write {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	out := map[string]write{}
 	for _, wr := range w.writes {
-		if !wr.guarded || wr.port != port || !wr.at.After(after) {
+		if !wr.guarded || (wr.port != -1 && wr.port != port) || !wr.at.After(after) {
 			continue
 		}
 		if cur, ok := out[wr.key]; !ok || wr.at.Before(cur.at) {
@@ -353,6 +358,9 @@ func (w *world) allTerms() []term {
 		out[i] = *tr
 	}
 	w.mu.Unlock()
+	if w.ops != nil {
+		out = append(out, w.ops.terms()...)
+	}
 	return out
 }
 
