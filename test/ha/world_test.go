@@ -124,12 +124,25 @@ func newWorld(t *testing.T, mode patroni.Mode) *world {
 		t.Fatalf("%v (make test-ha installs the extension files with make -C sql install)", err)
 	}
 	configure(t, ctx, conn)
+	if mode == patroni.Strict {
+		// Patroni's strict synchronous mode promotes only a synchronous
+		// standby, and every commit waited for one: no acknowledged grant
+		// can be missing on the new primary, so no grace is needed.
+		if _, err := conn.Exec(ctx, "SELECT lease.configure(promotion => 'synchronous')"); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if _, err := conn.Exec(ctx, `CREATE TABLE ha_writes (seq bigint PRIMARY KEY, key text NOT NULL, owner text NOT NULL, epoch bigint NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	var version string
-	_ = conn.QueryRow(ctx, "SELECT extversion FROM pg_extension WHERE extname = 'pg_lease'").Scan(&version)
-	t.Logf("Patroni cluster (%s) on %s: pg_lease %s, max_ttl %v, elector TTL %v", mode, c.Dir(), version, maxTTL, ttl)
+	var version, promotion string
+	var grace time.Duration
+	if err := conn.QueryRow(ctx, `SELECT e.extversion, s.promotion, s.promotion_grace
+		FROM pg_extension e, lease.status() s WHERE e.extname = 'pg_lease'`).Scan(&version, &promotion, &grace); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Patroni cluster (%s) on %s: pg_lease %s, max_ttl %v, promotion %s (grace %v), elector TTL %v",
+		mode, c.Dir(), version, maxTTL, promotion, grace, ttl)
 
 	// The guard: a server outside the cluster.
 	g := pgtest.New(t)
