@@ -13,13 +13,13 @@ cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
 
 log="$(mktemp "${TMPDIR:-/tmp}/pglease-test-ha.XXXXXX")"
-trap 'rm -f "$log"' EXIT
 status=0
 go test -count=1 -v -run '^TestPatroni$' -timeout 30m ./test/ha/ >"$log" 2>&1 || status=$?
 if [ "$status" != 0 ]; then
   tail -c 60000 "$log" >&2
-  echo "test-ha: FAILED (status $status)" >&2
+  echo "test-ha: FAILED (status $status); the whole output is in $log" >&2
   exit "$status"
 fi
+trap 'rm -f "$log"' EXIT
 grep -E '^\s+(ha_test|check_test)\.go' "$log" | grep -v 'leaderless after failover' >&2 || true
 grep -E '^leaderless after failover:' "$log"

@@ -58,6 +58,9 @@ type operators struct {
 
 func (w *world) startOperators(n int) {
 	cfg := kubetest.Start(w.t)
+	// Stop the operators and the ConfigMap's updates before the control
+	// plane (cleanups run last-registered first).
+	w.t.Cleanup(w.shutdown)
 	kube, err := client.New(cfg, client.Options{Scheme: clientgoscheme.Scheme})
 	if err != nil {
 		w.t.Fatal(err)
