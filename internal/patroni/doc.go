@@ -37,6 +37,8 @@
 // signal, and passes that on to Patroni, which stops PostgreSQL.
 //
 // Timing defaults suit tests: ttl 5 s, loop_wait 1 s, retry_timeout 2 s (so
-// a crashed primary's leader key expires within 5 s), and maximum lag on
-// failover 1 MB.
+// a crashed primary's leader key expires within 5 s), maximum lag on
+// failover 1 MB, and wal_retrieve_retry_interval 250 ms (a standby
+// reconnects to a new primary within that, not within 5 s: in strict mode
+// the new primary's commits wait for it).
 package patroni

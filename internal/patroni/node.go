@@ -60,6 +60,10 @@ func (n *Node) writeConfig() error {
 		"max_wal_senders": 10, "max_replication_slots": 10, "wal_keep_size": "128MB",
 		"shared_buffers": "32MB", "dynamic_shared_memory_type": "mmap", "timezone": "UTC",
 		"max_connections": 100, "log_line_prefix": "%m [%p] ", "logging_collector": "off",
+		// A standby that lost its primary tries again every 5 s by default;
+		// in strict synchronous mode every commit on a new primary waits
+		// that long for a standby to reconnect.
+		"wal_retrieve_retry_interval": "250ms",
 	}
 	for k, v := range o.Parameters {
 		params[k] = v
