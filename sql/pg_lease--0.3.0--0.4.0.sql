@@ -720,7 +720,7 @@ BEGIN
           WHEN SQLSTATE 'LEASE' THEN
             NULL;
           WHEN lock_not_available THEN
-            RAISE EXCEPTION 'could not serialize access: key %L is being changed by another transaction', v_key
+            RAISE EXCEPTION '%', format('could not serialize access: key %L is being changed by another transaction', v_key)
               USING ERRCODE = '40001',
                     HINT = 'Retry the transaction.';
         END;
