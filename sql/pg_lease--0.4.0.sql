@@ -126,7 +126,7 @@ CREATE TABLE lease.settings (
     max_ttl      interval NOT NULL,
     prev_max_ttl interval,
     prev_until   timestamptz,
-    promotion    text CHECK (promotion IN ('any', 'synchronous'))
+    promotion    text CHECK (promotion OPERATOR(pg_catalog.=) ANY (ARRAY['any', 'synchronous']::pg_catalog.text[]))
 );
 COMMENT ON TABLE lease.settings IS
   'pg_lease internal: operator settings (lease.configure); no row means the defaults';
