@@ -148,9 +148,11 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	if c.root, err = os.MkdirTemp(opts.Dir, "patroni-"); err != nil {
 		return nil, fmt.Errorf("patroni: %w", err)
 	}
+	// A failed start returns nil: close what was started through a copy.
+	started := c
 	defer func() {
 		if err != nil {
-			_ = c.Close()
+			_ = started.Close()
 			c = nil
 		}
 	}()
