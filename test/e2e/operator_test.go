@@ -72,6 +72,9 @@ func TestMain(m *testing.M) {
 	if operatorDir != "" {
 		os.RemoveAll(operatorDir)
 	}
+	if shardedDir != "" {
+		os.RemoveAll(shardedDir)
+	}
 	os.Exit(code)
 }
 

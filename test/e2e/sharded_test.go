@@ -1,0 +1,394 @@
+package e2e
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/shard"
+)
+
+// The sharded example's run on the real kube-apiserver: its throughput with
+// 1, 2 and 3 replicas, and the rebalances when a replica joins, leaves
+// (SIGTERM) and crashes (SIGKILL). Each reconcile waits shardedWork, as a
+// call to a slow external system: on this 2-core machine a CPU-bound
+// reconciler could not run faster on 3 replicas than on 1.
+const (
+	shardedObjects = 300
+	shardedShards  = 16
+	shardedWork    = 50 * time.Millisecond
+	shardedWorkers = 2
+	shardedTTL     = 2 * time.Second
+)
+
+var (
+	shardedOnce sync.Once
+	shardedBin  string
+	shardedErr  error
+	shardedDir  string // removed by TestMain
+)
+
+func buildSharded(t *testing.T) string {
+	t.Helper()
+	shardedOnce.Do(func() {
+		root, err := repoRoot()
+		if err != nil {
+			shardedErr = err
+			return
+		}
+		goBin, err := exec.LookPath("go")
+		if err != nil {
+			goBin = "/usr/local/go/bin/go"
+		}
+		dir, err := os.MkdirTemp("", "pglease-e2e-sharded-")
+		if err != nil {
+			shardedErr = err
+			return
+		}
+		shardedDir = dir
+		bin := filepath.Join(dir, "sharded")
+		cmd := exec.Command(goBin, "build", "-o", bin, "./examples/sharded")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			shardedErr = fmt.Errorf("go build ./examples/sharded: %w\n%s", err, out)
+			return
+		}
+		shardedBin = bin
+	})
+	if shardedErr != nil {
+		t.Fatal(shardedErr)
+	}
+	return shardedBin
+}
+
+// shEvent is one line of the sharded example's standard output.
+type shEvent struct {
+	Time     time.Time `json:"time"`
+	Event    string    `json:"event"`
+	ID       string    `json:"id"`
+	Shard    *int      `json:"shard"`
+	Epoch    int64     `json:"epoch"`
+	Resource string    `json:"resource"`
+}
+
+type shRun struct {
+	t          *testing.T
+	bin        string
+	kubeconfig string
+	leaseDSN   string
+	storeDSN   string
+	namespace  string
+	leases     *lease.Client
+	store      *pgxpool.Pool
+	logDir     string
+
+	mu     sync.Mutex
+	events []shEvent
+	procs  map[string]*exec.Cmd
+	wg     sync.WaitGroup
+}
+
+func (r *shRun) start(controller, id string) {
+	t := r.t
+	cmd := exec.Command(r.bin, "-kubeconfig", r.kubeconfig, "-controller", controller, "-id", id,
+		"-namespace", r.namespace, "-shards", fmt.Sprint(shardedShards), "-ttl", shardedTTL.String(),
+		"-work", shardedWork.String(), "-workers", fmt.Sprint(shardedWorkers))
+	cmd.Env = append(os.Environ(), "PGLEASE_DSN="+r.leaseDSN, "PGLEASE_STORE_DSN="+r.storeDSN)
+	errLog, err := os.Create(filepath.Join(r.logDir, id+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = errLog
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r.mu.Lock()
+	r.procs[id] = cmd
+	r.mu.Unlock()
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			var ev shEvent
+			if json.Unmarshal(sc.Bytes(), &ev) == nil {
+				r.mu.Lock()
+				r.events = append(r.events, ev)
+				r.mu.Unlock()
+			}
+		}
+		_ = cmd.Wait()
+		errLog.Close()
+	}()
+}
+
+// stop signals id and waits for its exit.
+func (r *shRun) stop(id string, sig syscall.Signal) time.Time {
+	r.mu.Lock()
+	cmd := r.procs[id]
+	delete(r.procs, id)
+	r.mu.Unlock()
+	at := time.Now()
+	_ = cmd.Process.Signal(sig)
+	done := make(chan struct{})
+	go func() { _, _ = cmd.Process.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		_ = cmd.Process.Kill()
+		r.t.Errorf("%s did not exit within a minute of %v", id, sig)
+	}
+	return at
+}
+
+func (r *shRun) stopAll() {
+	r.mu.Lock()
+	var ids []string
+	for id := range r.procs {
+		ids = append(ids, id)
+	}
+	r.mu.Unlock()
+	for _, id := range ids {
+		r.stop(id, syscall.SIGTERM)
+	}
+	r.wg.Wait()
+}
+
+// settled waits until the members are exactly live and own every shard as
+// Assign says, sampling the unowned shards meanwhile; it returns when that
+// was first seen and the shard-seconds spent unowned.
+func (r *shRun) settled(controller string, live ...string) (time.Time, float64) {
+	r.t.Helper()
+	ctx := pgtest.Context(r.t, 0)
+	want := shard.Assign(shardedShards, live)
+	deadline := time.Now().Add(time.Minute + 10*shardedTTL)
+	last := time.Now()
+	unowned := 0.0
+	for {
+		v, err := shard.Read(ctx, r.leases, controller, shardedShards)
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		now := time.Now()
+		ok := len(v.Members) == len(live)
+		for _, s := range v.Shards {
+			if !s.Owned() {
+				unowned += now.Sub(last).Seconds()
+			}
+			ok = ok && s.Owned() && s.State.Owner == want[s.Shard]
+		}
+		last = now
+		if ok {
+			return now, unowned
+		}
+		if now.After(deadline) {
+			r.t.Fatalf("%s not settled on %v: %+v", controller, live, v)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// reconciled waits until the store has a result of every object written by
+// one of writers, and returns when that was seen.
+func (r *shRun) reconciled(writers ...string) time.Time {
+	r.t.Helper()
+	ctx := pgtest.Context(r.t, 0)
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		var n int
+		if err := r.store.QueryRow(ctx, `SELECT count(*) FROM sharded_results WHERE writer = ANY($1)`, writers).Scan(&n); err != nil && !strings.Contains(err.Error(), "does not exist") {
+			r.t.Fatal(err)
+		}
+		if n == shardedObjects {
+			return time.Now()
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("%d of %d objects reconciled by %v", n, shardedObjects, writers)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// overlaps counts, per shard, reconciles of two replicas running at once
+// (from begin to end, as each process reported them).
+func (r *shRun) overlaps() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	type iv struct {
+		id         string
+		start, end time.Time
+	}
+	open := map[string]time.Time{} // id|resource|epoch -> begin
+	byShard := map[int][]iv{}
+	for _, ev := range r.events {
+		if ev.Shard == nil {
+			continue
+		}
+		k := fmt.Sprintf("%s|%s|%d", ev.ID, ev.Resource, ev.Epoch)
+		switch ev.Event {
+		case "begin":
+			open[k] = ev.Time
+		case "end":
+			if b, ok := open[k]; ok {
+				byShard[*ev.Shard] = append(byShard[*ev.Shard], iv{ev.ID, b, ev.Time})
+				delete(open, k)
+			}
+		}
+	}
+	n := 0
+	for s, ivs := range byShard {
+		sort.Slice(ivs, func(i, j int) bool { return ivs[i].start.Before(ivs[j].start) })
+		for i := range ivs {
+			for j := i + 1; j < len(ivs) && ivs[j].start.Before(ivs[i].end); j++ {
+				if ivs[j].id != ivs[i].id {
+					n++
+					r.t.Errorf("shard %d: %s reconciled %v-%v while %s did from %v", s, ivs[i].id,
+						ivs[i].start.Format("15:04:05.000"), ivs[i].end.Format("15:04:05.000"),
+						ivs[j].id, ivs[j].start.Format("15:04:05.000"))
+				}
+			}
+		}
+	}
+	return n
+}
+
+func TestShardedOperator(t *testing.T) {
+	cfg := StartControlPlane(t)
+	kube, err := client.New(cfg, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := pgtest.Context(t, 20*time.Minute)
+	pg := pgtest.New(t)
+	if err := pg.InstallExtensionFiles(ctx); err != nil {
+		t.Fatal(err)
+	}
+	leaseDSN, err := pg.CreateDatabase(ctx, "leases")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leasePool := newPool(t, leaseDSN)
+	if err := lease.InstallExtension(ctx, leasePool); err != nil {
+		t.Fatal(err)
+	}
+	storeDSN, err := pg.CreateDatabase(ctx, "store")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &shRun{t: t, bin: buildSharded(t), kubeconfig: writeKubeconfig(t, cfg), leaseDSN: leaseDSN,
+		storeDSN: storeDSN, namespace: "sharded", leases: lease.New(leasePool), store: newPool(t, storeDSN),
+		logDir: t.TempDir(), procs: map[string]*exec.Cmd{}}
+	t.Cleanup(r.stopAll)
+	if err := kube.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: r.namespace}}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range shardedObjects {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("obj-%03d", i), Namespace: r.namespace,
+			Labels: map[string]string{"pglease.example/watch": "true"}}, Data: map[string]string{"i": fmt.Sprint(i)}}
+		if err := kube.Create(ctx, cm); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Throughput: R replicas of a fresh controller reconcile every object
+	// from their start; the store is emptied between runs.
+	elapsed := map[int]time.Duration{}
+	for _, n := range []int{1, 2, 3} {
+		if _, err := r.store.Exec(ctx, `TRUNCATE sharded_results, sharded_fence`); err != nil && !strings.Contains(err.Error(), "does not exist") {
+			t.Fatal(err)
+		}
+		controller := fmt.Sprintf("tp-%d", n)
+		var ids []string
+		start := time.Now()
+		for i := range n {
+			id := fmt.Sprintf("%s-r%d", controller, i)
+			ids = append(ids, id)
+			r.start(controller, id)
+		}
+		elapsed[n] = r.reconciled(ids...).Sub(start)
+		r.settled(controller, ids...)
+		r.stopAll()
+	}
+
+	// Rebalances on one controller: start two, a third joins, one leaves,
+	// one crashes.
+	const ctl = "rb"
+	r.start(ctl, "a")
+	r.start(ctl, "b")
+	r.settled(ctl, "a", "b")
+	r.start(ctl, "c")
+	var joinedAt time.Time
+	for joinedAt.IsZero() {
+		v, err := shard.Read(ctx, r.leases, ctl, shardedShards)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(v.Members) == 3 {
+			// The joiner's member key was granted at: (acquired_at, on the
+			// server's clock; the same machine's clock as ours).
+			states, err := r.leases.List(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, st := range states {
+				if st.Key == shard.MemberKey(ctl, "c") && st.Held {
+					joinedAt = st.AcquiredAt
+				}
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	at, u1 := r.settled(ctl, "a", "b", "c")
+	join := at.Sub(joinedAt)
+	left := r.stop("b", syscall.SIGTERM)
+	at, u2 := r.settled(ctl, "a", "c")
+	leave := at.Sub(left)
+	crashed := r.stop("c", syscall.SIGKILL)
+	at, u3 := r.settled(ctl, "a")
+	crash := at.Sub(crashed)
+	r.stopAll()
+
+	overlaps := r.overlaps()
+	var stale int
+	r.mu.Lock()
+	for _, ev := range r.events {
+		if ev.Event == "stale" {
+			stale++
+		}
+	}
+	r.mu.Unlock()
+	for _, n := range []int{1, 2, 3} {
+		line := fmt.Sprintf("shards: replicas=%d speedup=%.2f", n, elapsed[1].Seconds()/elapsed[n].Seconds())
+		if n == 3 {
+			line += fmt.Sprintf(" join=%d ms leave=%d ms crash=%d ms overlaps=%d orphan-seconds=%.3f",
+				join.Milliseconds(), leave.Milliseconds(), crash.Milliseconds(), overlaps, u1+u2+u3)
+		}
+		t.Logf("%s (all %d objects in %v; %d shards, %v per reconcile, %d workers per replica, ttl %v)",
+			line, shardedObjects, elapsed[n].Round(time.Millisecond), shardedShards, shardedWork, shardedWorkers, shardedTTL)
+		fmt.Println(line)
+	}
+	t.Logf("stale writes rejected by the store's guard: %d", stale)
+	if overlaps != 0 {
+		t.Errorf("%d overlapping reconciles of one shard by two replicas", overlaps)
+	}
+}
