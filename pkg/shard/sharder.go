@@ -33,10 +33,14 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pglease/pg_lease/pkg/lease"
 )
+
+// takeConcurrency bounds the acquires one round runs at once.
+const takeConcurrency = 8
 
 // MaxShards is the most shards of one controller: every shard key and the
 // member key are renewed in one lease.renew_many call.
@@ -72,8 +76,9 @@ type Config struct {
 	// released and when a replica joins or leaves. Without it the replica
 	// sees such changes at its next Poll or RenewEvery.
 	Waiter *lease.Waiter
-	// OnAcquired is called, on the loop's goroutine, after shard s is
-	// acquired: for example to enqueue its objects again. Must not block.
+	// OnAcquired is called after shard s is acquired, for example to
+	// enqueue its objects again; calls for several shards may run at once.
+	// Must not block.
 	OnAcquired func(s int)
 	// Logger; default slog.Default().
 	Logger *slog.Logger
@@ -401,11 +406,28 @@ func (r *Sharder) round(ctx context.Context) (time.Duration, error) {
 	}
 	r.mu.Unlock()
 
+	// The shards to take, a few at a time: after a leave or a crash, a
+	// replica may take many at once.
+	var (
+		wg     sync.WaitGroup
+		failed atomic.Bool
+		sem    = make(chan struct{}, takeConcurrency)
+	)
 	for _, s := range take {
-		if err := r.take(ctx, s); err != nil {
-			warn("shard: acquire", "key", Key(r.cfg.Controller, s), "err", err)
-			next = min(next, r.cfg.Poll)
-		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if err := r.take(ctx, s); err != nil {
+				warn("shard: acquire", "key", Key(r.cfg.Controller, s), "err", err)
+				failed.Store(true)
+			}
+		}()
+	}
+	wg.Wait()
+	if failed.Load() {
+		next = min(next, r.cfg.Poll)
 	}
 	r.mu.Lock()
 	r.metrics.owned.Set(float64(len(r.owned)))
