@@ -5,6 +5,7 @@
 #     server binaries, psql, pg_regress, the isolation tester, PGXS)
 #   - libfaketime (faketime), for the clock-jump failure tests
 #   - make, setpriv (util-linux)
+#   - pgbouncer (Debian's PgBouncer), for the tests behind a pooler
 #   - promtool (Debian's prometheus package), for the alert rules' and the
 #     dashboard's tests
 #   - patroni (Debian 12: 3.0.x), the HA manager of make test-ha
@@ -22,6 +23,7 @@ command -v setpriv >/dev/null || need+=(util-linux)
 command -v pgbench >/dev/null || need+=(postgresql-contrib)
 command -v promtool >/dev/null || need+=(prometheus)
 command -v patroni >/dev/null && command -v patronictl >/dev/null || need+=(patroni)
+command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || need+=(pgbouncer)
 # node and npm fetch the other PostgreSQL majors for make test-matrix
 command -v node >/dev/null || need+=(nodejs)
 command -v npm >/dev/null || need+=(npm)

@@ -142,10 +142,6 @@ func newWaiter(ctx context.Context, cfg *pgx.ConnConfig, opts WaiterOptions, hoo
 	if _, ok := cfg.RuntimeParams["application_name"]; !ok {
 		cfg.RuntimeParams["application_name"] = "pg_lease waiter"
 	}
-	// lease.listen's FOR SHARE lock waits behind a transaction that keeps
-	// the key's row locked; the waiter does not stall its notifications for
-	// long behind one (syncRegistrations retries).
-	cfg.RuntimeParams["lock_timeout"] = "50ms"
 	w := &Waiter{cfg: cfg, opts: opts, loopDone: make(chan struct{}), watchers: map[*watcher]struct{}{}, hook: hook}
 	conn, err := w.connect(ctx)
 	switch {

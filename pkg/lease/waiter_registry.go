@@ -97,10 +97,10 @@ var errKick = errors.New("lease: waiter: registrations changed")
 
 // syncRegistrations makes the server's registrations of this backend match
 // the wanted keys: lease.listen for each new key, lease.unlisten for each key
-// nobody waits for. Each call is its own transaction (autocommit) on the
+// nobody waits for. Each call is its own transaction (regQuery) on the
 // listen connection, never inside a caller's transaction: listen's FOR SHARE
-// lock on the key's row lasts microseconds, and lock_timeout (set on this
-// connection) bounds how long it waits behind a transaction that keeps the
+// lock on the key's row lasts microseconds, and lock_timeout (set in that
+// transaction) bounds how long it waits behind a transaction that keeps the
 // row locked (a holder renewing inside a long transaction); on that timeout
 // the key stays pending and is tried again after the next notifications are
 // dispatched, while its subscriber waits (at most QueryTimeout, then it
@@ -224,11 +224,23 @@ func (w *Waiter) resyncRegistrations(conn *pgx.Conn) error {
 	}
 }
 
+// regQuery runs a registration call in a transaction of its own under a
+// short lock_timeout: lease.listen's lock on the key's row may wait behind a
+// transaction that keeps it, and the waiter does not stall its notifications
+// for long behind one (syncRegistrations retries). The setting is local to
+// the transaction: never a startup parameter (PgBouncer refuses those it
+// does not know) nor a session setting (a transaction pooler would hand it
+// to other clients).
 func (w *Waiter) regQuery(conn *pgx.Conn, sql, key string) error {
 	ctx, cancel := context.WithTimeout(w.ctx, w.opts.QueryTimeout)
 	defer cancel()
-	_, err := conn.Exec(ctx, sql, key)
-	return err
+	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '50ms'`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, sql, key)
+		return err
+	})
 }
 
 // noListen reports (and remembers) a server without lease.listen: pg_lease
