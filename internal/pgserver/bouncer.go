@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,6 +42,7 @@ type Bouncer struct {
 	logPath string
 	cmd     *exec.Cmd
 	done    chan struct{}
+	waitErr error // how the bouncer exited, once done is closed
 
 	mu     sync.Mutex
 	closed bool
@@ -147,11 +149,24 @@ func (b *Bouncer) start(ctx context.Context, bin string, s *Server, opts Bouncer
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: s.cred}
-	if err := cmd.Start(); err != nil {
+	// Pdeathsig fires when the thread that started the child ends, not the
+	// process: start and wait on one locked thread, which lives as long as
+	// the bouncer (it is killed with this process all the same).
+	started := make(chan error, 1)
+	done := make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		defer close(done)
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		b.waitErr = cmd.Wait() // reaps: never a zombie
+	}()
+	if err := <-started; err != nil {
 		return fmt.Errorf("pgserver: starting pgbouncer: %w", err)
 	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }() // reaps: never a zombie
 	b.cmd, b.done = cmd, done
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -199,10 +214,15 @@ func (b *Bouncer) DSN(dsn string) (string, error) {
 	return u.String(), nil
 }
 
-// Log is what the bouncer logged so far.
+// Log is what the bouncer logged so far, and how it exited if it did.
 func (b *Bouncer) Log() string {
 	data, _ := os.ReadFile(b.logPath)
-	return string(data)
+	select {
+	case <-b.done:
+		return fmt.Sprintf("%s\n(pgbouncer exited: %v)", data, b.waitErr)
+	default:
+		return string(data)
+	}
 }
 
 func (b *Bouncer) kill() error {
