@@ -40,7 +40,7 @@ func testElector(t *testing.T, s *setup) {
 	s.forEachMode(t, func(t *testing.T, mode, dsn string) {
 		c := newCluster(t)
 		env := []string{"PGLEASE_TC_DSN=" + dsn, "PGLEASE_TC_KEY=elector-" + mode, "PGLEASE_TC_TTL=" + ttl.String(),
-			fmt.Sprintf("PGLEASE_TC_RETRY=%v", retry), "PGLEASE_TC_WAITER=1"}
+			fmt.Sprintf("PGLEASE_TC_RETRY=%v", retry), "PGLEASE_TC_WAITER=1", "PGLEASE_TC_DEADLINES=1"}
 		n := 0
 		spawn := func() { n++; c.start(fmt.Sprintf("%s-%d", mode, n), env...) }
 		spawn()
@@ -99,7 +99,12 @@ func testClientGo(t *testing.T, s *setup) {
 			// Each candidate's pool ends with it: in session pooling every
 			// client connection holds a server connection of the bouncer's
 			// pool (default_pool_size) for its whole life.
-			pool, err := pgxpool.New(ctx, dsn)
+			pcfg, err := pgxpool.ParseConfig(dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			noCancelRequests(pcfg.ConnConfig)
+			pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 			if err != nil {
 				t.Fatal(err)
 			}

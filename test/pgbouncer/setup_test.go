@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pg_lease/internal/pgtest"
@@ -97,9 +99,19 @@ func (s *setup) forEachMode(t *testing.T, f func(t *testing.T, mode, dsn string)
 	}
 }
 
+// newPool is a pool whose queries an ended context interrupts by a deadline
+// on the socket, not by a cancel request: PgBouncer 1.18 can crash (FATAL
+// "bad client state: 0") when a client closes while its cancel request is
+// under way, as docs/operations.md says.
 func newPool(t *testing.T, dsn string) *pgxpool.Pool {
 	t.Helper()
-	return pgtest.NewPool(t, dsn)
+	return pgtest.NewPool(t, dsn, func(c *pgxpool.Config) { noCancelRequests(c.ConnConfig) })
+}
+
+func noCancelRequests(c *pgx.ConnConfig) {
+	c.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}
+	}
 }
 
 func connConfig(t *testing.T, dsn string) *pgx.ConnConfig {

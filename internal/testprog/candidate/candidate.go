@@ -18,6 +18,9 @@
 //
 //	PGLEASE_TC_RETRY     RetryInterval (Go duration)
 //	PGLEASE_TC_WAITER    if set: followers wait with a lease.Waiter (LISTEN)
+//	PGLEASE_TC_DEADLINES if set: an ended context interrupts a query by a
+//	                     deadline on the socket, never a cancel request
+//	                     (PgBouncer 1.18 can crash on one)
 //	PGLEASE_TC_WRITE     if set: while leading, write through a fence.PGGuard
 //	                     on the store (INSERT INTO writes (epoch, owner)) at
 //	                     once and then every WRITE (Go duration), without
@@ -53,6 +56,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pg_lease/internal/testprog"
@@ -128,6 +133,11 @@ func runElector(ctx context.Context, id string) error {
 	// Warm each new connection: a handoff's first acquire and release then
 	// cost what later ones do (no PL/pgSQL compile, no statement prepare).
 	pcfg.AfterConnect = lease.WarmConn
+	if os.Getenv("PGLEASE_TC_DEADLINES") != "" {
+		pcfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+			return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
+		}
+	}
 	// Never acknowledge a change whose wait for the synchronous standbys was
 	// cancelled (lease.ErrCommitUnknown).
 	lease.ObserveCommits(&pcfg.ConnConfig.Config)
