@@ -11,9 +11,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/yaml"
 
 	"github.com/pglease/pg_lease/pkg/leasemetrics"
+	"github.com/pglease/pg_lease/pkg/shard"
 )
 
 // promtool returns the path of Prometheus's promtool, or fails the test
@@ -45,7 +47,7 @@ var metricRef = regexp.MustCompile(`\bpg_lease_[a-z0-9_]+\b`)
 // does not export, and returns the names found.
 func checkMetrics(t *testing.T, where, expr string) []string {
 	t.Helper()
-	known := leasemetrics.MetricNames()
+	known := append(leasemetrics.MetricNames(), shardMetricNames()...)
 	names := metricRef.FindAllString(expr, -1)
 	if len(names) == 0 {
 		t.Errorf("%s: expression %q uses no pg_lease metric", where, expr)
@@ -53,6 +55,26 @@ func checkMetrics(t *testing.T, where, expr string) []string {
 	for _, n := range names {
 		if !slices.Contains(known, n) {
 			t.Errorf("%s: expression %q uses %s, which pkg/leasemetrics does not export (it exports %v)", where, expr, n, known)
+		}
+	}
+	return names
+}
+
+// fqName reads a metric's name from its Desc's description.
+var fqName = regexp.MustCompile(`fqName: "([^"]+)"`)
+
+// shardMetricNames are the metrics of pkg/shard (every replica of a sharded
+// controller exports them).
+func shardMetricNames() []string {
+	var names []string
+	for _, c := range shard.Collectors() {
+		ch := make(chan *prometheus.Desc, 8)
+		c.Describe(ch)
+		close(ch)
+		for d := range ch {
+			if m := fqName.FindStringSubmatch(d.String()); m != nil {
+				names = append(names, m[1])
+			}
 		}
 	}
 	return names
@@ -120,7 +142,7 @@ func TestAlertRules(t *testing.T) {
 			checkMetrics(t, "alert "+r.Alert, r.Expr)
 		}
 	}
-	for _, want := range []string{"PgLeaseNoLeader", "PgLeaseLeadershipFlapping", "PgLeaseKeyOwnedByNobody", "PgLeasePromotionGrace", "PgLeaseMetricsDown"} {
+	for _, want := range []string{"PgLeaseNoLeader", "PgLeaseLeadershipFlapping", "PgLeaseKeyOwnedByNobody", "PgLeasePromotionGrace", "PgLeaseMetricsDown", "PgLeaseShardsUnowned"} {
 		if !slices.Contains(alerts, want) {
 			t.Errorf("alerts.yaml has no alert %s (it has %v)", want, alerts)
 		}
