@@ -55,7 +55,8 @@ func (r *Sharder) Reconciler(inner reconcile.Reconciler) reconcile.Reconciler {
 // Source enqueues, each time this replica acquires a shard, every object of
 // that shard that c lists into list (a typed list such as
 // &corev1.ConfigMapList{}): events filtered out while another replica owned
-// the shard are not lost. Add it with builder.WatchesRawSource.
+// the shard are not lost. Add it with builder.WatchesRawSource, before the
+// Sharder starts.
 func (r *Sharder) Source(c client.Reader, list client.ObjectList, opts ...client.ListOption) source.Source {
 	q := &requeuer{r: r, c: c, list: list, opts: opts}
 	prev := r.cfg.OnAcquired
