@@ -1112,9 +1112,12 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'LEASE';
       END IF;
       PERFORM lease._check_ttl_now(v_ttl);  -- max_ttl as it is now, under the locks
-      v_exp := v_now + v_ttl;
-      UPDATE lease.leases l SET expires_at = v_exp
-       WHERE l.key = ANY (ARRAY(SELECT x.k FROM unnest(d_keys, d_status) x(k, st) WHERE x.st = 'ok'));
+      IF EXISTS (SELECT FROM unnest(d_status) x(st) WHERE x.st = 'ok') THEN
+        PERFORM lease._check_ttl_now(v_ttl);  -- as renew: the max_ttl in force now
+        v_exp := v_now + v_ttl;
+        UPDATE lease.leases l SET expires_at = v_exp
+         WHERE l.key = ANY (ARRAY(SELECT x.k FROM unnest(d_keys, d_status) x(k, st) WHERE x.st = 'ok'));
+      END IF;
       res_keys := res_keys || ARRAY(SELECT x.k FROM unnest(d_keys, d_status) x(k, st) WHERE x.st = 'ok');
       res_stat := res_stat || ARRAY(SELECT x.st FROM unnest(d_keys, d_status) x(k, st) WHERE x.st = 'ok');
       v_try_k := '{}';
@@ -1126,6 +1129,10 @@ BEGIN
   -- Durability as in lease._changed, but no notification (a renewal wakes nobody).
   IF v_exp IS NOT NULL AND current_setting('synchronous_commit') IN ('off', 'local') THEN
     PERFORM set_config('synchronous_commit', 'on', true);
+  END IF;
+  -- As renew: a renewal records a timeline change (the grace starts).
+  IF v_exp IS NOT NULL THEN
+    PERFORM lease._grant_context();
   END IF;
   -- Renewals record a timeline change, as lease.renew does.
   IF v_exp IS NOT NULL THEN

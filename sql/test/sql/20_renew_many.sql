@@ -67,6 +67,11 @@ SELECT count(*) FROM lease.renew_many('{rm-never,rm-other}', 'o1', '{1,1}', inte
 SELECT current_setting('synchronous_commit');
 COMMIT;
 BEGIN;
+SET LOCAL synchronous_commit = off;
+SELECT key, status FROM lease.renew_many('{rm-never}', 'o1', '{1}', interval '40s');
+SELECT current_setting('synchronous_commit');
+COMMIT;
+BEGIN;
 SET LOCAL synchronous_commit = local;
 SELECT count(*) FROM lease.renew_many('{rm-a}', 'o1', '{1}', interval '40s');
 SELECT current_setting('synchronous_commit');
