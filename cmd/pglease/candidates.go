@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"strconv"
@@ -10,7 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
-	"sigs.k8s.io/yaml"
 
 	"github.com/pglease/pg_lease/pkg/lease"
 )
@@ -74,19 +72,7 @@ func printCandidates(w io.Writer, p printFlags, key string, strategy lease.Strat
 			v.Candidates = append(v.Candidates, candidateRow{Owner: c.Owner, Version: c.Version, Priority: c.Priority,
 				Ready: c.Ready, Live: c.Live, Rank: c.Rank, RegisteredAt: c.RegisteredAt, ExpiresAt: c.ExpiresAt})
 		}
-		var b []byte
-		var err error
-		if p.output == "json" {
-			b, err = json.MarshalIndent(v, "", "  ")
-			b = append(b, '\n')
-		} else {
-			b, err = yaml.Marshal(v)
-		}
-		if err != nil {
-			return err
-		}
-		_, err = w.Write(b)
-		return err
+		return writeStructured(w, p.output, v)
 	case "name":
 		for _, c := range cs {
 			if _, err := fmt.Fprintln(w, quoteField(c.Owner)); err != nil {

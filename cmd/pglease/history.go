@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
@@ -10,7 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
-	"sigs.k8s.io/yaml"
 
 	"github.com/pglease/pg_lease/pkg/lease"
 )
@@ -172,24 +170,6 @@ func compactDuration(d time.Duration) string {
 		return d.Round(time.Millisecond).String()
 	}
 	return human(d, true)
-}
-
-func writeStructured(w io.Writer, format string, v any) error {
-	var (
-		b   []byte
-		err error
-	)
-	if format == "json" {
-		b, err = json.MarshalIndent(v, "", "  ")
-		b = append(b, '\n')
-	} else {
-		b, err = yaml.Marshal(v)
-	}
-	if err != nil {
-		return err
-	}
-	_, err = w.Write(b)
-	return err
 }
 
 // healthRow is one key as health prints it in json and yaml.

@@ -105,19 +105,7 @@ func printStates(w io.Writer, p printFlags, states []keyState, single bool) erro
 		if single && len(rows) == 1 {
 			v = rows[0]
 		}
-		var b []byte
-		var err error
-		if p.output == "json" {
-			b, err = json.MarshalIndent(v, "", "  ")
-			b = append(b, '\n')
-		} else {
-			b, err = yaml.Marshal(v)
-		}
-		if err != nil {
-			return err
-		}
-		_, err = w.Write(b)
-		return err
+		return writeStructured(w, p.output, v)
 	case "name":
 		for _, s := range states {
 			if _, err := fmt.Fprintln(w, quoteField(s.Key)); err != nil {
@@ -184,4 +172,23 @@ func safeLine(s string) string {
 		b.WriteRune(r)
 	}
 	return b.String()
+}
+
+// writeStructured writes v as indented JSON or as YAML (format "json" or "yaml").
+func writeStructured(w io.Writer, format string, v any) error {
+	var (
+		b   []byte
+		err error
+	)
+	if format == "json" {
+		b, err = json.MarshalIndent(v, "", "  ")
+		b = append(b, '\n')
+	} else {
+		b, err = yaml.Marshal(v)
+	}
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(b)
+	return err
 }
