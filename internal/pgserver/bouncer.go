@@ -127,8 +127,8 @@ func (b *Bouncer) start(ctx context.Context, bin string, s *Server, opts Bouncer
 		{"default_pool_size", strconv.Itoa(opts.PoolSize)},
 		{"max_client_conn", "1000"},
 		{"logfile", b.logPath},
-		{"log_connections", "0"},
-		{"log_disconnections", "0"},
+		{"log_connections", "1"},
+		{"log_disconnections", "1"},
 	} {
 		fmt.Fprintf(&c, "%s = %s\n", kv[0], kv[1])
 	}
