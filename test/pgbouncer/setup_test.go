@@ -114,12 +114,15 @@ func noCancelRequests(c *pgx.ConnConfig) {
 	}
 }
 
+// connConfig is a connection config (a Waiter's) that interrupts as
+// newPool's do: the Waiter ends its wait for notifications by its context.
 func connConfig(t *testing.T, dsn string) *pgx.ConnConfig {
 	t.Helper()
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
+	noCancelRequests(cfg)
 	return cfg
 }
 
