@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -111,14 +113,38 @@ type Waiter struct {
 	reads sharedReads // Await's reads in flight, shared (their own lock)
 
 	hook func(kind, detail string) // tests: see export_test.go
+
+	waiting atomic.Bool // the connection waits for notifications (interrupter)
 }
+
+// interrupter ends a wait for notifications at once, by a deadline on the
+// socket, and lets a query run on for up to delay after its context ended.
+// pgx closes a connection whose query it interrupted and sends a cancel
+// request as it does, whatever the handler; PgBouncer 1.18 can crash on
+// one. An interrupted wait sends nothing and keeps the connection.
+type interrupter struct {
+	conn    net.Conn
+	waiting *atomic.Bool
+	delay   time.Duration
+}
+
+func (h *interrupter) HandleCancel(context.Context) {
+	d := h.delay
+	if h.waiting.Load() {
+		d = 0
+	}
+	_ = h.conn.SetDeadline(time.Now().Add(d))
+}
+
+func (h *interrupter) HandleUnwatchAfterCancel() { _ = h.conn.SetDeadline(time.Time{}) }
 
 // NewWaiter connects with cfg and returns a Waiter listening on channel
 // pg_lease. cfg is copied, so the caller may change it afterwards. Pass
 // pool.Config().ConnConfig to listen on a pool's database, or the result of
-// pgx.ParseConfig(dsn). Whatever cfg says, the connection interrupts waits
-// with deadlines (pgconn.DeadlineContextWatcherHandler), never with cancel
-// requests. NewWaiter fails if the first connection cannot be made, unless
+// pgx.ParseConfig(dsn). Whatever cfg says, a wait for notifications ends
+// by a deadline on the socket, and a query whose context ended gets
+// QueryTimeout more to finish before pgx interrupts it (and sends a cancel
+// request). NewWaiter fails if the first connection cannot be made, unless
 // opts.ConnectInBackground. Later losses of the connection are repaired in
 // the background.
 func NewWaiter(ctx context.Context, cfg *pgx.ConnConfig, opts WaiterOptions) (*Waiter, error) {
@@ -133,8 +159,9 @@ func newWaiter(ctx context.Context, cfg *pgx.ConnConfig, opts WaiterOptions, hoo
 		return nil, err
 	}
 	cfg = cfg.Copy()
+	w := &Waiter{opts: opts, loopDone: make(chan struct{}), watchers: map[*watcher]struct{}{}, hook: hook}
 	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
-		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
+		return &interrupter{conn: c.Conn(), waiting: &w.waiting, delay: opts.QueryTimeout}
 	}
 	if cfg.RuntimeParams == nil {
 		cfg.RuntimeParams = map[string]string{}
@@ -142,7 +169,7 @@ func newWaiter(ctx context.Context, cfg *pgx.ConnConfig, opts WaiterOptions, hoo
 	if _, ok := cfg.RuntimeParams["application_name"]; !ok {
 		cfg.RuntimeParams["application_name"] = "pg_lease waiter"
 	}
-	w := &Waiter{cfg: cfg, opts: opts, loopDone: make(chan struct{}), watchers: map[*watcher]struct{}{}, hook: hook}
+	w.cfg = cfg
 	conn, err := w.connect(ctx)
 	switch {
 	case err == nil:

@@ -142,7 +142,9 @@ func (w *Waiter) step(conn *pgx.Conn, retryAt time.Time) error {
 	}
 	w.regs.kick = func() { kick(errKick) }
 	w.mu.Unlock()
+	w.waiting.Store(true)
 	n, err := conn.WaitForNotification(wctx)
+	w.waiting.Store(false)
 	w.mu.Lock()
 	w.regs.kick = nil
 	w.mu.Unlock()

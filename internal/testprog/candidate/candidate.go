@@ -18,9 +18,10 @@
 //
 //	PGLEASE_TC_RETRY     RetryInterval (Go duration)
 //	PGLEASE_TC_WAITER    if set: followers wait with a lease.Waiter (LISTEN)
-//	PGLEASE_TC_DEADLINES if set: an ended context interrupts a query by a
-//	                     deadline on the socket, never a cancel request
-//	                     (PgBouncer 1.18 can crash on one)
+//	PGLEASE_TC_DEADLINES if set: a query whose context ended is interrupted
+//	                     only if still unanswered half a minute later (an
+//	                     interrupted query sends a cancel request, which
+//	                     PgBouncer 1.18 can crash on)
 //	PGLEASE_TC_WRITE     if set: while leading, write through a fence.PGGuard
 //	                     on the store (INSERT INTO writes (epoch, owner)) at
 //	                     once and then every WRITE (Go duration), without
@@ -135,7 +136,7 @@ func runElector(ctx context.Context, id string) error {
 	pcfg.AfterConnect = lease.WarmConn
 	if os.Getenv("PGLEASE_TC_DEADLINES") != "" {
 		pcfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
-			return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
+			return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn(), DeadlineDelay: 30 * time.Second}
 		}
 	}
 	// Never acknowledge a change whose wait for the synchronous standbys was
