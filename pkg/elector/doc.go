@@ -107,10 +107,12 @@
 //     installed, or a version or input the server refuses, end Run with the
 //     error.
 //
-// Followers wait with lease.Waiter.Await (one read per wake): woken by the
-// release's notification when Config.Waiter is set (the process's one
-// listener on channel pg_lease, which pg_lease notifies on grants, releases
-// and force-releases), at the observed grant's expiry on the local clock
+// Followers wait with lease.Waiter.Await: woken by the release's
+// notification when Config.Waiter is set (the process's one listener on
+// channel pg_lease, which pg_lease notifies on grants, releases, handovers
+// and force-releases), with no read when the notification says the key is
+// free or handed to this elector (its next call is the acquire), at the
+// observed grant's expiry on the local clock
 // (lease.State.ExpiresLocal: a lapse sends nothing), and otherwise every
 // RetryInterval. Without a Waiter, a release is seen within RetryInterval;
 // an expiry within a round trip. A takeover after a holder died therefore

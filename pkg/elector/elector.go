@@ -234,8 +234,8 @@ func (e *Elector) campaign(ctx context.Context) (lease.Grant, error) {
 			return g, nil
 		}
 
-		// Held by another owner: wait (one read per wake, lease's one wake
-		// policy) until it is free, or handed to this elector.
+		// Held by another owner: wait (lease's one wake policy) until it is
+		// free, or handed to this elector.
 		err = e.follow(ctx)
 		if err != nil {
 			if ctx.Err() != nil {

@@ -22,6 +22,14 @@ import (
 //     notification can arrive: w nil or closed, the listen connection down,
 //     pg_lease.notify = off on the writer, a transaction-pooling proxy.
 //
+// A notification that names the key's whole state needs no read: a release
+// or force-release (the key free, its counter past the ended epoch), a grant
+// or a handover (held by the named owner under the named epoch). Await hands
+// that state to done first and returns it when done is true. Such a State
+// was true when its change committed; it has no ExpiresAt, ServerNow or
+// ExpiresLocal, so a done that needs them reads. A notification older than
+// the last read, or one behind a resync, is read over.
+//
 // It subscribes (Watch, which registers key with lease.listen) before the
 // first read. So a change committed after that read always wakes it, unless
 // pg_lease.notify is off. Each read is bounded by the Waiter's QueryTimeout
@@ -43,6 +51,7 @@ func (w *Waiter) Await(ctx context.Context, c *Client, key string, poll time.Dur
 	clk := c.clock
 	var after uint64 // the events dispatched when this Await woke
 	shared := false  // woken by an event: a read begun since then will do
+	var last State   // the last state read
 	for {
 		var (
 			st  State
@@ -65,6 +74,7 @@ func (w *Waiter) Await(ctx context.Context, c *Client, key string, poll time.Dur
 		if done(st) {
 			return st, nil
 		}
+		last = st
 		wake := poll
 		if at := st.ExpiresLocal(); !at.IsZero() {
 			wake = min(wake, max(at.Sub(clk.Now()), 0))
@@ -74,16 +84,62 @@ func (w *Waiter) Await(ctx context.Context, c *Client, key string, poll time.Dur
 		case <-ctx.Done():
 			timer.Stop()
 			return State{}, fmt.Errorf("lease: await %q: %w", key, context.Cause(ctx))
-		case _, ok := <-events:
+		case ev, ok := <-events:
 			if !ok {
 				events = nil // the Waiter was closed: poll from now on
-			} else {
-				after, shared = w.dispatched(), true
+				break
 			}
+			ev = latest(ev, events)
+			if ns, ok := notifiedState(ev, last); ok && done(ns) {
+				timer.Stop()
+				return ns, nil
+			}
+			after, shared = w.dispatched(), true
 		case <-timer.C():
 		}
 		timer.Stop()
 	}
+}
+
+// latest returns the last of ev and the events already queued behind it, or
+// a resync if any of them is one: the newest news, read in one go.
+func latest(ev Event, events <-chan Event) Event {
+	for {
+		select {
+		case next, ok := <-events:
+			if !ok {
+				return ev
+			}
+			if ev.Type != EventResync {
+				ev = next
+			}
+		default:
+			return ev
+		}
+	}
+}
+
+// notifiedState is the key's state that ev announces, when ev names the
+// whole of it and is newer than last (the last state read): a release or
+// force-release of an epoch at least last's (the key's counter is then one
+// past it), a grant or handover of an epoch above last's.
+func notifiedState(ev Event, last State) (State, bool) {
+	st := State{Key: ev.Key, Exists: true}
+	switch ev.Type {
+	case EventReleased, EventForceReleased:
+		if ev.Epoch < last.Epoch {
+			return State{}, false
+		}
+		st.Epoch = ev.Epoch + 1
+	case EventAcquired, EventHandover:
+		if ev.Epoch <= last.Epoch {
+			return State{}, false
+		}
+		st.Held, st.Owner, st.Epoch = true, ev.Owner, ev.Epoch
+	default:
+		return State{}, false
+	}
+	return st, true
 }
 
 // readKey names the reads Awaits of one Waiter may share.

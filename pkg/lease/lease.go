@@ -69,7 +69,9 @@ type State struct {
 	// held; otherwise every epoch <= Epoch is stale and the next grant
 	// carries a greater one.
 	Epoch int64
-	// ServerNow is the server's clock when the state was read.
+	// ServerNow is the server's clock when the state was read. A State
+	// that Waiter.Await took from a notification has no ServerNow, no
+	// ExpiresAt and no AcquiredAt.
 	ServerNow time.Time
 
 	rt roundTrip // the read's round trip (ExpiresLocal)

@@ -173,6 +173,73 @@ func TestAwaitWakesOnNotification(t *testing.T) {
 	})
 }
 
+// TestAwaitTakesNotifiedState: a release, a force-release and a handover
+// name the key's whole state, so the Await they wake returns that state
+// without reading the key again (a successor's first call is then its
+// acquire). The state is the one a read would have returned.
+func TestAwaitTakesNotifiedState(t *testing.T) {
+	forEachMode(t, func(t *testing.T, db *testDB) {
+		ctx := testCtx(t)
+		w, _ := newWaiter(t, db, lease.WaiterOptions{})
+		for _, how := range []string{"release", "force_release", "handover"} {
+			key := "notified-" + how
+			h, ok, err := db.c.Acquire(ctx, key, "holder", never)
+			if err != nil || !ok {
+				t.Fatal(ok, err)
+			}
+			done := func(s lease.State) bool { return !s.Held }
+			if how == "handover" {
+				if _, err := db.c.SetStrategy(ctx, key, lease.StrategyPriority); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := db.c.Register(ctx, key, lease.Candidate{Owner: "next", Ready: true, TTL: time.Minute}); err != nil {
+					t.Fatal(err)
+				}
+				done = func(s lease.State) bool { return s.Held && s.Owner == "next" }
+			}
+			c, reads := watched(db)
+			res := make(chan awaited, 1)
+			go func() {
+				st, err := w.Await(ctx, c, key, never, done)
+				res <- awaited{st, err}
+			}()
+			<-reads // the first read saw the key held
+			switch how {
+			case "force_release":
+				_, _, _, err = db.c.ForceRelease(ctx, key)
+			default:
+				err = db.c.Release(ctx, h.Token)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got lease.State
+			select {
+			case r := <-res:
+				if r.err != nil {
+					t.Fatal(r.err)
+				}
+				got = r.st
+			case <-time.After(time.Minute):
+				t.Fatalf("%s: Await did not return", how)
+			}
+			if n := len(reads); n != 0 {
+				t.Fatalf("%s: %d reads after the notification, want none", how, n)
+			}
+			read, err := db.c.Inspect(ctx, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Key != key || got.Exists != read.Exists || got.Held != read.Held || got.Owner != read.Owner || got.Epoch != read.Epoch {
+				t.Fatalf("%s: Await returned %+v, a read says %+v", how, got, read)
+			}
+			if !got.ServerNow.IsZero() || !got.ExpiresAt.IsZero() || !got.ExpiresLocal().IsZero() {
+				t.Fatalf("%s: a state from a notification claims times it cannot know: %+v", how, got)
+			}
+		}
+	})
+}
+
 // TestAwaitWakesAtExpiry: a holder that stops renewing sends nothing; with
 // the poll far out, Await wakes at the grant's expiry on the local clock
 // (State.ExpiresLocal) and sees the lapse, in a handful of reads.
@@ -595,33 +662,38 @@ func TestAwaitSharesReads(t *testing.T) {
 		gq := &gatedReads{Querier: db.pool}
 		counted := make(chan struct{}, 64)
 		c := lease.New(readSignal{gq, counted}) // every Await through the same client
-		if _, ok, err := db.c.Acquire(ctx, "herd", "holder", never); err != nil || !ok {
-			t.Fatal(ok, err)
-		}
+		// The Awaits want the next holder's expiry, which a notification of
+		// the grant does not carry: each wake-up needs a read.
+		next := func(s lease.State) bool { return s.Held && s.Owner == "next" && !s.ExpiresAt.IsZero() }
 		const n = 8
-		var res []<-chan awaited
+		res := make(chan awaited, n)
 		for i := 0; i < n; i++ {
-			res = append(res, awaitAsync(ctx, w, c, "herd", never))
+			go func() {
+				st, err := w.Await(ctx, c, "herd", never, next)
+				res <- awaited{st, err}
+			}()
 		}
 		for i := 0; i < n; i++ {
-			<-counted // every first read (each Await's own) saw the key held
+			<-counted // every first read (each Await's own) saw the key never leased
 		}
 		gate := make(chan struct{})
 		gq.mu.Lock()
 		gq.gate = gate
 		gq.mu.Unlock()
-		if _, _, _, err := db.c.ForceRelease(ctx, "herd"); err != nil {
-			t.Fatal(err)
+		if _, ok, err := db.c.Acquire(ctx, "herd", "next", never); err != nil || !ok {
+			t.Fatal(ok, err)
 		}
 		for i := 0; i < n-1; i++ {
 			rec.next(t, "read_shared")
 		}
 		close(gate)
-		for _, r := range res {
-			mustFree(t, r)
+		for i := 0; i < n; i++ {
+			if r := <-res; r.err != nil || !next(r.st) {
+				t.Fatalf("Await: %+v, %v", r.st, r.err)
+			}
 		}
 		if extra := len(counted); extra != 1 {
-			t.Fatalf("%d reads after the release for %d Awaits, want 1 shared", extra, n)
+			t.Fatalf("%d reads after the grant for %d Awaits, want 1 shared", extra, n)
 		}
 	})
 }

@@ -47,6 +47,9 @@ func (l *Lock) recordOf(s lease.State) rawRecord {
 	switch {
 	case !s.Exists:
 		return rawRecord{}
+	case s.Held && s.ExpiresAt.IsZero():
+		// Taken from a notification of the grant: the expiry is not known.
+		return rawRecord{Key: l.key, Epoch: s.Epoch, Holder: s.Owner}
 	case s.Held:
 		exp := s.ExpiresAt.UTC()
 		return rawRecord{Key: l.key, Epoch: s.Epoch, Holder: s.Owner, ExpiresAt: &exp}
