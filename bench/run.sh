@@ -6,10 +6,18 @@
 #   physical.*     the limits: pg_test_fsync flush time, SELECT 1 round trip, a bare
 #                  durable one-row UPDATE commit (every figure is also a ratio to them)
 #   pgbench.*      W1-cycle, W2-contend and R (renew) vs bare-SQL baselines
-#   handoff.*      handoff/takeover for pkg/elector, client-go + pkg/resourcelock,
-#                  client-go + LeaseLock on kube-apiserver; handoff.svg (ECDF plot)
+#   handoff.*      handoff/takeover for pkg/elector, client-go + pkg/resourcelock
+#                  (each also with a handover to a registered candidate),
+#                  client-go + LeaseLock on kube-apiserver, beside the baseline
+#                  (two durable commits and one notification); handoff.svg (ECDF plot)
+#   handoff-200/   (full only) the pg_lease handoffs alone at controller-runtime's
+#                  timings (15 s / 10 s / 2 s), 200 trials each, interleaved with
+#                  the baseline, each traced (where the time goes)
 #   elector-200/   (full only) pkg/elector alone, fast profile, 200 trials, pools
 #                  warmed by lease.WarmConn and cold ones (elector-cold), interleaved
+#   firstreconcile.log (full only) examples/operator on the real kube-apiserver:
+#                  SIGTERM of the leader to the successor's first Reconcile,
+#                  pg_lease and the Lease lock, cold and warm caches (test/e2e)
 #   scale.*        1k/10k/100k keys renew throughput, size after 10M renewals, HOT
 #                  ratio, lease.cleanup size benefit
 #   waiters.*      1,000 waiters on one key (goroutines over 50 listen connections)
@@ -39,6 +47,9 @@ full)
 	# pkg/elector alone over 200 trials (a p99 needs at least 200), with
 	# warm pools (lease.WarmConn) and cold ones, interleaved
 	elector_args=(-systems elector,elector-cold -profiles fast -trials 200)
+	# the pg_lease handoffs at controller-runtime's timings, 200 trials each
+	handoff200_args=(-systems baseline,elector,elector-handover,clientgo-pg,clientgo-pg-handover -profiles defaults -default-trials 200)
+	first_reconcile_trials=20
 	scale_args=(-duration 30s -rounds 2 -keys 1000,10000,100000 -renewals 10000000 -cleanup-keys 100000)
 	firstcalls_n=300x
 	waiters_args=(-waiters 1000 -conns 50 -pool 50 -releases 30)
@@ -48,6 +59,8 @@ smoke)
 	pgbench_args=(-duration 1s -rounds 1 -clients 1)
 	handoff_args=(-trials 2 -default-trials 1)
 	elector_args=()
+	handoff200_args=()
+	first_reconcile_trials=0
 	scale_args=(-duration 2s -rounds 1 -keys 100,1000 -renewals 20000 -cleanup-keys 2000)
 	firstcalls_n=5x
 	waiters_args=(-waiters 20 -conns 4 -pool 8 -releases 3 -settle 100ms -also 4x4)
@@ -80,7 +93,7 @@ pg_bindir="$(pg_config --bindir 2>/dev/null || ls -d /usr/lib/postgresql/*/bin |
 
 failed=()
 # BENCH_STEPS: the steps to run, comma-separated (default: all of them)
-steps="${BENCH_STEPS:-physical,pgbench,handoff,handoff-elector,firstcalls,scale,waiters}"
+steps="${BENCH_STEPS:-physical,pgbench,handoff,handoff-200,handoff-elector,firstreconcile,firstcalls,scale,waiters}"
 step() {
 	local name="$1"
 	shift
@@ -94,8 +107,15 @@ step() {
 step physical go run ./bench/physical -out "$out" "${physical_args[@]}"
 step pgbench go run ./bench/pgbench -out "$out" "${pgbench_args[@]}"
 step handoff go run ./bench/handoff -out "$out" "${handoff_args[@]}"
+if ((${#handoff200_args[@]})); then
+	step handoff-200 go run ./bench/handoff -out "$out/handoff-200" "${handoff200_args[@]}"
+fi
 if ((${#elector_args[@]})); then
 	step handoff-elector go run ./bench/handoff -out "$out/elector-200" "${elector_args[@]}"
+fi
+if ((first_reconcile_trials > 0)); then
+	step firstreconcile env PGLEASE_E2E_FIRST_RECONCILE_TRIALS="$first_reconcile_trials" PGLEASE_E2E_RESULTS="$out/firstreconcile.results" \
+		go test -count=1 -v -timeout 60m -run '^TestFirstReconcile$' ./test/e2e/
 fi
 step firstcalls go test ./pkg/lease -run '^$' -bench FirstCallsOnANewConnection -benchtime "$firstcalls_n" -count 1
 step scale go run ./bench/scale -out "$out" "${scale_args[@]}"

@@ -11,6 +11,15 @@
 //	elector-cold, clientgo-pg-cold
 //	               the same two with pools that do not warm their connections
 //	               (no lease.WarmConn): what the warm-up saves, in the same run
+//	elector-handover, clientgo-pg-handover
+//	               the same two with every follower a registered candidate
+//	               (lease.Candidacy, strategy priority): the leader's release
+//	               grants the key to the follower in its own transaction
+//	baseline       the physical limit of a handoff, measured the same way: a
+//	               durable one-row UPDATE that sends a NOTIFY, a listener on
+//	               another connection that wakes on it, and a second durable
+//	               UPDATE on a third connection (two durable commits and one
+//	               notification round trip)
 //
 // in two timing profiles:
 //
@@ -34,6 +43,12 @@
 // For the pg_lease electors, takeover trials also record the detection
 // latency on the server's clock: the new grant's acquired_at minus the
 // crashed grant's final expires_at.
+//
+// Each pg_lease handoff is also traced (-trace, default on): every query of
+// both candidates (a pgx tracer on their pools) and the successor's receipt
+// of the notification (a Watch on its Waiter) are timed from the cancel, so
+// that the stage table says where each millisecond of the median handoff
+// goes and how many round trips each side made.
 //
 // Results: handoff.json, handoff.md and handoff.svg (ECDFs) in -out.
 package main
@@ -75,7 +90,8 @@ var (
 	out           = flag.String("out", "bench/results/handoff", "results folder")
 	trials        = flag.Int("trials", 60, "trials per scenario and elector, fast profile")
 	defaultTrials = flag.Int("default-trials", 20, "handoff trials per elector, defaults profile")
-	systemsF      = flag.String("systems", "elector,clientgo-pg,clientgo-k8s", "electors to measure (also elector-cold, clientgo-pg-cold: pools without lease.WarmConn)")
+	systemsF      = flag.String("systems", "baseline,elector,elector-handover,clientgo-pg,clientgo-pg-handover,clientgo-k8s", "electors to measure (also elector-cold, clientgo-pg-cold: pools without lease.WarmConn)")
+	traceF        = flag.Bool("trace", true, "trace each pg_lease handoff's queries and notification (stage table)")
 	profilesF     = flag.String("profiles", "fast,defaults", "timing profiles to run (fast, defaults)")
 	// client-go timings of the fast profile, scaled from its defaults (15 s / 10 s / 2 s) to a 1 s lease.
 	renewDeadline = flag.Duration("renew-deadline", 700*time.Millisecond, "client-go RenewDeadline, fast profile")
@@ -98,7 +114,10 @@ type candidate struct {
 	observed chan struct{}  // closed when another leader was observed
 	done     chan struct{}  // closed when Run returned
 	cancel   context.CancelFunc
-	crash    func() // from now on every call of this candidate fails
+	crash    func()        // from now on every call of this candidate fails
+	waiter   *lease.Waiter // nil for the API server
+	trace    *tracer       // nil for the API server
+	gets     *atomic.Int64 // client-go over pg_lease: Get calls begun
 }
 
 func newCandidate(id string) *candidate {
@@ -121,6 +140,17 @@ type system struct {
 	// pg: the key's row, to read server times; nil for the API server.
 	pg  *pgxpool.Pool
 	key string
+	// baseline: the physical limit, measured in place of an election.
+	baseline *baseline
+}
+
+// candidacy is the handover systems' lease.Candidacy (nil for the others):
+// every follower is a ready candidate and the key's strategy is priority.
+func candidacy(system string) *lease.Candidacy {
+	if !strings.HasSuffix(system, "-handover") {
+		return nil
+	}
+	return &lease.Candidacy{Strategy: lease.StrategyPriority}
 }
 
 type trialResult struct {
@@ -129,6 +159,17 @@ type trialResult struct {
 	Scenario string  `json:"scenario"`
 	Ms       float64 `json:"ms"`
 	DetectMs float64 `json:"detect_ms,omitempty"` // takeover, pg: acquired_at - crashed expires_at (server clock)
+	// Stages: traced pg_lease handoffs, ms from the cancel (see stageNames).
+	Stages map[string]float64 `json:"stages_ms,omitempty"`
+	// LeaderCalls, SuccessorCalls: queries of the old leader from the cancel
+	// to its release's answer, and of the successor from the notification
+	// to OnStartedLeading.
+	LeaderCalls    []string `json:"leader_calls,omitempty"`
+	SuccessorCalls []string `json:"successor_calls,omitempty"`
+	// How: the history event that began the successor's term (handed_over
+	// for a handover, acquired for a grant after a release).
+	How  string  `json:"how,omitempty"`
+	Load float64 `json:"load1"`
 }
 
 func main() {
@@ -161,12 +202,19 @@ func main() {
 	var systems []*system
 	for _, name := range strings.Split(*systemsF, ",") {
 		switch name {
-		case "elector", "elector-cold":
-			warm := name == "elector"
-			systems = append(systems, &system{name: name, start: electorCandidate(dsn, "bench-"+name, warm), pg: obs, key: "bench-" + name})
-		case "clientgo-pg", "clientgo-pg-cold":
-			warm := name == "clientgo-pg"
-			systems = append(systems, &system{name: name, start: clientgoPGCandidate(dsn, "bench-"+name, warm), pg: obs, key: "bench-" + name})
+		case "baseline":
+			b, err := newBaseline(ctx, dsn)
+			if err != nil {
+				log.Fatalf("baseline: %v", err)
+			}
+			defer b.close()
+			systems = append(systems, &system{name: name, baseline: b})
+		case "elector", "elector-cold", "elector-handover":
+			warm := name != "elector-cold"
+			systems = append(systems, &system{name: name, start: electorCandidate(dsn, "bench-"+name, warm, candidacy(name)), pg: obs, key: "bench-" + name})
+		case "clientgo-pg", "clientgo-pg-cold", "clientgo-pg-handover":
+			warm := name != "clientgo-pg-cold"
+			systems = append(systems, &system{name: name, start: clientgoPGCandidate(dsn, "bench-"+name, warm, candidacy(name)), pg: obs, key: "bench-" + name})
 		case "clientgo-k8s":
 			cfg, stop, err := startControlPlane()
 			if err != nil {
@@ -212,6 +260,9 @@ func main() {
 		for i := 0; i < p.trials && ctx.Err() == nil; i++ {
 			for _, scenario := range p.scenarios {
 				for _, sys := range systems {
+					if sys.baseline != nil && scenario != "handoff" {
+						continue
+					}
 					r, err := trial(ctx, sys, p, scenario, i)
 					if err != nil {
 						failures[sys.name+"/"+scenario]++
@@ -237,6 +288,9 @@ func main() {
 				panel.Marks = map[string]float64{"TTL": ttlMs, "TTL+50 ms": ttlMs + 50}
 			}
 			for _, sys := range systems {
+				if sys.baseline != nil && scenario != "handoff" {
+					continue
+				}
 				var ms, det []float64
 				for _, r := range results {
 					if r.Profile == p.name && r.System == sys.name && r.Scenario == scenario {
@@ -265,6 +319,25 @@ func main() {
 		}
 		if k, pg := handoffP50["clientgo-k8s"], handoffP50["clientgo-pg"]; k > 0 && pg > 0 {
 			fmt.Fprintf(&md, "\nHandoff p50, client-go's Lease lock / client-go + pkg/resourcelock: %.0f×\n", k/pg)
+		}
+		if b := handoffP50["baseline"]; b > 0 {
+			fmt.Fprintf(&md, "\nHandoff p50 / the baseline's p50 (%.2f ms):", b)
+			for _, sys := range systems {
+				if v := handoffP50[sys.name]; v > 0 && sys.baseline == nil {
+					fmt.Fprintf(&md, " %s %.1f×;", sys.name, v/b)
+				}
+			}
+			fmt.Fprintln(&md)
+		}
+		writeStages(&md, p.name, systems, results)
+		var loads []float64
+		for _, r := range results {
+			if r.Profile == p.name {
+				loads = append(loads, r.Load)
+			}
+		}
+		if ls := benchutil.Summarize(loads); ls.N > 0 {
+			fmt.Fprintf(&md, "\nLoad average (1 min) at the trials: min %.2f, median %.2f, max %.2f\n", loads[0], ls.P50, ls.Max)
 		}
 	}
 	fmt.Print(md.String())
@@ -301,7 +374,12 @@ func waitClosed(ch <-chan struct{}, d time.Duration, what string) error {
 }
 
 func trial(ctx context.Context, sys *system, p profile, scenario string, i int) (trialResult, error) {
-	r := trialResult{Profile: p.name, System: sys.name, Scenario: scenario}
+	r := trialResult{Profile: p.name, System: sys.name, Scenario: scenario, Load: benchutil.LoadAvg()}
+	if sys.baseline != nil {
+		d, err := sys.baseline.once(ctx)
+		r.Ms = float64(d) / float64(time.Millisecond)
+		return r, err
+	}
 	ttl := p.ttl
 	a, err := sys.start(ctx, p, fmt.Sprintf("%s-%s-a-%s-%d", p.name, sys.name, scenario, i))
 	if err != nil {
@@ -321,11 +399,38 @@ func trial(ctx context.Context, sys *system, p profile, scenario string, i int) 
 	}
 	// B settles into its steady state: past client-go's first jittered
 	// retry after it observed A (pkg/elector is waiting at once).
-	// wait.JitterUntil sleeps RetryPeriod × (1 + rand × JitterFactor).
-	time.Sleep(p.retryPeriod + time.Duration(leaderelection.JitterFactor*float64(p.retryPeriod)) + 50*time.Millisecond)
+	// wait.JitterUntil sleeps RetryPeriod × (1 + rand × JitterFactor). Over
+	// pg_lease, B is settled once its second Get began (it waits for news).
+	settle := time.Duration((1+leaderelection.JitterFactor)*float64(p.retryPeriod)) + 50*time.Millisecond
+	if strings.HasPrefix(sys.name, "elector") {
+		settle = 50 * time.Millisecond
+	} else if sys.pg != nil {
+		for end := time.Now().Add(settle); b.gets != nil && b.gets.Load() < 2 && time.Now().Before(end); {
+			time.Sleep(5 * time.Millisecond)
+		}
+		settle = 50 * time.Millisecond
+	}
+	time.Sleep(settle)
 	var t0 time.Time
 	var crashedExpiry time.Time
+	var notified chan time.Time
 	if scenario == "handoff" {
+		if *traceF && b.waiter != nil {
+			notified = make(chan time.Time, 1)
+			wctx, stop := context.WithCancel(ctx)
+			defer stop()
+			evs := b.waiter.Watch(wctx, sys.key)
+			go func() {
+				for ev := range evs {
+					if ev.Type == lease.EventReleased || ev.Type == lease.EventHandover || ev.Type == lease.EventForceReleased {
+						notified <- ev.Received
+						return
+					}
+				}
+			}()
+		}
+		a.trace.reset()
+		b.trace.reset()
 		t0 = time.Now()
 		a.cancel()
 	} else {
@@ -349,6 +454,19 @@ func trial(ctx context.Context, sys *system, p profile, scenario string, i int) 
 		return r, err
 	}
 	r.Ms = float64(t1.Sub(t0)) / float64(time.Millisecond)
+	if notified != nil {
+		var tn time.Time
+		select {
+		case tn = <-notified:
+		case <-time.After(time.Second):
+		}
+		r.Stages, r.LeaderCalls, r.SuccessorCalls = stages(t0, t1, tn, a.trace.spans(), b.trace.spans())
+	}
+	if scenario == "handoff" && sys.pg != nil {
+		if err := sys.pg.QueryRow(ctx, `SELECT event FROM lease.history WHERE key = $1 ORDER BY seq DESC LIMIT 1`, sys.key).Scan(&r.How); err != nil {
+			return r, err
+		}
+	}
 	if scenario == "takeover" && sys.pg != nil {
 		var acquired time.Time
 		if err := sys.pg.QueryRow(ctx, `SELECT acquired_at FROM lease.leases WHERE key = $1`, sys.key).Scan(&acquired); err != nil {
@@ -363,7 +481,7 @@ func trial(ctx context.Context, sys *system, p profile, scenario string, i int) 
 // warm: the pool warms each connection (lease.WarmConn, as the examples and
 // pkg/leaderelection do); the "-cold" systems leave it out, to measure
 // what it saves in the same run.
-func dial(ctx context.Context, dsn string, warm bool) (*pgxpool.Pool, *lease.Waiter, error) {
+func dial(ctx context.Context, dsn string, warm bool, tr *tracer) (*pgxpool.Pool, *lease.Waiter, error) {
 	pcfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, nil, err
@@ -371,6 +489,7 @@ func dial(ctx context.Context, dsn string, warm bool) (*pgxpool.Pool, *lease.Wai
 	if warm {
 		pcfg.AfterConnect = lease.WarmConn
 	}
+	pcfg.ConnConfig.Tracer = tr
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, nil, err
@@ -385,17 +504,19 @@ func dial(ctx context.Context, dsn string, warm bool) (*pgxpool.Pool, *lease.Wai
 
 // ---- pkg/elector ----
 
-func electorCandidate(dsn, key string, warm bool) func(context.Context, profile, string) (*candidate, error) {
+func electorCandidate(dsn, key string, warm bool, cand *lease.Candidacy) func(context.Context, profile, string) (*candidate, error) {
 	return func(ctx context.Context, p profile, id string) (*candidate, error) {
 		c := newCandidate(id)
-		pool, w, err := dial(ctx, dsn, warm)
+		c.trace = &tracer{}
+		pool, w, err := dial(ctx, dsn, warm, c.trace)
 		if err != nil {
 			return nil, err
 		}
+		c.waiter = w
 		client := lease.New(pool)
 		el, err := elector.New(client, elector.Config{
 			Key: key, Identity: id, TTL: p.ttl,
-			Waiter: w,
+			Waiter: w, Candidacy: cand,
 			Callbacks: elector.Callbacks{
 				OnStartedLeading: func(ctx context.Context) {
 					c.led <- time.Now()
@@ -431,14 +552,15 @@ func electorCandidate(dsn, key string, warm bool) func(context.Context, profile,
 
 // ---- client-go's elector over pkg/resourcelock ----
 
-func clientgoPGCandidate(dsn, key string, warm bool) func(context.Context, profile, string) (*candidate, error) {
+func clientgoPGCandidate(dsn, key string, warm bool, cand *lease.Candidacy) func(context.Context, profile, string) (*candidate, error) {
 	return func(ctx context.Context, p profile, id string) (*candidate, error) {
-		pool, w, err := dial(ctx, dsn, warm)
+		tr := &tracer{}
+		pool, w, err := dial(ctx, dsn, warm, tr)
 		if err != nil {
 			return nil, err
 		}
 		closeAll := func() { w.Close(); pool.Close() }
-		lock, err := pgrl.New(lease.New(pool), key, id, pgrl.Options{LeaseDuration: p.ttl, Waiter: w})
+		lock, err := pgrl.New(lease.New(pool), key, id, pgrl.Options{LeaseDuration: p.ttl, Waiter: w, Candidacy: cand})
 		if err != nil {
 			closeAll()
 			return nil, err
@@ -449,8 +571,27 @@ func clientgoPGCandidate(dsn, key string, warm bool) func(context.Context, profi
 			closeAll()
 			return nil, err
 		}
-		return runClientGo(ctx, id, cfg, closeAll, func() {})
+		gets := new(atomic.Int64)
+		cfg.Lock = &countingLock{Interface: cfg.Lock, gets: gets}
+		c, err := runClientGo(ctx, id, cfg, closeAll, func() {})
+		if err != nil {
+			return nil, err
+		}
+		c.waiter, c.trace, c.gets = w, tr, gets
+		return c, nil
 	}
+}
+
+// countingLock counts the Get calls client-go makes (a follower's second
+// Get is the one that waits for news), and passes every call on.
+type countingLock struct {
+	k8slock.Interface
+	gets *atomic.Int64
+}
+
+func (l *countingLock) Get(ctx context.Context) (*k8slock.LeaderElectionRecord, []byte, error) {
+	l.gets.Add(1)
+	return l.Interface.Get(ctx)
 }
 
 // ---- client-go's elector over its LeaseLock on the API server ----
