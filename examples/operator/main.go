@@ -37,6 +37,7 @@
 //	{"event":"epoch-start", "epoch":E}    a term began: tokens of epoch E are handed out
 //	{"event":"epoch-end", "epoch":E}      the term ended: reconciles under E were cancelled
 //	{"event":"leading", "epoch":E}        the manager started its leader-only runnables
+//	{"event":"reconcile", "resource":..., "epoch":E}  the first Reconcile call under epoch E
 //	{"event":"stall", "resource":..., "epoch":E, "rv":...}  a decided write is held back (test hook)
 //	{"event":"write", "resource":..., "epoch":E, "rv":...}  the store accepted a write
 //	{"event":"stale", "resource":..., "epoch":E, "highest":H}  the store rejected a stale write
@@ -86,6 +87,7 @@ type config struct {
 	retryPeriod        time.Duration
 	probeAddr          string
 	metricsAddr        string
+	warmup             bool
 }
 
 func main() {
@@ -114,6 +116,7 @@ func main() {
 	flag.DurationVar(&c.retryPeriod, "retry-period", 0, "the manager's RetryPeriod (0: 2/15 of the TTL)")
 	flag.StringVar(&c.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
 	flag.StringVar(&c.metricsAddr, "metrics-bind-address", "0", `address of /metrics ("0": off)`)
+	flag.BoolVar(&c.warmup, "warmup", false, "start the controller's sources while following (controller-runtime's EnableWarmup): a new leader's caches are already synced")
 	flag.Parse()
 	identity = c.id
 	if c.leaseDSN == "" {
@@ -280,7 +283,8 @@ func run(ctx context.Context, c config) error {
 		For(&corev1.ConfigMap{}).
 		WithOptions(controller.Options{
 			// Retry soon after a store outage, not after minutes.
-			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](5*time.Millisecond, time.Second),
+			RateLimiter:  workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](5*time.Millisecond, time.Second),
+			EnableWarmup: &c.warmup,
 		}).
 		Complete(el.fenced(r))
 	if err != nil {

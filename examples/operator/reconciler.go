@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -33,6 +34,8 @@ type reconciler struct {
 	client client.Reader
 	store  *store
 	id     string
+	// firstEpoch is the last epoch whose first Reconcile was reported.
+	firstEpoch atomic.Int64
 	// writeTimeout bounds a write once it is decided (the lease TTL): it
 	// is not cancelled with the term, but a write stuck on an unreachable
 	// store must not hold back the manager's exit after a lost leadership
@@ -44,6 +47,9 @@ func (r *reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	tok, ok := lease.TokenFromContext(ctx)
 	if !ok {
 		return reconcile.Result{}, errors.New("no fencing token in the reconcile context")
+	}
+	if prev := r.firstEpoch.Load(); tok.Epoch > prev && r.firstEpoch.CompareAndSwap(prev, tok.Epoch) {
+		emit(event{Event: "reconcile", Resource: req.String(), Epoch: tok.Epoch})
 	}
 	var cm corev1.ConfigMap
 	if err := r.client.Get(ctx, req.NamespacedName, &cm); err != nil {

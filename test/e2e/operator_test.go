@@ -154,6 +154,8 @@ type env struct {
 	// ld, rd, rp override the operators' timings (ttl, renewDeadline,
 	// retryPeriod) when set.
 	ld, rd, rp time.Duration
+	// args are more flags for every operator of the scenario.
+	args []string
 
 	mu       sync.Mutex
 	events   []opEvent
@@ -351,6 +353,7 @@ func (e *env) start(slot int) (*opProc, error) {
 	if e.lock == "pglease" {
 		args = append(args, "-lease-dsn", leaseDSN)
 	}
+	args = append(args, e.args...)
 	p.cmd = exec.Command(e.h.bin, args...)
 	p.cmd.Env = append(os.Environ(), "PGLEASE_DSN=", "PGLEASE_STORE_DSN=", "POD_NAME=")
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
