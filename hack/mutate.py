@@ -2,6 +2,7 @@
 """Mutation testing of pg_lease's SQL.
 
     hack/mutate.py [--list] [--max N] [--seed S] [--only ID[,ID...]] [--ops OP[,OP...]]
+                   [--units UNIT[,UNIT...]] [--skip-units UNIT[,UNIT...]]
                    [--suites regression,isolation,go,upgrade] [--out DIR] [--bindir DIR] [--report-only]
 
 Every mutant is ONE small change to the SQL that CREATE EXTENSION pg_lease runs:
@@ -815,6 +816,10 @@ def main():
     ap.add_argument('--max', type=int, default=0, help='sample this many mutants (0: all)')
     ap.add_argument('--seed', type=int, default=None)
     ap.add_argument('--only', default='', help='comma-separated mutant ids')
+    ap.add_argument('--units', default='',
+                    help='comma-separated units (function names, DO@..., acl@...): only their mutants')
+    ap.add_argument('--skip-units', default='',
+                    help='comma-separated units whose mutants are left out (functions being rewritten)')
     ap.add_argument('--ops', default=','.join(ALL_OPS))
     ap.add_argument('--suites', default='regression,isolation,go,upgrade')
     ap.add_argument('--out', default=os.environ.get('MUTATE_OUT', '/tmp/pg_lease-mutate'))
@@ -890,29 +895,41 @@ def main():
                       unfinished=(done, part.get('planned', done)))
 
     selected = mutants
+    if args.units or args.skip_units:
+        known = {m['site'].unit for m in mutants}
+        want = [x for x in args.units.split(',') if x]
+        skip = [x for x in args.skip_units.split(',') if x]
+        for w in want + skip:
+            if w not in known:
+                die('unknown unit %s (see --list: the part of an id before its operator)' % w)
+        # the order of --units is the run's order: a pass stopped early covers whole units
+        rank = {w: i for i, w in enumerate(want)}
+        selected = sorted((m for m in mutants if (not want or m['site'].unit in rank) and m['site'].unit not in skip),
+                          key=lambda m: rank.get(m['site'].unit, 0))
+        print('mutate: %d mutants in the selected units' % len(selected))
     if args.only:
         want = [x for x in args.only.split(',') if x]
         known = {m['id'] for m in mutants}
         for w in want:
             if w not in known:
                 die('unknown mutant id %s (see --list)' % w)
-        selected = [m for m in mutants if m['id'] in want]
-    elif args.max and args.max < len(mutants):
+        selected = [m for m in selected if m['id'] in want]
+    elif args.max and args.max < len(selected):
         seed = args.seed if args.seed is not None else int(time.time())
         rng = random.Random(seed)
         # stratified: every operator gets its share (at least one), the rest at random
         groups = {}
-        for m in mutants:
+        for m in selected:
             groups.setdefault(m['site'].op, []).append(m)
         pick = []
         for o in sorted(groups):
-            share = max(1, round(args.max * len(groups[o]) / len(mutants)))
+            share = max(1, round(args.max * len(groups[o]) / len(selected)))
             pick += rng.sample(groups[o], min(share, len(groups[o])))
         rng.shuffle(pick)
         pick = pick[:args.max]
         keep = {m['id'] for m in pick}
-        selected = [m for m in mutants if m['id'] in keep]
-        print('mutate: sampled %d of %d with --seed %d' % (len(selected), len(mutants), seed))
+        print('mutate: sampled %d of %d with --seed %d' % (len(keep), len(selected), seed))
+        selected = [m for m in selected if m['id'] in keep]
         args.seed = seed
     prev = []
     if args.resume:
