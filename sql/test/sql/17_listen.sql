@@ -69,13 +69,16 @@ SELECT lease.listen('ls-6') IS NOT NULL AS listened;
 SELECT count(*) AS gone_left FROM lease.listeners WHERE pid = 0;
 SELECT lease.unlisten('*') AS dropped;
 
--- At most 1000 registrations per session: the 1001st key is refused with
--- 54000 and nothing is added; a key already registered and '*' beyond it are
--- refused or answered as usual.
+-- At most 1000 registrations of keys per session: the 1001st key is refused
+-- with 54000 and nothing is added; a key already registered is answered as
+-- usual, and '*' (every key) is taken beside the 1000 and does not count.
 SELECT count(lease.listen('ls-cap-' || i)) AS registered FROM generate_series(1, 1000) i;
 SELECT lease.listen('ls-cap-1001');
 \echo :LAST_ERROR_SQLSTATE
 SELECT lease.listen('ls-cap-1') AS settled;
+SELECT count(*) AS registrations FROM lease.listeners WHERE pid = pg_backend_pid();
+SELECT lease.listen('*') AS settled;
+SELECT lease.listen('*') AS settled;
 SELECT count(*) AS registrations FROM lease.listeners WHERE pid = pg_backend_pid();
 SELECT lease.unlisten('ls-cap-1') AS dropped;
 SELECT lease.listen('ls-cap-1001') AS settled;
