@@ -11,7 +11,9 @@ import (
 // bad_payload; notified (detail: the key) when a notification arrives,
 // before it is dispatched; listen, unlisten (detail: the key) after the
 // registration call committed, listen_locked when lease.listen hit
-// lock_timeout (retried), listen_failed, unlisten_failed,
+// lock_timeout (retried), listen_all (detail: the key) when a key beyond
+// the server's bound on registrations made the waiter register '*',
+// listen_failed, unlisten_failed,
 // listen_unsupported; read_shared (detail: the key) when an Await joins
 // another's read; register_slow when a Watch stopped waiting for its
 // registration), so that tests sequence on signals rather than sleeps. A

@@ -41,7 +41,7 @@ func (w *Waiter) run(conn *pgx.Conn) {
 			// Best effort: a gone backend's registrations linger (costing
 			// notifications) until the next lease.listen by anyone.
 			w.mu.Lock()
-			registered := len(w.regs.live) > 0 && !w.regs.unsupported
+			registered := (len(w.regs.live) > 0 || w.regs.all) && !w.regs.unsupported
 			w.mu.Unlock()
 			if registered {
 				_, _ = conn.Exec(ctx, `SELECT lease.unlisten('*')`)

@@ -38,6 +38,12 @@ type registry struct {
 	// unsupported: the server has no lease.listen (pg_lease before 0.3.0,
 	// which notifies every change): registering is a no-op.
 	unsupported bool
+	// all: '*' is registered on this connection because a key went beyond
+	// the server's bound on one session's registrations (54000). It covers
+	// every key: a new key is live without a call, until the connection ends.
+	all bool
+	// covered: live keys registered through '*' only (no unlisten to send).
+	covered map[string]bool
 }
 
 // registerLocked counts a subscription to keys and returns the channels to
@@ -119,19 +125,36 @@ func (w *Waiter) syncRegistrations(conn *pgx.Conn) (retry bool, err error) {
 			}
 			r.nextDrop = time.Time{}
 			now := time.Now()
+			stays := func(k string) bool {
+				return r.want[k] > 0 || now.Before(r.idle[k].Add(registrationLinger))
+			}
+			// lease.unlisten('*') drops every registration of the backend:
+			// '*' goes only when no other key stays, and never while it
+			// covers the keys beyond the server's bound.
+			others := false
+			for k := range r.live {
+				others = others || (k != "*" && stays(k))
+			}
 			for k := range r.live {
 				if r.want[k] > 0 {
 					continue
 				}
-				if at := r.idle[k].Add(registrationLinger); now.Before(at) {
+				at := r.idle[k].Add(registrationLinger)
+				if k == "*" && (r.all || others) {
+					at = now.Add(registrationLinger) // looked at again then
+				}
+				if now.Before(at) {
 					if r.nextDrop.IsZero() || at.Before(r.nextDrop) {
 						r.nextDrop = at
 					}
 					continue
 				}
-				drop = append(drop, k)
+				if !r.covered[k] {
+					drop = append(drop, k)
+				}
 				delete(r.live, k) // a new subscriber waits for the next listen
 				delete(r.idle, k)
+				delete(r.covered, k)
 			}
 		}
 		w.mu.Unlock()
@@ -153,12 +176,23 @@ func (w *Waiter) syncRegistrations(conn *pgx.Conn) (retry bool, err error) {
 			w.event("unlisten", k)
 		}
 		for _, k := range add {
-			err := w.regQuery(conn, `SELECT lease.listen($1)`, k)
-			if err == nil {
-				// Once more, now that the registration is committed: this call
-				// waits for a change of the key that was in flight before it
-				// (pg_lease 0.4.0; a no-op before).
-				err = w.regQuery(conn, `SELECT lease.listen($1)`, k)
+			w.mu.Lock()
+			covered := r.all
+			w.mu.Unlock()
+			var err error
+			if !covered {
+				err = w.listen(conn, k)
+				if isTooManyRegistrations(err) && k != "*" {
+					// This session holds as many registrations as the server
+					// allows: register '*' beside them, which covers every key.
+					if err = w.listen(conn, "*"); err == nil {
+						w.mu.Lock()
+						r.all = true
+						w.mu.Unlock()
+						w.event("listen_all", k)
+						covered = true
+					}
+				}
 			}
 			switch {
 			case err == nil:
@@ -189,6 +223,12 @@ func (w *Waiter) syncRegistrations(conn *pgx.Conn) (retry bool, err error) {
 				w.resyncKeyLocked(k)
 			}
 			r.live[k] = true // dropped on the next pass if nobody wants it any more
+			if covered {
+				if r.covered == nil {
+					r.covered = map[string]bool{}
+				}
+				r.covered[k] = true
+			}
 			if ch := r.ready[k]; ch != nil {
 				close(ch)
 				delete(r.ready, k)
@@ -199,6 +239,16 @@ func (w *Waiter) syncRegistrations(conn *pgx.Conn) (retry bool, err error) {
 			return true, nil
 		}
 	}
+}
+
+// listen registers key on conn: lease.listen, then once more after that
+// commit. The second call waits for a change of the key that was in flight
+// before the registration (pg_lease 0.4.0; a no-op before).
+func (w *Waiter) listen(conn *pgx.Conn, key string) error {
+	if err := w.regQuery(conn, `SELECT lease.listen($1)`, key); err != nil {
+		return err
+	}
+	return w.regQuery(conn, `SELECT lease.listen($1)`, key)
 }
 
 // registrationLinger is how long a key stays registered after its last
@@ -267,6 +317,13 @@ func isPgError(err error) bool {
 	return errors.As(err, &pe)
 }
 
+// isTooManyRegistrations: lease.listen refused a new key because this
+// session holds as many registrations as the server allows.
+func isTooManyRegistrations(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "54000"
+}
+
 func isLockTimeout(err error) bool {
 	var pe *pgconn.PgError
 	return errors.As(err, &pe) && pe.Code == "55P03"
@@ -284,6 +341,7 @@ func (w *Waiter) connUp(up bool) {
 	r.unsupported = false
 	r.live = map[string]bool{}
 	r.late = nil // the reconnection's resync event covers them
+	r.all, r.covered = false, nil
 	r.idle, r.nextDrop = nil, time.Time{}
 	for k, ch := range r.ready {
 		close(ch)
