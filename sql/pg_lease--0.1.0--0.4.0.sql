@@ -525,6 +525,86 @@ BEGIN
 END
 $$;
 
+-- 2c'. Renewal: the parts lease.renew and lease.renew_many share.
+
+-- Every violation of renew's arguments (NULL entries: none), for the DETAIL
+-- of one invalid_input (22023). The full checks; see lease._renew_fast.
+CREATE OR REPLACE FUNCTION lease._renew_violations(key text, owner text, epoch bigint, ttl interval)
+RETURNS text[] LANGUAGE sql VOLATILE
+AS $$
+  SELECT ARRAY[
+    lease._text_violation('key', key),
+    lease._text_violation('owner', owner),
+    lease._epoch_violation(epoch),
+    lease._duration_violation('ttl', ttl, true),
+    CASE WHEN ttl IS NOT NULL AND isfinite(ttl)
+          AND extract(epoch FROM ttl) > extract(epoch FROM coalesce((SELECT s.max_ttl FROM lease.settings s), interval '1 hour'))
+         THEN lease._ttl_violation(ttl, interval '0') END]
+$$;
+
+-- The validation fast path of renew: one inline test of the common case.
+-- True only for arguments that pass every check of lease._renew_violations,
+-- so renew skips those checks when it is true; false or NULL: run them.
+-- max_ttl is the stored setting (NULL: the default, 1 hour). A ttl of at
+-- most 100 years, at a clock before the year 294000, keeps server time + ttl
+-- at least 270 years inside timestamptz's range. A SQL expression with no
+-- subquery, so the planner inlines it into the caller's statement.
+CREATE OR REPLACE FUNCTION lease._renew_fast(key text, owner text, epoch bigint, ttl interval, max_ttl interval)
+RETURNS boolean LANGUAGE sql VOLATILE
+AS $$
+  SELECT key <> '' AND owner <> ''
+     AND octet_length(key) <= 1024 AND octet_length(owner) <= 1024
+     AND key !~ '[\x01-\x1f\x7f]' AND owner !~ '[\x01-\x1f\x7f]'
+     AND epoch >= 1
+     AND isfinite(ttl) AND extract(epoch FROM ttl) > 0
+     AND extract(epoch FROM ttl) <= extract(epoch FROM coalesce(max_ttl, interval '1 hour'))
+     AND extract(epoch FROM ttl) <= 3155760000
+     AND clock_timestamp() < timestamptz '294000-01-01 00:00:00+00'
+$$;
+
+-- One key's renewal. Locks the key's row, decides the caller's status at
+-- server time now (NULL: the clock read after the lock), and when it is ok
+-- sets the expiry to now + ttl. has_row: the key has a row, whose lock this
+-- call now holds. Callers run it in a block with an EXCEPTION clause and
+-- raise 'LEASE' when the status is not ok, so a refused key keeps no row
+-- lock. Writes no history and sends no notification (a renewal wakes nobody).
+-- The UPDATE, a statement begun after the lock, reads the max_ttl in force:
+-- lease.configure may have lowered it while this call waited. A ttl above it
+-- raises invalid_input, which undoes the UPDATE.
+CREATE OR REPLACE FUNCTION lease._renew_key(k text, o text, e bigint, ttl interval, now timestamptz,
+                                 OUT status text, OUT expires_at timestamptz, OUT has_row boolean)
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+  r_owner   text;
+  r_epoch   bigint;
+  r_expires timestamptz;
+  r_lowner  text;
+  r_lepoch  bigint;
+  r_role    text;
+  v_max     interval;
+BEGIN
+  SELECT l.owner, l.epoch, l.expires_at, l.lapsed_owner, l.lapsed_epoch, l.holder_role
+    INTO r_owner, r_epoch, r_expires, r_lowner, r_lepoch, r_role
+    FROM lease.leases l WHERE l.key = k FOR NO KEY UPDATE;
+  has_row := FOUND;
+  now := coalesce(now, clock_timestamp());
+  status := lease._holder_status(has_row, r_owner, r_epoch, r_expires, r_lowner, r_lepoch, o, e, now);
+  IF status = 'ok' AND r_role IS NOT NULL AND r_role <> session_user::text AND NOT lease._may_act(r_role) THEN
+    status := 'not_owner';  -- the owner string and epoch, but not the grant's role
+  END IF;
+  IF status <> 'ok' THEN
+    RETURN;
+  END IF;
+  UPDATE lease.leases l SET expires_at = now + ttl
+   WHERE l.key = k
+  RETURNING l.expires_at, (SELECT s.max_ttl FROM lease.settings s) INTO expires_at, v_max;
+  IF extract(epoch FROM ttl) > extract(epoch FROM coalesce(v_max, interval '1 hour')) THEN
+    PERFORM lease._check_ttl_now(ttl);
+  END IF;
+END
+$$;
+
 -- 2d. Handover (specs/SEMANTICS.md section 16). A candidate registers for a key
 -- with a version, a priority and readiness; a key's strategy says which ready
 -- candidate a release grants the key to, epoch + 1, in the release's own
@@ -962,51 +1042,28 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-  v_key     text := key;
-  v_owner   text := owner;
-  v_epoch   bigint := epoch;
-  v_ttl     interval;
-  v_now     timestamptz;
-  r_owner   text;
-  r_epoch   bigint;
-  r_expires timestamptz;
-  r_lowner  text;
-  r_lepoch  bigint;
-  r_role    text;
+  v_key   text := key;
+  v_owner text := owner;
+  v_epoch bigint := epoch;
+  v_ttl   interval;
 BEGIN
-  PERFORM lease._raise_invalid(ARRAY[
-    lease._text_violation('key', v_key),
-    lease._text_violation('owner', v_owner),
-    lease._epoch_violation(v_epoch),
-    lease._duration_violation('ttl', ttl, true),
-    CASE WHEN ttl IS NOT NULL AND isfinite(ttl)
-          AND extract(epoch FROM ttl) > extract(epoch FROM coalesce((SELECT s.max_ttl FROM lease.settings s), interval '1 hour'))
-         THEN lease._ttl_violation(ttl, interval '0') END]);
+  -- The fast path accepts only arguments the full checks accept.
+  IF lease._renew_fast(v_key, v_owner, v_epoch, ttl, (SELECT s.max_ttl FROM lease.settings s)) IS NOT TRUE THEN
+    PERFORM lease._raise_invalid(lease._renew_violations(v_key, v_owner, v_epoch, ttl));
+  END IF;
   IF current_setting('transaction_read_only') = 'on' THEN
     PERFORM lease._raise_read_only('lease.renew');
   END IF;
   v_ttl := lease._seconds(ttl);
 
   BEGIN
-    SELECT l.owner, l.epoch, l.expires_at, l.lapsed_owner, l.lapsed_epoch, l.holder_role
-      INTO r_owner, r_epoch, r_expires, r_lowner, r_lepoch, r_role
-      FROM lease.leases l WHERE l.key = v_key FOR NO KEY UPDATE;
-    v_now := clock_timestamp();
-    status := lease._holder_status(FOUND, r_owner, r_epoch, r_expires, r_lowner, r_lepoch,
-                                   v_owner, v_epoch, v_now);
-    IF status = 'ok' AND r_role IS NOT NULL AND r_role <> session_user::text AND NOT lease._may_act(r_role) THEN
-      status := 'not_owner';  -- the owner string and epoch, but not the grant's role
-    END IF;
+    SELECT r.status, r.expires_at INTO status, expires_at
+      FROM lease._renew_key(v_key, v_owner, v_epoch, v_ttl, NULL) r;
     IF status <> 'ok' THEN
       RAISE EXCEPTION USING ERRCODE = 'LEASE';
     END IF;
-    PERFORM lease._check_ttl_now(v_ttl);
-    UPDATE lease.leases l SET expires_at = v_now + v_ttl
-     WHERE l.key = v_key
-    RETURNING l.expires_at INTO expires_at;
   EXCEPTION WHEN SQLSTATE 'LEASE' THEN
-    expires_at := NULL;  -- status says why; the lock went with the subtransaction
-    RETURN;
+    RETURN;  -- status says why; the lock went with the subtransaction
   END;
   -- Durability as in lease._changed, but no notification (a renewal wakes nobody).
   IF current_setting('synchronous_commit') IN ('off', 'local') THEN
@@ -1015,7 +1072,6 @@ BEGIN
   -- A renewal is the first call on a promoted server in a switchover where
   -- leaders keep renewing: it records the timeline change (the grace starts).
   PERFORM lease._grant_context();
-  RETURN;
 END
 $$;
 
@@ -1042,10 +1098,11 @@ DECLARE
   v_elem    text[];
   v_try_k   text[];    -- the keys of the next round, in key order
   v_try_e   bigint[];  -- their epochs
-  d_keys    text[];    -- one round's decisions, in key order
-  d_epochs  bigint[];
-  d_status  text[];
-  d_found   boolean[];
+  v_ok_k    text[];    -- one round's ok keys, in key order
+  v_ok_e    bigint[];
+  v_retry   boolean;   -- a key of the round with a row was refused
+  v_st      text;
+  v_has_row boolean;
   res_keys  text[] := '{}';  -- decided keys and their statuses
   res_stat  text[] := '{}';
 BEGIN
@@ -1096,63 +1153,50 @@ BEGIN
     FROM unnest(v_keys, v_epochs) u(k, e);
 
   -- Each round locks the rows of its keys in key order and decides every key
-  -- at one clock reading taken after the locks. When a key with a row is not
-  -- ok, the round is rolled back with its locks, its failures are recorded,
-  -- and the next round tries only the keys that were ok.
+  -- at one clock reading taken after the locks (lease._renew_key). When a key
+  -- with a row is refused, the round is rolled back with its locks and
+  -- renewals; the refusals stay recorded, and the next round tries only the
+  -- keys that were ok. A refused key without a row took no lock: final.
   WHILE cardinality(v_try_k) > 0 LOOP
     BEGIN
       PERFORM FROM lease.leases l WHERE l.key = ANY (v_try_k) ORDER BY l.key FOR NO KEY UPDATE;
       v_now := clock_timestamp();
-      SELECT array_agg(t.k ORDER BY t.n), array_agg(t.e ORDER BY t.n),
-             array_agg(CASE WHEN s.st = 'ok' AND l.holder_role IS NOT NULL
-                             AND l.holder_role <> session_user::text AND NOT lease._may_act(l.holder_role)
-                            THEN 'not_owner' ELSE s.st END ORDER BY t.n),
-             array_agg(l.key IS NOT NULL ORDER BY t.n)
-        INTO d_keys, d_epochs, d_status, d_found
-        FROM unnest(v_try_k, v_try_e) WITH ORDINALITY t(k, e, n)
-        LEFT JOIN lease.leases l ON l.key = t.k,
-        LATERAL (SELECT lease._holder_status(l.key IS NOT NULL, l.owner, l.epoch, l.expires_at,
-                                             l.lapsed_owner, l.lapsed_epoch, v_owner, t.e, v_now) AS st) s;
-      -- Keys without a row took no lock: their answer is final.
-      res_keys := res_keys || ARRAY(SELECT x.k FROM unnest(d_keys, d_status, d_found) x(k, st, f)
-                                     WHERE x.st <> 'ok' AND NOT x.f);
-      res_stat := res_stat || ARRAY(SELECT x.st FROM unnest(d_keys, d_status, d_found) x(k, st, f)
-                                     WHERE x.st <> 'ok' AND NOT x.f);
-      IF EXISTS (SELECT FROM unnest(d_status, d_found) x(st, f) WHERE x.st <> 'ok' AND x.f) THEN
-        res_keys := res_keys || ARRAY(SELECT x.k FROM unnest(d_keys, d_status, d_found) x(k, st, f)
-                                       WHERE x.st <> 'ok' AND x.f);
-        res_stat := res_stat || ARRAY(SELECT x.st FROM unnest(d_keys, d_status, d_found) x(k, st, f)
-                                       WHERE x.st <> 'ok' AND x.f);
-        SELECT coalesce(array_agg(x.k ORDER BY x.n), '{}'), coalesce(array_agg(x.e ORDER BY x.n), '{}')
-          INTO v_try_k, v_try_e
-          FROM unnest(d_keys, d_epochs, d_status) WITH ORDINALITY x(k, e, st, n) WHERE x.st = 'ok';
+      v_ok_k := '{}';
+      v_ok_e := '{}';
+      v_retry := false;
+      FOR i IN 1 .. cardinality(v_try_k) LOOP
+        SELECT r.status, r.has_row INTO v_st, v_has_row
+          FROM lease._renew_key(v_try_k[i], v_owner, v_try_e[i], v_ttl, v_now) r;
+        IF v_st = 'ok' THEN
+          v_ok_k := v_ok_k || v_try_k[i];
+          v_ok_e := v_ok_e || v_try_e[i];
+        ELSE
+          res_keys := res_keys || v_try_k[i];
+          res_stat := res_stat || v_st;
+          v_retry := v_retry OR v_has_row;
+        END IF;
+      END LOOP;
+      v_try_k := v_ok_k;
+      v_try_e := v_ok_e;
+      IF v_retry THEN
         RAISE EXCEPTION USING ERRCODE = 'LEASE';
       END IF;
-      PERFORM lease._check_ttl_now(v_ttl);  -- max_ttl as it is now, under the locks
-      IF EXISTS (SELECT FROM unnest(d_status) x(st) WHERE x.st = 'ok') THEN
-        PERFORM lease._check_ttl_now(v_ttl);  -- as renew: the max_ttl in force now
+      res_keys := res_keys || v_ok_k;
+      res_stat := res_stat || array_fill('ok'::text, ARRAY[cardinality(v_ok_k)]);
+      IF cardinality(v_ok_k) > 0 THEN
         v_exp := v_now + v_ttl;
-        UPDATE lease.leases l SET expires_at = v_exp
-         WHERE l.key = ANY (ARRAY(SELECT x.k FROM unnest(d_keys, d_status) x(k, st) WHERE x.st = 'ok'));
       END IF;
-      res_keys := res_keys || ARRAY(SELECT x.k FROM unnest(d_keys, d_status) x(k, st) WHERE x.st = 'ok');
-      res_stat := res_stat || ARRAY(SELECT x.st FROM unnest(d_keys, d_status) x(k, st) WHERE x.st = 'ok');
       v_try_k := '{}';
     EXCEPTION WHEN SQLSTATE 'LEASE' THEN
-      NULL;  -- the failures are recorded; the locks went with the subtransaction
+      NULL;  -- the refusals are recorded; the locks went with the subtransaction
     END;
   END LOOP;
 
-  -- Durability as in lease._changed, but no notification (a renewal wakes nobody).
-  IF v_exp IS NOT NULL AND current_setting('synchronous_commit') IN ('off', 'local') THEN
-    PERFORM set_config('synchronous_commit', 'on', true);
-  END IF;
-  -- As renew: a renewal records a timeline change (the grace starts).
+  -- Durability and the timeline change, as renew, when a key was renewed.
   IF v_exp IS NOT NULL THEN
-    PERFORM lease._grant_context();
-  END IF;
-  -- Renewals record a timeline change, as lease.renew does.
-  IF v_exp IS NOT NULL THEN
+    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+      PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
     PERFORM lease._grant_context();
   END IF;
   RETURN QUERY

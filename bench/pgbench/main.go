@@ -6,7 +6,10 @@
 //	R          one renewal of a private held key
 //
 // each beside <w>_bare (hand-written UPDATEs on a plain table of the same
-// shape) and <w>_select1 (SELECT 1 per statement), at each client count, in
+// shape) and <w>_select1 (SELECT 1 per statement), and R beside the floors
+// of any PL/pgSQL renewal (r_plupdate: the bare UPDATE inside a function
+// with renew's attributes; r_emptydef: such a function doing nothing), at
+// each client count, in
 // durable mode (fsync on) and statement-cost mode (fsync off). Latencies come
 // from pgbench's per-transaction logs (-l). In statement-cost mode it also
 // times scratch variants of lease.renew (scratch.sql) and profiles W1 with
@@ -186,7 +189,7 @@ func runMode(ctx context.Context, mode string, clients []int, tmp string) (modeR
 
 	main := []string{"w1_lease", "w1_lease_nonotify", "w1_lease_nohistory", "w1_lease_always", "w1_lease_wother", "w1_lease_wsame", "w1_bare", "w1_select1",
 		"w2_lease", "w2_lease_nohistory", "w2_bare", "w2_select1",
-		"r_lease", "r_lease_nonotify", "r_bare", "r_select1"}
+		"r_lease", "r_lease_nonotify", "r_bare", "r_plupdate", "r_emptydef", "r_select1"}
 	if *only == "none" {
 		main = nil
 	} else if *only != "" {
@@ -221,7 +224,7 @@ func runMode(ctx context.Context, mode string, clients []int, tmp string) (modeR
 
 	if *variants && (mode == "stmt" || *only != "") {
 		vs := []string{"r_lease", "r_nosubtx", "r_nosp", "r_noval", "r_nonotifyfn", "r_min", "r_oneupdate",
-			"r03_copy", "r03_fastval", "r03_noval", "r03_norole", "r03_nosubtx", "r_bare", "r_select1"}
+			"r04_copy", "r04_fullval", "r04_noval", "r04_nosubtx", "r_bare", "r_plupdate", "r_emptydef", "r_emptyfn", "r_select1"}
 		lat := map[string][]float64{}
 		tps := map[string]float64{}
 		for r := 0; r < *rounds; r++ {
@@ -500,7 +503,8 @@ func report(results []modeResult) string {
 				continue
 			}
 			ratio := ""
-			if wl, _, ok := strings.Cut(r.Workload, "_lease"); ok {
+			// Every workload of a family (w1_, w2_, r_) beside its bare statement.
+			if wl, _, ok := strings.Cut(r.Workload, "_"); ok && r.Workload != wl+"_bare" {
 				bw := wl + "_bare"
 				if bb, ok := base[fmt.Sprintf("%s/%d", bw, r.Clients)]; ok {
 					ratio = fmt.Sprintf("%.2f× | %.2f× | %.2f×", r.Lat.P50/bb.Lat.P50, r.Lat.P95/bb.Lat.P95, r.Lat.P99/bb.Lat.P99)
@@ -538,19 +542,16 @@ func report(results []modeResult) string {
 }
 
 // createRenewCandidates makes scratch copies of the installed lease.renew
-// (pg_get_functiondef: whatever version is installed, 0.3.0 here), each
+// (pg_get_functiondef: whatever version is installed, 0.4.0 here), each
 // changed in one way, so that candidate changes of the statement cost are
 // timed in the same run as the function itself:
 //
-//	renew03_copy     unchanged (a copy costs what the original costs)
-//	renew03_fastval  validation fast path: one inline test of the common
-//	                 case (non-empty keys and owners without control
-//	                 characters, epoch >= 1, 0 < ttl <= max_ttl), the
-//	                 helpers only when it fails; accepts a subset of what
-//	                 the helpers accept, so it keeps the guarantee
-//	renew03_noval    no validation at all (the most any fast path can save)
-//	renew03_norole   no role-binding check (the authorization model of 0.3.0)
-//	renew03_nosubtx  no subtransaction around the locked read and UPDATE
+//	renew04_copy     unchanged (a copy costs what the original costs)
+//	renew04_fullval  the full input checks on every call, as before the
+//	                 validation fast path (lease._renew_fast)
+//	renew04_noval    no validation at all (the most any fast path can save)
+//	renew04_nosubtx  no subtransaction around lease._renew_key (a refused
+//	                 renewal would keep its row lock: the lock discipline's cost)
 //
 // Each replacement must match exactly once, or the benchmark stops: a
 // candidate that silently equals the original would measure nothing.
@@ -559,8 +560,8 @@ func createRenewCandidates(ctx context.Context, conn *pgx.Conn) error {
 	if err := conn.QueryRow(ctx, `SELECT pg_get_functiondef('lease.renew(text,text,bigint,interval)'::regprocedure)`).Scan(&def); err != nil {
 		return fmt.Errorf("reading lease.renew: %w", err)
 	}
-	val := regexp.MustCompile(`(?s)  PERFORM lease\._raise_invalid\(ARRAY\[.*?END\]\);\n`)
-	role := "IF status = 'ok' AND r_role IS NOT NULL AND r_role <> session_user::text AND NOT lease._may_act(r_role) THEN"
+	fast := "IF lease._renew_fast(v_key, v_owner, v_epoch, ttl, (SELECT s.max_ttl FROM lease.settings s)) IS NOT TRUE THEN"
+	val := regexp.MustCompile(`(?s)  IF lease\._renew_fast\(.*?END IF;\n`)
 	type edit func(string) (string, error)
 	one := func(re *regexp.Regexp, repl func(string) string) edit {
 		return func(b string) (string, error) {
@@ -574,24 +575,16 @@ func createRenewCandidates(ctx context.Context, conn *pgx.Conn) error {
 		return one(regexp.MustCompile(regexp.QuoteMeta(old)), func(string) string { return new })
 	}
 	cands := map[string][]edit{
-		"copy": nil,
-		"fastval": {one(val, func(m string) string {
-			return `  IF NOT (v_key IS NOT NULL AND v_owner IS NOT NULL AND v_key <> '' AND v_owner <> ''
-          AND octet_length(v_key) <= 1024 AND octet_length(v_owner) <= 1024
-          AND v_key !~ '[\x01-\x1f\x7f]' AND v_owner !~ '[\x01-\x1f\x7f]'
-          AND v_epoch >= 1 AND ttl IS NOT NULL AND isfinite(ttl) AND extract(epoch FROM ttl) > 0
-          AND extract(epoch FROM ttl) <= extract(epoch FROM coalesce((SELECT s.max_ttl FROM lease.settings s), interval '1 hour'))) THEN
-` + m + "  END IF;\n"
-		})},
-		"noval":  {one(val, func(string) string { return "" })},
-		"norole": {lit(role, "IF false THEN")},
-		"nosubtx": {lit("  BEGIN\n    SELECT l.owner", "    SELECT l.owner"),
-			lit("  EXCEPTION WHEN SQLSTATE 'LEASE' THEN\n    expires_at := NULL;  -- status says why; the lock went with the subtransaction\n    RETURN;\n  END;\n", ""),
-			// the failed checks raised into the subtransaction; without it they return
-			lit("      RAISE EXCEPTION USING ERRCODE = 'LEASE';\n    END IF;\n    UPDATE", "      expires_at := NULL;\n      RETURN;\n    END IF;\n    UPDATE")},
+		"copy":    nil,
+		"fullval": {lit(fast, "IF true THEN")},
+		"noval":   {one(val, func(string) string { return "" })},
+		"nosubtx": {lit("  BEGIN\n    SELECT r.status", "    SELECT r.status"),
+			lit("  EXCEPTION WHEN SQLSTATE 'LEASE' THEN\n    RETURN;  -- status says why; the lock went with the subtransaction\n  END;\n", ""),
+			// the refusal raised into the subtransaction; without it, it returns
+			lit("      RAISE EXCEPTION USING ERRCODE = 'LEASE';", "      expires_at := NULL;\n      RETURN;")},
 	}
 	for name, edits := range cands {
-		orig := strings.Replace(def, "FUNCTION lease.renew(", "FUNCTION scratch.renew03_"+name+"(", 1)
+		orig := strings.Replace(def, "FUNCTION lease.renew(", "FUNCTION scratch.renew04_"+name+"(", 1)
 		b := orig
 		for _, e := range edits {
 			var err error
@@ -608,7 +601,7 @@ func createRenewCandidates(ctx context.Context, conn *pgx.Conn) error {
 		// Each renews like the original: ok for the holder, not_owner for another owner.
 		for _, c := range [][2]string{{"c0", "ok"}, {"intruder", "not_owner"}} {
 			var st string
-			if err := conn.QueryRow(ctx, `SELECT status FROM scratch.renew03_`+name+`('r-0', $1, 1, interval '1 h')`, c[0]).Scan(&st); err != nil || st != c[1] {
+			if err := conn.QueryRow(ctx, `SELECT status FROM scratch.renew04_`+name+`('r-0', $1, 1, interval '1 h')`, c[0]).Scan(&st); err != nil || st != c[1] {
 				return fmt.Errorf("candidate %s renewing r-0 as %s: %q %v, want %s", name, c[0], st, err, c[1])
 			}
 		}

@@ -202,3 +202,41 @@ BEGIN
   END IF;
 END
 $$;
+
+-- Floors of any pure-SQL renewal, beside the bare UPDATE (r_bare).
+-- empty_plain: the call of a PL/pgSQL function that does nothing.
+CREATE OR REPLACE FUNCTION scratch.empty_plain()
+RETURNS void LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+END
+$$;
+
+-- empty_definer: the same with lease.renew's arguments, result and
+-- attributes (SECURITY DEFINER, pinned search_path), doing nothing.
+CREATE OR REPLACE FUNCTION scratch.empty_definer(key text, owner text, epoch bigint, ttl interval,
+                            OUT status text, OUT expires_at timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+  status := 'ok';
+END
+$$;
+
+-- update_definer: r_bare's conditional UPDATE of bench.bare, and nothing
+-- else, inside such a function.
+CREATE OR REPLACE FUNCTION scratch.update_definer(key text, owner text, epoch bigint, ttl interval,
+                            OUT status text, OUT expires_at timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  v_key text := key; v_owner text := owner; v_epoch bigint := epoch;
+BEGIN
+  UPDATE bench.bare b SET expires_at = clock_timestamp() + ttl
+   WHERE b.key = v_key AND b.owner = v_owner AND b.epoch = v_epoch AND b.expires_at > clock_timestamp()
+  RETURNING b.expires_at INTO expires_at;
+  status := CASE WHEN FOUND THEN 'ok' ELSE 'not_owner' END;
+END
+$$;

@@ -1,0 +1,2 @@
+-- R candidate (scratch copy of the installed lease.renew, never shipped: bench/pgbench createRenewCandidates): copy
+SELECT status FROM scratch.renew04_copy('r-' || :client_id::text, 'c' || :client_id::text, :e::bigint, interval '1 h');
