@@ -125,7 +125,7 @@ func TestFollowerGetWaitsForNews(t *testing.T) {
 	}
 
 	// A lapse, decided by the server, wakes it at the grant's expiry.
-	short := mustLock(t, newClient(t, dsn), "k", "short", resourcelock.Options{LeaseDuration: 300 * time.Millisecond})
+	short := mustLock(t, newClient(t, dsn), "k", "short", resourcelock.Options{LeaseDuration: 1500 * time.Millisecond})
 	if _, _, err := short.Get(ctx); err != nil {
 		t.Fatal(err)
 	}

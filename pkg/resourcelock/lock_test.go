@@ -256,7 +256,7 @@ func TestTTLFromOwnConfiguration(t *testing.T) {
 	if got.LeaseDurationSeconds != 3001 {
 		t.Fatalf("LeaseDurationSeconds = %d, want 3001 (TTL rounded up)", got.LeaseDurationSeconds)
 	}
-	b := mustLock(t, newClient(t, dsn), "k2", "b", resourcelock.Options{LeaseDuration: 300 * time.Millisecond})
+	b := mustLock(t, newClient(t, dsn), "k2", "b", resourcelock.Options{LeaseDuration: 900 * time.Millisecond})
 	if err := b.Create(ctx, rec("b")); err != nil {
 		t.Fatal(err)
 	}
@@ -274,7 +274,7 @@ func TestRawBytesChangeOnlyOnStateChanges(t *testing.T) {
 	dsn := newDB(t)
 	ctx := context.Background()
 	admin := newClient(t, dsn)
-	const ttl = 400 * time.Millisecond
+	const ttl = 1500 * time.Millisecond
 	h := mustLock(t, newClient(t, dsn), "k", "holder", resourcelock.Options{LeaseDuration: ttl})
 	f := mustLock(t, newClient(t, dsn), "k", "follower", resourcelock.Options{LeaseDuration: ttl})
 
@@ -644,7 +644,8 @@ func TestKeyRemovedByCleanup(t *testing.T) {
 	dsn := newDB(t)
 	ctx := context.Background()
 	admin := newPool(t, dsn)
-	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.Options{LeaseDuration: 300 * time.Millisecond})
+	// Long enough for a grant to arrive in time on a loaded machine.
+	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.Options{LeaseDuration: 2 * time.Second})
 	if err := a.Create(ctx, rec("a")); err != nil {
 		t.Fatal(err)
 	}
@@ -669,8 +670,8 @@ func TestKeyRemovedByCleanup(t *testing.T) {
 func TestCheckDetectsAStuckElector(t *testing.T) {
 	dsn := newDB(t)
 	ctx := context.Background()
-	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.WithMargin(resourcelock.Options{LeaseDuration: 200 * time.Millisecond},
-		20*time.Millisecond))
+	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.WithMargin(resourcelock.Options{LeaseDuration: time.Second},
+		100*time.Millisecond))
 	if err := a.Check(nil); err != nil {
 		t.Fatalf("Check with no grant: %v", err)
 	}
@@ -680,7 +681,7 @@ func TestCheckDetectsAStuckElector(t *testing.T) {
 	if err := a.Check(nil); err != nil {
 		t.Fatalf("Check right after the grant: %v", err)
 	}
-	time.Sleep(450 * time.Millisecond) // no call: a stuck elector
+	time.Sleep(2100 * time.Millisecond) // no call for over twice the lease duration: a stuck elector
 	if err := a.Check(nil); err == nil {
 		t.Fatal("Check passed although the elector left a held grant alone for > 2 x lease duration")
 	}

@@ -28,7 +28,7 @@ func TestEndReportedBeforeTheLockActs(t *testing.T) {
 		release = make(chan struct{})
 	)
 	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.Options{
-		LeaseDuration: 300 * time.Millisecond,
+		LeaseDuration: time.Second,
 		OnEpochChange: func(old, new lease.Token) {
 			mu.Lock()
 			calls = append(calls, [2]lease.Token{old, new})
