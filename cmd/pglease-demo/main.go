@@ -122,7 +122,14 @@ func demo(ctx context.Context, out io.Writer) error {
 	if err := lease.InstallExtension(ctx, pool); err != nil {
 		return err
 	}
-	store, err := pgxpool.New(ctx, storeDSN)
+	scfg, err := pgxpool.ParseConfig(storeDSN)
+	if err != nil {
+		return err
+	}
+	// A fenced write whose commit's wait for the synchronous standbys was
+	// cancelled is lease.ErrCommitUnknown, not success (pkg/fence).
+	lease.ObserveCommits(&scfg.ConnConfig.Config)
+	store, err := pgxpool.NewWithConfig(ctx, scfg)
 	if err != nil {
 		return err
 	}

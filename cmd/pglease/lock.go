@@ -32,9 +32,9 @@ SIGHUP to pglease are passed on as SIGTERM (SIGKILL --grace later); the key is
 then released.
 
 Exit status: COMMAND's own (128+N when killed by signal N); 7 when the lease
-was lost; 8 when the key stayed held for the whole --timeout; 126/127 when
-COMMAND could not be run or found; the codes of every command (1-6) for
-failures before COMMAND started.`
+was lost; 8 when the key stayed held for the whole --timeout; 10 when the grace
+after a promotion outlasted --timeout; 126/127 when COMMAND could not be run or
+found; the codes of every command (1-6, 9) for failures before COMMAND started.`
 
 // codedError ends the invocation with its own exit status.
 type codedError struct {
@@ -269,6 +269,7 @@ func (a *app) waitFor(ctx context.Context, sess *session, c *lease.Client, o loc
 	if w != nil {
 		defer w.Close()
 	}
+	var grace *lease.GraceError // the last denial, when it was the grace's
 	for {
 		_, err := w.Await(wctx, c, o.key, time.Second, func(s lease.State) bool { return !s.Held })
 		if err == nil {
@@ -277,15 +278,20 @@ func (a *app) waitFor(ctx context.Context, sess *session, c *lease.Client, o loc
 			if g, ok, err = c.Acquire(wctx, o.key, o.owner, o.ttl); err == nil && ok {
 				return g, nil
 			}
+			grace = nil
 			// A promotion's grace: sleep until it ends (nothing wakes a
 			// Waiter then), and ask again.
-			if c.WaitOutGrace(wctx, err) {
+			if errors.As(err, &grace) && c.WaitOutGrace(wctx, err) {
 				err = nil
 			}
 		}
 		switch {
 		case ctx.Err() != nil:
 			return lease.Grant{}, &codedError{code: exitError, msg: fmt.Sprintf("lock %s: interrupted while waiting for the key", quoteField(o.key))}
+		case wctx.Err() != nil && grace != nil:
+			return lease.Grant{}, &codedError{code: exitGrace, msg: fmt.Sprintf("lock %s: no grant during the grace after a promotion, which ends at %s, after the --timeout %v",
+				quoteField(o.key), grace.Until.UTC().Format(time.RFC3339Nano), o.timeout),
+				hint: "`pglease status` shows the grace in force and when it ends"}
 		case wctx.Err() != nil:
 			return lease.Grant{}, &codedError{code: exitHeld, msg: fmt.Sprintf("lock %s: held by another owner for the whole --timeout %v", quoteField(o.key), o.timeout)}
 		case err != nil && !sess.lost(err):

@@ -239,3 +239,51 @@ func TestLockSleepsThroughGrace(t *testing.T) {
 		t.Fatalf("%d acquires through a 3s grace: lock asked again instead of sleeping until its end", calls)
 	}
 }
+
+// A change whose commit's wait for the synchronous standbys was cancelled
+// exits 9, never 0: lock does not run the command on such a grant, and a
+// forced release says the release may be lost. The server names a
+// synchronous standby that never connects; every wait for it is cancelled.
+func TestCommitUnknownExits9(t *testing.T) {
+	ctx := testCtx(t)
+	srv := pgtest.New(t)
+	dsn := pgtest.NewLeaseDatabaseOn(t, srv)
+	conn, c := connect(t, ctx, dsn)
+	acquire(t, ctx, c, "held", "someone", time.Minute)
+	var dbname string
+	if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&dbname); err != nil {
+		t.Fatal(err)
+	}
+	cancelled := pgtest.CancelSyncWaits(t, srv, dbname)
+
+	out, errs := wantExit(t, ctx, dsnEnv(dsn), exitUnknown, "lock", "job", "--", "echo", "ran")
+	if out != "" || !strings.Contains(errs, "commit not confirmed by the synchronous standbys") {
+		t.Fatalf("lock on an unconfirmed grant: stdout %q (the command must not run), stderr %q", out, errs)
+	}
+	_, errs = wantExit(t, ctx, dsnEnv(dsn), exitUnknown, "release", "--force", "held")
+	if !strings.Contains(errs, "commit not confirmed") {
+		t.Fatalf("release --force unconfirmed: stderr %q", errs)
+	}
+	pgtest.Eventually(t, time.Minute, "a synchronous wait counted as cancelled per command", func() bool { return cancelled.Load() >= 2 })
+}
+
+// lock --timeout that ends during the grace after a (simulated) promotion
+// exits 10 and says when the grace ends, not 8 (held by another owner): no
+// other owner holds the key.
+func TestLockTimeoutInGraceExits10(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := leaseDB(t)
+	conn, _ := connect(t, ctx, dsn)
+	for _, q := range []string{
+		"SELECT lease.configure(max_ttl => '1 min')",
+		"UPDATE lease.timeline_state SET timeline = 0", // the promotion, as the SQL sees one
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, errs := wantExit(t, ctx, dsnEnv(dsn), exitGrace, "lock", "job", "--timeout", "1s", "--", "echo", "ran")
+	if out != "" || !strings.Contains(errs, "grace after a promotion") || !strings.Contains(errs, "pglease status") {
+		t.Fatalf("lock timed out in the grace: stdout %q, stderr %q", out, errs)
+	}
+}

@@ -22,14 +22,16 @@ import (
 // once the command has started (see lockHelp).
 const (
 	exitOK           = 0
-	exitError        = 1 // connection, server or other error
-	exitUsage        = 2 // bad flag, argument, key or duration: nothing was sent to the server
-	exitNotInstalled = 3 // pg_lease is not installed in the database
-	exitDenied       = 4 // permission denied (SQLSTATE 42501)
-	exitNotFound     = 5 // a named key was never leased (get, release --force)
-	exitIncompatible = 6 // the installed pg_lease's version or mode does not fit this pglease
-	exitLost         = 7 // lock: the lease was lost, the command was stopped
-	exitHeld         = 8 // lock: the key stayed held by another owner for the whole --timeout
+	exitError        = 1  // connection, server or other error
+	exitUsage        = 2  // bad flag, argument, key or duration: nothing was sent to the server
+	exitNotInstalled = 3  // pg_lease is not installed in the database
+	exitDenied       = 4  // permission denied (SQLSTATE 42501)
+	exitNotFound     = 5  // a named key was never leased (get, release --force)
+	exitIncompatible = 6  // the installed pg_lease's version or mode does not fit this pglease
+	exitLost         = 7  // lock: the lease was lost, the command was stopped
+	exitHeld         = 8  // lock: the key stayed held by another owner for the whole --timeout
+	exitUnknown      = 9  // a change's commit was not confirmed by the synchronous standbys (lease.ErrCommitUnknown)
+	exitGrace        = 10 // lock: the grace after a promotion outlasted --timeout (lease.ErrGrace)
 	exitCannotExec   = 126
 	exitNoCommand    = 127
 )
@@ -44,6 +46,11 @@ const exitCodesHelp = `Exit codes (every command):
   6    the installed pg_lease does not fit this pglease (version or install mode)
   7    lock: the lease was lost and the command was stopped
   8    lock: the key stayed held by another owner for the whole --timeout
+  9    unknown outcome: the change committed on the primary, but its wait for
+       the synchronous standbys was cancelled; a failover may lose it (lock:
+       the grant was not used, it lapses; release --force: run it again)
+  10   lock: no grant during the grace after a promotion, which outlasted
+       --timeout (pglease status shows when it ends)
   126  lock: the command could not be run
   127  lock: the command was not found
   else lock: the command's own exit status (128+N when killed by signal N)`
@@ -325,6 +332,10 @@ func (a *app) classify(err error) (code int, msg, hint string) {
 		return exitOK, "", "" // interrupted (watch): a normal end
 	case errors.As(err, &ce):
 		return exitError, ce.Error(), ""
+	case errors.Is(err, lease.ErrCommitUnknown):
+		return exitUnknown, msg, "the change may be lost by a failover: do not act on it; check the synchronous standbys (synchronous_standby_names, pg_stat_replication)"
+	case errors.Is(err, lease.ErrGrace):
+		return exitGrace, msg, "no new grant before the grace after a promotion ends: `pglease status` shows when"
 	case errors.Is(err, errUsage), errors.Is(err, lease.ErrInvalidInput):
 		return exitUsage, msg, ""
 	case errors.As(err, &ie):

@@ -129,6 +129,58 @@ func (s *session) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 	return tag, err
 }
 
+// LendConn lends lease.Client the session's connection for one call, so
+// that the Client sees the call's commit warnings (lease.ConnLender): a grant
+// or release whose wait for the synchronous standbys was cancelled is then
+// lease.ErrCommitUnknown, never success.
+func (s *session) LendConn(ctx context.Context) (lease.Querier, *pgconn.PgConn, func(), error) {
+	s.mu.Lock()
+	conn, err := s.get(ctx)
+	if err != nil {
+		s.mu.Unlock()
+		return nil, nil, nil, err
+	}
+	return lentConn{s: s, conn: conn}, conn.PgConn(), s.mu.Unlock, nil
+}
+
+var _ lease.ConnLender = (*session)(nil)
+
+// lentConn runs calls on the lent connection (the session is locked
+// meanwhile) and drops it when a call says it was lost.
+type lentConn struct {
+	s    *session
+	conn *pgx.Conn
+}
+
+func (l lentConn) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	tag, err := l.conn.Exec(ctx, sql, args...)
+	l.s.done(l.conn, err)
+	return tag, err
+}
+
+func (l lentConn) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	rows, err := l.conn.Query(ctx, sql, args...)
+	if err != nil {
+		l.s.done(l.conn, err)
+	}
+	return rows, err
+}
+
+func (l lentConn) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return lentRow{row: l.conn.QueryRow(ctx, sql, args...), l: l}
+}
+
+type lentRow struct {
+	row pgx.Row
+	l   lentConn
+}
+
+func (r lentRow) Scan(dest ...any) error {
+	err := r.row.Scan(dest...)
+	r.l.s.done(r.l.conn, err)
+	return err
+}
+
 func (s *session) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	s.mu.Lock()
 	conn, err := s.get(ctx)

@@ -87,7 +87,14 @@ func run(ctx context.Context, w io.Writer, dsn, storeDSN, key string) error {
 		return err
 	}
 	defer leases.Close()
-	store, err := pgxpool.New(ctx, storeDSN)
+	scfg, err := pgxpool.ParseConfig(storeDSN)
+	if err != nil {
+		return err
+	}
+	// A fenced write whose commit's wait for the synchronous standbys was
+	// cancelled is lease.ErrCommitUnknown, not success (pkg/fence).
+	lease.ObserveCommits(&scfg.ConnConfig.Config)
+	store, err := pgxpool.NewWithConfig(ctx, scfg)
 	if err != nil {
 		return err
 	}

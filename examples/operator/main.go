@@ -72,6 +72,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/pglease/pg_lease/pkg/lease"
 )
 
 // config is what the flags set.
@@ -211,7 +213,14 @@ func run(ctx context.Context, c config) error {
 		return err
 	}
 
-	storePool, err := pgxpool.New(ctx, c.storeDSN)
+	storeCfg, err := pgxpool.ParseConfig(c.storeDSN)
+	if err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	// A fenced write whose commit's wait for the synchronous standbys was
+	// cancelled is lease.ErrCommitUnknown, not success (pkg/fence).
+	lease.ObserveCommits(&storeCfg.ConnConfig.Config)
+	storePool, err := pgxpool.NewWithConfig(ctx, storeCfg)
 	if err != nil {
 		return fmt.Errorf("store: %w", err)
 	}

@@ -165,9 +165,16 @@ func run(ctx context.Context, c config) error {
 		return fmt.Errorf("lease database: %w", err)
 	}
 	defer leasePool.Close()
-	storePool, err := pgxpool.New(ctx, c.storeDSN)
+	storeCfg, err := pgxpool.ParseConfig(c.storeDSN)
 	if err != nil {
 		return errors.New("the store DSN does not parse")
+	}
+	// A fenced write whose commit's wait for the synchronous standbys was
+	// cancelled is lease.ErrCommitUnknown, not success (pkg/fence).
+	lease.ObserveCommits(&storeCfg.ConnConfig.Config)
+	storePool, err := pgxpool.NewWithConfig(ctx, storeCfg)
+	if err != nil {
+		return fmt.Errorf("store database: %w", err)
 	}
 	defer storePool.Close()
 	st, err := newStore(ctx, storePool)

@@ -72,9 +72,12 @@ func (e *lostError) Unwrap() []error { return []error{ErrStale, e.err} }
 // can commit in between, so fn's writes commit only under a grant that was
 // current when they committed. When the token is not the current grant,
 // fn is not called and the error matches ErrStale and lease.ErrLost. An
-// error from fn rolls the transaction back and is returned as is.
+// error from fn rolls the transaction back and is returned as is. On a
+// connection opened with lease.ObserveCommits, a commit whose wait for the
+// synchronous standbys was cancelled returns lease.ErrCommitUnknown: the
+// writes may be lost by a failover.
 func InTx(ctx context.Context, db lease.Beginner, token lease.Token, fn func(tx pgx.Tx) error) error {
-	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	return beginFunc(ctx, db, func(tx pgx.Tx) error {
 		if _, err := lease.Fence(ctx, tx, token); err != nil {
 			if errors.Is(err, lease.ErrLost) {
 				return &lostError{err}
@@ -83,4 +86,23 @@ func InTx(ctx context.Context, db lease.Beginner, token lease.Token, fn func(tx 
 		}
 		return fn(tx)
 	})
+}
+
+// beginFunc is pgx.BeginFunc committing through lease.Commit: on a
+// connection opened with lease.ObserveCommits, a commit whose wait for the
+// synchronous standbys was cancelled returns lease.ErrCommitUnknown, not nil.
+func beginFunc(ctx context.Context, db lease.Beginner, fn func(tx pgx.Tx) error) (err error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if rerr := tx.Rollback(ctx); rerr != nil && !errors.Is(rerr, pgx.ErrTxClosed) && err == nil {
+			err = rerr
+		}
+	}()
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return lease.Commit(ctx, tx)
 }

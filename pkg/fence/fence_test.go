@@ -250,3 +250,48 @@ func TestPGGuardOptionsValidation(t *testing.T) {
 		}
 	}
 }
+
+// TestCommitUnknown: on a pool opened with lease.ObserveCommits, a fenced
+// write whose commit's wait for the synchronous standbys was cancelled
+// returns lease.ErrCommitUnknown (InTx and PGGuard), not success: PostgreSQL
+// reports such a commit as done, with a warning, though a failover may lose
+// it. The server names a synchronous standby that never connects.
+func TestCommitUnknown(t *testing.T) {
+	ctx := testCtx(t)
+	srv := pgtest.New(t)
+	dsn := pgtest.NewLeaseDatabaseOn(t, srv)
+	pool := pgtest.NewPool(t, dsn, func(c *pgxpool.Config) { lease.ObserveCommits(&c.ConnConfig.Config) })
+	if _, err := pool.Exec(ctx, "CREATE TABLE w (epoch bigint)"); err != nil {
+		t.Fatal(err)
+	}
+	guard, err := fence.NewPGGuard(pool, fence.PGGuardOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := guard.EnsureTable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	g := acquire(t, lease.New(pool), "k", "a", time.Minute)
+	var dbname string
+	if err := pool.QueryRow(ctx, "SELECT current_database()").Scan(&dbname); err != nil {
+		t.Fatal(err)
+	}
+	cancelled := pgtest.CancelSyncWaits(t, srv, dbname)
+
+	insert := func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "INSERT INTO w VALUES ($1)", g.Epoch)
+		return err
+	}
+	if err := fence.InTx(ctx, pool, g.Token, insert); !errors.Is(err, lease.ErrCommitUnknown) {
+		t.Fatalf("InTx with its commit's synchronous wait cancelled: %v, want ErrCommitUnknown", err)
+	}
+	if err := guard.Write(ctx, g.Token, insert); !errors.Is(err, lease.ErrCommitUnknown) {
+		t.Fatalf("PGGuard.Write with its commit's synchronous wait cancelled: %v, want ErrCommitUnknown", err)
+	}
+	// Both commits happened on this server (the outcome is unknown, not failed).
+	var n int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM w").Scan(&n); err != nil || n != 2 {
+		t.Fatalf("rows committed locally: %d (%v), want 2", n, err)
+	}
+	pgtest.Eventually(t, time.Minute, "two synchronous waits counted as cancelled", func() bool { return cancelled.Load() >= 2 })
+}

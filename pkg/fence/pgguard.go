@@ -202,7 +202,7 @@ func (g *PGGuard) EnsureTable(ctx context.Context) error {
 
 // exec runs one statement in a transaction of its own.
 func (g *PGGuard) exec(ctx context.Context, sql string) error {
-	return pgx.BeginFunc(ctx, g.db, func(tx pgx.Tx) error {
+	return beginFunc(ctx, g.db, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, sql)
 		return err
 	})
@@ -253,9 +253,11 @@ func (g *PGGuard) Write(ctx context.Context, token lease.Token, fn func(tx pgx.T
 // resource for token's epoch (rejecting a lower epoch than already accepted
 // with a *StaleError, matching ErrStale, before fn runs), runs fn in the
 // same transaction and commits: the epoch record and fn's writes commit
-// together, and a writer with a higher epoch waits for them.
+// together, and a writer with a higher epoch waits for them. As InTx, it
+// returns lease.ErrCommitUnknown for a commit whose synchronous wait was
+// cancelled on a connection opened with lease.ObserveCommits.
 func (g *PGGuard) WriteResource(ctx context.Context, resource string, token lease.Token, fn func(tx pgx.Tx) error) error {
-	return pgx.BeginFunc(ctx, g.db, func(tx pgx.Tx) error {
+	return beginFunc(ctx, g.db, func(tx pgx.Tx) error {
 		if err := g.claim(ctx, tx, resource, token); err != nil || fn == nil {
 			return err
 		}
@@ -266,7 +268,7 @@ func (g *PGGuard) WriteResource(ctx context.Context, resource string, token leas
 // epoch returns the highest epoch accepted for resource (0 if none).
 func (g *PGGuard) epoch(ctx context.Context, resource string) (int64, error) {
 	var e *int64
-	err := pgx.BeginFunc(ctx, g.db, func(tx pgx.Tx) error {
+	err := beginFunc(ctx, g.db, func(tx pgx.Tx) error {
 		return tx.QueryRow(ctx, g.readSQL, resource).Scan(&e)
 	})
 	if errors.Is(err, pgx.ErrNoRows) || (err == nil && e == nil) {

@@ -27,9 +27,9 @@ import (
 // pgx delivers those warnings only to the connection's notice handler
 // (pgconn.Config.OnNotice). ObserveCommits installs one that counts them
 // per connection; the Client compares the count before and after each
-// acquire, renew and release it runs on a connection it can see (a
-// *pgxpool.Pool, *pgxpool.Conn or *pgx.Conn), and reports such a call
-// as ErrCommitUnknown instead of its result.
+// acquire, renew, release and forced release it runs on a connection it can
+// see (a *pgxpool.Pool, *pgxpool.Conn, *pgx.Conn or a ConnLender), and
+// reports such a call as ErrCommitUnknown instead of its result.
 
 // ObserveCommits makes every connection opened with cfg record the server's
 // warnings that a commit's wait for synchronous replication was cancelled,
@@ -99,7 +99,7 @@ var ErrCommitUnknown = errors.New("lease: commit not confirmed by the synchronou
 // CommitUnknownError is the error of a call whose commit matched
 // ErrCommitUnknown.
 type CommitUnknownError struct {
-	Op    string // "acquire", "renew" or "release"
+	Op    string // "acquire", "renew", "release", "renew_many", "force_release" or "commit"
 	Token Token  // the grant the call made or changed (Epoch 0 when unknown)
 	// Notice is the server's warning.
 	Notice *pgconn.Notice
@@ -134,10 +134,23 @@ func (c *Client) onConn(ctx context.Context, op string, token func() Token, call
 	return err
 }
 
+// ConnLender is a Querier of its own making (one connection reopened when
+// lost, a wrapper of a pool) that lends a Client the connection each call
+// runs on, so that the Client sees that call's commit warnings as it does
+// on a *pgxpool.Pool, *pgxpool.Conn or *pgx.Conn. LendConn returns the
+// Querier to run the call on, the connection under it (opened with
+// ObserveCommits) and a function that ends the loan.
+type ConnLender interface {
+	Querier
+	LendConn(ctx context.Context) (q Querier, conn *pgconn.PgConn, give func(), err error)
+}
+
 // connOf returns the Querier to run one call on and the connection under
 // it, when the client can see it.
 func connOf(ctx context.Context, db Querier) (Querier, *pgconn.PgConn, func(), error) {
 	switch d := db.(type) {
+	case ConnLender:
+		return d.LendConn(ctx)
 	case *pgxpool.Pool:
 		pc, err := d.Acquire(ctx)
 		if err != nil {

@@ -342,12 +342,19 @@ func Fence(ctx context.Context, tx Querier, t Token) (time.Time, error) {
 // ForceRelease frees key whatever its holder and moves its epoch past the
 // current grant, fencing the former holder. It needs EXECUTE on
 // lease.force_release, which is revoked from PUBLIC. released is false when
-// the key was not granted (never leased, or already free).
+// the key was not granted (never leased, or already free). A commit whose
+// wait for the synchronous standbys was cancelled returns ErrCommitUnknown:
+// run it again once the standbys are back.
 func (c *Client) ForceRelease(ctx context.Context, key string) (released bool, previousOwner string, epoch int64, err error) {
 	var prev *string
 	var ep *int64
-	err = c.db.QueryRow(ctx, `SELECT f.released, f.previous_owner, f.epoch FROM lease.force_release($1) f`, key).
-		Scan(&released, &prev, &ep)
+	err = c.onConn(ctx, "force_release", func() Token { return Token{Key: key} }, func(q Querier) error {
+		return q.QueryRow(ctx, `SELECT f.released, f.previous_owner, f.epoch FROM lease.force_release($1) f`, key).
+			Scan(&released, &prev, &ep)
+	})
+	if isCommitUnknown(err) {
+		return false, "", 0, err
+	}
 	if err != nil {
 		return false, "", 0, mapError("force_release", Token{Key: key}, err)
 	}

@@ -149,7 +149,12 @@ func runElector(ctx context.Context, id string) error {
 	defer pool.Close()
 	store := pool
 	if sd := os.Getenv("PGLEASE_TC_STORE_DSN"); sd != "" && sd != dsn {
-		if store, err = pgxpool.New(ctx, sd); err != nil {
+		scfg, err := pgxpool.ParseConfig(sd)
+		if err != nil {
+			return err
+		}
+		lease.ObserveCommits(&scfg.ConnConfig.Config) // as the lease pool: fenced writes too
+		if store, err = pgxpool.NewWithConfig(ctx, scfg); err != nil {
 			return err
 		}
 		defer store.Close()
