@@ -61,20 +61,29 @@ func TestHandoverOption(t *testing.T) {
 	}
 	candidate := func() lease.CandidateState {
 		t.Helper()
-		if _, _, err := lock.Get(ctx); err != nil {
-			t.Fatal(err)
-		}
 		st, cs, err := admin.Candidates(ctx, "ns/op")
 		if err != nil || st != lease.StrategyNewestVersion || len(cs) != 1 || cs[0].Owner != "me" || cs[0].Version != "v1.2.0" {
 			t.Fatalf("candidates: %v %+v %v", st, cs, err)
 		}
 		return cs[0]
 	}
+	// A candidate's Get waits while another holds the key, and registers
+	// the readiness meanwhile.
+	wctx, cancel := context.WithCancel(ctx)
+	waited := make(chan error, 1)
+	go func() { _, _, err := lock.Get(wctx); waited <- err }()
+	pgtest.Eventually(t, time.Minute, "me registered, not ready", func() bool {
+		_, cs, err := admin.Candidates(ctx, "ns/op")
+		return err == nil && len(cs) == 1
+	})
 	if cs := candidate(); cs.Ready || cs.Rank != 0 {
 		t.Fatalf("not ready yet: %+v", cs)
 	}
 	ready.Store(true)
-	if cs := candidate(); !cs.Ready || cs.Rank != 1 {
-		t.Fatalf("ready: %+v", cs)
-	}
+	pgtest.Eventually(t, time.Minute, "me registered as ready", func() bool {
+		cs := candidate()
+		return cs.Ready && cs.Rank == 1
+	})
+	cancel()
+	<-waited
 }

@@ -112,3 +112,71 @@ func TestClientGoHandoverToNewestReadyCandidate(t *testing.T) {
 }
 
 func joinIDs(ids []string) string { return strings.Join(ids, ",") }
+
+// A candidate waits from its first Get while another holds the key, and
+// when it turns ready it registers as ready inside that Get, which keeps
+// waiting: returning would put it to sleep for client-go's RetryPeriod,
+// deaf to a grant handed to it meanwhile. The handed grant then ends that
+// same Get, with a record naming the candidate.
+func TestWaitingCandidateRegistersReadinessAndKeepsWaiting(t *testing.T) {
+	dsn := newDB(t)
+	const key = "ready-in-wait"
+	leader := newClient(t, dsn)
+	g, ok, err := leader.Acquire(context.Background(), key, "leader", testTTL)
+	if err != nil || !ok {
+		t.Fatalf("acquire: %v %v", ok, err)
+	}
+	var ready atomic.Bool
+	l := mustLock(t, newClient(t, dsn), key, "cand", resourcelock.Options{
+		LeaseDuration: testTTL, Waiter: newWaiter(t, dsn),
+		Candidacy: &lease.Candidacy{Strategy: lease.StrategyNewestVersion, Version: "2.0.0", Ready: ready.Load},
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type got struct {
+		holder string
+		err    error
+	}
+	done := make(chan got, 1)
+	go func() {
+		r, _, err := l.Get(ctx)
+		if err != nil {
+			done <- got{err: err}
+			return
+		}
+		done <- got{holder: r.HolderIdentity}
+	}()
+	obs := newClient(t, dsn)
+	isReady := func() bool {
+		_, cs, err := obs.Candidates(context.Background(), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(cs) == 1 && cs[0].Owner == "cand" && cs[0].Ready && cs[0].Rank == 1
+	}
+	pgtest.Eventually(t, time.Minute, "cand registered, not ready", func() bool {
+		_, cs, err := obs.Candidates(context.Background(), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(cs) == 1 && cs[0].Owner == "cand" && !cs[0].Ready
+	})
+	ready.Store(true)
+	pgtest.Eventually(t, time.Minute, "cand registered as a ready candidate", isReady)
+	select {
+	case r := <-done:
+		t.Fatalf("the candidate's Get returned while another held the key: %+v", r)
+	default:
+	}
+	if err := leader.Release(context.Background(), g.Token); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-done:
+		if r.err != nil || r.holder != "cand" {
+			t.Fatalf("Get after the handover: %+v, want a record naming cand", r)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the waiting Get did not return after the release handed the key to cand")
+	}
+}

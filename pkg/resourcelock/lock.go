@@ -59,7 +59,9 @@ type Options struct {
 	EventNamespace string
 	// Candidacy, when set, registers the lock as a candidate of its key
 	// while it follows (every Get renews the registration when due, and a
-	// waiting Get lasts at most the registration's Interval), so that the
+	// waiting Get renews it inside the wait, when due and as soon as the
+	// candidate's readiness changes; the first Get waits too while another
+	// identity holds the key), so that the
 	// leader's release may hand the key straight to it: the next Get
 	// returns a record naming this identity, and client-go's Update takes
 	// up the grant. Its Strategy is set on the key.
@@ -228,8 +230,9 @@ const maxFollowerWait = 10 * time.Minute
 // until the record differs from the last one it returned in what matters
 // to an election (the holder or the epoch: a grant, a release, a takeover,
 // the server-side lapse of the grant), or maxFollowerWait, or ctx ends
-// (then it returns ctx's error). The first Get and the holder's Get never
-// wait.
+// (then it returns ctx's error). The holder's Get never waits, nor does
+// the first Get, but for a candidate (Options.Candidacy): its first Get
+// waits too while another identity holds the key.
 func (l *Lock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error) {
 	l.op.Lock()
 	defer l.op.Unlock()
@@ -244,18 +247,9 @@ func (l *Lock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error
 		s   lease.State
 		err error
 	)
-	limit := maxFollowerWait
-	waitCtx, stopReady := ctx, context.CancelFunc(func() {})
 	if follower && l.reg != nil {
-		// A failed registration only costs this follower its handover;
-		// the next Get tries again.
-		rctx, cancel := context.WithTimeout(ctx, l.followerTimeout())
-		_ = l.reg.Refresh(rctx)
-		cancel()
-		limit = l.reg.Interval()
-		waitCtx, stopReady = l.reg.WatchReady(ctx)
+		l.refresh(ctx)
 	}
-	defer stopReady()
 	if follower && !graceEnd.IsZero() {
 		// The last acquire met a promotion's grace. Its end changes no
 		// record and sends no notification: sleep until it, then read.
@@ -272,14 +266,14 @@ func (l *Lock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error
 		}
 		s, err = l.inspect(ctx, follower)
 	} else if w := l.opts.waiter; follower && returned && w != nil {
-		wctx, cancel := context.WithTimeout(waitCtx, limit)
-		s, err = w.Await(wctx, l.client, l.key, l.followerPoll(), func(st lease.State) bool {
-			r := l.recordOf(st)
-			return r.Key != last.Key || r.Holder != last.Holder || r.Epoch != last.Epoch
-		})
-		cancel()
-		if err != nil && ctx.Err() == nil && wctx.Err() != nil {
-			s, err = l.inspect(ctx, follower) // nothing happened: report the current record
+		s, err = l.await(ctx, w, last)
+	} else if follower && w != nil && l.reg != nil {
+		// A candidate's first Get waits while another holds the key:
+		// client-go's RetryPeriod after a first Get that returned at
+		// once would leave it deaf to a grant handed to it.
+		s, err = l.inspect(ctx, follower)
+		if err == nil && s.Held && s.Owner != l.identity {
+			s, err = l.await(ctx, w, l.recordOf(s))
 		}
 	} else {
 		s, err = l.inspect(ctx, follower)
@@ -321,6 +315,49 @@ func (l *Lock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error
 		return nil, nil, apierrors.NewNotFound(groupResource, l.key)
 	}
 	return l.record(r)
+}
+
+// refresh renews a candidate's registration when due. A failed
+// registration only costs this follower its handover; the next try may
+// succeed.
+func (l *Lock) refresh(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(ctx, l.followerTimeout())
+	_ = l.reg.Refresh(rctx)
+	cancel()
+}
+
+// await waits, for a follower's Get, until the record differs from last in
+// holder or epoch, or maxFollowerWait, and then reads it. A candidate renews
+// its registration inside the wait, when due and as soon as its readiness
+// changes: returning instead would leave it asleep for client-go's
+// RetryPeriod, deaf to a grant handed to it meanwhile.
+func (l *Lock) await(ctx context.Context, w *lease.Waiter, last rawRecord) (lease.State, error) {
+	changed := func(st lease.State) bool {
+		r := l.recordOf(st)
+		return r.Key != last.Key || r.Holder != last.Holder || r.Epoch != last.Epoch
+	}
+	deadline := time.Now().Add(maxFollowerWait)
+	for {
+		limit := time.Until(deadline)
+		waitCtx, stopReady := ctx, context.CancelFunc(func() {})
+		if l.reg != nil {
+			limit = min(limit, l.reg.Interval())
+			waitCtx, stopReady = l.reg.WatchReady(ctx)
+		}
+		wctx, cancel := context.WithTimeout(waitCtx, limit)
+		s, err := w.Await(wctx, l.client, l.key, l.followerPoll(), changed)
+		cancel()
+		stopReady()
+		if err == nil || ctx.Err() != nil || wctx.Err() == nil {
+			return s, err
+		}
+		// Nothing happened: the registration is due, the readiness
+		// changed, or the wait is over.
+		if l.reg == nil || !time.Now().Before(deadline) {
+			return l.inspect(ctx, true) // report the current record
+		}
+		l.refresh(ctx)
+	}
 }
 
 // inspect reads the key; a follower's read gets a deadline of its own
