@@ -36,7 +36,11 @@ type election struct {
 // pgleaseElection: a pg_lease key through pkg/resourcelock, plugged in by
 // pkg/leaderelection. A term ends (and the contexts of the reconciles under it
 // are cancelled) before its grant can expire on the server.
-func pgleaseElection(ctx context.Context, c config) (*election, error) {
+//
+// With -leader-elect-handover the lock registers as a candidate of the key
+// while it follows (ready when ready says so) and sets the key's strategy,
+// so that the leader's release grants the key to the candidate it chooses.
+func pgleaseElection(ctx context.Context, c config, ready func() bool) (*election, error) {
 	pcfg, err := pgxpool.ParseConfig(c.leaseDSN)
 	if err != nil {
 		return nil, fmt.Errorf("lease database: %w", err)
@@ -59,9 +63,15 @@ func pgleaseElection(ctx context.Context, c config) (*election, error) {
 		pool.Close()
 		return nil, fmt.Errorf("lease database (listen connection): %w", err)
 	}
+	var cand *lease.Candidacy
+	if c.handover != "" && c.handover != "any" {
+		st, _ := lease.ParseStrategy(c.handover) // validated
+		cand = &lease.Candidacy{Strategy: st, Version: c.version, Ready: ready}
+	}
 	lock, err := resourcelock.New(lease.New(pool), c.electionID, c.id, resourcelock.Options{
 		LeaseDuration: c.leaseDuration,
 		Waiter:        w,
+		Candidacy:     cand,
 		OnEpochChange: func(old, new lease.Token) {
 			if old.Epoch != 0 {
 				emit(event{Event: "epoch-end", Epoch: old.Epoch})

@@ -28,7 +28,14 @@
 // takes over at its next retry, without waiting for the TTL), and exits
 // with status 1 when it loses the leadership, as controller-runtime expects:
 // the Deployment restarts it as a follower. Probes: /healthz and /readyz
-// (the store and the lease database answer) on -health-probe-bind-address.
+// (the store and the lease database answer, the caches have synced) on -health-probe-bind-address.
+//
+// Handover (-lock=pglease): -leader-elect-handover newest-version with
+// -leader-elect-version makes each follower a candidate of the key, ready
+// once the manager's caches have synced (every replica caches the
+// ConfigMaps, leader or not). A stopping leader's release then grants the
+// key to the ready candidate of the newest version, in the release's own
+// transaction: a rolling update moves the leadership once, to a new replica.
 //
 // Standard output is one JSON object a line, an event each (the end-to-end
 // tests read them):
@@ -36,6 +43,7 @@
 //	{"time":..., "event":"start", "id":..., "pid":...}
 //	{"event":"epoch-start", "epoch":E}    a term began: tokens of epoch E are handed out
 //	{"event":"epoch-end", "epoch":E}      the term ended: reconciles under E were cancelled
+//	{"event":"synced"}                    the manager's caches have synced (every replica)
 //	{"event":"leading", "epoch":E}        the manager started its leader-only runnables
 //	{"event":"reconcile", "resource":..., "epoch":E}  the first Reconcile call under epoch E
 //	{"event":"stall", "resource":..., "epoch":E, "rv":...}  a decided write is held back (test hook)
@@ -56,6 +64,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr/funcr"
@@ -90,6 +99,8 @@ type config struct {
 	probeAddr          string
 	metricsAddr        string
 	warmup             bool
+	handover           string // "", any, priority, newest-version, oldest-version
+	version            string // this candidate's semantic version
 }
 
 func main() {
@@ -116,6 +127,10 @@ func main() {
 	flag.DurationVar(&c.leaseDuration, "lease-duration", 15*time.Second, "lease TTL, and the manager's LeaseDuration")
 	flag.DurationVar(&c.renewDeadline, "renew-deadline", 0, "the manager's RenewDeadline (0: 2/3 of the TTL)")
 	flag.DurationVar(&c.retryPeriod, "retry-period", 0, "the manager's RetryPeriod (0: 2/15 of the TTL)")
+	// The same names as pkg/leaderelection's flags.
+	flag.StringVar(&c.handover, "leader-elect-handover", "", "pglease only: register as a candidate of the key and hand it over on release "+
+		"to the ready candidate this strategy chooses: priority, newest-version or oldest-version (default: none, the followers race)")
+	flag.StringVar(&c.version, "leader-elect-version", "", "this candidate's semantic version, for -leader-elect-handover newest-version and oldest-version")
 	flag.StringVar(&c.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
 	flag.StringVar(&c.metricsAddr, "metrics-bind-address", "0", `address of /metrics ("0": off)`)
 	flag.BoolVar(&c.warmup, "warmup", false, "start the controller's sources while following (controller-runtime's EnableWarmup): a new leader's caches are already synced")
@@ -177,6 +192,17 @@ func (c config) validate() error {
 	if _, err := labels.Parse(c.selector); err != nil {
 		errs = append(errs, fmt.Errorf("-selector: %w", err))
 	}
+	if c.handover != "" {
+		st, err := lease.ParseStrategy(c.handover)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("-leader-elect-handover: %w", err))
+		case c.lock != "pglease":
+			errs = append(errs, errors.New("-leader-elect-handover needs -lock=pglease"))
+		case (st == lease.StrategyNewestVersion || st == lease.StrategyOldestVersion) && c.version == "":
+			errs = append(errs, fmt.Errorf("-leader-elect-handover %s needs this candidate's -leader-elect-version", c.handover))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -233,9 +259,10 @@ func run(ctx context.Context, c config) error {
 	}
 
 	var el *election
+	var built atomic.Pointer[manager.Manager] // for the candidate's readiness
 	switch c.lock {
 	case "pglease":
-		el, err = pgleaseElection(ctx, c)
+		el, err = pgleaseElection(ctx, c, cachesSynced(&built))
 	case "lease":
 		el, err = leaseElection(restCfg, c)
 	}
@@ -265,6 +292,33 @@ func run(ctx context.Context, c config) error {
 	}
 	mgr, err := el.newManager(restCfg, opts)
 	if err != nil {
+		return err
+	}
+	// With -warmup or a handover, the ConfigMap informer is registered
+	// before the manager starts, so that a follower's cache holds it: a
+	// follower is ready (and a candidate of a handover) once it has synced.
+	if c.warmup || c.handover != "" {
+		if _, err := mgr.GetCache().GetInformer(ctx, &corev1.ConfigMap{}); err != nil {
+			return err
+		}
+	}
+	built.Store(&mgr)
+	if err := mgr.AddReadyzCheck("caches", func(*http.Request) error {
+		if !cachesSynced(&built)() {
+			return errors.New("caches not synced")
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	// On every replica, leader or not: report when the caches have synced.
+	if err := mgr.Add(followerRunnable(func(ctx context.Context) error {
+		if mgr.GetCache().WaitForCacheSync(ctx) {
+			emit(event{Event: "synced"})
+		}
+		<-ctx.Done()
+		return nil
+	})); err != nil {
 		return err
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
@@ -303,6 +357,26 @@ func run(ctx context.Context, c config) error {
 	// error when the leadership was lost.
 	return mgr.Start(ctx)
 }
+
+// cachesSynced reports whether the manager's caches have synced (false
+// before the manager exists).
+func cachesSynced(mgr *atomic.Pointer[manager.Manager]) func() bool {
+	return func() bool {
+		m := mgr.Load()
+		if m == nil {
+			return false
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+		defer cancel()
+		return (*m).GetCache().WaitForCacheSync(ctx)
+	}
+}
+
+// followerRunnable runs on every replica, not only on the leader.
+type followerRunnable func(context.Context) error
+
+func (f followerRunnable) Start(ctx context.Context) error { return f(ctx) }
+func (followerRunnable) NeedLeaderElection() bool          { return false }
 
 // closeSoon closes pool, waiting at most a second: connections to an
 // unreachable database (their cancel requests hang) must not hold back the
