@@ -156,6 +156,8 @@ type env struct {
 	ld, rd, rp time.Duration
 	// args are more flags for every operator of the scenario.
 	args []string
+	// extraArgs, when set, returns more flags for the operator of one slot.
+	extraArgs func(slot int) []string
 
 	mu       sync.Mutex
 	events   []opEvent
@@ -354,6 +356,9 @@ func (e *env) start(slot int) (*opProc, error) {
 		args = append(args, "-lease-dsn", leaseDSN)
 	}
 	args = append(args, e.args...)
+	if e.extraArgs != nil {
+		args = append(args, e.extraArgs(slot)...)
+	}
 	p.cmd = exec.Command(e.h.bin, args...)
 	p.cmd.Env = append(os.Environ(), "PGLEASE_DSN=", "PGLEASE_STORE_DSN=", "POD_NAME=")
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
