@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"os"
 	"slices"
 	"strconv"
@@ -36,7 +37,11 @@ const (
 // real kube-apiserver, as a Deployment with maxSurge 1 and maxUnavailable 0
 // does them: a new-version replica is started and becomes ready, then one
 // old replica is stopped (SIGTERM) and exits, three times. The leader is
-// stopped first, second and third in turn.
+// stopped first, second and third in turn. Between a replica's readiness
+// and the next stop lies a random settle time, the same sequence for every
+// system: the kubelet marks a pod ready at its next readiness probe
+// (every 10 s by default), so the new replica's elector may be anywhere in
+// its retry cycle when the old one stops.
 //
 // It checks, whatever the system: never two leaders, the store's fencing
 // audit (env.verify), and a new-version leader at the end. With handover it
@@ -44,13 +49,15 @@ const (
 // new-version replica whose caches had synced. The numbers (leader changes
 // and leaderless time per rollout) are printed, never asserted.
 //
-// By default only pglease-handover runs, two rollouts. PGLEASE_ROLLOUTS=N
-// runs N rollouts of each system and prints one line per system:
+// By default only pglease-handover runs, two rollouts, settle times below
+// 1 s. PGLEASE_ROLLOUTS=N runs N rollouts of each system, settle times
+// below 10 s, and prints one line per system:
 //
 //	rollout: SYSTEM leader-changes/rollout X leaderless/rollout Y ms (n=N)
 func TestRollout(t *testing.T) {
-	n, systems := 2, []string{rolloutHandover}
+	n, systems, maxSettle := 2, []string{rolloutHandover}, time.Second
 	if v := os.Getenv("PGLEASE_ROLLOUTS"); v != "" {
+		maxSettle = 10 * time.Second
 		var err error
 		if n, err = strconv.Atoi(v); err != nil || n < 1 {
 			t.Fatalf("PGLEASE_ROLLOUTS=%q: want a positive number of rollouts per system", v)
@@ -61,11 +68,11 @@ func TestRollout(t *testing.T) {
 	var summary []string
 	for _, sys := range systems {
 		t.Run(sys, func(t *testing.T) {
-			summary = append(summary, rolloutSystem(t, h, sys, n))
+			summary = append(summary, rolloutSystem(t, h, sys, n, maxSettle))
 		})
 	}
-	t.Logf("rollouts (TTL %v, RenewDeadline %v, RetryPeriod %v):\n%s", rolloutTTL, rolloutRenewDeadline,
-		rolloutRetryPeriod, strings.Join(summary, "\n"))
+	t.Logf("rollouts (TTL %v, RenewDeadline %v, RetryPeriod %v, settle times below %v):\n%s", rolloutTTL,
+		rolloutRenewDeadline, rolloutRetryPeriod, maxSettle, strings.Join(summary, "\n"))
 }
 
 // rolloutResult is what one rollout did to the leadership.
@@ -77,7 +84,7 @@ type rolloutResult struct {
 	leaders    []string      // who led, in order, the one before the rollout first
 }
 
-func rolloutSystem(t *testing.T, h *harness, sys string, n int) string {
+func rolloutSystem(t *testing.T, h *harness, sys string, n int, maxSettle time.Duration) string {
 	lock := "pglease"
 	if sys == rolloutLeaseLock {
 		lock = "lease"
@@ -109,7 +116,7 @@ func rolloutSystem(t *testing.T, h *harness, sys string, n int) string {
 	next := 4
 	var results []rolloutResult
 	for r := range n {
-		res := e.rollout(sys, r, &pods, &next, version, versionOf(r+1))
+		res := e.rollout(sys, r, &pods, &next, version, versionOf(r+1), maxSettle)
 		t.Logf("rollout %d (%s -> %s): %d leader change(s) %v, leaderless %v, to old version %d, to unsynced %d",
 			r+1, versionOf(r), versionOf(r+1), res.changes, res.leaders, res.leaderless.Round(10*time.Microsecond),
 			res.toOld, res.toUnsynced)
@@ -137,9 +144,11 @@ func rolloutSystem(t *testing.T, h *harness, sys string, n int) string {
 
 // rollout replaces the replicas *pods (all of one version) with replicas
 // of version to, one at a time: start a new one, wait until it is ready
-// (and, with handover, registered as a ready candidate on the server), stop
-// an old one and wait for its exit. The leader is stopped at position r%3.
-func (e *env) rollout(sys string, r int, pods *[]int, next *int, version map[int]string, to string) rolloutResult {
+// (and, with handover, registered as a ready candidate on the server),
+// settle, stop an old one and wait for its exit. The leader is stopped at
+// position r%3.
+func (e *env) rollout(sys string, r int, pods *[]int, next *int, version map[int]string, to string,
+	maxSettle time.Duration) rolloutResult {
 	t := e.t
 	t.Helper()
 	before := e.leader()
@@ -161,6 +170,7 @@ func (e *env) rollout(sys string, r int, pods *[]int, next *int, version map[int
 	}
 	order = slices.Insert(order, r%3, leaderSlot)
 	var added []int
+	settle := rand.New(rand.NewPCG(uint64(r), 0)) // the same for every system
 	for _, s := range order {
 		ns := *next
 		*next++
@@ -173,6 +183,7 @@ func (e *env) rollout(sys string, r int, pods *[]int, next *int, version map[int
 		if sys == rolloutHandover {
 			e.awaitCandidateReady(30*time.Second, e.proc(ns).id)
 		}
+		time.Sleep(time.Duration(settle.Int64N(int64(maxSettle))))
 		p := e.proc(s)
 		e.signal(p, syscall.SIGTERM)
 		e.awaitExit(p, 30*time.Second)
