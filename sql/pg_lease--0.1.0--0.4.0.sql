@@ -470,15 +470,9 @@ BEGIN
   IF v_mode IN ('off', 'false', 'no', '0', 'f', 'n') THEN
     RETURN;
   END IF;
-  IF v_mode NOT IN ('on', 'always', 'true', 'yes', '1', 't', 'y') THEN
-    -- A listener of every key waits for this transaction (lease.listen('*'))
-    -- through a shared lock, taken before the registrations are read and
-    -- kept to the end. When a listener waits for it already, notify instead.
-    IF NOT pg_try_advisory_xact_lock_shared(1885822828, 1700885349) THEN
-      NULL;
-    ELSIF NOT EXISTS (SELECT 1 FROM lease.listeners w WHERE w.key = _changed.key OR w.key = '*') THEN
-      RETURN;
-    END IF;
+  IF v_mode NOT IN ('on', 'always', 'true', 'yes', '1', 't', 'y')
+     AND NOT EXISTS (SELECT 1 FROM lease.listeners w WHERE w.key = _changed.key OR w.key = '*') THEN
+    RETURN;
   END IF;
   PERFORM pg_notify('pg_lease', json_build_object(
     'event', event, 'key', key, 'owner', owner, 'epoch', epoch)::text);
@@ -1372,9 +1366,11 @@ $$;
 -- follows sees it. Every later change sees the registration and notifies.
 -- true: the registration was committed before this call, so the guarantee
 -- holds. false: a new registration; call again after this transaction ends.
--- For '*' every change in flight that decided not to notify is waited for
--- (each holds a shared advisory lock, lease._changed). A session may hold at
--- most 1000 registrations of keys (54000 beyond), and '*' beside them.
+-- '*' registers every key and waits for nothing. A session that registered
+-- '*' adds no row for a key: listen(key) then only waits for the key's change
+-- in flight, and answers true once '*' was committed before the call. A
+-- session may hold at most 1000 registrations of keys (54000 beyond), and
+-- '*' beside them.
 -- Each call also drops a few registrations of backends that are gone.
 CREATE OR REPLACE FUNCTION lease.listen(key text)
 RETURNS boolean
@@ -1419,6 +1415,9 @@ BEGIN
   END IF;
 
   SELECT w.since INTO v_since FROM lease.listeners w WHERE w.key = v_key AND w.pid = v_pid;
+  IF NOT FOUND AND v_key <> '*' THEN
+    SELECT w.since INTO v_since FROM lease.listeners w WHERE w.key = '*' AND w.pid = v_pid;
+  END IF;
   IF NOT FOUND THEN
     -- (EXECUTE: planned for this pid, through the pid index, never as one
     -- generic plan that may scan every backend's registrations.)
@@ -1449,17 +1448,6 @@ BEGIN
           PERFORM FROM lease.leases l WHERE l.key = v_key FOR SHARE;
         END IF;
       END IF;
-      RAISE EXCEPTION USING ERRCODE = 'LEASE';
-    EXCEPTION WHEN SQLSTATE 'LEASE' THEN
-      NULL;
-    END;
-  ELSE
-    -- Wait for every change in flight that decided not to notify: each holds
-    -- a shared lock (lease._changed) until it ends. The exclusive lock is
-    -- dropped with its subtransaction at once; changes that ask for the
-    -- shared lock meanwhile do not wait for it, they notify.
-    BEGIN
-      PERFORM pg_advisory_xact_lock(1885822828, 1700885349);
       RAISE EXCEPTION USING ERRCODE = 'LEASE';
     EXCEPTION WHEN SQLSTATE 'LEASE' THEN
       NULL;

@@ -40,7 +40,8 @@ type registry struct {
 	unsupported bool
 	// all: '*' is registered on this connection because a key went beyond
 	// the server's bound on one session's registrations (54000). It covers
-	// every key: a new key is live without a call, until the connection ends.
+	// every key: listen of a new key adds no row and only waits for a change
+	// of the key in flight, until the connection ends.
 	all bool
 	// covered: live keys registered through '*' only (no unlisten to send).
 	covered map[string]bool
@@ -179,19 +180,19 @@ func (w *Waiter) syncRegistrations(conn *pgx.Conn) (retry bool, err error) {
 			w.mu.Lock()
 			covered := r.all
 			w.mu.Unlock()
-			var err error
-			if !covered {
-				err = w.listen(conn, k)
-				if isTooManyRegistrations(err) && k != "*" {
-					// This session holds as many registrations as the server
-					// allows: register '*' beside them, which covers every key.
-					if err = w.listen(conn, "*"); err == nil {
-						w.mu.Lock()
-						r.all = true
-						w.mu.Unlock()
-						w.event("listen_all", k)
-						covered = true
-					}
+			// Under '*' the server adds no row for k; the call still waits
+			// for a change of k in flight.
+			err := w.listen(conn, k)
+			if isTooManyRegistrations(err) && k != "*" && !covered {
+				// This session holds as many registrations as the server
+				// allows: register '*' beside them, which covers every key.
+				if err = w.listen(conn, "*"); err == nil {
+					w.mu.Lock()
+					r.all = true
+					w.mu.Unlock()
+					w.event("listen_all", k)
+					covered = true
+					err = w.listen(conn, k)
 				}
 			}
 			switch {

@@ -80,6 +80,9 @@ SELECT count(*) AS registrations FROM lease.listeners WHERE pid = pg_backend_pid
 SELECT lease.listen('*') AS settled;
 SELECT lease.listen('*') AS settled;
 SELECT count(*) AS registrations FROM lease.listeners WHERE pid = pg_backend_pid();
+-- With '*' registered a further key is covered: no row, no 54000.
+SELECT lease.listen('ls-cap-1002') AS settled;
+SELECT count(*) AS registrations FROM lease.listeners WHERE pid = pg_backend_pid();
 SELECT lease.unlisten('ls-cap-1') AS dropped;
 SELECT lease.listen('ls-cap-1001') AS settled;
 SELECT lease.unlisten('*') AS dropped;
