@@ -77,3 +77,20 @@ func TestScriptsPinSearchPath(t *testing.T) {
 		t.Errorf("%d scripts to %s, want 4 (the full script and three direct updates)", n, pgleasesql.Version)
 	}
 }
+
+// TestNoAdvisoryLock: the current scripts call no advisory-lock function.
+// Any role may take any advisory lock, so one in a change's path would let
+// a role with no grant steer or block every key's changes.
+func TestNoAdvisoryLock(t *testing.T) {
+	for name, b := range pgleasesql.Files() {
+		if !strings.HasSuffix(name, "--"+pgleasesql.Version+".sql") {
+			continue
+		}
+		for i, l := range strings.Split(string(b), "\n") {
+			code, _, _ := strings.Cut(l, "--")
+			if strings.Contains(strings.ToLower(code), "advisory") {
+				t.Errorf("%s:%d: %s", name, i+1, strings.TrimSpace(l))
+			}
+		}
+	}
+}
