@@ -114,7 +114,7 @@ if ((${#elector_args[@]})); then
 	step handoff-elector go run ./bench/handoff -out "$out/elector-200" "${elector_args[@]}"
 fi
 if ((first_reconcile_trials > 0)); then
-	step firstreconcile env PGLEASE_E2E_FIRST_RECONCILE_TRIALS="$first_reconcile_trials" PGLEASE_E2E_RESULTS="$out/firstreconcile.results" \
+	step firstreconcile env PGLEASE_E2E_FIRST_RECONCILE_TRIALS="$first_reconcile_trials" PGLEASE_E2E_RESULTS="$(realpath "$out")/firstreconcile.results" \
 		go test -count=1 -v -timeout 60m -run '^TestFirstReconcile$' ./test/e2e/
 fi
 step firstcalls go test ./pkg/lease -run '^$' -bench FirstCallsOnANewConnection -benchtime "$firstcalls_n" -count 1
