@@ -394,18 +394,32 @@ func trial(ctx context.Context, sys *system, p profile, scenario string, i int) 
 		return r, err
 	}
 	defer func() { b.cancel(); <-b.done }()
-	if err := waitClosed(b.observed, 10*time.Second, "B to observe A"); err != nil {
+	// A client-go candidate (a Lock with a Candidacy) waits from its first
+	// Get while A holds the key, so it reports no leader before the
+	// handoff: it is settled once the server holds its ready registration.
+	// Every other B first observes A.
+	candidateGet := sys.pg != nil && b.gets != nil && candidacy(sys.name) != nil
+	if candidateGet {
+		if err := awaitCandidate(ctx, sys, b.id, 10*time.Second); err != nil {
+			return r, err
+		}
+	} else if err := waitClosed(b.observed, 10*time.Second, "B to observe A"); err != nil {
 		return r, err
 	}
 	// B settles into its steady state: past client-go's first jittered
 	// retry after it observed A (pkg/elector is waiting at once).
 	// wait.JitterUntil sleeps RetryPeriod × (1 + rand × JitterFactor). Over
-	// pg_lease, B is settled once its second Get began (it waits for news).
+	// pg_lease, B is settled once its second Get began (it waits for news),
+	// or its first for a candidate.
 	settle := time.Duration((1+leaderelection.JitterFactor)*float64(p.retryPeriod)) + 50*time.Millisecond
 	if strings.HasPrefix(sys.name, "elector") {
 		settle = 50 * time.Millisecond
 	} else if sys.pg != nil {
-		for end := time.Now().Add(settle); b.gets != nil && b.gets.Load() < 2 && time.Now().Before(end); {
+		want := int64(2)
+		if candidateGet {
+			want = 1
+		}
+		for end := time.Now().Add(settle); b.gets != nil && b.gets.Load() < want && time.Now().Before(end); {
 			time.Sleep(5 * time.Millisecond)
 		}
 		settle = 50 * time.Millisecond
@@ -475,6 +489,24 @@ func trial(ctx context.Context, sys *system, p profile, scenario string, i int) 
 		r.DetectMs = float64(acquired.Sub(crashedExpiry)) / float64(time.Millisecond)
 	}
 	return r, nil
+}
+
+// awaitCandidate waits until the server holds a live, ready registration of
+// owner as a candidate of sys's key.
+func awaitCandidate(ctx context.Context, sys *system, owner string, within time.Duration) error {
+	c := lease.New(sys.pg)
+	for end := time.Now().Add(within); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		_, cands, err := c.Candidates(ctx, sys.key)
+		if err != nil {
+			return err
+		}
+		for _, cs := range cands {
+			if cs.Owner == owner && cs.Live && cs.Ready {
+				return nil
+			}
+		}
+	}
+	return fmt.Errorf("timed out after %v waiting for %s to register as a candidate", within, owner)
 }
 
 // dial opens a candidate's pool and its one listener (a lease.Waiter) on dsn.
