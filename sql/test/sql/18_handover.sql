@@ -225,6 +225,12 @@ SELECT * FROM lease.set_strategy(NULL, NULL);
 SELECT * FROM lease.candidates(repeat('k', 1025));
 \echo :LAST_ERROR_SQLSTATE
 SELECT md5(coalesce(string_agg(c::text, ',' ORDER BY c.key, c.owner), '')) = :'c0' AS unchanged FROM lease.candidates c;
+-- The version's bound: 256 bytes are accepted, 257 refused.
+SELECT status FROM lease.candidate('ho-bad', 'o', interval '30s', '1.0.0-' || repeat('a', 250));
+SELECT octet_length(version) AS version_bytes FROM lease.candidates('ho-bad');
+SELECT * FROM lease.candidate('ho-bad', 'o', interval '30s', '1.0.0-' || repeat('a', 251));
+\echo :LAST_ERROR_SQLSTATE
+SELECT status FROM lease.candidate('ho-bad', 'o', interval '30s', '1.0.0');
 -- versions Kubernetes accepts (tolerant semantic versions)
 SELECT v, (lease._version_parts(v)).* FROM unnest(ARRAY['1', 'v1.2', ' V1.2.3 ', '1.2.3-rc.1+build.5',
        '1.2.3-alpha', '1.2.3-alpha.10', '1.2.3-alpha.9', '1.2.3-beta']) v ORDER BY 2, 3 NULLS LAST;

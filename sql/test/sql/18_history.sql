@@ -127,6 +127,9 @@ SELECT * FROM lease.configure_history(-1);
 SELECT * FROM lease.configure_history(100001);
 \echo :LAST_ERROR_SQLSTATE
 SELECT * FROM lease.configure_history();
+-- The bound itself is accepted.
+SELECT * FROM lease.configure_history(100000);
+SELECT * FROM lease.configure_history(100);
 
 -- Every role reads history and health through the functions; no role but
 -- the owner reads or writes the tables, calls the recorder or sets the
