@@ -62,8 +62,11 @@ is printed so a run can be repeated (--seed, or --only).
 Output: DIR (default /tmp/pg_lease-mutate): plan.json, one log per mutant and
 suite, <id>.patch, results.json and table.md (a Markdown summary for
 docs/defects.md). Exit 0 when no selected mutant survived, 1 otherwise.
-Known-equivalent mutants are listed in hack/mutate-equivalent.txt (ID and the
-reason); they are reported as "equivalent", not as survivors.
+Known-equivalent mutants are listed in hack/mutate-equivalent.txt (ID, the
+unit_sha of the function they were checked in, and the reason); they are
+reported as "equivalent", not as survivors, while that function's text is
+the same. --units NAME,... runs whole functions in the given order (a pass
+stopped early then covers whole units); --skip-units leaves some out.
 """
 import argparse
 import difflib
@@ -773,13 +776,20 @@ def merge(dirs, out):
 
 
 def load_equivalent():
+    """{id: (unit_sha, reason)} of hack/mutate-equivalent.txt. Each line is
+    ID UNIT_SHA REASON: the unit_sha (hack/mutate.py --list --sha) pins the
+    mutated function's text, so an entry whose id now names another site, or
+    whose function changed since it was checked, no longer applies."""
     eq = {}
     if os.path.exists(EQUIV_FILE):
         for line in open(EQUIV_FILE):
             line = line.strip()
             if line and not line.startswith('#'):
-                mid, _, why = line.partition(' ')
-                eq[mid] = why.strip()
+                mid, _, rest = line.partition(' ')
+                sha, _, why = rest.strip().partition(' ')
+                if not re.fullmatch(r'[0-9a-f]{16}', sha):
+                    die('%s: %s: no unit_sha after the id (see hack/mutate.py --list --sha)' % (EQUIV_FILE, mid))
+                eq[mid] = (sha, why.strip())
     return eq
 
 
@@ -813,6 +823,7 @@ def plain_sql(files, order):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--list', action='store_true', help='print the candidate mutants and exit')
+    ap.add_argument('--sha', action='store_true', help='with --list: print each mutant\'s unit_sha too')
     ap.add_argument('--max', type=int, default=0, help='sample this many mutants (0: all)')
     ap.add_argument('--seed', type=int, default=None)
     ap.add_argument('--only', default='', help='comma-separated mutant ids')
@@ -875,7 +886,10 @@ def main():
     if args.list:
         for m in mutants:
             st = m['site']
-            print('%-36s %-22s %4d  %s' % (m['id'], short(st.script), line_of(texts[st.script], st.a), st.what))
+            if args.units and st.unit not in args.units.split(','):
+                continue
+            print('%-36s %-22s %4d  %s%s' % (m['id'], short(st.script), line_of(texts[st.script], st.a),
+                                             (unit_sha(texts, st) + '  ') if args.sha else '', st.what))
         return 0
 
     if args.merge:
@@ -1071,8 +1085,13 @@ def report(args, ops, suites, version, order, mutants, results, started, ended, 
     eq = load_equivalent()
     for r in results:
         if r['verdict'] == 'survived' and r['id'] in eq:
+            sha, why = eq[r['id']]
+            if r.get('unit_sha') != sha:
+                print('mutate: %s: its entry in hack/mutate-equivalent.txt is stale (the function changed '
+                      'since it was checked, unit_sha %s, now %s): counted as a survivor' % (r['id'], sha, r.get('unit_sha')))
+                continue
             r['verdict'] = 'equivalent'
-            r['why'] = eq[r['id']]
+            r['why'] = why
     ctl = results[0] if results and results[0]['id'] == 'control' else None
     rest = [r for r in results if r['id'] != 'control']
     count = {}
