@@ -2,9 +2,9 @@
 # Proves that the suites catch each safety point being broken: for every break
 # below, installs a deliberately broken copy of the SQL that CREATE EXTENSION
 # runs (the default version's full script, sql/pg_lease--0.4.0.sql, and the
-# same shared part of the direct update scripts), runs the regression and
-# isolation suites against a throwaway cluster, and records which tests
-# failed. Every substitution asserts how often its text occurs, so a break
+# same shared part of the direct update scripts), runs the dump check and the
+# regression and isolation suites against a throwaway cluster, and records
+# which tests failed. Every substitution asserts how often its text occurs, so a break
 # that no longer applies fails loudly instead of testing an unbroken copy.
 # Never commit a break.
 #
@@ -156,7 +156,11 @@ PY
   echo "== $brk"
   rm -rf "$work/results" "$work/output_iso" "$work/regression.diffs"
   rc=0
-  ( cd "$work" && PGISOLATIONTIMEOUT=30 "$repo/hack/with-postgres.sh" --bindir "$sbin" -- make -s installcheck -k \
+  # The dump check and both suites, each on its own (installcheck runs the
+  # dump check as a prerequisite and skips the suites when it fails).
+  ( cd "$work" && PGISOLATIONTIMEOUT=30 "$repo/hack/with-postgres.sh" --bindir "$sbin" -- bash -c \
+      'rc=0; test/dump/dump_restore.sh || { rc=1; echo "test dump_restore.sh ... FAILED"; }
+       make -s installcheck NO_DUMP_CHECK=1 -k || rc=1; exit $rc' \
       >"$out/$brk.log" 2>&1 ) || rc=$?
   cp "$work/regression.diffs" "$out/$brk.regress.diffs" 2>/dev/null || true
   cp "$work/output_iso/regression.diffs" "$out/$brk.isolation.diffs" 2>/dev/null || true
