@@ -231,9 +231,10 @@ SELECT octet_length(version) AS version_bytes FROM lease.candidates('ho-bad');
 SELECT * FROM lease.candidate('ho-bad', 'o', interval '30s', '1.0.0-' || repeat('a', 251));
 \echo :LAST_ERROR_SQLSTATE
 SELECT status FROM lease.candidate('ho-bad', 'o', interval '30s', '1.0.0');
--- versions Kubernetes accepts (tolerant semantic versions)
+-- versions Kubernetes accepts (tolerant semantic versions; a pre-release
+-- without a patch number sorts below its release too)
 SELECT v, (lease._version_parts(v)).* FROM unnest(ARRAY['1', 'v1.2', ' V1.2.3 ', '1.2.3-rc.1+build.5',
-       '1.2.3-alpha', '1.2.3-alpha.10', '1.2.3-alpha.9', '1.2.3-beta']) v ORDER BY 2, 3 NULLS LAST;
+       '1.2.3-alpha', '1.2.3-alpha.10', '1.2.3-alpha.9', '1.2.3-beta', '1.2-rc.1']) v ORDER BY 2, 3 NULLS LAST;
 
 -- Read-only: every registering function raises 25006.
 BEGIN READ ONLY;
