@@ -28,8 +28,8 @@ mkdir -p "$out"
 all=(none a_no_subxact b1_clock_before_lock_acquire b2_now_in_renew c_no_sync_forcing
      d1_no_security_definer d2_no_search_path e_public_select f_release_keeps_epoch
      g_renew_no_epoch_check h_inspect_lapsed_as_held i_wait0_lock_waits j_may_act_always
-     k_listen_keeps_lock l_listen_no_first_grant_wait m_listen_all_no_wait
-     n_changed_no_shared_lock)
+     k_listen_keeps_lock l_listen_no_first_grant_wait m_listen_under_all_no_wait
+     n_changed_ignores_all)
 [ $# -gt 0 ] || set -- "${all[@]}"
 for brk in "$@"; do
   case " ${all[*]} " in *" $brk "*) ;; *) echo "prove-breaks.sh: unknown break $brk (known: ${all[*]})" >&2; exit 2 ;; esac
@@ -89,8 +89,9 @@ elif brk == 'b1_clock_before_lock_acquire':
     sub('acquire', "            v_now := clock_timestamp();\n            IF r_owner IS NOT NULL AND r_expires > v_now THEN",
                    "            IF r_owner IS NOT NULL AND r_expires > v_now THEN")
 elif brk == 'b2_now_in_renew':
-    # renew: transaction start time instead of the clock after the lock
-    sub('renew', 'v_now := clock_timestamp();', 'v_now := now();')
+    # renew (lease._renew_key, renew_many's routine too): transaction start
+    # time instead of the clock after the lock
+    sub('_renew_key', 'now := coalesce(now, clock_timestamp());', 'now := coalesce(now, pg_catalog.now());')
 elif brk == 'c_no_sync_forcing':
     every = dict.fromkeys(re.findall(r'CREATE (?:OR REPLACE )?FUNCTION lease\.(\w+)\(', s))
     hit = [n for n in every if SYNC in s[slice(*fn(n))]]
@@ -107,7 +108,8 @@ elif brk == 'e_public_select':
 elif brk == 'f_release_keeps_epoch':
     sub('release', 'SET owner = NULL, epoch = l.epoch + 1,', 'SET owner = NULL, epoch = l.epoch,')
 elif brk == 'g_renew_no_epoch_check':
-    sub('renew', 'v_owner, v_epoch, v_now);', 'v_owner, r_epoch, v_now);')
+    # renew checks the row's epoch instead of the caller's
+    sub('_renew_key', 'r_lowner, r_lepoch, o, e, now);', 'r_lowner, r_lepoch, o, r_epoch, now);')
 elif brk == 'h_inspect_lapsed_as_held':
     sub('inspect', 'l.owner IS NOT NULL AND l.expires_at > clock_timestamp() AS h', 'l.owner IS NOT NULL AS h')
 elif brk == 'i_wait0_lock_waits':
@@ -128,13 +130,15 @@ elif brk == 'l_listen_no_first_grant_wait':
                   "          VALUES (v_key, NULL, 1, clock_timestamp(), clock_timestamp())\n"
                   "          ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING;",
         "        PERFORM 1 WHERE false;")
-elif brk == 'm_listen_all_no_wait':
-    # listen('*') waits for no change in flight
-    sub('listen', 'PERFORM pg_advisory_xact_lock(1885822828, 1700885349);', 'NULL;')
-elif brk == 'n_changed_no_shared_lock':
-    # a change that decides not to notify takes no lock for listen('*') to wait on
-    sub('_changed', 'IF NOT pg_try_advisory_xact_lock_shared(1885822828, 1700885349) THEN',
-                    'IF false THEN')
+elif brk == 'm_listen_under_all_no_wait':
+    # under a registration of '*', listen(key) answers without waiting for
+    # the key's change in flight
+    sub('listen', "    SELECT w.since INTO v_since FROM lease.listeners w WHERE w.key = '*' AND w.pid = v_pid;\n",
+        "    SELECT w.since INTO v_since FROM lease.listeners w WHERE w.key = '*' AND w.pid = v_pid;\n"
+        "    IF FOUND THEN\n      RETURN v_since < transaction_timestamp();\n    END IF;\n")
+elif brk == 'n_changed_ignores_all':
+    # a change notifies only registrations of its key, not those of '*'
+    sub('_changed', "w.key = _changed.key OR w.key = '*'", "w.key = _changed.key")
 else:
     sys.exit('unknown break ' + brk)
 if (s == orig) != (brk == 'none'):
