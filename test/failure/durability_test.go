@@ -1,6 +1,7 @@
 package failure
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -410,13 +411,7 @@ func TestSyncCommitOffGrantSurvivesCrash(t *testing.T) {
 		// commit almost at once whatever wal_writer_delay says: freeze it, so
 		// that only a commit that flushes its own WAL survives the kill (the
 		// kill below ends the frozen process too).
-		var walwriter int
-		if err := conn.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'`).Scan(&walwriter); err != nil {
-			t.Fatalf("finding the WAL writer: %v", err)
-		}
-		if err := syscall.Kill(walwriter, syscall.SIGSTOP); err != nil {
-			t.Fatalf("freezing the WAL writer (pid %d): %v", walwriter, err)
-		}
+		freezeWALWriter(t, ctx, admin)
 		key := fmt.Sprintf("async-%d", round)
 		g := mustAcquire(t, lease.New(conn), key, "a", time.Hour)
 		// The control: an ordinary commit in the same session, after the
@@ -448,4 +443,35 @@ func TestSyncCommitOffGrantSurvivesCrash(t *testing.T) {
 	if controlLost == 0 {
 		t.Fatalf("the control commit survived the crash in all %d rounds: this setup cannot show a lost asynchronous commit", rounds)
 	}
+}
+
+// freezeWALWriter stops the WAL writer (SIGSTOP) while it sleeps between
+// rounds (wait event WalWriterMain). Stopped at work, it could hold the WAL
+// write lock, and every commit's own flush would then wait for it forever.
+func freezeWALWriter(t *testing.T, ctx context.Context, conn *pgx.Conn) {
+	t.Helper()
+	var pid int
+	if err := conn.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'`).Scan(&pid); err != nil {
+		t.Fatalf("finding the WAL writer: %v", err)
+	}
+	for ctx.Err() == nil {
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+			t.Fatalf("freezing the WAL writer (pid %d): %v", pid, err)
+		}
+		var ev *string
+		if _, err := conn.Exec(ctx, `SELECT pg_stat_clear_snapshot()`); err != nil {
+			t.Fatal(err)
+		}
+		if err := conn.QueryRow(ctx, `SELECT wait_event FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&ev); err != nil {
+			t.Fatal(err)
+		}
+		if ev != nil && *ev == "WalWriterMain" {
+			return
+		}
+		if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatal("the WAL writer was never seen asleep")
 }
