@@ -41,7 +41,10 @@ const (
 // and the next stop lies a random settle time, the same sequence for every
 // system: the kubelet marks a pod ready at its next readiness probe
 // (every 10 s by default), so the new replica's elector may be anywhere in
-// its retry cycle when the old one stops.
+// its retry cycle when the old one stops. The Deployment creates the next
+// new pod as it deletes the old one, and its process starts a container
+// start later: here 1 to 3 s after the stop, also random and the same for
+// every system.
 //
 // It checks, whatever the system: never two leaders, the store's fencing
 // audit (env.verify), and a new-version leader at the end. With handover it
@@ -170,8 +173,13 @@ func (e *env) rollout(sys string, r int, pods *[]int, next *int, version map[int
 	}
 	order = slices.Insert(order, r%3, leaderSlot)
 	var added []int
-	settle := rand.New(rand.NewPCG(uint64(r), 0)) // the same for every system
+	rng := rand.New(rand.NewPCG(uint64(r), 0)) // the same for every system
+	var stopped time.Time
 	for _, s := range order {
+		if !stopped.IsZero() {
+			startDelay := time.Second + time.Duration(rng.Int64N(int64(2*time.Second)))
+			time.Sleep(time.Until(stopped.Add(startDelay)))
+		}
 		ns := *next
 		*next++
 		version[ns] = to
@@ -183,9 +191,9 @@ func (e *env) rollout(sys string, r int, pods *[]int, next *int, version map[int
 		if sys == rolloutHandover {
 			e.awaitCandidateReady(30*time.Second, e.proc(ns).id)
 		}
-		time.Sleep(time.Duration(settle.Int64N(int64(maxSettle))))
+		time.Sleep(time.Duration(rng.Int64N(int64(maxSettle))))
 		p := e.proc(s)
-		e.signal(p, syscall.SIGTERM)
+		stopped = e.signal(p, syscall.SIGTERM)
 		e.awaitExit(p, 30*time.Second)
 		if p.exitCode != 0 {
 			t.Errorf("%s exited with %d after SIGTERM, want 0", p.id, p.exitCode)
