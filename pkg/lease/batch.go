@@ -192,3 +192,63 @@ func fill(errs []error, err error) []error {
 	}
 	return errs
 }
+
+// ReleaseMany releases every grant of ts in one statement and one commit,
+// each as Release would (a handover to a candidate included), in key order
+// so that concurrent batches lock rows in one order. errs[i] is Release's
+// answer for ts[i]. The returned error is for the whole call; then no
+// result is returned. At most MaxRenewMany tokens, of distinct keys.
+func (c *Client) ReleaseMany(ctx context.Context, ts []Token) ([]error, error) {
+	if len(ts) == 0 {
+		return nil, nil
+	}
+	if len(ts) > MaxRenewMany {
+		return nil, fmt.Errorf("release_many: %w: %d tokens, at most %d", ErrInvalidInput, len(ts), MaxRenewMany)
+	}
+	order := make([]int, len(ts))
+	for i := range order {
+		order[i] = i
+	}
+	sort.Slice(order, func(a, b int) bool { return ts[order[a]].Key < ts[order[b]].Key })
+	keys := make([]string, len(ts))
+	owners := make([]string, len(ts))
+	epochs := make([]int64, len(ts))
+	for i, j := range order {
+		if i > 0 && ts[order[i-1]].Key == ts[j].Key {
+			return nil, fmt.Errorf("release_many: %w: two tokens name the key %q", ErrInvalidInput, ts[j].Key)
+		}
+		keys[i], owners[i], epochs[i] = ts[j].Key, ts[j].Owner, ts[j].Epoch
+	}
+	statuses := make([]string, 0, len(ts))
+	err := retryOnce(ctx, func() error {
+		return c.onConn(ctx, "release_many", func() Token { return ts[0] }, func(q Querier) error {
+			statuses = statuses[:0]
+			r, err := q.Query(ctx, `SELECT lease.release(u.k, u.o, u.e)
+  FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY u(k, o, e, n) ORDER BY u.n`,
+				keys, owners, epochs)
+			if err != nil {
+				return err
+			}
+			defer r.Close()
+			for r.Next() {
+				var st string
+				if err := r.Scan(&st); err != nil {
+					return err
+				}
+				statuses = append(statuses, st)
+			}
+			return r.Err()
+		})
+	})
+	if err != nil {
+		return nil, mapError("release_many", ts[0], err)
+	}
+	if len(statuses) != len(ts) {
+		return nil, fmt.Errorf("lease: release_many: %d rows from the server for %d keys", len(statuses), len(ts))
+	}
+	errs := make([]error, len(ts))
+	for i, j := range order {
+		errs[j] = statusErr("release", ts[j], statuses[i])
+	}
+	return errs, nil
+}

@@ -168,3 +168,42 @@ func TestRenewTerms(t *testing.T) {
 		t.Errorf("a term twice: %v", errs[0])
 	}
 }
+
+// ReleaseMany releases each grant as Release would, in one statement: the
+// current grants are freed (their counters move past their epochs), a
+// stale token gets ErrLost, and a repeated key is invalid input.
+func TestReleaseMany(t *testing.T) {
+	forEachMode(t, func(t *testing.T, db *testDB) {
+		ctx := testCtx(t)
+		c := db.c
+		var ts []lease.Token
+		for _, k := range []string{"r2", "r1", "r3"} {
+			g, ok, err := c.Acquire(ctx, k, "o", time.Minute)
+			if err != nil || !ok {
+				t.Fatalf("acquire %s: %v %v", k, ok, err)
+			}
+			ts = append(ts, g.Token)
+		}
+		stale := ts[2]
+		stale.Epoch++
+		errs, err := c.ReleaseMany(ctx, []lease.Token{ts[0], ts[1], stale})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if errs[0] != nil || errs[1] != nil || !errors.Is(errs[2], lease.ErrLost) {
+			t.Errorf("ReleaseMany: %v", errs)
+		}
+		for i, tok := range ts {
+			st, err := c.Inspect(ctx, tok.Key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := i == 2; st.Held != want {
+				t.Errorf("%s held %v after ReleaseMany, want %v", tok.Key, st.Held, want)
+			}
+		}
+		if _, err := c.ReleaseMany(ctx, []lease.Token{ts[2], ts[2]}); !errors.Is(err, lease.ErrInvalidInput) {
+			t.Errorf("a repeated key: %v, want ErrInvalidInput", err)
+		}
+	})
+}

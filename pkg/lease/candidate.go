@@ -303,3 +303,82 @@ func (r *Registrar) WatchReady(ctx context.Context) (context.Context, context.Ca
 	}()
 	return wctx, cancel
 }
+
+// RegisterMany registers (or renews) owner as a candidate of every key of
+// keys in one statement, key i with priorities[i]; the TTL, version and
+// readiness are cand's (cand.Priority is not used). At most MaxRenewMany
+// keys. It returns the keys whose registration the server refused
+// (another role registered owner for them); an error is for the whole call.
+func (c *Client) RegisterMany(ctx context.Context, keys []string, priorities []int32, cand Candidate) ([]string, error) {
+	t := Token{Owner: cand.Owner}
+	if len(keys) != len(priorities) || len(keys) > MaxRenewMany {
+		return nil, fmt.Errorf("lease: register_many: %w: %d keys and %d priorities (at most %d keys)",
+			ErrInvalidInput, len(keys), len(priorities), MaxRenewMany)
+	}
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	if err := checkTTL("register_many", t, "ttl", cand.TTL, false); err != nil {
+		return nil, err
+	}
+	var version *string
+	if cand.Version != "" {
+		version = &cand.Version
+	}
+	var refused []string
+	err := retryOnce(ctx, func() error {
+		refused = refused[:0]
+		rows, err := c.db.Query(ctx, `
+SELECT u.k FROM unnest($1::text[], $2::int[]) u(k, p),
+       LATERAL lease.candidate(u.k, $3, $4, $5, u.p, $6) r
+ WHERE r.status <> 'ok'`, keys, priorities, cand.Owner, cand.TTL, version, cand.Ready)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var k string
+			if err := rows.Scan(&k); err != nil {
+				rows.Close()
+				return err
+			}
+			refused = append(refused, k)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, candidateError("register_many", t, err)
+	}
+	return refused, nil
+}
+
+// WithdrawMany ends owner's registrations for keys in one statement.
+func (c *Client) WithdrawMany(ctx context.Context, keys []string, owner string) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	err := retryOnce(ctx, func() error {
+		_, err := c.db.Exec(ctx, `SELECT lease.withdraw(k, $2) FROM unnest($1::text[]) k`, keys, owner)
+		return err
+	})
+	if err != nil {
+		return mapError("withdraw_many", Token{Owner: owner}, err)
+	}
+	return nil
+}
+
+// SetStrategyMany sets s as the strategy of every key of keys in one
+// statement. It fails as a whole, setting nothing, when one key's strategy
+// cannot be set (ErrPermission: another role set it).
+func (c *Client) SetStrategyMany(ctx context.Context, keys []string, s Strategy) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	err := retryOnce(ctx, func() error {
+		_, err := c.db.Exec(ctx, `SELECT lease.set_strategy(k, $2) FROM unnest($1::text[]) k`, keys, string(s))
+		return err
+	})
+	if err != nil {
+		return candidateError("set strategy", Token{}, err)
+	}
+	return nil
+}

@@ -100,3 +100,50 @@ func TestCandidatesAndHandover(t *testing.T) {
 		}
 	})
 }
+
+// RegisterMany registers one owner on many keys with their own priorities
+// in one statement; a release of each key hands it to the highest;
+// WithdrawMany ends the registrations and SetStrategyMany sets strategies.
+func TestRegisterMany(t *testing.T) {
+	forEachMode(t, func(t *testing.T, db *testDB) {
+		ctx := testCtx(t)
+		c := db.c
+		keys := []string{"m1", "m2"}
+		if err := c.SetStrategyMany(ctx, keys, lease.StrategyPriority); err != nil {
+			t.Fatal(err)
+		}
+		cand := lease.Candidate{Owner: "x", Ready: true, TTL: time.Minute}
+		if refused, err := c.RegisterMany(ctx, keys, []int32{2, 1}, cand); err != nil || len(refused) != 0 {
+			t.Fatalf("RegisterMany: %v %v", refused, err)
+		}
+		cand.Owner = "y"
+		if _, err := c.RegisterMany(ctx, keys, []int32{1, 2}, cand); err != nil {
+			t.Fatal(err)
+		}
+		for i, want := range []string{"x", "y"} {
+			g, ok, err := c.Acquire(ctx, keys[i], "holder", time.Minute)
+			if err != nil || !ok {
+				t.Fatalf("acquire %s: %v %v", keys[i], ok, err)
+			}
+			if err := c.Release(ctx, g.Token); err != nil {
+				t.Fatal(err)
+			}
+			st, err := c.Inspect(ctx, keys[i])
+			if err != nil || !st.Held || st.Owner != want {
+				t.Errorf("%s after the release: %+v %v, want handed to %s", keys[i], st, err, want)
+			}
+		}
+		if err := c.WithdrawMany(ctx, keys, "y"); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range keys {
+			_, cands, err := c.Candidates(ctx, k)
+			if err != nil || len(cands) != 1 || cands[0].Owner != "x" {
+				t.Errorf("%s after y withdrew: %+v %v", k, cands, err)
+			}
+		}
+		if _, err := c.RegisterMany(ctx, keys, []int32{1}, cand); !errors.Is(err, lease.ErrInvalidInput) {
+			t.Errorf("two keys, one priority: %v, want ErrInvalidInput", err)
+		}
+	})
+}
