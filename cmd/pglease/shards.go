@@ -57,7 +57,7 @@ func (a *app) printShards(v shard.View) {
 			moving++
 		}
 		if s.Owned() {
-			owned[s.State.Owner]++
+			owned[s.Member]++
 		}
 	}
 	fmt.Fprintf(a.stdout, "controller %s: %d shards, %d members, %d unowned, %d moving\n",

@@ -45,20 +45,36 @@ func mix(x uint64) uint64 {
 // member joins, only the shards it now wins move, all to it; when one
 // leaves, only its shards move, spread over the others. No member: nil.
 func Assign(n int, members []string) []string {
+	first, _ := ranked(n, members)
+	return first
+}
+
+// ranked returns, for each of n shards, the member Assign names (first) and
+// the member it would name were that one gone (second, "" with one
+// member): the replica a leaving owner hands the shard to.
+func ranked(n int, members []string) (first, second []string) {
 	if len(members) == 0 {
-		return nil
+		return nil, nil
 	}
 	ms := append([]string(nil), members...)
 	sort.Strings(ms)
-	out := make([]string, n)
+	first, second = make([]string, n), make([]string, n)
 	for s := range n {
-		best, bw := "", uint64(0)
+		best, next := -1, -1
+		var bw, nw uint64
 		for i, m := range ms {
-			if w := weight(s, m); i == 0 || w > bw {
-				best, bw = m, w
+			switch w := weight(s, m); {
+			case best < 0 || w > bw:
+				next, nw = best, bw
+				best, bw = i, w
+			case next < 0 || w > nw:
+				next, nw = i, w
 			}
 		}
-		out[s] = best
+		first[s] = ms[best]
+		if next >= 0 {
+			second[s] = ms[next]
+		}
 	}
-	return out
+	return first, second
 }

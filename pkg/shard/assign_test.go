@@ -100,3 +100,31 @@ func TestOf(t *testing.T) {
 		}
 	}
 }
+
+// TestRunnerUp: the runner-up of each shard (the replica a leaving owner
+// hands it to) is the member Assign names once the owner is gone.
+func TestRunnerUp(t *testing.T) {
+	const n = 64
+	for m := 1; m <= 5; m++ {
+		ms := members(m)
+		first, second := shard.Ranked(n, ms)
+		for s := range n {
+			if first[s] != shard.Assign(n, ms)[s] {
+				t.Fatalf("%d members, shard %d: first %s, Assign %s", m, s, first[s], shard.Assign(n, ms)[s])
+			}
+			var rest []string
+			for _, x := range ms {
+				if x != first[s] {
+					rest = append(rest, x)
+				}
+			}
+			want := ""
+			if len(rest) > 0 {
+				want = shard.Assign(n, rest)[s]
+			}
+			if second[s] != want {
+				t.Errorf("%d members, shard %d: runner-up %q, want %q", m, s, second[s], want)
+			}
+		}
+	}
+}

@@ -95,7 +95,7 @@ func TestControllerRuntimeGlue(t *testing.T) {
 	inner := reconcile.Func(func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 		tok, ok := lease.TokenFromContext(ctx)
 		s := shard.Of(req.Namespace, req.Name, n)
-		if !ok || tok.Key != shard.Key("ctl", s) || tok.Owner != "me" {
+		if !ok || tok.Key != shard.Key("ctl", s) || tok.Owner != r.Owner() {
 			t.Errorf("%v: reconciled with token %v (%v)", req, tok, ok)
 		}
 		return reconcile.Result{Requeue: true}, nil

@@ -14,11 +14,25 @@
 // Rebalancing has no overlap and no orphan:
 //   - a replica that should no longer own shard s first cancels the
 //     shard's context and waits for the work running under it, then
-//     releases the key; the new owner acquires it after the release;
-//   - a replica that stops does the same for all its shards, then
-//     releases its member key;
+//     releases the key;
+//   - the release hands the key over in its own transaction (a
+//     lease.candidate registration under the priority strategy): a joining
+//     replica registers for the shards it will win before it announces
+//     itself, and every replica registers for the shards it would get if
+//     their owner left (the rendezvous runner-up), so a move leaves no
+//     shard free; without a registration the key is freed and the new
+//     owner acquires it;
+//   - a replica that stops first releases its member key (the others
+//     recompute without it while its work ends), then its shards;
 //   - a crashed replica's keys lapse at their server expiry, and the
-//     others take its shards over then.
+//     others take its shards over then: they wake at the latest local
+//     bound of that expiry.
+//
+// Every process holds its keys under an owner of its own (Identity#random),
+// so two processes never share a grant: a second process given the
+// identity of a live replica sees its member key renewed by another owner
+// and refuses to run (ErrIdentityTaken); a replica restarted after a crash
+// waits for the old process's member key to lapse.
 //
 // Work under shard s runs in the context Begin returns: it carries the
 // shard's fencing token (lease.TokenFromContext), so a guard (pkg/fence)
@@ -27,6 +41,8 @@ package shard
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -60,8 +76,9 @@ type Config struct {
 	Controller string
 	// Shards is N, fixed for the life of the controller: 1 to MaxShards.
 	Shards int
-	// Identity is this replica's member name and the owner of its keys.
-	// It must be unique among live replicas. Default lease.DefaultOwner().
+	// Identity is this replica's member name. It must be unique among live
+	// replicas: Run refuses an identity another live process holds.
+	// Default lease.DefaultOwner().
 	Identity string
 	// TTL of the member and shard keys. Default 10 s.
 	TTL time.Duration
@@ -135,6 +152,7 @@ func (c *Config) fill() error {
 type Sharder struct {
 	cfg     Config
 	c       *lease.Client
+	owner   string // the owner of this process's keys: Identity#<instance>
 	metrics *replicaMetrics
 	kick    chan struct{}
 
@@ -147,6 +165,11 @@ type Sharder struct {
 	lastList  time.Time
 	unowned   map[int]bool // shards nobody held at the last list
 	stops     sync.WaitGroup
+
+	// Touched by Run's goroutine only.
+	cands    map[int]int32 // shard -> priority of this replica's candidacy
+	strategy map[int]bool  // shard keys this process set the priority strategy on
+	rival    lease.State   // another process's member key of this identity, last seen
 }
 
 // owned is a shard this replica holds (or is releasing).
@@ -157,18 +180,38 @@ type owned struct {
 	stopping bool
 }
 
+// The priorities of handover candidacies: a replica that Assign names for
+// a shard it does not hold yet (it joined) comes before the runner-up
+// (the replica that takes the shard when its owner leaves).
+const (
+	priorityAssigned int32 = 2
+	priorityRunnerUp int32 = 1
+)
+
 // New validates cfg and returns a Sharder; Run starts it.
 func New(cfg Config) (*Sharder, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	return &Sharder{cfg: cfg, c: cfg.Client, kick: make(chan struct{}, 1),
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	owner := cfg.Identity + "#" + hex.EncodeToString(b[:])
+	if err := lease.CheckOwner(owner); err != nil {
+		return nil, fmt.Errorf("%w: Identity: %w", ErrInvalidConfig, err)
+	}
+	return &Sharder{cfg: cfg, c: cfg.Client, owner: owner, kick: make(chan struct{}, 1),
 		owned: map[int]*owned{}, unowned: map[int]bool{},
+		cands: map[int]int32{}, strategy: map[int]bool{},
 		metrics: newReplicaMetrics(cfg.Controller, cfg.Identity)}, nil
 }
 
 // Identity is this replica's member name.
 func (r *Sharder) Identity() string { return r.cfg.Identity }
+
+// Owner is the owner of this process's member and shard keys: Identity, a
+// "#" and a random instance name, so that no other process (a duplicate of
+// the identity, or this replica restarted) ever holds the same grant.
+func (r *Sharder) Owner() string { return r.owner }
 
 // Shards is N.
 func (r *Sharder) Shards() int { return r.cfg.Shards }
@@ -218,8 +261,8 @@ func (r *Sharder) Begin(parent context.Context, s int) (ctx context.Context, don
 
 // Run holds the member key and the assigned shard keys until ctx ends, then
 // stops every shard's work, releases the shards and the member key, and
-// returns nil. It returns early only for an error no retry can fix (another
-// process holds this replica's identity).
+// returns nil. It returns ErrIdentityTaken, holding nothing, when another
+// live process holds this replica's member key.
 func (r *Sharder) Run(ctx context.Context) error {
 	var changes <-chan lease.Event
 	if r.cfg.Waiter != nil {
@@ -235,6 +278,8 @@ func (r *Sharder) Run(ctx context.Context) error {
 	for {
 		next, err := r.round(ctx)
 		if err != nil && ctx.Err() == nil {
+			r.cfg.Logger.Error("shard: refusing to run", "controller", r.cfg.Controller,
+				"identity", r.cfg.Identity, "err", err)
 			r.leave()
 			return err
 		}
@@ -270,12 +315,14 @@ func (r *Sharder) wake() {
 // anything: tests simulate a crashed replica with it.
 var errCrash = errors.New("shard: crash")
 
-// ErrIdentityTaken: another process holds this replica's member key.
-var ErrIdentityTaken = errors.New("shard: another process holds this replica's member key")
+// ErrIdentityTaken: another live process holds this replica's member key
+// (two replicas were given one identity). Run returns it and holds nothing.
+var ErrIdentityTaken = errors.New("shard: another live process holds this replica's member key")
 
-// round is one step of the loop: the member key, the batch renewal when
-// due, the members and shards as the database has them, the shards to
-// give up and to take. It returns when to run again.
+// round is one step of the loop: the batch renewal when due, the members
+// and shards as the database has them, the member key, the shards to give
+// up and to take, and the handover candidacies. It returns when to run
+// again.
 func (r *Sharder) round(ctx context.Context) (time.Duration, error) {
 	clk := r.c.Clock()
 	warn := func(msg string, args ...any) {
@@ -285,19 +332,13 @@ func (r *Sharder) round(ctx context.Context) (time.Duration, error) {
 	}
 	next := r.cfg.RenewEvery
 
-	if err := r.ensureMember(ctx); err != nil {
-		if errors.Is(err, ErrIdentityTaken) {
-			return 0, err
-		}
-		warn("shard: member key", "controller", r.cfg.Controller, "err", err)
-		return r.cfg.Poll, nil
-	}
-
 	// The batch renewal of the member key and every live shard key.
 	now := clk.Now()
 	r.mu.Lock()
-	due := now.Sub(r.lastRenew) >= r.cfg.RenewEvery
-	terms := []*lease.Term{r.member}
+	m := r.member
+	joined := m != nil && m.Err() == nil
+	due := joined && now.Sub(r.lastRenew) >= r.cfg.RenewEvery
+	terms := []*lease.Term{m}
 	if due {
 		for _, o := range r.owned {
 			if !o.stopping && o.term.Err() == nil {
@@ -320,17 +361,20 @@ func (r *Sharder) round(ctx context.Context) (time.Duration, error) {
 		} else {
 			next = r.cfg.Poll // retried soon; a lost member key is acquired again
 		}
-	} else {
+	} else if joined {
 		next = r.cfg.RenewEvery - now.Sub(r.lastRenew)
 	}
 
 	// Shards whose term ended (lost, or its deadline passed): stop them.
 	r.mu.Lock()
+	var ended []*owned
 	for _, o := range r.owned {
 		if !o.stopping && o.term.Err() != nil {
-			r.stopLocked(o, o.term.Err())
+			r.endLocked(o, o.term.Err())
+			ended = append(ended, o)
 		}
 	}
+	r.releaseAfterWork(ended)
 	r.mu.Unlock()
 
 	states, err := r.c.List(ctx)
@@ -340,11 +384,16 @@ func (r *Sharder) round(ctx context.Context) (time.Duration, error) {
 	}
 	listed := clk.Now()
 	var members []string
+	memberOwners := map[string]bool{} // the holders of live member keys
 	shardState := make(map[int]lease.State)
 	for _, st := range states {
-		if m, ok := memberOf(r.cfg.Controller, st.Key); ok && st.Held {
-			members = append(members, m)
-			if m != r.cfg.Identity {
+		if mem, ok := memberOf(r.cfg.Controller, st.Key); ok && st.Held {
+			if mem == r.cfg.Identity && st.Owner != r.owner {
+				continue // another process of this identity: ensureMember decides
+			}
+			members = append(members, mem)
+			memberOwners[st.Owner] = true
+			if mem != r.cfg.Identity {
 				if d := st.ExpiresLocal().Sub(listed); d > 0 {
 					next = min(next, d) // a crashed member's keys lapse then
 				}
@@ -355,7 +404,41 @@ func (r *Sharder) round(ctx context.Context) (time.Duration, error) {
 			shardState[s] = st
 		}
 	}
-	assign := Assign(r.cfg.Shards, members)
+
+	// The member key: acquired at the first round, and again when its term
+	// ended. The others learn of it from announce, after the candidacies.
+	joining := !joined
+	if joining {
+		if !slices.Contains(members, r.cfg.Identity) {
+			members = append(members, r.cfg.Identity)
+		}
+		// Registered for the shards this replica will win before the
+		// others see it: their releases then hand those shards over.
+		win := Assign(r.cfg.Shards, members)
+		cands := map[int]int32{}
+		for s, o := range win {
+			if st := shardState[s]; o == r.cfg.Identity && st.Held && st.Owner != r.owner {
+				cands[s] = priorityAssigned
+			}
+		}
+		if err := r.candidacies(ctx, cands, true); err != nil {
+			warn("shard: handover candidacies", "controller", r.cfg.Controller, "err", err)
+		}
+		wait, err := r.ensureMember(ctx)
+		if err != nil {
+			if err := r.candidacies(ctx, nil, false); err != nil {
+				warn("shard: handover candidacies", "controller", r.cfg.Controller, "err", err)
+			}
+			if errors.Is(err, ErrIdentityTaken) {
+				return 0, err
+			}
+			warn("shard: member key", "controller", r.cfg.Controller, "err", err)
+			return max(min(next, wait), time.Millisecond), nil
+		}
+		memberOwners[r.owner] = true
+		r.announce(ctx)
+	}
+	assign, second := ranked(r.cfg.Shards, members)
 
 	r.mu.Lock()
 	r.members, r.assign = members, assign
@@ -378,32 +461,49 @@ func (r *Sharder) round(ctx context.Context) (time.Duration, error) {
 	r.metrics.unowned.Set(float64(unowned))
 	r.metrics.members.Set(float64(len(members)))
 	var take []int
+	var moving []*owned
+	var stray []lease.Token
+	cands := map[int]int32{}
 	for s := range r.cfg.Shards {
 		o := r.owned[s]
+		st := shardState[s]
+		mine := assign[s] == r.cfg.Identity
 		switch {
-		case assign == nil || assign[s] != r.cfg.Identity:
+		case !mine:
 			if o != nil && !o.stopping {
-				r.stopLocked(o, ErrRebalanced)
+				r.endLocked(o, ErrRebalanced)
+				moving = append(moving, o)
+			}
+			if o == nil && st.Held && st.Owner == r.owner {
+				// Handed to this replica by a release that saw another
+				// assignment: hand it on.
+				stray = append(stray, lease.Token{Key: st.Key, Owner: st.Owner, Epoch: st.Epoch})
+			}
+			if second[s] == r.cfg.Identity {
+				cands[s] = priorityRunnerUp
 			}
 		case o == nil:
-			st := shardState[s]
-			if st.Held && st.Owner != r.cfg.Identity {
-				// A live former owner is releasing it: retry at the poll
-				// (the release's notification may wake us sooner). A holder
-				// that is no member any more crashed: its grant lapses at
-				// its expiry.
-				if slices.Contains(members, st.Owner) {
+			if st.Held && st.Owner != r.owner {
+				cands[s] = priorityAssigned
+				// A live member holds it: it is releasing it, and a release
+				// notifies (with a Waiter); poll as well. A holder that is
+				// no member left or crashed: its grant lapses at its
+				// expiry, the latest bound on this clock.
+				d := st.ExpiresLocal().Sub(listed)
+				switch {
+				case memberOwners[st.Owner] || d <= 0:
 					next = min(next, r.cfg.Poll)
-				} else if d := st.ExpiresLocal().Sub(listed); d > 0 {
+				case r.cfg.Waiter == nil:
+					next = min(next, r.cfg.Poll, d)
+				default:
 					next = min(next, max(d, time.Millisecond))
-				} else {
-					next = min(next, r.cfg.Poll)
 				}
 				continue
 			}
 			take = append(take, s)
 		}
 	}
+	r.releaseAfterWork(moving)
 	r.mu.Unlock()
 
 	// The shards to take, a few at a time: after a leave or a crash, a
@@ -425,9 +525,23 @@ func (r *Sharder) round(ctx context.Context) (time.Duration, error) {
 			}
 		}()
 	}
+	for _, t := range stray {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if err := r.c.Release(ctx, t); err != nil && !errors.Is(err, lease.ErrLost) {
+				warn("shard: release", "key", t.Key, "err", err)
+			}
+		}()
+	}
 	wg.Wait()
 	if failed.Load() {
 		next = min(next, r.cfg.Poll)
+	}
+	if err := r.candidacies(ctx, cands, due); err != nil {
+		warn("shard: handover candidacies", "controller", r.cfg.Controller, "err", err)
 	}
 	r.mu.Lock()
 	r.metrics.owned.Set(float64(len(r.owned)))
@@ -435,50 +549,128 @@ func (r *Sharder) round(ctx context.Context) (time.Duration, error) {
 	return max(next, time.Millisecond), nil
 }
 
-// ensureMember holds the member key: acquired at the first round and
-// again whenever its term ended.
-func (r *Sharder) ensureMember(ctx context.Context) error {
+// candidacies registers this replica as the handover candidate of the
+// shards in want (with their priorities) and withdraws the others: a
+// release of such a shard by its owner grants it here in the same
+// transaction, so the shard is never free. Registrations last a TTL and
+// are renewed with the batch renewal (refresh) or when want changes.
+func (r *Sharder) candidacies(ctx context.Context, want map[int]int32, refresh bool) error {
+	changed := len(want) != len(r.cands)
+	for s, p := range want {
+		changed = changed || r.cands[s] != p
+	}
+	if !changed && !(refresh && len(want) > 0) {
+		return nil
+	}
+	// A release hands a key over only under a strategy: priority, set once
+	// per key by this process (another role's strategy stays).
+	var errs []error
+	var unset []string
+	for s := range want {
+		if !r.strategy[s] {
+			unset = append(unset, Key(r.cfg.Controller, s))
+		}
+	}
+	if err := r.c.SetStrategyMany(ctx, unset, lease.StrategyPriority); err != nil {
+		// One key refused (another role's strategy stays): key by key.
+		var set []string
+		for _, k := range unset {
+			if _, err := r.c.SetStrategy(ctx, k, lease.StrategyPriority); err != nil && !errors.Is(err, lease.ErrPermission) {
+				errs = append(errs, err)
+				continue
+			}
+			set = append(set, k)
+		}
+		unset = set
+	}
+	for _, k := range unset {
+		s, _ := parseShard(r.cfg.Controller, k, r.cfg.Shards)
+		r.strategy[s] = true
+	}
+	var gone []string
+	for s := range r.cands {
+		if _, ok := want[s]; !ok {
+			gone = append(gone, Key(r.cfg.Controller, s))
+		}
+	}
+	if err := r.c.WithdrawMany(ctx, gone, r.owner); err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	for s := range r.cands {
+		if _, ok := want[s]; !ok {
+			delete(r.cands, s)
+		}
+	}
+	keys := make([]string, 0, len(want))
+	prios := make([]int32, 0, len(want))
+	for s, p := range want {
+		keys = append(keys, Key(r.cfg.Controller, s))
+		prios = append(prios, p)
+	}
+	if _, err := r.c.RegisterMany(ctx, keys, prios, lease.Candidate{Owner: r.owner, Ready: true, TTL: r.cfg.TTL}); err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	r.cands = want
+	return errors.Join(errs...)
+}
+
+// ensureMember acquires the member key. When another process holds it, it
+// returns when to look again: at the holder's expiry (a crashed process of
+// this identity, such as this replica before a restart) or after a renewal
+// period; a holder seen to renew is alive, and ensureMember returns
+// ErrIdentityTaken.
+func (r *Sharder) ensureMember(ctx context.Context) (time.Duration, error) {
 	r.mu.Lock()
 	m := r.member
 	r.mu.Unlock()
-	if m != nil && m.Err() == nil {
-		return nil
-	}
 	key := MemberKey(r.cfg.Controller, r.cfg.Identity)
 	if m != nil {
 		_ = m.Release(ctx) // an ended term may still hold the key
 	}
-	g, ok, err := r.c.Acquire(ctx, key, r.cfg.Identity, r.cfg.TTL)
+	g, ok, err := r.c.Acquire(ctx, key, r.owner, r.cfg.TTL)
 	if err != nil {
-		return err
+		return r.cfg.Poll, err
 	}
 	if !ok {
-		return fmt.Errorf("%w: %s", ErrIdentityTaken, key)
+		st, err := r.c.Inspect(ctx, key)
+		if err != nil {
+			return r.cfg.Poll, err
+		}
+		if !st.Held {
+			return r.cfg.Poll, fmt.Errorf("%s: released meanwhile", key)
+		}
+		if r.rival.Held && st.Owner == r.rival.Owner && st.ExpiresAt.After(r.rival.ExpiresAt) {
+			return 0, fmt.Errorf("%w: %s is held by %s, which renewed it", ErrIdentityTaken, key, st.Owner)
+		}
+		r.rival = st
+		wait := min(r.cfg.RenewEvery+r.cfg.Poll, max(st.ExpiresLocal().Sub(r.c.Clock().Now()), time.Millisecond))
+		return wait, fmt.Errorf("%s is held by %s: waiting for its renewal or its expiry", key, st.Owner)
 	}
 	t, err := r.c.Begin(g, r.cfg.Margin, nil)
 	if err != nil {
-		return err
+		return r.cfg.Poll, err
 	}
 	r.mu.Lock()
 	r.member = t
 	r.lastRenew = r.c.Clock().Now()
 	r.mu.Unlock()
-	r.announce(ctx)
-	return nil
+	r.rival = lease.State{}
+	return 0, nil
 }
 
 // announce wakes the other replicas watching the controller's changed key:
 // an acquire and a release of it, each notified.
 func (r *Sharder) announce(ctx context.Context) {
-	g, ok, err := r.c.Acquire(ctx, changedKey(r.cfg.Controller), r.cfg.Identity, time.Second)
+	g, ok, err := r.c.Acquire(ctx, changedKey(r.cfg.Controller), r.owner, time.Second)
 	if err == nil && ok {
 		_ = r.c.Release(ctx, g.Token)
 	}
 }
 
-// take acquires shard s (wait 0) and begins its term.
+// take acquires shard s (wait 0), or takes the grant a handover gave this
+// replica (an acquire answers the caller's own grant), and begins its term.
 func (r *Sharder) take(ctx context.Context, s int) error {
-	g, ok, err := r.c.Acquire(ctx, Key(r.cfg.Controller, s), r.cfg.Identity, r.cfg.TTL)
+	g, ok, err := r.c.Acquire(ctx, Key(r.cfg.Controller, s), r.owner, r.cfg.TTL)
 	if err != nil || !ok {
 		return err // not ok: taken by another meanwhile; the next round sees it
 	}
@@ -496,10 +688,8 @@ func (r *Sharder) take(ctx context.Context, s int) error {
 	return nil
 }
 
-// stopLocked stops shard o in the background: it cancels the shard's
-// contexts (ending its term), waits for the work begun under it, releases
-// the key unless the server said it is gone, and forgets the shard.
-func (r *Sharder) stopLocked(o *owned, cause error) {
+// endLocked ends o's term: its contexts are cancelled with cause.
+func (r *Sharder) endLocked(o *owned, cause error) {
 	o.stopping = true
 	o.term.End(cause)
 	kind := "released"
@@ -507,18 +697,45 @@ func (r *Sharder) stopLocked(o *owned, cause error) {
 		kind = "lost"
 	}
 	r.metrics.rebalances.WithLabelValues(kind).Inc()
+}
+
+// releaseAfterWork waits, in the background, for the work begun under the
+// ended terms of os, then releases them all in one statement
+// (lease.Client.ReleaseMany) and forgets them. A release hands its key to
+// a registered candidate, if any, in the same transaction: the former
+// owner's work has ended before the grant moves.
+func (r *Sharder) releaseAfterWork(os []*owned) {
+	if len(os) == 0 {
+		return
+	}
 	r.stops.Add(1)
 	go func() {
 		defer r.stops.Done()
-		o.inflight.Wait()
+		ts := make([]lease.Token, len(os))
+		for i, o := range os {
+			o.inflight.Wait()
+			ts[i] = o.term.Grant().Token
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.TTL)
 		defer cancel()
-		if err := o.term.Release(ctx); err != nil && !errors.Is(err, lease.ErrLost) {
-			r.cfg.Logger.Warn("shard: release", "key", o.term.Grant().Key, "err", err)
+		for len(ts) > 0 {
+			n := min(len(ts), lease.MaxRenewMany)
+			errs, err := r.c.ReleaseMany(ctx, ts[:n])
+			if err != nil {
+				r.cfg.Logger.Warn("shard: release", "controller", r.cfg.Controller, "shards", n, "err", err)
+			}
+			for i, err := range errs {
+				if err != nil && !errors.Is(err, lease.ErrLost) {
+					r.cfg.Logger.Warn("shard: release", "key", ts[i].Key, "err", err)
+				}
+			}
+			ts = ts[n:]
 		}
 		r.mu.Lock()
-		if r.owned[o.s] == o {
-			delete(r.owned, o.s)
+		for _, o := range os {
+			if r.owned[o.s] == o {
+				delete(r.owned, o.s)
+			}
 		}
 		r.metrics.owned.Set(float64(len(r.owned)))
 		r.mu.Unlock()
@@ -526,23 +743,49 @@ func (r *Sharder) stopLocked(o *owned, cause error) {
 	}()
 }
 
-// leave stops every shard, waits for their releases, then releases the
-// member key and announces the change.
+// leave ends every shard's term (cancelling its work), releases the member
+// key and announces it, so that the others recompute without this replica
+// while its work ends; then it releases each shard after its work, to the
+// shard's runner-up where one registered, and withdraws its candidacies.
 func (r *Sharder) leave() {
 	r.mu.Lock()
+	var ending []*owned
 	for _, o := range r.owned {
 		if !o.stopping {
-			r.stopLocked(o, ErrRebalanced)
+			r.endLocked(o, ErrRebalanced)
+			ending = append(ending, o)
 		}
 	}
 	m := r.member
 	r.mu.Unlock()
-	r.stops.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.TTL)
 	defer cancel()
+	start := time.Now()
 	if m != nil {
 		_ = m.Release(ctx)
 		r.announce(ctx)
+	}
+	announced := time.Since(start)
+	r.releaseAfterWork(ending)
+	r.stops.Wait()
+	r.cfg.Logger.Info("shard: left", "controller", r.cfg.Controller, "identity", r.cfg.Identity,
+		"shards", len(ending), "announced", announced, "released", time.Since(start))
+	var keys []string
+	for s := range r.cands {
+		keys = append(keys, Key(r.cfg.Controller, s))
+	}
+	_ = r.c.WithdrawMany(ctx, keys, r.owner)
+	r.cands = map[int]int32{}
+	// A handover may have granted this process a shard it never took (it
+	// stopped meanwhile, or was refused): release those too.
+	if states, err := r.c.List(ctx); err == nil {
+		var stray []lease.Token
+		for _, st := range states {
+			if _, ok := parseShard(r.cfg.Controller, st.Key, r.cfg.Shards); ok && st.Held && st.Owner == r.owner {
+				stray = append(stray, lease.Token{Key: st.Key, Owner: st.Owner, Epoch: st.Epoch})
+			}
+		}
+		_, _ = r.c.ReleaseMany(ctx, stray)
 	}
 	r.metrics.owned.Set(0)
 }

@@ -101,7 +101,7 @@ func (c *cluster) work(ctx context.Context, r *shard.Sharder, id string, s int) 
 	}
 	defer done()
 	tok, _ := lease.TokenFromContext(sctx)
-	if tok.Key != shard.Key("ctl", s) || tok.Owner != id {
+	if tok.Key != shard.Key("ctl", s) || tok.Owner != r.Owner() {
 		c.t.Errorf("%s: shard %d's context carries %v", id, s, tok)
 	}
 	c.mu.Lock()
@@ -197,7 +197,7 @@ func TestJoinLeaveCrash(t *testing.T) {
 	for _, st := range states {
 		for s := range c.n {
 			if st.Key == shard.Key("ctl", s) {
-				if !st.Held || st.Owner != "a" {
+				if !st.Held || st.Owner != c.replicas["a"].r.Owner() {
 					t.Errorf("%s: held %v by %q, want a", st.Key, st.Held, st.Owner)
 				}
 				held++
@@ -262,5 +262,130 @@ func TestFormerOwnerRejectedPerShard(t *testing.T) {
 	// Another shard's token of b is not affected by shard 2's epochs.
 	if err := fence.InTx(ctx, c.pool, cur, func(pgx.Tx) error { return nil }); err != nil {
 		t.Errorf("b's fenced transaction: %v", err)
+	}
+}
+
+// TestLeaveHandsOver: a leaving replica's shards move to their runner-ups
+// by handover, each in the release's transaction, so no shard is ever
+// free; the work under each ended before its grant moved (no overlap).
+func TestLeaveHandsOver(t *testing.T) {
+	c := newCluster(t, 16, 3*time.Second)
+	ctx := pgtest.Context(t, 0)
+	lc := lease.New(c.pool)
+	for _, id := range []string{"a", "b", "c"} {
+		c.start(id)
+	}
+	c.waitSettled("a", "b", "c")
+	owners := shard.Assign(c.n, []string{"a", "b", "c"})
+	after := shard.Assign(c.n, []string{"a", "c"})
+	// Wait for the runner-ups' registrations (the server's answer).
+	for s := range c.n {
+		if owners[s] != "b" {
+			continue
+		}
+		want := c.replicas[after[s]].r.Owner()
+		waitFor(t, fmt.Sprintf("%s registered as the candidate of shard %d", want, s), func() bool {
+			_, cands, err := lc.Candidates(ctx, shard.Key("ctl", s))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, cs := range cands {
+				if cs.Owner == want && cs.Rank == 1 {
+					return true
+				}
+			}
+			return false
+		})
+	}
+	b := c.replicas["b"]
+	bOwner := b.r.Owner()
+	b.cancel(context.Canceled)
+	<-b.done
+	t.Logf("b leaves: settled in %v", c.waitSettled("a", "c"))
+	c.checkNoOverlap()
+	for s := range c.n {
+		if owners[s] != "b" {
+			continue
+		}
+		h, err := lc.History(ctx, shard.Key("ctl", s), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := c.replicas[after[s]].r.Owner()
+		if len(h) != 1 || h[0].Kind != "handed_over" || h[0].PreviousOwner != bOwner || h[0].Owner != want {
+			t.Errorf("shard %d: last history %+v, want handed_over from %s to %s", s, h, bOwner, want)
+		}
+	}
+}
+
+// TestDuplicateIdentity: a second process given the identity of a live
+// replica refuses to run (ErrIdentityTaken) and never owns a shard, nor
+// disturbs the first; a replica restarted after a crash under the same
+// identity is not refused: it takes over when the crashed process's keys
+// lapse.
+func TestDuplicateIdentity(t *testing.T) {
+	c := newCluster(t, 8, 2*time.Second)
+	ctx := pgtest.Context(t, 0)
+	lc := lease.New(c.pool)
+	a := c.start("a")
+	c.waitSettled("a")
+	before, err := shard.Read(ctx, lc, "ctl", c.n)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	dup, err := shard.New(shard.Config{Client: lease.New(pgtest.NewPool(t, c.dsn)), Controller: "ctl",
+		Shards: c.n, Identity: "a", TTL: c.ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- dup.Run(ctx) }()
+	var runErr error
+	for waiting := true; waiting; {
+		select {
+		case runErr = <-done:
+			waiting = false
+		case <-time.After(time.Millisecond):
+		}
+		if owned := dup.Owned(); len(owned) != 0 {
+			t.Fatalf("the duplicate owns %v", owned)
+		}
+	}
+	if !errors.Is(runErr, shard.ErrIdentityTaken) {
+		t.Fatalf("the duplicate's Run: %v, want ErrIdentityTaken", runErr)
+	}
+	after, err := shard.Read(ctx, lc, "ctl", c.n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for s, st := range after.Shards {
+		if st.State.Owner != a.r.Owner() || st.State.Epoch != before.Shards[s].State.Epoch {
+			t.Errorf("shard %d: %s@%d after the duplicate, %s@%d before", s, st.State.Owner, st.State.Epoch,
+				before.Shards[s].State.Owner, before.Shards[s].State.Epoch)
+		}
+	}
+	c.checkNoOverlap()
+
+	// A crash, then a restart under the same identity: a new process.
+	a.cancel(shard.ErrCrash)
+	<-a.done
+	again := c.start("a")
+	c.waitSettled("a")
+	if again.r.Owner() == a.r.Owner() {
+		t.Errorf("the restarted replica's owner %s is the crashed one's", again.r.Owner())
+	}
+	c.checkNoOverlap()
+}
+
+// waitFor polls cond every 5 ms for up to a minute.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s within a minute", what)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -24,6 +24,9 @@ type ShardState struct {
 	State lease.State
 	// Assigned is the member that should own the shard ("" without members).
 	Assigned string
+	// Member is the live member whose process holds the key: "" when the
+	// key is free or its holder is no live member (it left or crashed).
+	Member string
 }
 
 // Owned reports whether the shard's key is held.
@@ -31,7 +34,7 @@ func (s ShardState) Owned() bool { return s.State.Held }
 
 // Misplaced reports whether the shard is held by another member than the
 // one assigned: a rebalance in progress, or a holder that is not a member.
-func (s ShardState) Misplaced() bool { return s.State.Held && s.State.Owner != s.Assigned }
+func (s ShardState) Misplaced() bool { return s.State.Held && s.Member != s.Assigned }
 
 // Read reads the controller's members and shard keys in one lease.list.
 // n is the number of shards; 0 infers it from the highest shard key seen.
@@ -42,9 +45,11 @@ func Read(ctx context.Context, c *lease.Client, controller string, n int) (View,
 	}
 	v := View{Controller: controller}
 	byShard := map[int]lease.State{}
+	byOwner := map[string]string{} // holder of a member key -> member
 	for _, st := range states {
 		if m, ok := memberOf(controller, st.Key); ok && st.Held {
 			v.Members = append(v.Members, m)
+			byOwner[st.Owner] = m
 			continue
 		}
 		if s, ok := parseShard(controller, st.Key, MaxShards); ok {
@@ -62,6 +67,9 @@ func Read(ctx context.Context, c *lease.Client, controller string, n int) (View,
 			st = lease.State{Key: Key(controller, s)}
 		}
 		ss := ShardState{Shard: s, State: st}
+		if st.Held {
+			ss.Member = byOwner[st.Owner]
+		}
 		if assign != nil {
 			ss.Assigned = assign[s]
 		}

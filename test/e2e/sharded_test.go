@@ -200,7 +200,7 @@ func (r *shRun) settled(controller string, live ...string) (time.Time, float64) 
 			if !s.Owned() {
 				unowned += now.Sub(last).Seconds()
 			}
-			ok = ok && s.Owned() && s.State.Owner == want[s.Shard]
+			ok = ok && s.Owned() && s.Member == want[s.Shard]
 		}
 		last = now
 		if ok {
