@@ -509,9 +509,11 @@ func (r *Sharder) round(ctx context.Context) (time.Duration, error) {
 	// The shards to take, a few at a time: after a leave or a crash, a
 	// replica may take many at once.
 	var (
-		wg     sync.WaitGroup
-		failed atomic.Bool
-		sem    = make(chan struct{}, takeConcurrency)
+		wg      sync.WaitGroup
+		failed  atomic.Bool
+		sem     = make(chan struct{}, takeConcurrency)
+		takeAt  = clk.Now()
+		listAge = takeAt.Sub(listed)
 	)
 	for _, s := range take {
 		wg.Add(1)
@@ -537,6 +539,10 @@ func (r *Sharder) round(ctx context.Context) (time.Duration, error) {
 		}()
 	}
 	wg.Wait()
+	if len(take) > 0 {
+		r.cfg.Logger.Info("shard: took", "controller", r.cfg.Controller, "identity", r.cfg.Identity,
+			"shards", len(take), "list_age", listAge, "took", clk.Since(takeAt))
+	}
 	if failed.Load() {
 		next = min(next, r.cfg.Poll)
 	}
@@ -743,10 +749,11 @@ func (r *Sharder) releaseAfterWork(os []*owned) {
 	}()
 }
 
-// leave ends every shard's term (cancelling its work), releases the member
-// key and announces it, so that the others recompute without this replica
-// while its work ends; then it releases each shard after its work, to the
-// shard's runner-up where one registered, and withdraws its candidacies.
+// leave ends every shard's term (cancelling its work), waits for that
+// work, then releases the member key and every shard in one statement: the
+// others see this replica gone and its shards at their runner-ups (a
+// handover where one registered) in one commit. Then it announces the
+// change and withdraws its candidacies.
 func (r *Sharder) leave() {
 	r.mu.Lock()
 	var ending []*owned
@@ -761,15 +768,37 @@ func (r *Sharder) leave() {
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.TTL)
 	defer cancel()
 	start := time.Now()
+	var ts []lease.Token
 	if m != nil {
-		_ = m.Release(ctx)
+		m.End(lease.ErrReleased)
+		ts = append(ts, m.Grant().Token)
+	}
+	for _, o := range ending {
+		o.inflight.Wait()
+		ts = append(ts, o.term.Grant().Token)
+	}
+	worked := time.Since(start)
+	for len(ts) > 0 {
+		n := min(len(ts), lease.MaxRenewMany)
+		if _, err := r.c.ReleaseMany(ctx, ts[:n]); err != nil {
+			r.cfg.Logger.Warn("shard: release", "controller", r.cfg.Controller, "keys", n, "err", err)
+		}
+		ts = ts[n:]
+	}
+	released := time.Since(start)
+	r.mu.Lock()
+	for _, o := range ending {
+		if r.owned[o.s] == o {
+			delete(r.owned, o.s)
+		}
+	}
+	r.mu.Unlock()
+	if m != nil {
 		r.announce(ctx)
 	}
-	announced := time.Since(start)
-	r.releaseAfterWork(ending)
-	r.stops.Wait()
+	r.stops.Wait() // releases begun by earlier rounds
 	r.cfg.Logger.Info("shard: left", "controller", r.cfg.Controller, "identity", r.cfg.Identity,
-		"shards", len(ending), "announced", announced, "released", time.Since(start))
+		"shards", len(ending), "work_ended", worked, "released", released)
 	var keys []string
 	for s := range r.cands {
 		keys = append(keys, Key(r.cfg.Controller, s))
