@@ -7,9 +7,9 @@
 // (-selector, default pglease.example/watch=true): for each it waits -work
 // (an I/O-bound step: a call to a slow external system), then writes a
 // result row into a table of another PostgreSQL database, the store,
-// through fence.PGGuard with the token of the shard's context. The store
-// keeps the highest epoch accepted per ConfigMap, so a replica that lost a
-// shard and writes late is rejected.
+// through fence.PGGuard with the token of the shard's context, and logs it
+// in sharded_writes. The store keeps the highest epoch accepted per
+// ConfigMap, so a replica that lost a shard and writes late is rejected.
 //
 //	go run ./examples/sharded -kubeconfig ~/.kube/config -shards 16 -id "$POD_NAME"
 //
@@ -275,6 +275,12 @@ VALUES ($1, $2, $3, $4, $5, $6::jsonb)
 ON CONFLICT (resource) DO UPDATE SET shard = EXCLUDED.shard, epoch = EXCLUDED.epoch, writer = EXCLUDED.writer,
   resource_version = EXCLUDED.resource_version, data = EXCLUDED.data, written_at = clock_timestamp()`,
 			req.String(), s, tok.Epoch, r.id, cm.ResourceVersion, string(data))
+		if err != nil {
+			return err
+		}
+		// The log of accepted writes, stamped after the guard's check.
+		_, err = tx.Exec(ctx, `INSERT INTO sharded_writes (resource, shard, epoch, writer) VALUES ($1, $2, $3, $4)`,
+			req.String(), s, tok.Epoch, r.id)
 		return err
 	})
 	if stale, ok := errors.AsType[*fence.StaleError](err); ok {
@@ -303,7 +309,13 @@ CREATE TABLE IF NOT EXISTS sharded_results (
   writer           text NOT NULL,
   resource_version text NOT NULL,
   data             jsonb NOT NULL,
-  written_at       timestamptz NOT NULL DEFAULT clock_timestamp());`
+  written_at       timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE TABLE IF NOT EXISTS sharded_writes (
+  resource   text NOT NULL,
+  shard      int NOT NULL,
+  epoch      bigint NOT NULL,
+  writer     text NOT NULL,
+  written_at timestamptz NOT NULL DEFAULT clock_timestamp());`
 
 func newStore(ctx context.Context, pool *pgxpool.Pool) (*store, error) {
 	guard, err := fence.NewPGGuard(pool, fence.PGGuardOptions{Table: "sharded_fence"})

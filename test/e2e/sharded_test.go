@@ -39,6 +39,16 @@ const (
 	shardedTTL     = 2 * time.Second
 )
 
+// shardedParams are one run's workload: objects, shards, the time each
+// reconcile waits, concurrent reconciles per replica and the keys' TTL.
+type shardedParams struct {
+	objects, shards, workers int
+	work, ttl                time.Duration
+}
+
+var shardedSmall = shardedParams{objects: shardedObjects, shards: shardedShards, workers: shardedWorkers,
+	work: shardedWork, ttl: shardedTTL}
+
 var (
 	shardedOnce sync.Once
 	shardedBin  string
@@ -91,6 +101,7 @@ type shEvent struct {
 
 type shRun struct {
 	t          *testing.T
+	p          shardedParams
 	bin        string
 	kubeconfig string
 	leaseDSN   string
@@ -112,8 +123,8 @@ func (r *shRun) start(controller, id string) {
 	t := r.t
 	cmd := exec.Command(r.bin, "-kubeconfig", r.kubeconfig, "-controller", controller, "-id", id,
 		"-selector", runLabel+"="+controller,
-		"-namespace", r.namespace, "-shards", fmt.Sprint(shardedShards), "-ttl", shardedTTL.String(),
-		"-work", shardedWork.String(), "-workers", fmt.Sprint(shardedWorkers))
+		"-namespace", r.namespace, "-shards", fmt.Sprint(r.p.shards), "-ttl", r.p.ttl.String(),
+		"-work", r.p.work.String(), "-workers", fmt.Sprint(r.p.workers))
 	cmd.Env = append(os.Environ(), "PGLEASE_DSN="+r.leaseDSN, "PGLEASE_STORE_DSN="+r.storeDSN)
 	errLog, err := os.Create(filepath.Join(r.logDir, id+".log"))
 	if err != nil {
@@ -149,6 +160,14 @@ func (r *shRun) start(controller, id string) {
 
 // stop signals id and waits for its exit.
 func (r *shRun) stop(id string, sig syscall.Signal) time.Time {
+	at, wait := r.signal(id, sig)
+	wait()
+	return at
+}
+
+// signal signals id and returns when, and a function that waits for its
+// exit: a rebalance is measured while the process shuts down.
+func (r *shRun) signal(id string, sig syscall.Signal) (time.Time, func()) {
 	r.mu.Lock()
 	cmd := r.procs[id]
 	delete(r.procs, id)
@@ -157,13 +176,14 @@ func (r *shRun) stop(id string, sig syscall.Signal) time.Time {
 	_ = cmd.Process.Signal(sig)
 	done := make(chan struct{})
 	go func() { _, _ = cmd.Process.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(time.Minute):
-		_ = cmd.Process.Kill()
-		r.t.Errorf("%s did not exit within a minute of %v", id, sig)
+	return at, func() {
+		select {
+		case <-done:
+		case <-time.After(time.Minute):
+			_ = cmd.Process.Kill()
+			r.t.Errorf("%s did not exit within a minute of %v", id, sig)
+		}
 	}
-	return at
 }
 
 func (r *shRun) stopAll() {
@@ -185,12 +205,12 @@ func (r *shRun) stopAll() {
 func (r *shRun) settled(controller string, live ...string) (time.Time, float64) {
 	r.t.Helper()
 	ctx := pgtest.Context(r.t, 0)
-	want := shard.Assign(shardedShards, live)
-	deadline := time.Now().Add(time.Minute + 10*shardedTTL)
+	want := shard.Assign(r.p.shards, live)
+	deadline := time.Now().Add(time.Minute + 10*r.p.ttl)
 	last := time.Now()
 	unowned := 0.0
 	for {
-		v, err := shard.Read(ctx, r.leases, controller, shardedShards)
+		v, err := shard.Read(ctx, r.leases, controller, r.p.shards)
 		if err != nil {
 			r.t.Fatal(err)
 		}
@@ -224,11 +244,11 @@ func (r *shRun) reconciled(writers ...string) time.Time {
 		if err := r.store.QueryRow(ctx, `SELECT count(*) FROM sharded_results WHERE writer = ANY($1)`, writers).Scan(&n); err != nil && !strings.Contains(err.Error(), "does not exist") {
 			r.t.Fatal(err)
 		}
-		if n == shardedObjects {
+		if n == r.p.objects {
 			return time.Now()
 		}
 		if time.Now().After(deadline) {
-			r.t.Fatalf("%d of %d objects reconciled by %v", n, shardedObjects, writers)
+			r.t.Fatalf("%d of %d objects reconciled by %v", n, r.p.objects, writers)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -236,7 +256,11 @@ func (r *shRun) reconciled(writers ...string) time.Time {
 
 // overlaps counts, per shard, reconciles of two replicas running at once
 // (from begin to end, as each process reported them).
-func (r *shRun) overlaps() int {
+func (r *shRun) overlaps() int { return r.overlapsOf("") }
+
+// overlapsOf is overlaps among the replicas whose ids begin with prefix
+// (one controller's: shard numbers are per controller).
+func (r *shRun) overlapsOf(prefix string) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	type iv struct {
@@ -246,7 +270,7 @@ func (r *shRun) overlaps() int {
 	open := map[string]time.Time{} // id|resource|epoch -> begin
 	byShard := map[int][]iv{}
 	for _, ev := range r.events {
-		if ev.Shard == nil {
+		if ev.Shard == nil || !strings.HasPrefix(ev.ID, prefix) {
 			continue
 		}
 		k := fmt.Sprintf("%s|%s|%d", ev.ID, ev.Resource, ev.Epoch)
@@ -280,12 +304,12 @@ func (r *shRun) overlaps() int {
 const runLabel = "pglease.example/run"
 
 // relabel puts every object in the run of controller, 16 updates at a time.
-func relabel(t *testing.T, kube client.Client, namespace, controller string) {
+func relabel(t *testing.T, kube client.Client, namespace, controller string, objects int) {
 	t.Helper()
 	ctx := pgtest.Context(t, 0)
 	sem := make(chan struct{}, 16)
 	var wg sync.WaitGroup
-	for i := range shardedObjects {
+	for i := range objects {
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
@@ -315,7 +339,7 @@ func relabel(t *testing.T, kube client.Client, namespace, controller string) {
 
 // churn updates random objects until stop is closed, so that reconciles run
 // during every rebalance.
-func churn(t *testing.T, kube client.Client, namespace string, stop <-chan struct{}) *sync.WaitGroup {
+func churn(t *testing.T, kube client.Client, namespace string, objects int, stop <-chan struct{}) *sync.WaitGroup {
 	var wg sync.WaitGroup
 	for w := range 4 {
 		wg.Add(1)
@@ -330,7 +354,7 @@ func churn(t *testing.T, kube client.Client, namespace string, stop <-chan struc
 				default:
 				}
 				cm := &corev1.ConfigMap{}
-				key := client.ObjectKey{Namespace: namespace, Name: fmt.Sprintf("obj-%03d", rnd.IntN(shardedObjects))}
+				key := client.ObjectKey{Namespace: namespace, Name: fmt.Sprintf("obj-%03d", rnd.IntN(objects))}
 				if err := kube.Get(ctx, key, cm); err != nil {
 					t.Error(err)
 					return
@@ -370,9 +394,9 @@ func TestShardedOperator(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &shRun{t: t, bin: buildSharded(t), kubeconfig: writeKubeconfig(t, cfg), leaseDSN: leaseDSN,
+	r := &shRun{t: t, p: shardedSmall, bin: buildSharded(t), kubeconfig: writeKubeconfig(t, cfg), leaseDSN: leaseDSN,
 		storeDSN: storeDSN, namespace: "sharded", leases: lease.New(leasePool), store: newPool(t, storeDSN),
-		logDir: t.TempDir(), procs: map[string]*exec.Cmd{}}
+		logDir: shardedLogDir(t), procs: map[string]*exec.Cmd{}}
 	t.Cleanup(r.stopAll)
 	if err := kube.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: r.namespace}}); err != nil {
 		t.Fatal(err)
@@ -403,7 +427,7 @@ func TestShardedOperator(t *testing.T) {
 		// object reconciled: process start-up and cache sync are not in it.
 		r.settled(controller, ids...)
 		start := time.Now()
-		relabel(t, kube, r.namespace, controller)
+		relabel(t, kube, r.namespace, controller, r.p.objects)
 		elapsed[n] = r.reconciled(ids...).Sub(start)
 		r.stopAll()
 	}
@@ -414,12 +438,12 @@ func TestShardedOperator(t *testing.T) {
 	if _, err := r.store.Exec(ctx, `TRUNCATE sharded_results, sharded_fence`); err != nil {
 		t.Fatal(err)
 	}
-	relabel(t, kube, r.namespace, ctl)
+	relabel(t, kube, r.namespace, ctl, r.p.objects)
 	r.start(ctl, "a")
 	r.start(ctl, "b")
 	r.settled(ctl, "a", "b")
 	stopChurn := make(chan struct{})
-	churning := churn(t, kube, r.namespace, stopChurn)
+	churning := churn(t, kube, r.namespace, r.p.objects, stopChurn)
 	r.start(ctl, "c")
 	var joinedAt time.Time
 	for joinedAt.IsZero() {
@@ -444,9 +468,10 @@ func TestShardedOperator(t *testing.T) {
 	}
 	at, u1 := r.settled(ctl, "a", "b", "c")
 	join := at.Sub(joinedAt)
-	left := r.stop("b", syscall.SIGTERM)
+	left, exited := r.signal("b", syscall.SIGTERM)
 	at, u2 := r.settled(ctl, "a", "c")
 	leave := at.Sub(left)
+	exited()
 	crashed := r.stop("c", syscall.SIGKILL)
 	at, u3 := r.settled(ctl, "a")
 	crash := at.Sub(crashed)

@@ -1,0 +1,348 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/shard"
+)
+
+// The sharded benchmark: 3,000 ConfigMaps on the real kube-apiserver, with
+// 1, 2 and 3 replicas of the sharded example, and a randomized chaos run.
+// Each reconcile waits 50 ms, as a call to a slow external system: the
+// machine this was written on has 2 cores shared with other work, and the
+// kube-apiserver, etcd, PostgreSQL and the replicas share them, so a
+// CPU-bound reconciler would measure the cores, not the sharding.
+//
+// Opt-in (minutes): PGLEASE_SHARDED_BENCH=1 go test -run TestShardedBenchmark -v ./test/e2e/
+var shardedBench = shardedParams{objects: 3000, shards: 64, workers: 8, work: 50 * time.Millisecond,
+	ttl: 2 * time.Second}
+
+func TestShardedBenchmark(t *testing.T) {
+	if os.Getenv("PGLEASE_SHARDED_BENCH") == "" {
+		t.Skip("opt-in benchmark: set PGLEASE_SHARDED_BENCH=1")
+	}
+	r, kube := newShRun(t, shardedBench, "bench")
+	ctx := pgtest.Context(t, 0)
+	p := r.p
+	createObjects(t, kube, r.namespace, p.objects)
+
+	// Per replica count R: R replicas reconcile every object (the
+	// throughput), then with objects updated meanwhile a replica joins the R,
+	// leaves again (SIGTERM), and another joins and crashes (SIGKILL).
+	type result struct {
+		elapsed            time.Duration
+		join, leave, crash time.Duration
+		overlaps           int
+		orphan             float64
+		split              string
+	}
+	results := map[int]result{}
+	for _, n := range []int{1, 2, 3} {
+		var res result
+		if _, err := r.store.Exec(ctx, `TRUNCATE sharded_results, sharded_fence`); err != nil && !strings.Contains(err.Error(), "does not exist") {
+			t.Fatal(err)
+		}
+		ctl := fmt.Sprintf("bench-%d", n)
+		var ids []string
+		for i := range n {
+			id := fmt.Sprintf("%s-r%d", ctl, i)
+			ids = append(ids, id)
+			r.start(ctl, id)
+		}
+		r.settled(ctl, ids...)
+		start := time.Now()
+		relabel(t, kube, r.namespace, ctl, p.objects)
+		res.elapsed = r.reconciled(ids...).Sub(start)
+		var split []string
+		for _, id := range ids {
+			split = append(split, fmt.Sprint(countOf(shard.Assign(p.shards, ids), id)))
+		}
+		res.split = strings.Join(split, "/")
+
+		stopChurn := make(chan struct{})
+		churning := churn(t, kube, r.namespace, p.objects, stopChurn)
+		x := ctl + "-x"
+		r.start(ctl, x)
+		joinedAt := r.joined(ctl, x)
+		at, u1 := r.settled(ctl, append(slices.Clone(ids), x)...)
+		res.join = at.Sub(joinedAt)
+		left, exited := r.signal(x, syscall.SIGTERM)
+		at, u2 := r.settled(ctl, ids...)
+		res.leave = at.Sub(left)
+		exited()
+		y := ctl + "-y"
+		r.start(ctl, y)
+		r.settled(ctl, append(slices.Clone(ids), y)...)
+		crashed, _ := r.signal(y, syscall.SIGKILL)
+		at, u3 := r.settled(ctl, ids...)
+		res.crash = at.Sub(crashed)
+		close(stopChurn)
+		churning.Wait()
+		r.stopAll()
+		res.overlaps = r.overlapsOf(ctl + "-")
+		res.orphan = u1 + u2 + u3
+		results[n] = res
+	}
+	for _, n := range []int{1, 2, 3} {
+		res := results[n]
+		line := fmt.Sprintf("shards: replicas=%d speedup=%.2f join=%d ms leave=%d ms crash=%d ms overlaps=%d orphan-seconds=%.3f",
+			n, results[1].elapsed.Seconds()/res.elapsed.Seconds(), res.join.Milliseconds(), res.leave.Milliseconds(),
+			res.crash.Milliseconds(), res.overlaps, res.orphan)
+		t.Logf("%s (all %d objects in %v; shards per replica %s of %d, %v per reconcile, %d workers per replica, ttl %v)",
+			line, p.objects, res.elapsed.Round(time.Millisecond), res.split, p.shards, p.work, p.workers, p.ttl)
+		fmt.Println(line)
+		if res.overlaps != 0 {
+			t.Errorf("replicas=%d: %d overlapping reconciles of one shard by two replicas", n, res.overlaps)
+		}
+	}
+
+	r.chaos(kube, 30, 20250)
+}
+
+// chaos runs replicas of one controller through steps random joins,
+// leaves (SIGTERM), crashes (SIGKILL) and restarts of a crashed identity,
+// with objects updated throughout, then checks that no two replicas
+// reconciled one shard at once and that the store accepted no write of a
+// former owner after its shard's next grant.
+func (r *shRun) chaos(kube client.Client, steps int, seed uint64) {
+	t := r.t
+	ctx := pgtest.Context(t, 0)
+	const ctl = "chaos"
+	rnd := rand.New(rand.NewPCG(seed, 1))
+	relabel(t, kube, r.namespace, ctl, r.p.objects)
+	live := []string{}
+	var crashed []string
+	next := 0
+	join := func(id string) {
+		if id == "" {
+			id = fmt.Sprintf("%s-%d", ctl, next)
+			next++
+		}
+		r.start(ctl, id)
+		live = append(live, id)
+	}
+	for range 3 {
+		join("")
+	}
+	r.settled(ctl, live...)
+	stopChurn := make(chan struct{})
+	churning := churn(t, kube, r.namespace, r.p.objects, stopChurn)
+	var joins, leaves, crashes, restarts int
+	var exits []func()
+	for range steps {
+		switch k := rnd.IntN(4); {
+		case len(live) < 2 || (k == 0 && len(live) < 5):
+			if len(crashed) > 0 && rnd.IntN(2) == 0 {
+				id := crashed[0] // a restart under a crashed replica's identity
+				crashed = crashed[1:]
+				join(id)
+				restarts++
+			} else {
+				join("")
+				joins++
+			}
+		case k == 1 || k == 0:
+			i := rnd.IntN(len(live))
+			_, exited := r.signal(live[i], syscall.SIGTERM)
+			exits = append(exits, exited)
+			live = slices.Delete(live, i, i+1)
+			leaves++
+		default:
+			i := rnd.IntN(len(live))
+			r.signal(live[i], syscall.SIGKILL)
+			crashed = append(crashed, live[i])
+			live = slices.Delete(live, i, i+1)
+			crashes++
+		}
+		time.Sleep(time.Duration(rnd.IntN(1500)) * time.Millisecond)
+	}
+	_, orphan := r.settled(ctl, live...)
+	close(stopChurn)
+	churning.Wait()
+	for _, e := range exits {
+		e()
+	}
+	r.stopAll()
+
+	overlaps := r.overlapsOf(ctl + "-")
+	former := r.formerOwnerWrites(ctx, ctl)
+	var stale int
+	r.mu.Lock()
+	for _, ev := range r.events {
+		if ev.Event == "stale" && strings.HasPrefix(ev.ID, ctl+"-") {
+			stale++
+		}
+	}
+	r.mu.Unlock()
+	line := fmt.Sprintf("shards: chaos steps=%d joins=%d restarts=%d leaves=%d crashes=%d overlaps=%d former-owner-writes=%d stale-rejected=%d orphan-seconds-at-end=%.3f",
+		steps, joins, restarts, leaves, crashes, overlaps, former, stale, orphan)
+	t.Log(line)
+	fmt.Println(line)
+	if overlaps != 0 {
+		t.Errorf("chaos: %d overlapping reconciles of one shard by two replicas", overlaps)
+	}
+	if former != 0 {
+		t.Errorf("chaos: %d writes accepted from a former owner after its shard's next grant", former)
+	}
+}
+
+// formerOwnerWrites counts the writes of controller's replicas that the
+// store accepted (sharded_writes, stamped in the write's transaction after
+// the guard's check) after a later grant of the write's shard (the shard
+// key's history, on the same server's clock).
+func (r *shRun) formerOwnerWrites(ctx context.Context, controller string) int {
+	t := r.t
+	type grant struct {
+		epoch int64
+		at    time.Time
+	}
+	grants := map[int][]grant{}
+	for s := range r.p.shards {
+		h, err := r.leases.History(ctx, shard.Key(controller, s), 10000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range h {
+			if e.Kind == lease.HistoryAcquired || e.Kind == lease.HistoryTakenOver || e.Kind == "handed_over" {
+				grants[s] = append(grants[s], grant{e.Epoch, e.At})
+			}
+		}
+	}
+	rows, err := r.store.Query(ctx, `SELECT shard, epoch, writer, resource, written_at FROM sharded_writes WHERE writer LIKE $1`,
+		controller+"-%")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		var (
+			s           int
+			epoch       int64
+			writer, res string
+			at          time.Time
+		)
+		if err := rows.Scan(&s, &epoch, &writer, &res, &at); err != nil {
+			t.Fatal(err)
+		}
+		for _, g := range grants[s] {
+			if g.epoch > epoch && g.at.Before(at) {
+				n++
+				t.Errorf("%s wrote %s at %v under shard %d epoch %d, after epoch %d was granted at %v",
+					writer, res, at.Format("15:04:05.000000"), s, epoch, g.epoch, g.at.Format("15:04:05.000000"))
+				break
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// joined waits for id's member key of controller and returns when the
+// server granted it.
+func (r *shRun) joined(controller, id string) time.Time {
+	r.t.Helper()
+	ctx := pgtest.Context(r.t, 0)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		st, err := r.leases.Inspect(ctx, shard.MemberKey(controller, id))
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		if st.Held {
+			return st.AcquiredAt
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("%s did not join %s within a minute", id, controller)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// newShRun starts the control plane, a PostgreSQL server with a lease
+// database and a store, and returns a run of the sharded example in
+// namespace ns.
+func newShRun(t *testing.T, p shardedParams, ns string) (*shRun, client.Client) {
+	cfg := StartControlPlane(t)
+	kube, err := client.New(cfg, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := pgtest.Context(t, 0)
+	pg := pgtest.New(t)
+	if err := pg.InstallExtensionFiles(ctx); err != nil {
+		t.Fatal(err)
+	}
+	leaseDSN, err := pg.CreateDatabase(ctx, "leases")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leasePool := newPool(t, leaseDSN)
+	if err := lease.InstallExtension(ctx, leasePool); err != nil {
+		t.Fatal(err)
+	}
+	storeDSN, err := pg.CreateDatabase(ctx, "store")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &shRun{t: t, p: p, bin: buildSharded(t), kubeconfig: writeKubeconfig(t, cfg), leaseDSN: leaseDSN,
+		storeDSN: storeDSN, namespace: ns, leases: lease.New(leasePool), store: newPool(t, storeDSN),
+		logDir: shardedLogDir(t), procs: map[string]*exec.Cmd{}}
+	t.Cleanup(r.stopAll)
+	if err := kube.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	return r, kube
+}
+
+// createObjects creates n ConfigMaps obj-000... in namespace, 16 at a time.
+func createObjects(t *testing.T, kube client.Client, namespace string, n int) {
+	t.Helper()
+	ctx := pgtest.Context(t, 0)
+	sem := make(chan struct{}, 16)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("obj-%03d", i), Namespace: namespace,
+				Labels: map[string]string{runLabel: "none"}}, Data: map[string]string{"i": fmt.Sprint(i)}}
+			if err := kube.Create(ctx, cm); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// shardedLogDir is where the replicas' standard error goes: a temporary
+// directory, or $PGLEASE_SHARDED_LOGS (kept after the run) when set.
+func shardedLogDir(t *testing.T) string {
+	if dir := os.Getenv("PGLEASE_SHARDED_LOGS"); dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	return t.TempDir()
+}
