@@ -78,43 +78,60 @@ type requeuer struct {
 	mu      sync.Mutex
 	ctx     context.Context
 	queue   workqueue.TypedRateLimitingInterface[reconcile.Request]
-	pending []int // shards acquired before the controller started
+	pending map[int]bool // shards acquired and not listed yet
+	listing bool         // a lister runs
 }
 
 func (q *requeuer) start(ctx context.Context, queue workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
 	q.mu.Lock()
 	q.ctx, q.queue = ctx, queue
-	pending := q.pending
-	q.pending = nil
 	q.mu.Unlock()
-	for _, s := range pending {
-		q.acquired(s)
-	}
+	q.acquired(-1)
 	return nil
 }
 
-// acquired lists in the background (OnAcquired must not block).
+// acquired notes shard s (s < 0: none) and lists in the background
+// (OnAcquired must not block). One lister at a time lists the objects once
+// for every shard acquired meanwhile: a replica that takes many shards at
+// once lists them once, not once a shard.
 func (q *requeuer) acquired(s int) {
 	q.mu.Lock()
-	ctx, queue := q.ctx, q.queue
-	if queue == nil {
-		q.pending = append(q.pending, s)
-		q.mu.Unlock()
-		return
+	defer q.mu.Unlock()
+	if s >= 0 {
+		if q.pending == nil {
+			q.pending = map[int]bool{}
+		}
+		q.pending[s] = true
 	}
-	q.mu.Unlock()
-	go func() {
+	if q.queue == nil || q.listing || len(q.pending) == 0 {
+		return // before the controller started, or the running lister takes it
+	}
+	q.listing = true
+	go q.lister()
+}
+
+func (q *requeuer) lister() {
+	for {
+		q.mu.Lock()
+		shards, ctx, queue := q.pending, q.ctx, q.queue
+		q.pending = nil
+		if len(shards) == 0 {
+			q.listing = false
+			q.mu.Unlock()
+			return
+		}
+		q.mu.Unlock()
 		list := q.list.DeepCopyObject().(client.ObjectList)
 		if err := q.c.List(ctx, list, q.opts...); err != nil {
-			q.r.cfg.Logger.Warn("shard: listing objects of an acquired shard", "shard", s, "err", err)
-			return
+			q.r.cfg.Logger.Warn("shard: listing objects of acquired shards", "shards", len(shards), "err", err)
+			continue
 		}
 		_ = meta.EachListItem(list, func(o runtime.Object) error {
 			m, err := meta.Accessor(o)
-			if err == nil && q.r.Of(m.GetNamespace(), m.GetName()) == s {
+			if err == nil && shards[q.r.Of(m.GetNamespace(), m.GetName())] {
 				queue.Add(reconcile.Request{NamespacedName: types.NamespacedName{Namespace: m.GetNamespace(), Name: m.GetName()}})
 			}
 			return nil
 		})
-	}()
+	}
 }

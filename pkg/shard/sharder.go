@@ -156,19 +156,19 @@ type Sharder struct {
 	metrics *replicaMetrics
 	kick    chan struct{}
 
-	mu        sync.Mutex
-	member    *lease.Term
-	owned     map[int]*owned
-	members   []string
-	assign    []string
-	lastRenew time.Time
-	lastList  time.Time
-	unowned   map[int]bool // shards nobody held at the last list
-	stops     sync.WaitGroup
+	mu       sync.Mutex
+	member   *lease.Term
+	owned    map[int]*owned
+	members  []string
+	assign   []string
+	lastList time.Time
+	unowned  map[int]bool // shards nobody held at the last list
+	stops    sync.WaitGroup
 
 	// Touched by Run's goroutine only.
 	cands    map[int]int32 // shard -> priority of this replica's candidacy
 	strategy map[int]bool  // shard keys this process set the priority strategy on
+	candsAt  time.Time     // local time of the last registration
 	rival    lease.State   // another process's member key of this identity, last seen
 }
 
@@ -275,11 +275,17 @@ func (r *Sharder) Run(ctx context.Context) error {
 		changes = r.cfg.Waiter.Watch(wctx, keys...)
 	}
 	clk := r.c.Clock()
+	rctx, stopRenewing := context.WithCancel(ctx)
+	renewing := make(chan struct{})
+	go func() { defer close(renewing); r.renewLoop(rctx) }()
+	defer func() { stopRenewing(); <-renewing }()
 	for {
 		next, err := r.round(ctx)
 		if err != nil && ctx.Err() == nil {
 			r.cfg.Logger.Error("shard: refusing to run", "controller", r.cfg.Controller,
 				"identity", r.cfg.Identity, "err", err)
+			stopRenewing()
+			<-renewing
 			r.leave()
 			return err
 		}
@@ -287,6 +293,7 @@ func (r *Sharder) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			t.Stop()
+			<-renewing
 			if errors.Is(context.Cause(ctx), errCrash) {
 				return nil // tests: a replica that stops renewing, as a crashed one
 			}
@@ -300,6 +307,44 @@ func (r *Sharder) Run(ctx context.Context) error {
 			if !ok {
 				changes = nil
 			}
+		}
+	}
+}
+
+// renewLoop renews the member key and every live shard key in one
+// statement (lease.renew_many) each RenewEvery until ctx ends. A failed
+// renewal of the member key wakes the loop, which acquires it again.
+func (r *Sharder) renewLoop(ctx context.Context) {
+	clk := r.c.Clock()
+	for {
+		t := clk.NewTimer(r.cfg.RenewEvery)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C():
+		}
+		r.mu.Lock()
+		m := r.member
+		if m == nil || m.Err() != nil {
+			r.mu.Unlock()
+			continue
+		}
+		terms := []*lease.Term{m}
+		for _, o := range r.owned {
+			if !o.stopping && o.term.Err() == nil {
+				terms = append(terms, o.term)
+			}
+		}
+		r.mu.Unlock()
+		errs := r.c.RenewTerms(ctx, terms)
+		for i, err := range errs {
+			if err != nil && ctx.Err() == nil {
+				r.cfg.Logger.Warn("shard: renewal", "key", terms[i].Grant().Key, "err", err)
+			}
+		}
+		if slices.ContainsFunc(errs, func(err error) bool { return err != nil }) {
+			r.wake() // the round stops lost shards and acquires the member key again
 		}
 	}
 }
@@ -319,10 +364,10 @@ var errCrash = errors.New("shard: crash")
 // (two replicas were given one identity). Run returns it and holds nothing.
 var ErrIdentityTaken = errors.New("shard: another live process holds this replica's member key")
 
-// round is one step of the loop: the batch renewal when due, the members
-// and shards as the database has them, the member key, the shards to give
-// up and to take, and the handover candidacies. It returns when to run
-// again.
+// round is one step of the loop: the members and shards as the database
+// has them, the member key, the shards to give up and to take, and the
+// handover candidacies. It returns when to run again. Renewals run in
+// renewLoop: a slow round never delays them.
 func (r *Sharder) round(ctx context.Context) (time.Duration, error) {
 	clk := r.c.Clock()
 	warn := func(msg string, args ...any) {
@@ -331,39 +376,10 @@ func (r *Sharder) round(ctx context.Context) (time.Duration, error) {
 		}
 	}
 	next := r.cfg.RenewEvery
-
-	// The batch renewal of the member key and every live shard key.
-	now := clk.Now()
 	r.mu.Lock()
 	m := r.member
 	joined := m != nil && m.Err() == nil
-	due := joined && now.Sub(r.lastRenew) >= r.cfg.RenewEvery
-	terms := []*lease.Term{m}
-	if due {
-		for _, o := range r.owned {
-			if !o.stopping && o.term.Err() == nil {
-				terms = append(terms, o.term)
-			}
-		}
-	}
 	r.mu.Unlock()
-	if due {
-		errs := r.c.RenewTerms(ctx, terms)
-		for i, err := range errs {
-			if err != nil {
-				warn("shard: renewal", "key", terms[i].Grant().Key, "err", err)
-			}
-		}
-		if errs[0] == nil {
-			r.mu.Lock()
-			r.lastRenew = now
-			r.mu.Unlock()
-		} else {
-			next = r.cfg.Poll // retried soon; a lost member key is acquired again
-		}
-	} else if joined {
-		next = r.cfg.RenewEvery - now.Sub(r.lastRenew)
-	}
 
 	// Shards whose term ended (lost, or its deadline passed): stop them.
 	r.mu.Lock()
@@ -546,7 +562,7 @@ func (r *Sharder) round(ctx context.Context) (time.Duration, error) {
 	if failed.Load() {
 		next = min(next, r.cfg.Poll)
 	}
-	if err := r.candidacies(ctx, cands, due); err != nil {
+	if err := r.candidacies(ctx, cands, clk.Since(r.candsAt) >= r.cfg.RenewEvery); err != nil {
 		warn("shard: handover candidacies", "controller", r.cfg.Controller, "err", err)
 	}
 	r.mu.Lock()
@@ -617,6 +633,7 @@ func (r *Sharder) candidacies(ctx context.Context, want map[int]int32, refresh b
 		return errors.Join(append(errs, err)...)
 	}
 	r.cands = want
+	r.candsAt = r.c.Clock().Now()
 	return errors.Join(errs...)
 }
 
@@ -658,7 +675,6 @@ func (r *Sharder) ensureMember(ctx context.Context) (time.Duration, error) {
 	}
 	r.mu.Lock()
 	r.member = t
-	r.lastRenew = r.c.Clock().Now()
 	r.mu.Unlock()
 	r.rival = lease.State{}
 	return 0, nil
