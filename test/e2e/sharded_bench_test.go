@@ -263,12 +263,14 @@ func (r *shRun) joined(controller, id string) time.Time {
 	ctx := pgtest.Context(r.t, 0)
 	deadline := time.Now().Add(time.Minute)
 	for {
-		st, err := r.leases.Inspect(ctx, shard.MemberKey(controller, id))
+		states, err := r.leases.List(ctx) // List reports acquired_at, Inspect does not
 		if err != nil {
 			r.t.Fatal(err)
 		}
-		if st.Held {
-			return st.AcquiredAt
+		for _, st := range states {
+			if st.Key == shard.MemberKey(controller, id) && st.Held {
+				return st.AcquiredAt
+			}
 		}
 		if time.Now().After(deadline) {
 			r.t.Fatalf("%s did not join %s within a minute", id, controller)
