@@ -75,6 +75,13 @@
 // once with ctx's error when ctx ends. The first Get, and every Get of the
 // holder, never wait; neither do Create and Update.
 //
+// A candidate (Options.Candidacy) differs in two ways. Its first Get waits
+// too while another identity holds the key. And it renews its registration
+// inside the wait, when due and as soon as its readiness changes, instead
+// of returning. After any Get returns, client-go sleeps a RetryPeriod; a
+// grant handed to the candidate during that sleep would wait for the next
+// Get, 2 to 4.4 s at the default timings.
+//
 // Why each way client-go (tools/leaderelection/leaderelection.go, v0.37)
 // calls the lock stays correct:
 //
