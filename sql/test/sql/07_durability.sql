@@ -139,3 +139,13 @@ SELECT configured_max_ttl FROM lease.configure(max_ttl => interval '1 hour');
 COMMIT;
 SHOW synchronous_commit;
 RESET synchronous_commit;
+
+-- The same after a renewal and after a batch renewal, each in its own
+-- transaction: the session's own off comes back.
+SELECT epoch AS dur_e FROM lease.acquire('dur-session', 'o1', interval '30s') \gset
+SET synchronous_commit = off;
+SELECT status FROM lease.renew('dur-session', 'o1', :dur_e, interval '30s');
+SHOW synchronous_commit;
+SELECT key, status FROM lease.renew_many('{dur-session}', 'o1', ARRAY[:dur_e]::bigint[], interval '30s');
+SHOW synchronous_commit;
+RESET synchronous_commit;
