@@ -45,7 +45,7 @@ test-matrix:
 	hack/install-deps.sh
 	hack/test-matrix.sh $(MAJORS)
 
-## bench: every benchmark (pgbench W1/W2/R vs bare SQL, handoff/takeover, scale, clean-up), ~20-25 min;
+## bench: every benchmark (pgbench W1/W2/R vs bare SQL, handoff/takeover, first reconcile, scale, clean-up), ~65 min;
 ## results in bench/results/<UTC timestamp>-full/ (docs/benchmarks.md)
 bench:
 	hack/install-deps.sh
