@@ -162,7 +162,8 @@ type Sharder struct {
 	members  []string
 	assign   []string
 	lastList time.Time
-	unowned  map[int]bool // shards nobody held at the last list
+	unowned  map[int]bool        // shards nobody held at the last list
+	handed   map[int]lease.Token // grants a handover gave this process, not taken yet
 	stops    sync.WaitGroup
 
 	// Touched by Run's goroutine only.
@@ -200,7 +201,7 @@ func New(cfg Config) (*Sharder, error) {
 		return nil, fmt.Errorf("%w: Identity: %w", ErrInvalidConfig, err)
 	}
 	return &Sharder{cfg: cfg, c: cfg.Client, owner: owner, kick: make(chan struct{}, 1),
-		owned: map[int]*owned{}, unowned: map[int]bool{},
+		owned: map[int]*owned{}, unowned: map[int]bool{}, handed: map[int]lease.Token{},
 		cands: map[int]int32{}, strategy: map[int]bool{},
 		metrics: newReplicaMetrics(cfg.Controller, cfg.Identity)}, nil
 }
@@ -516,6 +517,9 @@ func (r *Sharder) round(ctx context.Context) (time.Duration, error) {
 				}
 				continue
 			}
+			if st.Held && st.Owner == r.owner {
+				r.handed[s] = lease.Token{Key: st.Key, Owner: st.Owner, Epoch: st.Epoch}
+			}
 			take = append(take, s)
 		}
 	}
@@ -702,6 +706,7 @@ func (r *Sharder) take(ctx context.Context, s int) error {
 	}
 	r.mu.Lock()
 	r.owned[s] = &owned{s: s, term: t}
+	delete(r.handed, s)
 	r.mu.Unlock()
 	r.metrics.rebalances.WithLabelValues("acquired").Inc()
 	if r.cfg.OnAcquired != nil {
@@ -780,11 +785,17 @@ func (r *Sharder) leave() {
 		}
 	}
 	m := r.member
+	var ts []lease.Token
+	for s, t := range r.handed {
+		if r.owned[s] == nil {
+			ts = append(ts, t) // handed over to this process, never taken
+		}
+	}
+	r.handed = map[int]lease.Token{}
 	r.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.TTL)
 	defer cancel()
 	start := time.Now()
-	var ts []lease.Token
 	if m != nil {
 		m.End(lease.ErrReleased)
 		ts = append(ts, m.Grant().Token)
