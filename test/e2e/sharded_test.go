@@ -110,6 +110,7 @@ type shRun struct {
 	leases     *lease.Client
 	store      *pgxpool.Pool
 	logDir     string
+	labels     map[string]string // controller -> the run label of its objects
 
 	mu     sync.Mutex
 	events []shEvent
@@ -117,12 +118,21 @@ type shRun struct {
 	wg     sync.WaitGroup
 }
 
+// labelOf is the run label of controller's objects: controller, unless
+// labels maps it to another controller's.
+func (r *shRun) labelOf(controller string) string {
+	if l, ok := r.labels[controller]; ok {
+		return l
+	}
+	return controller
+}
+
 // start runs replica id of controller; it reconciles the objects labelled
-// run=controller.
+// run=labelOf(controller).
 func (r *shRun) start(controller, id string) {
 	t := r.t
 	cmd := exec.Command(r.bin, "-kubeconfig", r.kubeconfig, "-controller", controller, "-id", id,
-		"-selector", runLabel+"="+controller,
+		"-selector", runLabel+"="+r.labelOf(controller),
 		"-namespace", r.namespace, "-shards", fmt.Sprint(r.p.shards), "-ttl", r.p.ttl.String(),
 		"-work", r.p.work.String(), "-workers", fmt.Sprint(r.p.workers))
 	cmd.Env = append(os.Environ(), "PGLEASE_DSN="+r.leaseDSN, "PGLEASE_STORE_DSN="+r.storeDSN)
@@ -306,7 +316,7 @@ const runLabel = "pglease.example/run"
 // relabel puts every object in the run of controller, 16 updates at a time.
 func relabel(t *testing.T, kube client.Client, namespace, controller string, objects int) {
 	t.Helper()
-	ctx := pgtest.Context(t, 0)
+	ctx := pgtest.Context(t, 10*time.Minute)
 	sem := make(chan struct{}, 16)
 	var wg sync.WaitGroup
 	for i := range objects {
@@ -345,7 +355,7 @@ func churn(t *testing.T, kube client.Client, namespace string, objects int, stop
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ctx := pgtest.Context(t, 0)
+			ctx := pgtest.Context(t, 30*time.Minute)
 			rnd := rand.New(rand.NewPCG(uint64(w), 7))
 			for n := 0; ; n++ {
 				select {
