@@ -44,18 +44,20 @@ import (
 )
 
 func main() {
-	host, _ := os.Hostname()
 	var (
 		dsnFile       = flag.String("dsn-file", "", "file holding the PostgreSQL connection string (default: $PGLEASE_DSN)")
 		dsn           = flag.String("dsn", "", "PostgreSQL connection string; visible in process listings, prefer $PGLEASE_DSN or -dsn-file")
 		key           = flag.String("key", "example-clientgo", "lease key")
-		id            = flag.String("id", fmt.Sprintf("%s-%d", host, os.Getpid()), "this candidate's unique identity")
+		id            = flag.String("id", "", "this candidate's unique identity (default: lease.DefaultOwner, host-pid-random)")
 		leaseDuration = flag.Duration("lease-duration", 15*time.Second, "lease TTL, and client-go's LeaseDuration")
 		renewDeadline = flag.Duration("renew-deadline", 0, "client-go's RenewDeadline (0: 2/3 of the lease duration)")
 		retryPeriod   = flag.Duration("retry-period", 0, "client-go's RetryPeriod (0: 2/15 of the lease duration)")
 		leadFor       = flag.Duration("lead-for", 0, "step down (release) after leading this long; 0: lead until signalled")
 	)
 	flag.Parse()
+	if *id == "" {
+		*id = lease.DefaultOwner()
+	}
 	if *dsn == "" {
 		var err error
 		if *dsn, err = readDSN(*dsnFile, "PGLEASE_DSN"); err != nil {

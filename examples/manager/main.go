@@ -61,13 +61,12 @@ const (
 )
 
 func main() {
-	host, _ := os.Hostname()
 	var (
 		dsnFile       = flag.String("dsn-file", "", "file holding the PostgreSQL connection string (default: $PGLEASE_DSN)")
 		dsn           = flag.String("dsn", "", "PostgreSQL connection string; visible in process listings, prefer $PGLEASE_DSN or -dsn-file")
 		selector      = flag.String("selector", "pglease.io/example=true", "label selector of the ConfigMaps to reconcile")
 		key           = flag.String("key", "example-manager", "lease key")
-		id            = flag.String("id", fmt.Sprintf("%s-%d", host, os.Getpid()), "this candidate's unique identity")
+		id            = flag.String("id", "", "this candidate's unique identity (default: lease.DefaultOwner, host-pid-random)")
 		namespace     = flag.String("namespace", "default", "namespace whose ConfigMaps are reconciled")
 		leaseDuration = flag.Duration("lease-duration", 15*time.Second, "lease TTL; client-go's timings follow from it")
 		probeAddr     = flag.String("health-probe-bind-address", ":8081", "address of /healthz (leader election health) and /readyz; \"0\" disables")
@@ -75,6 +74,9 @@ func main() {
 	)
 	// -kubeconfig is registered by controller-runtime (ctrl.GetConfig).
 	flag.Parse()
+	if *id == "" {
+		*id = lease.DefaultOwner()
+	}
 	sel, err := labels.Parse(*selector)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "manager: -selector:", err)

@@ -104,11 +104,6 @@ type config struct {
 }
 
 func main() {
-	host, _ := os.Hostname()
-	defaultID := os.Getenv("POD_NAME")
-	if defaultID == "" {
-		defaultID = fmt.Sprintf("%s-%d", host, os.Getpid())
-	}
 	var c config
 	// -kubeconfig is controller-runtime's own flag (else in-cluster config, $KUBECONFIG, ~/.kube/config).
 	// No DSN is ever a flag default (usage text and flag errors would print
@@ -119,7 +114,7 @@ func main() {
 	flag.StringVar(&leaseDSNFile, "lease-dsn-file", "", "file holding -lease-dsn (default: $PGLEASE_DSN)")
 	flag.StringVar(&c.storeDSN, "store-dsn", "", "database the results are written to; visible in process listings, prefer $PGLEASE_STORE_DSN or -store-dsn-file")
 	flag.StringVar(&storeDSNFile, "store-dsn-file", "", "file holding -store-dsn (default: $PGLEASE_STORE_DSN)")
-	flag.StringVar(&c.id, "id", defaultID, "this candidate's unique identity (default $POD_NAME, else host-pid)")
+	flag.StringVar(&c.id, "id", "", "this candidate's unique identity (default: lease.DefaultOwner, host-pid-random)")
 	flag.StringVar(&c.namespace, "namespace", "default", "namespace whose ConfigMaps are reconciled (and of the Lease with -lock=lease)")
 	flag.StringVar(&c.selector, "selector", "pglease.example/watch=true", "label selector of the ConfigMaps to reconcile")
 	flag.StringVar(&c.lock, "lock", "pglease", "leader election lock: pglease (a pg_lease key) or lease (a coordination.k8s.io Lease)")
@@ -135,6 +130,9 @@ func main() {
 	flag.StringVar(&c.metricsAddr, "metrics-bind-address", "0", `address of /metrics ("0": off)`)
 	flag.BoolVar(&c.warmup, "warmup", false, "start the controller's sources while following (controller-runtime's EnableWarmup): a new leader's caches are already synced")
 	flag.Parse()
+	if c.id == "" {
+		c.id = lease.DefaultOwner()
+	}
 	identity = c.id
 	if c.leaseDSN == "" {
 		c.leaseDSN, _ = readDSN(leaseDSNFile, "PGLEASE_DSN") // empty: validate says what is missing

@@ -360,7 +360,7 @@ func (e *env) start(slot int) (*opProc, error) {
 		args = append(args, e.extraArgs(slot)...)
 	}
 	p.cmd = exec.Command(e.h.bin, args...)
-	p.cmd.Env = append(os.Environ(), "PGLEASE_DSN=", "PGLEASE_STORE_DSN=", "POD_NAME=")
+	p.cmd.Env = append(os.Environ(), "PGLEASE_DSN=", "PGLEASE_STORE_DSN=")
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	logf, err := os.Create(p.log)
 	if err != nil {

@@ -162,7 +162,7 @@ func (o *operators) once(ctx context.Context, slot int) error {
 		"-retry-period", "400ms",
 		"-health-probe-bind-address", "127.0.0.1:0",
 	)
-	cmd.Env = append(os.Environ(), "PGLEASE_DSN="+o.w.dsn, "PGLEASE_STORE_DSN="+o.w.dsn, "POD_NAME=")
+	cmd.Env = append(os.Environ(), "PGLEASE_DSN="+o.w.dsn, "PGLEASE_STORE_DSN="+o.w.dsn)
 	cmd.Stderr = logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.StdoutPipe()
