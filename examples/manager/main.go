@@ -1,6 +1,6 @@
 // Command manager is a controller-runtime manager that elects its leader
-// through pg_lease (leaderelection.NewManager) instead of a Kubernetes Lease,
-// and reconciles ConfigMaps under the fencing token of the current epoch
+// through pg_lease (leaderelection.NewManagerForLock) instead of a
+// Kubernetes Lease, and reconciles ConfigMaps under the fencing token of the current epoch
 // (leaderelection.Fenced).
 //
 //	export PGLEASE_DSN=...   # or -dsn-file /path/to/a/file/holding/it
@@ -170,19 +170,20 @@ func run(dsn, key, id, namespace string, sel labels.Selector, leaseDuration time
 		return err
 	}
 	opts := ctrl.Options{
-		Metrics:                metricsserver.Options{BindAddress: metricsAddr},
-		HealthProbeBindAddress: probeAddr,
+		// SIGTERM hands over at once: the stopping leader frees the key.
+		LeaderElectionReleaseOnCancel: true,
+		Metrics:                       metricsserver.Options{BindAddress: metricsAddr},
+		HealthProbeBindAddress:        probeAddr,
 		Cache: cache.Options{
 			DefaultNamespaces: map[string]cache.Config{namespace: {}},
 			ByObject:          map[client.Object]cache.ByObject{&corev1.ConfigMap{}: {Label: sel}},
 		},
 	}
-	// NewManager: the options set for the lock (timings checked against the
-	// TTL; LeaderElectionReleaseOnCancel, so that SIGTERM hands over at
-	// once), then the manager, whose event recorder then records "became
-	// leader (epoch N)"; the lock's metrics join controller-runtime's
+	// NewManagerForLock: the options set for the lock (timings checked
+	// against the TTL), then the manager, whose event recorder then records
+	// "became leader (epoch N)"; the lock's metrics join controller-runtime's
 	// registry.
-	mgr, err := pgle.NewManager(cfg, opts, pgle.ManagerConfig{Lock: lock, PgLease: lock, ReleaseOnCancel: ptrTrue()})
+	mgr, err := pgle.NewManagerForLock(cfg, opts, lock)
 	if err != nil {
 		return err
 	}
@@ -202,8 +203,6 @@ func run(dsn, key, id, namespace string, sel labels.Selector, leaseDuration time
 	}
 	return mgr.Start(ctx)
 }
-
-func ptrTrue() *bool { t := true; return &t }
 
 // configMapReconciler stamps each ConfigMap with the epoch that reconciled
 // it, never over a higher one.

@@ -91,8 +91,8 @@ func pgleaseElection(ctx context.Context, c config, ready func() bool) (*electio
 			// Release on cancel: a stopping leader frees the key (after
 			// its term ended, cancelling every fenced reconcile), so that
 			// its successor takes over at once instead of after the TTL.
-			releaseOnCancel := true
-			return pgle.NewManager(cfg, o, pgle.ManagerConfig{Lock: lock, PgLease: lock, ReleaseOnCancel: &releaseOnCancel})
+			o.LeaderElectionReleaseOnCancel = true
+			return pgle.NewManagerForLock(cfg, o, lock)
 		},
 		fenced: func(r reconcile.Reconciler) reconcile.Reconciler {
 			return pgle.Fenced(lock, r)

@@ -16,7 +16,7 @@
 //		-lease-dsn "$LEASE_DSN" -store-dsn "$STORE_DSN" -id "$POD_NAME"
 //
 // Run it with replicas: each process is a candidate with a unique identity.
-// The manager is made by leaderelection.NewManager (the pg_lease lock,
+// The manager is made by leaderelection.NewManagerForLock (the pg_lease lock,
 // release on cancel, client-go timings consistent with the TTL, the
 // election's events through the manager's recorder), and the reconciler is
 // wrapped in leaderelection.Fenced, which puts the current epoch's token in
@@ -207,7 +207,7 @@ func (c config) validate() error {
 // timing is the manager's leader election timing: the flags, with those
 // left 0 in client-go's proportions of the lease duration (2/3 and 2/15:
 // 10s and 2s for 15s). They are checked when the manager is configured:
-// for -lock=pglease by the lock (leaderelection.NewManager: also
+// for -lock=pglease by the lock (leaderelection.NewManagerForLock: also
 // RenewDeadline + RetryPeriod below the TTL minus the lock's margin), for
 // -lock=lease by client-go.
 func (c config) timing() (t struct{ LeaseDuration, RenewDeadline, RetryPeriod time.Duration }) {

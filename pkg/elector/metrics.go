@@ -1,10 +1,11 @@
 package elector
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pglease/pg_lease/internal/promreg"
 )
 
 // Error kinds counted by the errors metric (label "kind").
@@ -57,33 +58,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Elector failures by kind (acquire, inspect, renew, release, lapsed, not_owner, epoch_mismatch, deadline).",
 		}, []string{"key", "kind"}),
 	}
-	if reg == nil {
-		return m, nil
-	}
 	var err error
-	m.leader = register(reg, m.leader, &err)
-	m.epoch = register(reg, m.epoch, &err)
-	m.renew = register(reg, m.renew, &err)
-	m.transitions = register(reg, m.transitions, &err)
-	m.errors = register(reg, m.errors, &err)
+	m.leader = promreg.Register(reg, m.leader, &err)
+	m.epoch = promreg.Register(reg, m.epoch, &err)
+	m.renew = promreg.Register(reg, m.renew, &err)
+	m.transitions = promreg.Register(reg, m.transitions, &err)
+	m.errors = promreg.Register(reg, m.errors, &err)
 	if err != nil {
 		return nil, fmt.Errorf("elector: registering metrics: %w", err)
 	}
 	return m, nil
-}
-
-func register[C prometheus.Collector](reg prometheus.Registerer, c C, errp *error) C {
-	if *errp != nil {
-		return c
-	}
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing
-			}
-		}
-		*errp = err
-	}
-	return c
 }

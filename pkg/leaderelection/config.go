@@ -42,7 +42,7 @@ const (
 )
 
 // ErrInvalidConfig is wrapped by every validation error of a Config, and
-// by New's error when the DSN's source holds no DSN or one that does not
+// by NewResourceLock's error when the DSN's source holds no DSN or one that does not
 // parse.
 var ErrInvalidConfig = errors.New("leaderelection: invalid configuration")
 
@@ -192,13 +192,15 @@ func checkTiming(leaseDuration, renewDeadline, retryPeriod, ttl time.Duration, f
 	if ttl <= 0 || renewDeadline <= 0 || retryPeriod <= 0 {
 		return nil
 	}
-	if _, err := lease.CheckMargin(ttl, 0); err != nil {
-		return field.ErrorList{field.Invalid(fldPath.Child("leaseDuration"), leaseDuration.String(), err.Error())}
-	}
-	if _, err := resourcelock.Timing(ttl, 0, leaderelection.LeaderElectionConfig{
+	_, err := resourcelock.Timing(ttl, 0, leaderelection.LeaderElectionConfig{
 		LeaseDuration: leaseDuration, RenewDeadline: renewDeadline, RetryPeriod: retryPeriod,
-	}); err != nil {
+	})
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, lease.ErrInvalidInput):
+		return field.ErrorList{field.Invalid(fldPath.Child("leaseDuration"), leaseDuration.String(), err.Error())}
+	default:
 		return field.ErrorList{field.Invalid(fldPath.Child("renewDeadline"), renewDeadline.String(), err.Error())}
 	}
-	return nil
 }

@@ -73,7 +73,7 @@ func TestBindPFlags(t *testing.T) {
 }
 
 // A kubebuilder scaffold defines -leader-elect itself; BindFlags leaves it
-// alone and ManagerConfig takes the value from the manager's options.
+// alone and Flags.NewManager takes the value from the manager's options.
 func TestScaffoldLeaderElectFlag(t *testing.T) {
 	fs := goflag.NewFlagSet("x", goflag.ContinueOnError)
 	var enable bool
@@ -84,7 +84,7 @@ func TestScaffoldLeaderElectFlag(t *testing.T) {
 	}
 	d := 5 * time.Second
 	rp := 4 * time.Second
-	c := pgle.ManagerConfigOf(f, manager.Options{LeaderElection: enable, LeaderElectionID: "abc.example.com",
+	c := pgle.MergedConfig(f, manager.Options{LeaderElection: enable, LeaderElectionID: "abc.example.com",
 		LeaderElectionNamespace: "ops", RenewDeadline: &d, RetryPeriod: &rp})
 	if !c.LeaderElect || c.ResourceName != "abc.example.com" || c.ResourceNamespace != "ops" || c.ResourceLock != "pglease" {
 		t.Fatalf("config %+v", c)
@@ -93,7 +93,7 @@ func TestScaffoldLeaderElectFlag(t *testing.T) {
 	if c.RenewDeadline.Duration != d || c.RetryPeriod.Duration != time.Second || c.LeaseDuration.Duration != pgle.DefaultLeaseDuration {
 		t.Fatalf("timings %v %v %v", c.LeaseDuration, c.RenewDeadline, c.RetryPeriod)
 	}
-	c = pgle.ManagerConfigOf(f, manager.Options{LeaderElection: false})
+	c = pgle.MergedConfig(f, manager.Options{LeaderElection: false})
 	if c.LeaderElect {
 		t.Fatal("LeaderElect taken from the flag Flags did not bind")
 	}
@@ -190,21 +190,22 @@ func TestReadDSN(t *testing.T) {
 	if _, err := pgle.ReadDSN(pgle.Config{DSNFile: filepath.Join(dir, "missing")}); !errors.Is(err, pgle.ErrInvalidConfig) {
 		t.Fatalf("missing file: %v", err)
 	}
-	// A DSN that does not parse: New's error does not quote it.
+	// A DSN that does not parse: NewResourceLock's error does not quote it.
 	t.Setenv("BAD_DSN", "postgres://u:"+secret+"@h:notaport/db")
 	c := pgle.DefaultConfig()
 	c.LeaderElect, c.ResourceLock, c.ResourceName, c.ResourceNamespace = true, "pglease", "op", "ns"
 	c.DSNEnv = "BAD_DSN"
-	_, err = pgle.New(context.Background(), c, pgle.BuildOptions{})
+	_, err = pgle.NewResourceLock(context.Background(), c, pgle.ResourceLockOptions{})
 	if err == nil || strings.Contains(err.Error(), secret) || !strings.Contains(err.Error(), "$BAD_DSN") {
 		t.Fatalf("bad DSN: %v", err)
 	}
 }
 
-// New("pglease") returns a pg_lease lock that client-go's own elector runs
-// against real PostgreSQL: it leads under epoch 1 on the key ns/name.
-// BuildOptions.PgLease reaches the lock (its OnEpochChange is called),
-// under what New derives (its LeaseDuration is not the TTL).
+// NewResourceLock("pglease") returns a pg_lease lock that client-go's own
+// elector runs against real PostgreSQL: it leads under epoch 1 on the key
+// ns/name. ResourceLockOptions.LockOptions reach the lock (its
+// OnEpochChange is called), under what NewResourceLock derives (its
+// LeaseDuration is not the TTL).
 func TestNewPgLeaseRunsWithClientGo(t *testing.T) {
 	dsn := pgtest.NewLeaseDatabase(t)
 	t.Setenv("TEST_LEASE_DSN", dsn)
@@ -214,8 +215,8 @@ func TestNewPgLeaseRunsWithClientGo(t *testing.T) {
 	c.DSNEnv = "TEST_LEASE_DSN"
 	c.Identity = "me"
 	started := make(chan lease.Token, 10)
-	lock, err := pgle.New(context.Background(), c, pgle.BuildOptions{PgLease: resourcelock.Options{
-		LeaseDuration: time.Hour, // New's own (leaseDuration) wins
+	lock, err := pgle.NewResourceLock(context.Background(), c, pgle.ResourceLockOptions{LockOptions: resourcelock.Options{
+		LeaseDuration: time.Hour, // NewResourceLock's own (leaseDuration) wins
 		OnEpochChange: func(_, new lease.Token) {
 			if new.Epoch != 0 {
 				started <- new
@@ -226,11 +227,11 @@ func TestNewPgLeaseRunsWithClientGo(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lock.Close()
-	if lock.PgLease == nil || lock.PgLease.Key() != "ns/op" || lock.Identity() != "me" {
+	if lock.Lock == nil || lock.Lock.Key() != "ns/op" || lock.Identity() != "me" {
 		t.Fatalf("lock %+v", lock)
 	}
 	// The lock's TTL is leaseDuration (it fills a zero LeaseDuration with it).
-	if lc, _ := lock.PgLease.LeaderElectionConfig(leaderelection.LeaderElectionConfig{}); lc.LeaseDuration != 3*time.Second {
+	if lc, _ := lock.Lock.LeaderElectionConfig(leaderelection.LeaderElectionConfig{}); lc.LeaseDuration != 3*time.Second {
 		t.Fatalf("pg_lease lock's lease duration %v, want 3s", lc.LeaseDuration)
 	}
 	if _, ok := lock.Interface.(*resourcelock.Lock); !ok {
@@ -238,12 +239,12 @@ func TestNewPgLeaseRunsWithClientGo(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	led := make(chan lease.Token, 1)
-	ld, rd, rp := pgle.Timing(lock)
+	ld, rd, rp := lock.Config.LeaseDuration.Duration, lock.Config.RenewDeadline.Duration, lock.Config.RetryPeriod.Duration
 	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 		Lock: lock, LeaseDuration: ld, RenewDeadline: rd, RetryPeriod: rp, ReleaseOnCancel: true,
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(context.Context) {
-				tok, _ := lock.PgLease.Token()
+				tok, _ := lock.Lock.Token()
 				led <- tok
 			},
 			OnStoppedLeading: func() {},
@@ -263,7 +264,7 @@ func TestNewPgLeaseRunsWithClientGo(t *testing.T) {
 			t.Fatalf("OnEpochChange started %v, the elector leads under %v", s, tok)
 		}
 	default:
-		t.Fatal("BuildOptions.PgLease.OnEpochChange was not called for the term")
+		t.Fatal("ResourceLockOptions.LockOptions.OnEpochChange was not called for the term")
 	}
 	cancel()
 	<-done
@@ -301,11 +302,11 @@ func TestNewManagerFenced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pg := pgle.PgLease(mgr)
+	pg := pgle.LockOf(mgr)
 	if pg == nil || pg.Key() != "ns/op" {
-		t.Fatalf("PgLease = %v", pg)
+		t.Fatalf("LockOf = %v", pg)
 	}
-	if _, err := pgle.Fenced(pgle.PgLease(mgr), reconcile.TypedReconciler[reconcile.Request](inner)).Reconcile(context.Background(), reconcile.Request{}); !errors.Is(err, resourcelock.ErrNotHolding) {
+	if _, err := pgle.Fenced(pgle.LockOf(mgr), reconcile.TypedReconciler[reconcile.Request](inner)).Reconcile(context.Background(), reconcile.Request{}); !errors.Is(err, resourcelock.ErrNotHolding) {
 		t.Fatalf("fenced reconcile without a term: %v, want ErrNotHolding", err)
 	}
 	// Start closes the lock's pool when it returns (here at once).
@@ -322,10 +323,10 @@ func TestNewManagerFenced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if pgle.PgLease(mgr) != nil {
+	if pgle.LockOf(mgr) != nil {
 		t.Fatal("a leases manager has a pg_lease lock")
 	}
-	if _, err := pgle.Fenced(pgle.PgLease(mgr), reconcile.TypedReconciler[reconcile.Request](inner)).Reconcile(context.Background(), reconcile.Request{}); err != nil {
+	if _, err := pgle.Fenced(pgle.LockOf(mgr), reconcile.TypedReconciler[reconcile.Request](inner)).Reconcile(context.Background(), reconcile.Request{}); err != nil {
 		t.Fatalf("leases: %v", err)
 	}
 }

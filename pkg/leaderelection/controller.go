@@ -14,28 +14,28 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
 
-// ManagerConfig is what NewManager sets a manager up with.
-type ManagerConfig struct {
-	// Lock is the lock the manager's elector runs: PgLease itself, or a
-	// composite whose pg_lease half is PgLease (the "leases+pglease" lock).
-	Lock rl.Interface
-	// PgLease is the pg_lease lock: its TTL checks the timings, its epochs
-	// are the metrics' and the events'.
-	PgLease *resourcelock.Lock
-	// ReleaseOnCancel, when not nil, sets opts.LeaderElectionReleaseOnCancel;
-	// nil leaves the caller's value as it is.
-	ReleaseOnCancel *bool
+// pgLockOf returns the pg_lease lock that lock elects through: lock itself
+// or the pg_lease half of a NewMigrationLock; nil for any other lock.
+func pgLockOf(lock rl.Interface) *resourcelock.Lock {
+	switch l := lock.(type) {
+	case *resourcelock.Lock:
+		return l
+	case *migrationLock:
+		return l.Lock
+	}
+	return nil
 }
 
-// configure sets opts to elect the manager's leader through c.Lock, and
-// returns the observedLock it installed: LeaderElection,
-// LeaderElectionResourceLockInterface (c.Lock, wrapped in an observedLock
-// that counts the metrics), LeaderElectionID (the key, when empty) and the
-// timings. It changes LeaderElectionReleaseOnCancel only as
-// c.ReleaseOnCancel says.
-func configure(opts *manager.Options, c ManagerConfig) (*observedLock, error) {
-	if opts == nil || c.Lock == nil || c.PgLease == nil {
-		return nil, errors.New("leaderelection: manager options, Lock and PgLease must not be nil")
+// configure sets opts to elect through lock (NewManagerForLock). The
+// timings opts leaves nil are filled, and all are checked, by the pg_lease
+// lock's rule (resourcelock.Timing). It returns the pg_lease lock.
+func configure(opts *manager.Options, lock rl.Interface) (*resourcelock.Lock, error) {
+	if r, ok := lock.(*ResourceLock); ok {
+		lock = r.Interface
+	}
+	pg := pgLockOf(lock)
+	if opts == nil || pg == nil {
+		return nil, fmt.Errorf("%w: manager options and a lock with a pg_lease lock are required, got %T", ErrInvalidConfig, lock)
 	}
 	var want leaderelection.LeaderElectionConfig
 	if opts.LeaseDuration != nil {
@@ -47,62 +47,72 @@ func configure(opts *manager.Options, c ManagerConfig) (*observedLock, error) {
 	if opts.RetryPeriod != nil {
 		want.RetryPeriod = *opts.RetryPeriod
 	}
-	// The one timing rule is the lock's: it fills the zero timings from its
-	// TTL and checks them (client-go's rules, and RenewDeadline +
-	// RetryPeriod < TTL - margin).
-	t, err := c.PgLease.LeaderElectionConfig(want)
+	t, err := pg.LeaderElectionConfig(want)
 	if err != nil {
-		return nil, fmt.Errorf("leaderelection: manager.Options: %w", err)
+		return nil, fmt.Errorf("%w: manager.Options: %w", ErrInvalidConfig, err)
 	}
-	obs, err := observe(c.Lock, c.PgLease)
+	return pg, electThrough(opts, lock, pg, t)
+}
+
+// electThrough sets opts to elect through lock, whose pg_lease lock is pg,
+// with timings t that the rule already checked: LeaderElection,
+// LeaderElectionResourceLockInterface (lock, wrapped so that it counts the
+// metrics), LeaderElectionID (the key, when empty) and the timings.
+func electThrough(opts *manager.Options, lock rl.Interface, pg *resourcelock.Lock, t leaderelection.LeaderElectionConfig) error {
+	obs, err := observe(lock, pg)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	opts.LeaderElection = true
 	opts.LeaderElectionResourceLockInterface = obs
-	if c.ReleaseOnCancel != nil {
-		opts.LeaderElectionReleaseOnCancel = *c.ReleaseOnCancel
-	}
 	if opts.LeaderElectionID == "" {
-		opts.LeaderElectionID = c.PgLease.Key()
+		opts.LeaderElectionID = pg.Key()
 	}
 	opts.LeaseDuration, opts.RenewDeadline, opts.RetryPeriod = &t.LeaseDuration, &t.RenewDeadline, &t.RetryPeriod
-	return obs, nil
+	return nil
 }
 
-// NewManager makes a controller-runtime manager that elects its leader
-// through c.Lock, a lock built by hand (resourcelock.New, or a composite
-// over one). It sets opts' LeaderElection, LeaderElectionResourceLockInterface
-// (c.Lock, wrapped so that the lock's epoch, transitions, renewal latency and
-// errors go to controller-runtime's metrics registry), LeaderElectionID (the
-// key, when empty) and the timings, then calls manager.New, after which the
-// lock records the elector's events ("<identity> became leader (epoch N)")
-// through the manager's event recorder, about a Lease named after the key
-// ("namespace/name" keys split; otherwise in opts.LeaderElectionNamespace).
-//
-// Timings left nil are filled and all are checked by the lock
-// (resourcelock.Lock.LeaderElectionConfig: LeaseDuration = TTL,
-// RenewDeadline = 2/3, RetryPeriod = 2/15 of it; RenewDeadline +
-// RetryPeriod below the TTL minus the lock's margin), each error naming the
-// field.
-//
-// LeaderElectionReleaseOnCancel is the caller's unless c.ReleaseOnCancel
-// says otherwise. Set it true to have a stopping leader free the key, so
-// that its successor takes over at its next retry instead of waiting for
-// the TTL; the lock ends the term (cancelling every fenced reconcile)
-// before it frees the key.
-func NewManager(cfg *rest.Config, opts manager.Options, c ManagerConfig) (manager.Manager, error) {
-	if _, err := configure(&opts, c); err != nil {
-		return nil, err
-	}
+// newManager calls manager.New with options electThrough set, then has pg
+// record the election's events through the manager's event recorder.
+func newManager(cfg *rest.Config, opts manager.Options, pg *resourcelock.Lock) (manager.Manager, error) {
 	mgr, err := manager.New(cfg, opts)
 	if err != nil {
 		return nil, err
 	}
-	// The election's events are recorded with client-go's (core/v1) event
-	// recorder, as client-go's own locks and controller-runtime do.
-	c.PgLease.SetEventRecorder(mgr.GetEventRecorderFor(c.PgLease.Identity()), opts.LeaderElectionNamespace) //nolint:staticcheck
+	// client-go's (core/v1) event recorder, as client-go's own locks and
+	// controller-runtime use.
+	pg.SetEventRecorder(mgr.GetEventRecorderFor(pg.Identity()), opts.LeaderElectionNamespace) //nolint:staticcheck
 	return mgr, nil
+}
+
+// NewManagerForLock makes a controller-runtime manager that elects its
+// leader through lock, built by hand: a resourcelock.Lock, a
+// NewMigrationLock over one, or a ResourceLock with a pg_lease lock.
+// Flags.NewManager is the call for a program configured by flags.
+//
+// It sets opts' LeaderElection, LeaderElectionResourceLockInterface (lock,
+// wrapped so that its epoch, transitions, renewal latency and errors go to
+// controller-runtime's metrics registry), LeaderElectionID (the key, when
+// empty) and the timings, then calls manager.New. The lock then records
+// the elector's events ("<identity> became leader (epoch N)") through the
+// manager's event recorder, about a Lease named after the key
+// ("namespace/name" keys split; otherwise in opts.LeaderElectionNamespace).
+//
+// Timings left nil are filled and all are checked by the lock's rule
+// (resourcelock.Timing: LeaseDuration = TTL, RenewDeadline = 2/3 and
+// RetryPeriod = 2/15 of it; RenewDeadline + RetryPeriod below the TTL minus
+// the lock's margin); each error names the field.
+//
+// LeaderElectionReleaseOnCancel is the caller's. Set it true to have a
+// stopping leader free the key, so that its successor takes over at its
+// next retry instead of waiting for the TTL. The lock ends the term
+// (cancelling every fenced reconcile) before it frees the key.
+func NewManagerForLock(cfg *rest.Config, opts manager.Options, lock rl.Interface) (manager.Manager, error) {
+	pg, err := configure(&opts, lock)
+	if err != nil {
+		return nil, err
+	}
+	return newManager(cfg, opts, pg)
 }
 
 // errEpochEnded is wrapped by the error of a Fenced reconciler whose epoch ended while it
@@ -121,10 +131,9 @@ var errEpochEnded = errors.New("leaderelection: the epoch ended during the recon
 // request is requeued whatever r returned.
 //
 // lock is the pg_lease lock the manager elects through: the one given to
-// NewManager (ManagerConfig.PgLease), or PgLease(mgr) for a manager made by
-// Flags.NewManager. A nil lock (PgLease of a manager that elects through a
-// Kubernetes Lease, or with leader election off: there are no epochs)
-// returns r as it is.
+// NewManagerForLock, or LockOf(mgr) for a manager made by Flags.NewManager.
+// A nil lock (LockOf a manager that elects through a Kubernetes Lease, or
+// with leader election off: there are no epochs) returns r as it is.
 func Fenced[request comparable](lock *resourcelock.Lock, r reconcile.TypedReconciler[request]) reconcile.TypedReconciler[request] {
 	if lock == nil {
 		return r

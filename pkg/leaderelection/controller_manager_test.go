@@ -53,9 +53,8 @@ func startManager(t *testing.T, dsn, key, id string) *runningManager {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := manager.Options{Metrics: metricsserver.Options{BindAddress: "0"}}
-	release := true
-	mgr, err := pgle.NewManager(unusedAPIServer(t), opts, pgle.ManagerConfig{Lock: lock, PgLease: lock, ReleaseOnCancel: &release})
+	opts := manager.Options{Metrics: metricsserver.Options{BindAddress: "0"}, LeaderElectionReleaseOnCancel: true}
+	mgr, err := pgle.NewManagerForLock(unusedAPIServer(t), opts, lock)
 	if err != nil {
 		t.Fatal(err)
 	}

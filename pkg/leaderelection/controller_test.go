@@ -32,17 +32,16 @@ func TestConfigure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	yes := true
 	configure := func(opts *manager.Options, l *resourcelock.Lock) error {
-		_, err := pgle.Configure(opts, pgle.ManagerConfig{Lock: l, PgLease: l, ReleaseOnCancel: &yes})
+		_, err := pgle.Configure(opts, l)
 		return err
 	}
-	var opts manager.Options
+	opts := manager.Options{LeaderElectionReleaseOnCancel: true}
 	if err := configure(&opts, lock); err != nil {
 		t.Fatal(err)
 	}
 	obs, ok := opts.LeaderElectionResourceLockInterface.(*pgle.ObservedLock)
-	if !ok || obs.Interface != rl.Interface(lock) || pgle.ObservedPgLease(obs) != lock {
+	if !ok || obs.Interface != rl.Interface(lock) || pgle.ObservedPgLock(obs) != lock {
 		t.Fatalf("LeaderElectionResourceLockInterface = %T, want an ObservedLock of the lock", opts.LeaderElectionResourceLockInterface)
 	}
 	if !opts.LeaderElection || !opts.LeaderElectionReleaseOnCancel ||
@@ -254,25 +253,46 @@ func gather(t *testing.T, key string) map[string]float64 {
 	return out
 }
 
-// Configure leaves LeaderElectionReleaseOnCancel as the caller set it
-// unless ManagerConfig.ReleaseOnCancel says otherwise.
+// Configure leaves LeaderElectionReleaseOnCancel as the caller set it.
 func TestConfigureReleaseOnCancel(t *testing.T) {
 	lock, err := resourcelock.New(lease.New(nil), "k", "a", resourcelock.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := manager.Options{LeaderElectionReleaseOnCancel: false}
-	if _, err := pgle.Configure(&opts, pgle.ManagerConfig{Lock: lock, PgLease: lock}); err != nil {
+	for _, release := range []bool{false, true} {
+		opts := manager.Options{LeaderElectionReleaseOnCancel: release}
+		if _, err := pgle.Configure(&opts, lock); err != nil {
+			t.Fatal(err)
+		}
+		if opts.LeaderElectionReleaseOnCancel != release {
+			t.Errorf("Configure changed LeaderElectionReleaseOnCancel from %v", release)
+		}
+	}
+}
+
+// Configure takes the pg_lease lock out of a ResourceLock and of a
+// migration lock, and refuses a lock that has none.
+func TestConfigureFindsThePgLeaseLock(t *testing.T) {
+	pg, err := resourcelock.New(lease.New(nil), "ns/k", "a", resourcelock.Options{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if opts.LeaderElectionReleaseOnCancel {
-		t.Error("Configure overrode LeaderElectionReleaseOnCancel = false")
-	}
-	yes := true
-	if _, err := pgle.Configure(&opts, pgle.ManagerConfig{Lock: lock, PgLease: lock, ReleaseOnCancel: &yes}); err != nil {
+	mig, err := pgle.NewMigrationLock(pg, pg)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if !opts.LeaderElectionReleaseOnCancel {
-		t.Error("ReleaseOnCancel true not applied")
+	for _, l := range []rl.Interface{pg, mig, &pgle.ResourceLock{Interface: pg, Lock: pg}} {
+		var opts manager.Options
+		obs, err := pgle.Configure(&opts, l)
+		if err != nil {
+			t.Fatalf("%T: %v", l, err)
+		}
+		if pgle.ObservedPgLock(obs) != pg {
+			t.Errorf("%T: observed pg_lease lock %v, want the lock's", l, pgle.ObservedPgLock(obs))
+		}
+	}
+	var opts manager.Options
+	if _, err := pgle.Configure(&opts, &pgle.ResourceLock{Interface: &rl.LeaseLock{}}); !errors.Is(err, pgle.ErrInvalidConfig) {
+		t.Errorf("a leases resource lock: %v, want ErrInvalidConfig", err)
 	}
 }

@@ -16,11 +16,11 @@
 // variable (--leader-elect-dsn-env, default $PGLEASE_DSN): no flag carries
 // the DSN and no error or usage text quotes it.
 //
-// One call builds the lock: New returns a ready resourcelock.Interface
-// (client-go's own for "leases") after checking the configuration with
-// component-base's validation and the timings against the TTL
-// (renewDeadline + retryPeriod must stay below leaseDuration minus the
-// lock's margin, so that a leader that stopped renewing stops leading
+// One call builds the lock: NewResourceLock returns a ready
+// resourcelock.Interface (client-go's own for "leases") after checking the
+// configuration with component-base's validation and the timings against
+// the TTL (renewDeadline + retryPeriod must stay below leaseDuration minus
+// the lock's margin, so that a leader that stopped renewing stops leading
 // before its grant lapses). A kubebuilder main.go switches in three lines:
 //
 //	import pgle "github.com/pglease/pg_lease/pkg/leaderelection"
@@ -31,40 +31,45 @@
 // the DSN in $PGLEASE_DSN. With the default --leader-elect-resource-lock
 // (leases) it behaves exactly as before.
 //
-// # controller-runtime glue (formerly pkg/leasectrl)
+// # Managers
+//
+// One constructor per need:
+//
+//	Flags.NewManager   a program configured by the --leader-elect* flags (ctrl.NewManager's signature)
+//	NewManagerForLock  a lock built by hand: a resourcelock.Lock, a NewMigrationLock, or a ResourceLock
 //
 // A program that builds its own pg_lease lock (resourcelock.New) plugs it
-// into a controller-runtime manager with NewManager, and hands each
+// into a controller-runtime manager with NewManagerForLock, and hands each
 // reconcile the fencing token of the epoch it runs under with Fenced:
 //
 //	w, _ := lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{}) // one per process; Close after mgr.Start returns
-//	lock, _ := resourcelock.New(lease.New(pool), "my-operator", podName, resourcelock.Options{Waiter: w})
-//	opts := manager.Options{...}
-//	mgr, err := leaderelection.NewManager(cfg, opts, leaderelection.ManagerConfig{Lock: lock, PgLease: lock})
+//	lock, _ := resourcelock.New(lease.New(pool), "my-operator", lease.DefaultOwner(), resourcelock.Options{Waiter: w})
+//	opts := manager.Options{LeaderElectionReleaseOnCancel: true, ...}
+//	mgr, err := leaderelection.NewManagerForLock(cfg, opts, lock)
 //	ctrl.NewControllerManagedBy(mgr).For(&v1.Thing{}).Complete(leaderelection.Fenced(lock, &ThingReconciler{}))
 //
 // Build the lock with a Waiter (resourcelock.Options.Waiter): a standby's
 // elector then waits for news of the key and takes over within milliseconds
 // of the leader's release (and at the server's expiry of a crashed leader's
 // grant) instead of at its next RetryPeriod (up to 2.4 s at
-// controller-runtime's defaults). Flags.NewManager and New do it for you.
+// controller-runtime's defaults). Flags.NewManager and NewResourceLock do
+// it for you.
 //
-// NewManager runs the lock wrapped so that the lock's epoch, transitions,
+// Both constructors run the lock wrapped so that the lock's epoch, transitions,
 // renewal latency and errors go to controller-runtime's metrics registry
 // (pg_lease_lock_epoch, pg_lease_lock_transitions_total,
 // pg_lease_lock_renew_duration_seconds, pg_lease_lock_errors_total: see
 // docs/operations.md), and client-go's election events are recorded
 // through the manager's event recorder with the epoch ("<identity> became
-// leader (epoch 7)"). It leaves LeaderElectionReleaseOnCancel as the caller
-// set it unless ManagerConfig.ReleaseOnCancel says otherwise (set it true
-// to hand over at once when the leader stops). Flags.NewManager uses
-// NewManager.
+// leader (epoch 7)"). They leave LeaderElectionReleaseOnCancel as the
+// caller set it (set it true to hand over at once when the leader stops).
 //
 // The timings (LeaseDuration, RenewDeadline, RetryPeriod) follow one rule,
-// the lock's (resourcelock.Lock.LeaderElectionConfig): zero ones are
-// filled from the TTL in client-go's proportions, and RenewDeadline +
-// RetryPeriod must stay below the TTL minus the lock's margin
-// (lease.CheckMargin). Config.validate applies the same rule.
+// the pure function resourcelock.Timing: zero ones are filled from the TTL
+// in client-go's proportions, and RenewDeadline + RetryPeriod must stay
+// below the TTL minus the lock's margin (lease.CheckMargin). Each path
+// evaluates it once: Config.validate for a Config, the lock's
+// LeaderElectionConfig for a lock built by hand.
 //
 // controller-runtime runs the real client-go elector with the lock
 // (Options.LeaderElectionResourceLockInterface). The manager does not hand
@@ -76,6 +81,6 @@
 // when that epoch ends, and refuses to reconcile (returns an error wrapping
 // resourcelock.ErrNotHolding, so the request is requeued with backoff) when
 // the lock holds no live, unexpired term. With a manager made by
-// Flags.NewManager, wrap with Fenced(PgLease(mgr), r): with a Kubernetes
-// lock PgLease is nil and r runs as it is.
+// Flags.NewManager, wrap with Fenced(LockOf(mgr), r): with a Kubernetes
+// lock LockOf is nil and r runs as it is.
 package leaderelection

@@ -2,7 +2,6 @@ package leaderelection
 
 import (
 	"fmt"
-	"time"
 
 	"k8s.io/component-base/config"
 	"k8s.io/component-base/config/v1alpha1"
@@ -52,10 +51,15 @@ func Observe(lock rl.Interface, pg *resourcelock.Lock) (*ObservedLock, error) {
 	return observe(lock, pg)
 }
 
-func ObservedPgLease(o *ObservedLock) *resourcelock.Lock { return o.pg }
+func ObservedPgLock(o *ObservedLock) *resourcelock.Lock { return o.pg }
 
-func Configure(opts *manager.Options, c ManagerConfig) (*ObservedLock, error) {
-	return configure(opts, c)
+// Configure is NewManagerForLock's setup of the options; it returns the
+// lock the manager would run.
+func Configure(opts *manager.Options, lock rl.Interface) (*ObservedLock, error) {
+	if _, err := configure(opts, lock); err != nil {
+		return nil, err
+	}
+	return opts.LeaderElectionResourceLockInterface.(*ObservedLock), nil
 }
 
 const (
@@ -74,9 +78,8 @@ func PgLeaseKey(c *Config) string                   { return c.pgLeaseKey() }
 func ReadDSN(c Config) (string, error)              { return c.readDSN() }
 func IsSet(f *Flags, name string) bool              { return f.isSet(name) }
 func Validate(c *Config, fldPath *field.Path) error { return c.validate(fldPath) }
-func Timing(l *Lock) (ld, rd, rp time.Duration)     { return l.timing() }
-func PoolOf(l *Lock) *pgxpool.Pool                  { return l.pool }
+func PoolOf(l *ResourceLock) *pgxpool.Pool          { return l.pool }
 
-func ManagerConfigOf(f *Flags, opts manager.Options) Config { return f.managerConfig(opts) }
+func MergedConfig(f *Flags, opts manager.Options) Config { return f.managerConfig(opts) }
 
 var ErrEpochEnded = errEpochEnded

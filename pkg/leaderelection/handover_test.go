@@ -17,7 +17,7 @@ import (
 // --leader-elect-handover and --leader-elect-version: the flags fill the
 // Config, bad values are field errors, and a lock built from the Config
 // registers its follower as a candidate with that strategy and version,
-// ready as BuildOptions.Ready says.
+// ready as ResourceLockOptions.Ready says.
 func TestHandoverOption(t *testing.T) {
 	fs := goflag.NewFlagSet("x", goflag.ContinueOnError)
 	f := pgle.BindFlags(fs)
@@ -49,7 +49,7 @@ func TestHandoverOption(t *testing.T) {
 	c.DSNEnv, c.Identity = "TEST_LEASE_DSN", "me"
 	c.LeaseDuration.Duration, c.RenewDeadline.Duration, c.RetryPeriod.Duration = 3*time.Second, 2*time.Second, 200*time.Millisecond
 	var ready atomic.Bool
-	lock, err := pgle.New(context.Background(), c, pgle.BuildOptions{Ready: ready.Load})
+	lock, err := pgle.NewResourceLock(context.Background(), c, pgle.ResourceLockOptions{Ready: ready.Load})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,8 +14,8 @@ import (
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
 )
 
-// BuildOptions are what New needs besides the Config.
-type BuildOptions struct {
+// ResourceLockOptions are what NewResourceLock needs besides the Config.
+type ResourceLockOptions struct {
 	// KubeConfig is the API server's config: required for "leases" and
 	// "leases+pglease" (its timeout is set to max(RenewDeadline/2, 1s) on a
 	// copy, as client-go and controller-runtime do).
@@ -28,20 +28,20 @@ type BuildOptions struct {
 	// Labels are set on the Lease by the Kubernetes locks (client-go's
 	// NewWithLabels).
 	Labels map[string]string
-	// PgLease are the pg_lease lock's options besides what New derives, e.g.
-	// OnEpochChange. New sets over them LeaseDuration (leaseDuration),
-	// Waiter (the Waiter below or New's own for "pglease", none for
-	// "leases+pglease") and, when EventRecorder is set, the event fields
-	// (about the Lease named above).
-	PgLease resourcelock.Options
-	// Pool, when set, is used for the pg_lease lock instead of a pool New
-	// opens from the Config's DSNFile or DSNEnv (and Close then leaves it
-	// open). The pool New opens warms each connection (lease.WarmConn); set
+	// LockOptions are the pg_lease lock's options besides what
+	// NewResourceLock derives, e.g. OnEpochChange. It sets over them
+	// LeaseDuration (leaseDuration), Waiter (the Waiter below or its own for
+	// "pglease", none for "leases+pglease") and, when EventRecorder is set,
+	// the event fields (about the Lease named above).
+	LockOptions resourcelock.Options
+	// Pool, when set, is used for the pg_lease lock instead of a pool
+	// NewResourceLock opens from the Config's DSNFile or DSNEnv (and Close
+	// then leaves it open). The pool it opens warms each connection (lease.WarmConn); set
 	// AfterConnect = lease.WarmConn on a pool of your own for the same.
 	Pool *pgxpool.Pool
 	// Waiter, when set, is the process's listener the "pglease" lock waits
 	// on (resourcelock.Options.Waiter), shared with the process's other locks;
-	// Close then leaves it open. When nil, New opens one for the lock (one
+	// Close then leaves it open. When nil, NewResourceLock opens one for the lock (one
 	// connection LISTENing on channel pg_lease, from the pool's connection
 	// settings) and Close closes it. "leases+pglease" never waits (see
 	// MigrationLock) and gets none.
@@ -51,14 +51,15 @@ type BuildOptions struct {
 	Ready func() bool
 }
 
-// Lock is a ready client-go resourcelock.Interface built from a Config,
-// with the timings to run it with. Close it after the elector (or the
-// manager) has stopped: a release on cancel still needs the database.
-type Lock struct {
+// ResourceLock is the client-go resourcelock.Interface a Config names,
+// with what it holds open. Run it with the timings of its Config. Close it
+// after the elector (or the manager) has stopped: a release on cancel still
+// needs the database.
+type ResourceLock struct {
 	rl.Interface
-	// PgLease is the pg_lease lock ("pglease", or the pg_lease half of
+	// Lock is the pg_lease lock ("pglease", or the pg_lease half of
 	// "leases+pglease"); nil for "leases". Take fencing tokens from it.
-	PgLease *resourcelock.Lock
+	Lock *resourcelock.Lock
 	// Config is the validated configuration the lock was built from (with
 	// Identity filled).
 	Config Config
@@ -67,9 +68,9 @@ type Lock struct {
 	waiter *lease.Waiter
 }
 
-// Close closes the listener and the pool New opened (if any). Call it after
-// the elector or the manager stopped.
-func (l *Lock) Close() {
+// Close closes the listener and the pool NewResourceLock opened (if any).
+// Call it after the elector or the manager stopped.
+func (l *ResourceLock) Close() {
 	if l.waiter != nil {
 		_ = l.waiter.Close()
 	}
@@ -78,13 +79,8 @@ func (l *Lock) Close() {
 	}
 }
 
-// timing returns the elector timings of the configuration.
-func (l *Lock) timing() (leaseDuration, renewDeadline, retryPeriod time.Duration) {
-	c := &l.Config
-	return c.LeaseDuration.Duration, c.RenewDeadline.Duration, c.RetryPeriod.Duration
-}
-
-// New validates c (Config.validate) and returns the lock it names:
+// NewResourceLock validates c (Config.validate) and returns the lock it
+// names:
 //
 //	leases          client-go's LeaseLock (coordination.k8s.io/v1 Lease)
 //	pglease         a pg_lease lock (pkg/resourcelock) on Config.pgLeaseKey,
@@ -96,10 +92,10 @@ func (l *Lock) timing() (leaseDuration, renewDeadline, retryPeriod time.Duration
 //	                followers poll: see NewMigrationLock)
 //
 // A disabled election (LeaderElect false) is an error: there is no lock to
-// build. New needs no answer from PostgreSQL: the pool and the listen
+// build. NewResourceLock needs no answer from PostgreSQL: the pool and the listen
 // connection connect when the server can be reached, so a process started
 // during a database restart elects once it is back.
-func New(ctx context.Context, c Config, o BuildOptions) (*Lock, error) {
+func NewResourceLock(ctx context.Context, c Config, o ResourceLockOptions) (*ResourceLock, error) {
 	if !c.LeaderElect {
 		return nil, fmt.Errorf("%w: leaderElect is false: no lock to build", ErrInvalidConfig)
 	}
@@ -109,7 +105,7 @@ func New(ctx context.Context, c Config, o BuildOptions) (*Lock, error) {
 	if c.Identity == "" {
 		c.Identity = lease.DefaultOwner()
 	}
-	out := &Lock{Config: c}
+	out := &ResourceLock{Config: c}
 	var kube rl.Interface
 	if c.ResourceLock == rl.LeasesResourceLock || c.ResourceLock == resourceLockMigration {
 		if o.KubeConfig == nil {
@@ -159,7 +155,7 @@ func New(ctx context.Context, c Config, o BuildOptions) (*Lock, error) {
 		}
 		out.pool = pool
 	}
-	opts := o.PgLease
+	opts := o.LockOptions
 	opts.LeaseDuration = c.LeaseDuration.Duration
 	if opts.Candidacy == nil && kube == nil {
 		opts.Candidacy = c.candidacy(o.Ready)
@@ -187,7 +183,7 @@ func New(ctx context.Context, c Config, o BuildOptions) (*Lock, error) {
 		out.Close()
 		return nil, err
 	}
-	out.PgLease = pg
+	out.Lock = pg
 	if kube == nil {
 		out.Interface = pg
 		return out, nil

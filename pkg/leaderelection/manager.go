@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/leaderelection"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 )
@@ -68,9 +69,9 @@ func (f *Flags) managerConfig(opts manager.Options) Config {
 //     options go to controller-runtime as they are, with the flags' values
 //     merged in (managerConfig): the manager builds client-go's LeaseLock
 //     itself, as without this package;
-//   - pglease or leases+pglease: New builds the lock (DSN from the file or
-//     the environment variable), NewManager runs it with its
-//     metrics and the manager's event recorder, the lock's Check is added
+//   - pglease or leases+pglease: NewResourceLock builds the lock (DSN from
+//     the file or the environment variable), the manager runs it with its
+//     metrics and the manager's event recorder (as NewManagerForLock does), the lock's Check is added
 //     as the health check healthzCheckName, and the manager's Start closes
 //     the pool and the listen connection after the manager stopped (after
 //     the release on cancel). With pglease a standby's elector waits for
@@ -78,8 +79,8 @@ func (f *Flags) managerConfig(opts manager.Options) Config {
 //     the leader's release, and at the server's expiry of a crashed
 //     leader's grant, at any RetryPeriod; nothing to configure.
 //
-// The timings are validated against the TTL (Config.validate); every error
-// names its field. LeaderElectionReleaseOnCancel is the caller's, never
+// The timings are validated against the TTL once (Config.validate); every
+// error names its field. LeaderElectionReleaseOnCancel is the caller's, never
 // overridden (kubebuilder scaffolds leave it false: a stopped leader's
 // successor then waits for the TTL; set it true to hand over at once).
 func (f *Flags) NewManager(cfg *rest.Config, opts manager.Options) (manager.Manager, error) {
@@ -102,15 +103,21 @@ func (f *Flags) NewManager(cfg *rest.Config, opts manager.Options) (manager.Mana
 		lcfg = cfg
 	}
 	var built atomic.Pointer[manager.Manager]
-	lock, err := New(context.Background(), c, BuildOptions{KubeConfig: lcfg, Labels: opts.LeaderElectionLabels,
+	lock, err := NewResourceLock(context.Background(), c, ResourceLockOptions{KubeConfig: lcfg, Labels: opts.LeaderElectionLabels,
 		Ready: cacheReady(&built)})
 	if err != nil {
 		return nil, err
 	}
-	ld, rd, rp := lock.timing()
-	opts.LeaseDuration, opts.RenewDeadline, opts.RetryPeriod = &ld, &rd, &rp
 	opts.LeaderElectionID, opts.LeaderElectionNamespace = c.ResourceName, c.ResourceNamespace
-	mgr, err := NewManager(cfg, opts, ManagerConfig{Lock: lock.Interface, PgLease: lock.PgLease})
+	// NewResourceLock checked the timings (Config.validate).
+	t := leaderelection.LeaderElectionConfig{
+		LeaseDuration: c.LeaseDuration.Duration, RenewDeadline: c.RenewDeadline.Duration, RetryPeriod: c.RetryPeriod.Duration,
+	}
+	if err := electThrough(&opts, lock.Interface, lock.Lock, t); err != nil {
+		lock.Close()
+		return nil, err
+	}
+	mgr, err := newManager(cfg, opts, lock.Lock)
 	if err != nil {
 		lock.Close()
 		return nil, fmt.Errorf("leaderelection: %w", err)
@@ -118,7 +125,7 @@ func (f *Flags) NewManager(cfg *rest.Config, opts manager.Options) (manager.Mana
 	built.Store(&mgr)
 	// /healthz fails when the lock holds a grant its elector stopped
 	// renewing (resourcelock.Lock.Check): restarting such a process ends it.
-	if err := mgr.AddHealthzCheck(healthzCheckName, lock.PgLease.Check); err != nil {
+	if err := mgr.AddHealthzCheck(healthzCheckName, lock.Lock.Check); err != nil {
 		lock.Close()
 		return nil, fmt.Errorf("leaderelection: %w", err)
 	}
@@ -132,7 +139,7 @@ const healthzCheckName = "leader-election-pglease"
 // closingManager closes the lock's pool when Start returns.
 type closingManager struct {
 	manager.Manager
-	lock *Lock
+	lock *ResourceLock
 }
 
 func (m *closingManager) Start(ctx context.Context) error {
@@ -140,14 +147,14 @@ func (m *closingManager) Start(ctx context.Context) error {
 	return m.Manager.Start(ctx)
 }
 
-// PgLease returns the pg_lease lock of a manager made by Flags.NewManager
-// (for Fenced); nil when it elects through a Kubernetes lock or
-// was made otherwise.
-func PgLease(mgr manager.Manager) *resourcelock.Lock {
+// LockOf returns the pg_lease lock of a manager made by Flags.NewManager
+// (for Fenced); nil when it elects through a Kubernetes lock or was made
+// otherwise.
+func LockOf(mgr manager.Manager) *resourcelock.Lock {
 	if m, ok := mgr.(*closingManager); ok {
-		return m.lock.PgLease
+		return m.lock.Lock
 	}
 	return nil
 }
 
-var _ rl.Interface = (*Lock)(nil)
+var _ rl.Interface = (*ResourceLock)(nil)

@@ -14,7 +14,7 @@ import (
 // migrationLock is the resource lock "leases+pglease": a client-go
 // resourcelock.Interface over two locks with one identity, the
 // coordination.k8s.io Lease (Lease, client-go's LeaseLock) and the pg_lease
-// key (PgLease). A candidate using it leads only while it holds both, so
+// key (Lock). A candidate using it leads only while it holds both, so
 // during a rolling update from "leases" old pods (Lease only) and new pods
 // (both) never lead at once: whoever leads holds the Lease, and client-go's
 // LeaseLock lets only one process hold it. A later rollout to "pglease"
@@ -30,7 +30,7 @@ import (
 // key; release the pg_lease key first, then the Lease. Operations:
 //
 //	Get     Lease.Get (NotFound → NotFound: the elector then Creates), then
-//	        PgLease.Get (NotFound → the key is free). The record is the
+//	        Lock.Get (NotFound → the key is free). The record is the
 //	        Lease's, with HolderIdentity chosen so that a candidate never
 //	        sees itself as holder unless it holds both:
 //	          Lease holder ""                → the pg_lease holder (or "")
@@ -43,17 +43,17 @@ import (
 //	        change whenever either lock is written, so followers time a
 //	        holder's expiry from the last write to either.
 //	Create  Lease.Create (AlreadyExists is returned as is), then the key:
-//	        PgLease.Create, or PgLease.Update (an acquire) when it exists.
-//	Update  HolderIdentity "": PgLease.Update (release; nothing held is not
+//	        Lock.Create, or Lock.Update (an acquire) when it exists.
+//	Update  HolderIdentity "": Lock.Update (release; nothing held is not
 //	        an error), then Lease.Update (release).
-//	        Otherwise Lease.Update, and only if it succeeded PgLease.Update.
+//	        Otherwise Lease.Update, and only if it succeeded Lock.Update.
 //	        A failure of the second step leaves the Lease held but the
 //	        candidate not leading (the elector saw an error); the next Get
 //	        reports the key's holder, so it waits for that holder's lease to
 //	        go stale (or, if the key is free, takes it at the next retry).
 //
-// Get never waits for news, and PgLease must be built without
-// resourcelock.Options.Waiter (New builds it so): the Lease half is what keeps
+// Get never waits for news, and Lock must be built without
+// resourcelock.Options.Waiter (NewResourceLock builds it so): the Lease half is what keeps
 // old pods out, and client-go's elector learns that a Lease holder is gone
 // only by reading the Lease every RetryPeriod and seeing the same record
 // for LeaseDuration. A waiting pg_lease Get returns only when the key
@@ -64,28 +64,28 @@ import (
 // therefore take client-go's polling time, as with "leases"; the
 // millisecond handoff comes with the switch to "pglease".
 //
-// The epoch (fencing token) is the pg_lease lock's: use PgLease.Token,
-// TokenContext or Fenced(PgLease, …) as with "pglease".
+// The epoch (fencing token) is the pg_lease lock's: use Lock.Token,
+// TokenContext or Fenced(Lock, …) as with "pglease".
 type migrationLock struct {
-	Lease   rl.Interface
-	PgLease *resourcelock.Lock
+	Lease rl.Interface
+	Lock  *resourcelock.Lock
 }
 
 var _ rl.Interface = (*migrationLock)(nil)
 
 // NewMigrationLock returns the "leases+pglease" lock (see migrationLock):
-// the composite of lease and pg, which must have the same identity. New
-// builds it from a Config; this is for a program that builds both halves
-// itself.
+// the composite of lease and pg, which must have the same identity.
+// NewResourceLock builds it from a Config; this is for a program that
+// builds both halves itself.
 func NewMigrationLock(lease rl.Interface, pg *resourcelock.Lock) (rl.Interface, error) {
 	if lease == nil || pg == nil {
-		return nil, errors.New("leaderelection.NewMigrationLock: both locks are required")
+		return nil, fmt.Errorf("%w: NewMigrationLock: both locks are required", ErrInvalidConfig)
 	}
 	if lease.Identity() != pg.Identity() {
-		return nil, fmt.Errorf("leaderelection.NewMigrationLock: the Lease lock's identity %q differs from the pg_lease lock's %q",
-			lease.Identity(), pg.Identity())
+		return nil, fmt.Errorf("%w: NewMigrationLock: the Lease lock's identity %q differs from the pg_lease lock's %q",
+			ErrInvalidConfig, lease.Identity(), pg.Identity())
 	}
-	return &migrationLock{Lease: lease, PgLease: pg}, nil
+	return &migrationLock{Lease: lease, Lock: pg}, nil
 }
 
 // Get reads both locks; see the type's documentation.
@@ -94,7 +94,7 @@ func (m *migrationLock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []by
 	if err != nil {
 		return nil, nil, err
 	}
-	prec, praw, err := m.PgLease.Get(ctx)
+	prec, praw, err := m.Lock.Get(ctx)
 	switch {
 	case apierrors.IsNotFound(err):
 		prec, praw = &rl.LeaderElectionRecord{}, nil
@@ -125,9 +125,9 @@ func (m *migrationLock) Create(ctx context.Context, ler rl.LeaderElectionRecord)
 }
 
 func (m *migrationLock) takeKey(ctx context.Context, ler rl.LeaderElectionRecord) error {
-	err := m.PgLease.Create(ctx, ler)
+	err := m.Lock.Create(ctx, ler)
 	if apierrors.IsAlreadyExists(err) {
-		err = m.PgLease.Update(ctx, ler)
+		err = m.Lock.Update(ctx, ler)
 	}
 	if err != nil {
 		return fmt.Errorf("the Lease is held, the pg_lease key is not: %w", err)
@@ -139,7 +139,7 @@ func (m *migrationLock) takeKey(ctx context.Context, ler rl.LeaderElectionRecord
 // Lease).
 func (m *migrationLock) Update(ctx context.Context, ler rl.LeaderElectionRecord) error {
 	if ler.HolderIdentity == "" {
-		perr := m.PgLease.Update(ctx, ler)
+		perr := m.Lock.Update(ctx, ler)
 		if errors.Is(perr, resourcelock.ErrNotHolding) {
 			perr = nil // nothing held in PostgreSQL: still release the Lease
 		}
@@ -157,17 +157,17 @@ func (m *migrationLock) Update(ctx context.Context, ler rl.LeaderElectionRecord)
 	if err := m.Lease.Update(ctx, ler); err != nil {
 		return err
 	}
-	return m.PgLease.Update(ctx, ler)
+	return m.Lock.Update(ctx, ler)
 }
 
 // RecordEvent records through the pg_lease lock, whose events name the
 // epoch (give it an EventObject naming the Lease to see them on the Lease).
-func (m *migrationLock) RecordEvent(s string) { m.PgLease.RecordEvent(s) }
+func (m *migrationLock) RecordEvent(s string) { m.Lock.RecordEvent(s) }
 
 // Describe names both locks.
 func (m *migrationLock) Describe() string {
-	return resourceLockMigration + "/" + m.Lease.Describe() + "+" + m.PgLease.Describe()
+	return resourceLockMigration + "/" + m.Lease.Describe() + "+" + m.Lock.Describe()
 }
 
 // Identity is the identity both locks share.
-func (m *migrationLock) Identity() string { return m.PgLease.Identity() }
+func (m *migrationLock) Identity() string { return m.Lock.Identity() }

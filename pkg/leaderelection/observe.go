@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pglease/pg_lease/internal/promreg"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -59,13 +60,18 @@ var (
 	registerErr  error
 )
 
+// registerMetrics registers the metrics in controller-runtime's registry,
+// once per process, as every package registers its metrics
+// (internal/promreg).
 func registerMetrics() error {
 	registerOnce.Do(func() {
-		for _, c := range []prometheus.Collector{transitionsVec, renewVec, errorsVec, epochs} {
-			if err := metrics.Registry.Register(c); err != nil {
-				registerErr = fmt.Errorf("leaderelection: registering metrics: %w", err)
-				return
-			}
+		var err error
+		transitionsVec = promreg.Register(metrics.Registry, transitionsVec, &err)
+		renewVec = promreg.Register(metrics.Registry, renewVec, &err)
+		errorsVec = promreg.Register(metrics.Registry, errorsVec, &err)
+		epochs = promreg.Register(metrics.Registry, epochs, &err)
+		if err != nil {
+			registerErr = fmt.Errorf("leaderelection: registering metrics: %w", err)
 		}
 	})
 	return registerErr
@@ -97,9 +103,8 @@ func (c *epochCollector) Collect(ch chan<- prometheus.Metric) {
 
 // observedLock is the lock a manager runs when configured by this package.
 // It passes every call to the lock it wraps: a pg_lease lock, or a
-// composite such as the "leases+pglease" lock whose pg_lease half is
-// PgLease. It counts the metrics above. The pg_lease lock records the
-// elector's events itself (NewManager gives it the manager's recorder).
+// composite such as the "leases+pglease" lock over one. It counts the metrics above. The pg_lease lock records the
+// elector's events itself (it is given the manager's recorder).
 type observedLock struct {
 	rl.Interface
 	pg  *resourcelock.Lock

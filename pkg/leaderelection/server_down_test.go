@@ -35,7 +35,7 @@ func TestManagerStartedWhileTheServerIsDown(t *testing.T) {
 	if err != nil {
 		t.Fatalf("NewManager while the server is down: %v", err)
 	}
-	lock := pgle.PgLease(mgr)
+	lock := pgle.LockOf(mgr)
 	mctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(mctx) }()

@@ -13,11 +13,11 @@ import (
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
 )
 
-// newDSNLock builds, with New, a pglease lock for ns/op on a database of its
-// own whose DSN New reads from the environment (Config.DSNEnv), as a
+// newDSNLock builds, with NewResourceLock, a pglease lock for ns/op on a
+// database of its own whose DSN it reads from the environment (Config.DSNEnv), as a
 // component started with --leader-elect-resource-lock=pglease does; the lock
 // is closed when the test ends.
-func newDSNLock(t *testing.T, identity string) (string, *pgle.Lock) {
+func newDSNLock(t *testing.T, identity string) (string, *pgle.ResourceLock) {
 	t.Helper()
 	dsn := pgtest.NewLeaseDatabase(t)
 	t.Setenv("DSN_LOCK_LEASE_DSN", dsn)
@@ -25,7 +25,7 @@ func newDSNLock(t *testing.T, identity string) (string, *pgle.Lock) {
 	c.LeaderElect, c.ResourceLock, c.ResourceName, c.ResourceNamespace = true, "pglease", "op", "ns"
 	c.DSNEnv = "DSN_LOCK_LEASE_DSN"
 	c.Identity = identity
-	lock, err := pgle.New(context.Background(), c, pgle.BuildOptions{})
+	lock, err := pgle.NewResourceLock(context.Background(), c, pgle.ResourceLockOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +33,7 @@ func newDSNLock(t *testing.T, identity string) (string, *pgle.Lock) {
 	return dsn, lock
 }
 
-// New("pglease") builds a lock whose follower Get waits for news: a
+// NewResourceLock("pglease") builds a lock whose follower Get waits for news: a
 // standby's Get, issued while another candidate holds the key, returns
 // only after that candidate released it, with the key free (without the
 // waiter it returns at once, naming the holder). Close stops the listener.
@@ -77,7 +77,7 @@ func TestNewPgLeaseFollowerWaits(t *testing.T) {
 	}
 }
 
-// The pool New opens from the DSN warms each connection (lease.WarmConn):
+// The pool NewResourceLock opens from the DSN warms each connection (lease.WarmConn):
 // the client's calls are already prepared on it before the first handoff.
 func TestNewPgLeasePoolIsWarm(t *testing.T) {
 	_, lock := newDSNLock(t, "warm")

@@ -21,7 +21,7 @@ func (l *Lock) LeaderElectionConfig(cfg leaderelection.LeaderElectionConfig) (le
 	case cfg.Lock != l:
 		errs = append(errs, fmt.Errorf("Lock: is %s, not this lock (%s)", cfg.Lock.Describe(), l.Describe()))
 	}
-	cfg, err := timing(l.opts.leaseDuration, l.opts.margin, cfg)
+	cfg, err := Timing(l.opts.leaseDuration, l.opts.margin, cfg)
 	if err != nil {
 		errs = append(errs, err)
 	}
@@ -33,12 +33,14 @@ func (l *Lock) LeaderElectionConfig(cfg leaderelection.LeaderElectionConfig) (le
 
 // Timing is the timing rule of every pg_lease lock, for a lock whose lease
 // duration (the TTL sent to the server) is ttl and whose margin is margin
-// (0: lease.CheckMargin's default). It fills zero timings of cfg in
-// client-go's proportions of ttl: LeaseDuration = ttl, RenewDeadline = 2/3
-// and RetryPeriod = 2/15 of it (15s/10s/2s for 15s). It returns an error
-// naming every offending field:
+// (0: lease.CheckMargin's default). It is a pure function: the lock, the
+// manager glue and the configuration checks of package leaderelection all
+// call it. It fills zero timings of cfg in client-go's proportions of ttl:
+// LeaseDuration = ttl, RenewDeadline = 2/3 and RetryPeriod = 2/15 of it
+// (15s/10s/2s for 15s). It returns an error naming every offending field:
 //
-//   - the TTL or margin that lease.CheckMargin refuses;
+//   - the TTL or margin that lease.CheckMargin refuses (the error then
+//     matches lease.ErrInvalidInput, and nothing else is checked);
 //   - client-go's own rules, which NewLeaderElector enforces and RunOrDie
 //     panics on: LeaseDuration > RenewDeadline > JitterFactor × RetryPeriod > 0;
 //   - RenewDeadline + RetryPeriod below ttl minus the margin. client-go's
@@ -49,18 +51,10 @@ func (l *Lock) LeaderElectionConfig(cfg leaderelection.LeaderElectionConfig) (le
 // client-go's LeaseDuration only times followers (the server decides every
 // expiry with ttl), so it may differ from ttl. cfg.Lock is not looked at.
 func Timing(ttl, margin time.Duration, cfg leaderelection.LeaderElectionConfig) (leaderelection.LeaderElectionConfig, error) {
-	if _, err := lease.CheckMargin(ttl, 0); err != nil {
-		return cfg, fmt.Errorf("LeaseDuration: %w", err)
-	}
-	m, err := lease.CheckMargin(ttl, margin)
+	margin, err := checkTTL(ttl, margin)
 	if err != nil {
-		return cfg, fmt.Errorf("Margin: %w", err)
+		return cfg, err
 	}
-	return timing(ttl, m, cfg)
-}
-
-// timing is Timing for a checked margin.
-func timing(ttl, margin time.Duration, cfg leaderelection.LeaderElectionConfig) (leaderelection.LeaderElectionConfig, error) {
 	var errs []error
 	if cfg.LeaseDuration == 0 {
 		cfg.LeaseDuration = ttl
@@ -87,4 +81,18 @@ func timing(ttl, margin time.Duration, cfg leaderelection.LeaderElectionConfig) 
 			cfg.RenewDeadline+cfg.RetryPeriod, ttl, margin, limit))
 	}
 	return cfg, errors.Join(errs...)
+}
+
+// checkTTL applies lease.CheckMargin to a lock's lease duration and margin
+// (0: the default) and returns the margin to use. Its error names the
+// field, LeaseDuration or Margin, and matches lease.ErrInvalidInput.
+func checkTTL(ttl, margin time.Duration) (time.Duration, error) {
+	m, err := lease.CheckMargin(ttl, margin)
+	if err == nil {
+		return m, nil
+	}
+	if _, terr := lease.CheckMargin(ttl, 0); terr != nil {
+		return 0, fmt.Errorf("LeaseDuration: %w", terr)
+	}
+	return 0, fmt.Errorf("Margin: %w", err)
 }

@@ -136,10 +136,8 @@ func New(client *lease.Client, key, identity string, opts Options) (*Lock, error
 	if err := lease.CheckOwner(identity); err != nil {
 		errs = append(errs, fmt.Errorf("identity: %w", err))
 	}
-	if _, err := lease.CheckMargin(o.leaseDuration, 0); err != nil {
-		errs = append(errs, fmt.Errorf("LeaseDuration: %w", err))
-	} else if m, err := lease.CheckMargin(o.leaseDuration, o.margin); err != nil {
-		errs = append(errs, fmt.Errorf("Margin: %w", err))
+	if m, err := checkTTL(o.leaseDuration, o.margin); err != nil {
+		errs = append(errs, err)
 	} else {
 		o.margin = m
 	}

@@ -13,7 +13,8 @@ import (
 )
 
 // TestMigrationLockGetDoesNotWait: the "leases+pglease" lock that
-// leaderelection.New builds never waits in Get. An old pod ("leases" only)
+// leaderelection.NewResourceLock builds never waits in Get. An old pod
+// ("leases" only)
 // holds the Lease and nobody touches the pg_lease key: a new pod's elector
 // must still read the Lease every RetryPeriod (that is how it learns the
 // old pod is gone). A pg_lease half that waited for news of its key would
@@ -42,7 +43,7 @@ func TestMigrationLockGetDoesNotWait(t *testing.T) {
 		RetryPeriod: metav1.Duration{Duration: 2 * time.Second},
 	}}
 	c.DSNEnv, c.Identity = "NOWAIT_LEASE_DSN", "new"
-	lock, err := pgle.New(ctx, c, pgle.BuildOptions{KubeConfig: cfg})
+	lock, err := pgle.NewResourceLock(ctx, c, pgle.ResourceLockOptions{KubeConfig: cfg})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -81,7 +81,7 @@ func run(le *pgle.Flags, interval time.Duration) error {
 	}
 	err = mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
 		var epoch int64
-		if pg := pgle.PgLease(mgr); pg != nil {
+		if pg := pgle.LockOf(mgr); pg != nil {
 			if t, ok := pg.Token(); ok {
 				epoch = t.Epoch
 			}
