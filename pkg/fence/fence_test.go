@@ -245,8 +245,8 @@ func TestPGGuardOptionsValidation(t *testing.T) {
 		{ResourceColumn: "t.c"}, {EpochColumn: `"t"."c"`},
 		{Table: strings.Repeat("a", 64)}, {Table: `"` + strings.Repeat("A", 64) + `"`},
 	} {
-		if _, err := fence.NewPGGuard(&pgxpool.Pool{}, o); err == nil {
-			t.Errorf("NewPGGuard(%+v) accepted", o)
+		if _, err := fence.NewPGGuard(&pgxpool.Pool{}, o); !errors.Is(err, lease.ErrInvalidInput) {
+			t.Errorf("NewPGGuard(%+v): %v, want an error matching lease.ErrInvalidInput", o, err)
 		}
 	}
 }

@@ -67,32 +67,46 @@ type PGGuard struct {
 
 var unquotedRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]*$`)
 
-// NewPGGuard returns a guard that runs its transactions on db.
+// withDefaults returns o with every empty field set to its default, and
+// validates the result: each name must parse as an SQL identifier (see
+// PGGuardOptions). It returns the parsed names too. Each error names the
+// field and matches lease.ErrInvalidInput.
+func (o PGGuardOptions) withDefaults() (PGGuardOptions, [3]pgx.Identifier, error) {
+	var ids [3]pgx.Identifier
+	for i, f := range []struct {
+		name  string
+		value *string
+		def   string
+		parts int
+	}{
+		{"Table", &o.Table, "fence_epochs", 2},
+		{"ResourceColumn", &o.ResourceColumn, "resource", 1},
+		{"EpochColumn", &o.EpochColumn, "epoch", 1},
+	} {
+		if *f.value == "" {
+			*f.value = f.def
+		}
+		id, err := parseIdentifier(*f.value, f.parts)
+		if err != nil {
+			return o, ids, fmt.Errorf("%w: PGGuardOptions.%s: %v", lease.ErrInvalidInput, f.name, err)
+		}
+		ids[i] = id
+	}
+	return o, ids, nil
+}
+
+// NewPGGuard returns a guard that runs its transactions on db. It fills the
+// defaults of opts and validates them once; each error names the field and
+// matches lease.ErrInvalidInput.
 func NewPGGuard(db lease.Beginner, opts PGGuardOptions) (*PGGuard, error) {
 	if db == nil {
-		return nil, errors.New("fence: NewPGGuard: db must not be nil")
+		return nil, fmt.Errorf("%w: NewPGGuard: db must not be nil", lease.ErrInvalidInput)
 	}
-	if opts.Table == "" {
-		opts.Table = "fence_epochs"
-	}
-	if opts.ResourceColumn == "" {
-		opts.ResourceColumn = "resource"
-	}
-	if opts.EpochColumn == "" {
-		opts.EpochColumn = "epoch"
-	}
-	table, err := parseIdentifier(opts.Table, 2)
+	opts, ids, err := opts.withDefaults()
 	if err != nil {
-		return nil, fmt.Errorf("fence: PGGuardOptions.Table: %w", err)
+		return nil, err
 	}
-	resCol, err := parseIdentifier(opts.ResourceColumn, 1)
-	if err != nil {
-		return nil, fmt.Errorf("fence: PGGuardOptions.ResourceColumn: %w", err)
-	}
-	epoCol, err := parseIdentifier(opts.EpochColumn, 1)
-	if err != nil {
-		return nil, fmt.Errorf("fence: PGGuardOptions.EpochColumn: %w", err)
-	}
+	table, resCol, epoCol := ids[0], ids[1], ids[2]
 	g := &PGGuard{db: db, table: table.Sanitize(), ownRows: opts.OwnRows,
 		resCol: resCol.Sanitize(), epoCol: epoCol.Sanitize()}
 	if g.ownRows {

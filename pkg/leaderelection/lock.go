@@ -30,7 +30,8 @@ type ResourceLockOptions struct {
 	Labels map[string]string
 	// LockOptions are the pg_lease lock's options besides what
 	// NewResourceLock derives, e.g. OnEpochChange. It sets over them
-	// LeaseDuration (leaseDuration), Waiter (the Waiter below or its own for
+	// LeaseDuration (leaseDuration), Margin (the default, which the timings
+	// were checked with), Waiter (the Waiter below or its own for
 	// "pglease", none for "leases+pglease") and, when EventRecorder is set,
 	// the event fields (about the Lease named above).
 	LockOptions resourcelock.Options
@@ -156,7 +157,7 @@ func NewResourceLock(ctx context.Context, c Config, o ResourceLockOptions) (*Res
 		out.pool = pool
 	}
 	opts := o.LockOptions
-	opts.LeaseDuration = c.LeaseDuration.Duration
+	opts.LeaseDuration, opts.Margin = c.LeaseDuration.Duration, 0
 	if opts.Candidacy == nil && kube == nil {
 		opts.Candidacy = c.candidacy(o.Ready)
 	}

@@ -30,7 +30,8 @@ var (
 	// Also returned, without a round trip, for arguments that cannot be sent
 	// faithfully (a TTL below one microsecond), and for a key or owner that
 	// the server cannot receive as text (a NUL byte or invalid UTF-8:
-	// SQLSTATE 22021).
+	// SQLSTATE 22021). Constructors of pkg/ without a sentinel of their own
+	// wrap it too, for an option they refuse (the error names the field).
 	ErrInvalidInput = errors.New("lease: invalid input")
 	// ErrWaitTimeout: a server-side blocking acquire saw the key held for its
 	// whole wait (SQLSTATE 57014, message "timeout").

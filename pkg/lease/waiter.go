@@ -33,13 +33,16 @@ type WaiterOptions struct {
 	ConnectInBackground bool
 }
 
-func (o *WaiterOptions) validate() error {
+// withDefaults returns o with every zero field set to its default, and
+// validates the result. Each error names the field and matches
+// ErrInvalidInput.
+func (o WaiterOptions) withDefaults() (WaiterOptions, error) {
 	def := func(name string, d *time.Duration, v time.Duration) error {
 		switch {
 		case *d == 0:
 			*d = v
 		case *d < 0:
-			return fmt.Errorf("lease: WaiterOptions.%s: negative (%v)", name, *d)
+			return fmt.Errorf("%w: WaiterOptions.%s: negative (%v)", ErrInvalidInput, name, *d)
 		}
 		return nil
 	}
@@ -48,18 +51,18 @@ func (o *WaiterOptions) validate() error {
 		def("ReconnectMax", &o.ReconnectMax, 5*time.Second),
 		def("QueryTimeout", &o.QueryTimeout, 10*time.Second),
 	); err != nil {
-		return err
+		return o, err
 	}
 	if o.ReconnectMax < o.ReconnectMin {
-		return fmt.Errorf("lease: WaiterOptions.ReconnectMax (%v) is below ReconnectMin (%v)", o.ReconnectMax, o.ReconnectMin)
+		return o, fmt.Errorf("%w: WaiterOptions.ReconnectMax (%v) is below ReconnectMin (%v)", ErrInvalidInput, o.ReconnectMax, o.ReconnectMin)
 	}
 	switch {
 	case o.WatchBuffer == 0:
 		o.WatchBuffer = 256
 	case o.WatchBuffer < 0:
-		return fmt.Errorf("lease: WaiterOptions.WatchBuffer: negative (%d)", o.WatchBuffer)
+		return o, fmt.Errorf("%w: WaiterOptions.WatchBuffer: negative (%d)", ErrInvalidInput, o.WatchBuffer)
 	}
-	return nil
+	return o, nil
 }
 
 // Event is a pg_lease notification (channel pg_lease), or a resync.
@@ -153,9 +156,10 @@ func NewWaiter(ctx context.Context, cfg *pgx.ConnConfig, opts WaiterOptions) (*W
 
 func newWaiter(ctx context.Context, cfg *pgx.ConnConfig, opts WaiterOptions, hook func(kind, detail string)) (*Waiter, error) {
 	if cfg == nil {
-		return nil, errors.New("lease: NewWaiter: nil config")
+		return nil, fmt.Errorf("%w: NewWaiter: nil config", ErrInvalidInput)
 	}
-	if err := opts.validate(); err != nil {
+	opts, err := opts.withDefaults()
+	if err != nil {
 		return nil, err
 	}
 	cfg = cfg.Copy()

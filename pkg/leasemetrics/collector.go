@@ -48,6 +48,24 @@ const (
 	DefaultTimeout = 10 * time.Second
 )
 
+// withDefaults returns c with every zero field set to its default, and
+// validates the result.
+func (c Config) withDefaults() (Config, error) {
+	switch {
+	case c.Period == 0:
+		c.Period = DefaultPeriod
+	case c.Period < time.Second || c.Period > 366*24*time.Hour:
+		return c, fmt.Errorf("%w: leasemetrics Config.Period %v: want 1s to 366 days", lease.ErrInvalidInput, c.Period)
+	}
+	switch {
+	case c.Timeout == 0:
+		c.Timeout = DefaultTimeout
+	case c.Timeout < 0:
+		return c, fmt.Errorf("%w: leasemetrics Config.Timeout %v: want a positive duration", lease.ErrInvalidInput, c.Timeout)
+	}
+	return c, nil
+}
+
 // Collector is a prometheus.Collector of one database's keys.
 type Collector struct {
 	db  lease.Querier
@@ -68,21 +86,15 @@ var _ prometheus.Collector = (*Collector)(nil)
 
 // New returns a collector that reads db (a *pgxpool.Pool is best: scrapes
 // may overlap; a *pgx.Conn must not be used by anything else meanwhile).
-// It fails on a Config field out of range, naming it.
+// It fills the defaults of cfg and validates them once; an error names the
+// field and matches lease.ErrInvalidInput.
 func New(db lease.Querier, cfg Config) (*Collector, error) {
-	switch {
-	case db == nil:
-		return nil, fmt.Errorf("leasemetrics: New: nil Querier")
-	case cfg.Period == 0:
-		cfg.Period = DefaultPeriod
-	case cfg.Period < time.Second || cfg.Period > 366*24*time.Hour:
-		return nil, fmt.Errorf("leasemetrics: Config.Period %v: want 1s to 366 days", cfg.Period)
+	if db == nil {
+		return nil, fmt.Errorf("%w: leasemetrics.New: nil Querier", lease.ErrInvalidInput)
 	}
-	switch {
-	case cfg.Timeout == 0:
-		cfg.Timeout = DefaultTimeout
-	case cfg.Timeout < 0:
-		return nil, fmt.Errorf("leasemetrics: Config.Timeout %v: want a positive duration", cfg.Timeout)
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
 	}
 	c := newDescs()
 	c.db, c.c, c.cfg = db, lease.New(db), cfg

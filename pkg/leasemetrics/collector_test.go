@@ -1,6 +1,7 @@
 package leasemetrics_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -183,8 +184,9 @@ func TestCollectorDown(t *testing.T) {
 func TestConfigValidation(t *testing.T) {
 	pool := &pgxpool.Pool{}
 	for _, cfg := range []leasemetrics.Config{{Period: time.Millisecond}, {Period: 367 * 24 * time.Hour}, {Timeout: -time.Second}} {
-		if _, err := leasemetrics.New(pool, cfg); err == nil {
-			t.Errorf("New(%+v): no error", cfg)
+		_, err := leasemetrics.New(pool, cfg)
+		if !errors.Is(err, lease.ErrInvalidInput) || !strings.Contains(err.Error(), "Config.") {
+			t.Errorf("New(%+v): %v, want an error naming the field and matching lease.ErrInvalidInput", cfg, err)
 		}
 	}
 	if _, err := leasemetrics.New(nil, leasemetrics.Config{}); err == nil {

@@ -21,7 +21,7 @@ func (l *Lock) LeaderElectionConfig(cfg leaderelection.LeaderElectionConfig) (le
 	case cfg.Lock != l:
 		errs = append(errs, fmt.Errorf("Lock: is %s, not this lock (%s)", cfg.Lock.Describe(), l.Describe()))
 	}
-	cfg, err := Timing(l.opts.leaseDuration, l.opts.margin, cfg)
+	cfg, err := Timing(l.opts.LeaseDuration, l.opts.Margin, cfg)
 	if err != nil {
 		errs = append(errs, err)
 	}

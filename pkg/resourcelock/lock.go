@@ -67,22 +67,26 @@ type Options struct {
 	// up the grant. Its Strategy is set on the key.
 	Candidacy *lease.Candidacy
 
-	// margin is how long before Grant.ValidUntil a term ends when no
+	// Margin is how long before Grant.ValidUntil a term ends when no
 	// renewal moved it: the term margin of lease.CheckMargin (the one
-	// margin rule), default min(LeaseDuration/3, 100ms + LeaseDuration/1000),
+	// margin rule). Default min(LeaseDuration/3, 100ms + LeaseDuration/1000);
 	// at least the clock-rate drift floor LeaseDuration/1000, at most
-	// LeaseDuration/3. Set only by tests (export_test.go).
-	margin time.Duration
+	// LeaseDuration/3.
+	Margin time.Duration
 }
 
-// options configure a Lock; New fills the defaults and validates them once.
-type options struct {
-	leaseDuration time.Duration
-	margin        time.Duration
-	onEpochChange func(old, new lease.Token)
-	events        *events
-	waiter        *lease.Waiter
-	candidacy     *lease.Candidacy
+// withDefaults returns o with every zero field set to its default, and
+// validates the result. Each error names the field.
+func (o Options) withDefaults() (Options, error) {
+	if o.LeaseDuration == 0 {
+		o.LeaseDuration = defaultLeaseDuration
+	}
+	m, err := checkTTL(o.LeaseDuration, o.Margin)
+	if err != nil {
+		return o, fmt.Errorf("Options.%w", err)
+	}
+	o.Margin = m
+	return o, nil
 }
 
 // Lock is a client-go resourcelock.Interface over one pg_lease key. See the
@@ -95,7 +99,8 @@ type Lock struct {
 	client   *lease.Client
 	key      string
 	identity string
-	opts     options
+	opts     Options // completed by withDefaults
+	events   *events
 
 	op  sync.Mutex       // serializes Get, Create, Update
 	reg *lease.Registrar // nil without a Candidacy; under op
@@ -112,23 +117,13 @@ type Lock struct {
 	hookMu sync.Mutex // OnEpochChange calls never overlap
 }
 
-// New returns a Lock on key for identity. It validates the configuration
-// once; each error names the field.
+// New returns a Lock on key for identity. It fills the defaults of opts and
+// validates everything once; each error names the field and matches
+// lease.ErrInvalidInput.
 func New(client *lease.Client, key, identity string, opts Options) (*Lock, error) {
-	o := options{
-		leaseDuration: opts.LeaseDuration,
-		margin:        opts.margin,
-		onEpochChange: opts.OnEpochChange,
-		events:        &events{recorder: opts.EventRecorder, object: opts.EventObject, given: opts.EventObject != nil},
-		waiter:        opts.Waiter,
-		candidacy:     opts.Candidacy,
-	}
-	if o.leaseDuration == 0 {
-		o.leaseDuration = defaultLeaseDuration
-	}
 	var errs []error
 	if client == nil {
-		errs = append(errs, errors.New("client must not be nil"))
+		errs = append(errs, fmt.Errorf("%w: client must not be nil", lease.ErrInvalidInput))
 	}
 	if err := lease.CheckKey(key); err != nil {
 		errs = append(errs, err)
@@ -136,20 +131,20 @@ func New(client *lease.Client, key, identity string, opts Options) (*Lock, error
 	if err := lease.CheckOwner(identity); err != nil {
 		errs = append(errs, fmt.Errorf("identity: %w", err))
 	}
-	if m, err := checkTTL(o.leaseDuration, o.margin); err != nil {
+	opts, err := opts.withDefaults()
+	if err != nil {
 		errs = append(errs, err)
-	} else {
-		o.margin = m
 	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("resourcelock.New: %w", errors.Join(errs...))
 	}
-	if o.events.object == nil {
-		o.events.object = eventLease(key, opts.EventNamespace)
+	ev := &events{recorder: opts.EventRecorder, object: opts.EventObject, given: opts.EventObject != nil}
+	if ev.object == nil {
+		ev.object = eventLease(key, opts.EventNamespace)
 	}
-	l := &Lock{client: client, key: key, identity: identity, opts: o}
-	if o.candidacy != nil {
-		l.reg = client.NewRegistrar(key, identity, o.leaseDuration, *o.candidacy)
+	l := &Lock{client: client, key: key, identity: identity, opts: opts, events: ev}
+	if opts.Candidacy != nil {
+		l.reg = client.NewRegistrar(key, identity, opts.LeaseDuration, *opts.Candidacy)
 	}
 	return l, nil
 }
@@ -167,7 +162,7 @@ func (l *Lock) Describe() string { return "pg_lease/" + l.key }
 // "stopped leading") on the lock's event recorder. The message names the
 // identity and the epoch held when it is recorded.
 func (l *Lock) RecordEvent(s string) {
-	ev := l.opts.events
+	ev := l.events
 	ev.mu.Lock()
 	r, obj := ev.recorder, ev.object
 	ev.mu.Unlock()
@@ -186,7 +181,7 @@ func (l *Lock) RecordEvent(s string) {
 // built, such as a controller-runtime manager's. A key without a namespace
 // part names its Lease in namespace.
 func (l *Lock) SetEventRecorder(r rl.EventRecorder, namespace string) {
-	ev := l.opts.events
+	ev := l.events
 	ev.mu.Lock()
 	defer ev.mu.Unlock()
 	ev.recorder = r
@@ -263,7 +258,7 @@ func (l *Lock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error
 			}
 		}
 		s, err = l.inspect(ctx, follower)
-	} else if w := l.opts.waiter; follower && returned && w != nil {
+	} else if w := l.opts.Waiter; follower && returned && w != nil {
 		s, err = l.await(ctx, w, last)
 	} else if follower && w != nil && l.reg != nil {
 		// A candidate's first Get waits while another holds the key:
@@ -371,12 +366,12 @@ func (l *Lock) inspect(ctx context.Context, follower bool) (lease.State, error) 
 }
 
 // followerTimeout bounds each call a follower makes.
-func (l *Lock) followerTimeout() time.Duration { return max(l.opts.leaseDuration, time.Second) }
+func (l *Lock) followerTimeout() time.Duration { return max(l.opts.LeaseDuration, time.Second) }
 
 // followerPoll bounds how late a waiting follower sees a change that sent
 // no notification (pg_lease.notify = off on the writer, the listen
 // connection down).
-func (l *Lock) followerPoll() time.Duration { return min(l.opts.leaseDuration/2, time.Second) }
+func (l *Lock) followerPoll() time.Duration { return min(l.opts.LeaseDuration/2, time.Second) }
 
 // Create obtains the first grant of a key that was never leased. If the key
 // exists, it returns an error for which apierrors.IsAlreadyExists is true and
@@ -400,7 +395,7 @@ func (l *Lock) Create(ctx context.Context, ler rl.LeaderElectionRecord) error {
 	if s.Exists {
 		return apierrors.NewAlreadyExists(groupResource, l.key)
 	}
-	g, ok, err := l.client.Acquire(ctx, l.key, l.identity, l.opts.leaseDuration)
+	g, ok, err := l.client.Acquire(ctx, l.key, l.identity, l.opts.LeaseDuration)
 	if err != nil {
 		return l.graceConflict(err)
 	}
@@ -471,7 +466,7 @@ func (l *Lock) Update(ctx context.Context, ler rl.LeaderElectionRecord) error {
 
 	actx, cancel := context.WithTimeout(ctx, l.followerTimeout())
 	defer cancel()
-	g, ok, err := l.client.Acquire(actx, l.key, l.identity, l.opts.leaseDuration)
+	g, ok, err := l.client.Acquire(actx, l.key, l.identity, l.opts.LeaseDuration)
 	if err != nil {
 		return l.graceConflict(err)
 	}

@@ -65,13 +65,13 @@ func TestNewValidatesEachField(t *testing.T) {
 		{"long key", c, strings.Repeat("k", 1025), "a", resourcelock.Options{}, []string{"key must be at most 1024 bytes"}},
 		{"ttl below 3ms", c, "k", "a", resourcelock.Options{LeaseDuration: 2 * time.Millisecond}, []string{"LeaseDuration"}},
 		{"negative ttl", c, "k", "a", resourcelock.Options{LeaseDuration: -time.Second}, []string{"LeaseDuration"}},
-		{"margin above ttl/3", c, "k", "a", resourcelock.WithMargin(resourcelock.Options{LeaseDuration: time.Second}, time.Second), []string{"Margin"}},
-		{"negative margin", c, "k", "a", resourcelock.WithMargin(resourcelock.Options{}, -1), []string{"Margin"}},
+		{"margin above ttl/3", c, "k", "a", resourcelock.Options{LeaseDuration: time.Second, Margin: time.Second}, []string{"Margin"}},
+		{"negative margin", c, "k", "a", resourcelock.Options{Margin: -1}, []string{"Margin"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := resourcelock.New(tc.client, tc.key, tc.id, tc.opts)
-			if err == nil {
-				t.Fatal("New succeeded")
+			if !errors.Is(err, lease.ErrInvalidInput) {
+				t.Fatalf("New: %v, want an error matching lease.ErrInvalidInput", err)
 			}
 			for _, w := range tc.wantInEr {
 				if !strings.Contains(err.Error(), w) {
@@ -516,7 +516,7 @@ func TestLocalDeadlineEndsTerm(t *testing.T) {
 	ctx := context.Background()
 	admin := newClient(t, dsn)
 	a := mustLock(t, newClient(t, dsn), "k", "a",
-		resourcelock.WithMargin(resourcelock.Options{LeaseDuration: time.Second}, 200*time.Millisecond))
+		resourcelock.Options{LeaseDuration: time.Second, Margin: 200 * time.Millisecond})
 	if err := a.Create(ctx, rec("a")); err != nil {
 		t.Fatal(err)
 	}
@@ -670,8 +670,7 @@ func TestKeyRemovedByCleanup(t *testing.T) {
 func TestCheckDetectsAStuckElector(t *testing.T) {
 	dsn := newDB(t)
 	ctx := context.Background()
-	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.WithMargin(resourcelock.Options{LeaseDuration: time.Second},
-		100*time.Millisecond))
+	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.Options{LeaseDuration: time.Second, Margin: 100 * time.Millisecond})
 	if err := a.Check(nil); err != nil {
 		t.Fatalf("Check with no grant: %v", err)
 	}

@@ -52,7 +52,7 @@ func (l *Lock) TokenContext(parent context.Context) (context.Context, context.Ca
 // end was reported. So the start is reported after every earlier end.
 func (l *Lock) begin(ctx context.Context, g lease.Grant) error {
 	l.notify(lease.Token{}, g.Token)
-	t, err := l.client.Begin(g, l.opts.margin, func(tok lease.Token, _ error) { l.notify(tok, lease.Token{}) })
+	t, err := l.client.Begin(g, l.opts.Margin, func(tok lease.Token, _ error) { l.notify(tok, lease.Token{}) })
 	if err != nil {
 		return err // cannot happen: New checked the margin
 	}
@@ -131,10 +131,10 @@ func (l *Lock) release(ctx context.Context) error {
 }
 
 func (l *Lock) notify(old, new lease.Token) {
-	if l.opts.onEpochChange == nil {
+	if l.opts.OnEpochChange == nil {
 		return
 	}
 	l.hookMu.Lock()
 	defer l.hookMu.Unlock()
-	l.opts.onEpochChange(old, new)
+	l.opts.OnEpochChange(old, new)
 }
