@@ -1318,10 +1318,11 @@ BEGIN
 END
 $$;
 
--- The key's state with lazy expiry: held, and the holder and expiry only
--- while held. No row for a key never leased. Takes no lock.
+-- The key's state with lazy expiry, as lease.list reports it (its own query:
+-- followers call it often). No row for a key never leased. Takes no lock.
 CREATE OR REPLACE FUNCTION lease.inspect(key text)
-RETURNS TABLE (held boolean, owner text, epoch bigint, expires_at timestamptz)
+RETURNS TABLE (held boolean, owner text, epoch bigint, expires_at timestamptz,
+               state text, last_owner text, since timestamptz)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -1331,26 +1332,59 @@ DECLARE
 BEGIN
   PERFORM lease._raise_invalid(ARRAY[lease._text_violation('key', v_key)]);
   RETURN QUERY
-    SELECT h, CASE WHEN h THEN l.owner END, l.epoch, CASE WHEN h THEN l.expires_at END
+    SELECT h, CASE WHEN h THEN l.owner END, l.epoch, CASE WHEN h THEN l.expires_at END,
+           CASE WHEN h THEN 'held' WHEN l.owner IS NOT NULL THEN 'lapsed' ELSE 'released' END,
+           l.owner, CASE WHEN h THEN l.acquired_at ELSE l.expires_at END
       FROM lease.leases l,
            LATERAL (SELECT l.owner IS NOT NULL AND l.expires_at > clock_timestamp() AS h) s
      WHERE l.key = v_key;
 END
 $$;
 
--- Every key with the same lazy-expiry reporting as inspect, plus when the
--- current grant began (NULL unless held). Keys in ascending order.
-CREATE OR REPLACE FUNCTION lease.list()
+-- The keys (every key when keys is NULL) that have a row, in ascending key
+-- order, with lazy expiry. held, owner, acquired_at and expires_at describe
+-- the current grant and are NULL unless held. state says what a key is:
+-- 'held'; 'lapsed' (the last grant expired without a release); 'released'
+-- (by its holder or by force_release). last_owner is the owner of the
+-- current or lapsed grant (NULL once released): every role saw it in owner
+-- while the grant was held. since is when the state began on the server's
+-- clock: the grant, the expiry, or the release. Takes no lock.
+CREATE OR REPLACE FUNCTION lease.list(keys text[] DEFAULT NULL)
 RETURNS TABLE (key text, held boolean, owner text, epoch bigint,
-               acquired_at timestamptz, expires_at timestamptz)
-LANGUAGE sql STABLE SECURITY DEFINER
+               acquired_at timestamptz, expires_at timestamptz,
+               state text, last_owner text, since timestamptz)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-  SELECT l.key, s.h, CASE WHEN s.h THEN l.owner END, l.epoch,
-         CASE WHEN s.h THEN l.acquired_at END, CASE WHEN s.h THEN l.expires_at END
-    FROM lease.leases l,
-         LATERAL (SELECT l.owner IS NOT NULL AND l.expires_at > clock_timestamp() AS h) s
-   ORDER BY l.key
+#variable_conflict use_column
+DECLARE
+  v_keys text[] := keys;
+  v_elem text[];
+BEGIN
+  IF array_ndims(v_keys) > 1 THEN
+    PERFORM lease._raise_invalid(ARRAY['keys must be a one-dimensional array']);
+  END IF;
+  v_elem := ARRAY(SELECT v FROM (
+                    SELECT lease._text_violation(format('keys[%s]', u.n), u.k) AS v, u.n
+                      FROM unnest(v_keys) WITH ORDINALITY u(k, n)) x
+                   WHERE x.v IS NOT NULL ORDER BY x.n);
+  IF cardinality(v_elem) > 10 THEN
+    v_elem := v_elem[1:10] || format('and %s more', cardinality(v_elem) - 10);
+  END IF;
+  PERFORM lease._raise_invalid(v_elem);
+  -- Two branches in one statement: the plan cached for this function (for
+  -- every key, or for named keys) then serves both kinds of call.
+  RETURN QUERY
+    SELECT l.key, s.h, CASE WHEN s.h THEN l.owner END, l.epoch,
+           CASE WHEN s.h THEN l.acquired_at END, CASE WHEN s.h THEN l.expires_at END,
+           CASE WHEN s.h THEN 'held' WHEN l.owner IS NOT NULL THEN 'lapsed' ELSE 'released' END,
+           l.owner, CASE WHEN s.h THEN l.acquired_at ELSE l.expires_at END
+      FROM (SELECT * FROM lease.leases a WHERE v_keys IS NULL
+            UNION ALL
+            SELECT * FROM lease.leases b WHERE b.key = ANY (v_keys)) l,
+           LATERAL (SELECT l.owner IS NOT NULL AND l.expires_at > clock_timestamp() AS h) s
+     ORDER BY l.key;
+END
 $$;
 
 -- Fenced write in the same database. Called inside the caller's own
@@ -2136,7 +2170,7 @@ GRANT EXECUTE ON FUNCTION lease.renew(text, text, bigint, interval) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION lease.renew_many(text[], text, bigint[], interval) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION lease.release(text, text, bigint) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION lease.inspect(text) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION lease.list() TO PUBLIC;
+GRANT EXECUTE ON FUNCTION lease.list(text[]) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION lease.fence(text, text, bigint) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION lease.status() TO PUBLIC;
 GRANT EXECUTE ON FUNCTION lease.listen(text) TO PUBLIC;

@@ -130,12 +130,12 @@ func notifiedState(ev Event, last State) (State, bool) {
 		if ev.Epoch < last.Epoch {
 			return State{}, false
 		}
-		st.Epoch = ev.Epoch + 1
+		st.Epoch, st.Released = ev.Epoch+1, true
 	case EventAcquired, EventHandover:
 		if ev.Epoch <= last.Epoch {
 			return State{}, false
 		}
-		st.Held, st.Owner, st.Epoch = true, ev.Owner, ev.Epoch
+		st.Held, st.Owner, st.LastOwner, st.Epoch = true, ev.Owner, ev.Owner, ev.Epoch
 	default:
 		return State{}, false
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -63,15 +64,27 @@ type State struct {
 	// Owner and ExpiresAt are set only while Held.
 	Owner     string
 	ExpiresAt time.Time
-	// AcquiredAt is when the current grant began (List only, when Held).
+	// AcquiredAt is when the current grant began (when Held; Inspect fills
+	// it from pg_lease 0.4.0 on).
 	AcquiredAt time.Time
 	// Epoch is the key's fencing counter: the current grant's epoch while
 	// held; otherwise every epoch <= Epoch is stale and the next grant
 	// carries a greater one.
 	Epoch int64
+	// Lapsed and Released say why a key that exists is not held: its last
+	// grant expired without a release, or it was released (by its holder
+	// or ForceRelease). Both stay false on a server before pg_lease 0.4.0,
+	// which does not say.
+	Lapsed, Released bool
+	// LastOwner is the owner of the current or lapsed grant; empty once
+	// released, or before 0.4.0. Every role saw it in Owner while held.
+	LastOwner string
+	// Since is when the key entered its state, on the server's clock: the
+	// grant, the expiry or the release. Zero before 0.4.0.
+	Since time.Time
 	// ServerNow is the server's clock when the state was read. A State
 	// that Waiter.Await took from a notification has no ServerNow, no
-	// ExpiresAt and no AcquiredAt.
+	// ExpiresAt, no AcquiredAt and no Since.
 	ServerNow time.Time
 
 	rt roundTrip // the read's round trip (ExpiresLocal)
@@ -253,75 +266,117 @@ func (c *Client) Release(ctx context.Context, t Token) error {
 // Inspect reads key's state under lazy expiry. A never-leased key gives
 // State{Exists: false} and no error.
 func (c *Client) Inspect(ctx context.Context, key string) (State, error) {
-	s := State{Key: key}
 	var (
-		owner     *string
-		expiresAt *time.Time
+		s     State
+		found bool
 	)
 	err := retryOnce(ctx, func() error {
-		s.rt.sent = c.clock.Now()
-		err := c.db.QueryRow(ctx,
-			`SELECT i.held, i.owner, i.epoch, i.expires_at, clock_timestamp() FROM lease.inspect($1) i`,
-			key).Scan(&s.Held, &owner, &s.Epoch, &expiresAt, &s.ServerNow)
-		s.rt.received = c.clock.Now()
+		sent := c.clock.Now()
+		rows, err := c.db.Query(ctx, `SELECT $1::text, i.held, i.owner, i.epoch, NULL::timestamptz, i.expires_at,
+		       x.j->>'state', x.j->>'last_owner', (x.j->>'since')::timestamptz, clock_timestamp()
+		  FROM lease.inspect($1) i, LATERAL (SELECT to_jsonb(i) AS j) x`, key)
+		if err != nil {
+			return err
+		}
+		states, err := scanStates(rows, sent, c.clock)
+		if err == nil && len(states) == 1 {
+			s, found = states[0], true
+		}
 		return err
 	})
-	s.rt.serverNow = s.ServerNow
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return s, nil
 	case err != nil:
 		return State{}, mapError("inspect", Token{Key: key}, err)
+	case !found:
+		return State{Key: key}, nil
 	}
-	s.Exists = true
-	if owner != nil {
-		s.Owner = *owner
-	}
-	if expiresAt != nil {
-		s.ExpiresAt = *expiresAt
+	if s.Held && s.AcquiredAt.IsZero() {
+		s.AcquiredAt = s.Since
 	}
 	return s, nil
 }
 
-// List returns every key's state, ordered by key.
-func (c *Client) List(ctx context.Context) ([]State, error) {
-	sent := c.clock.Now()
-	rows, err := c.db.Query(ctx,
-		`SELECT l.key, l.held, l.owner, l.epoch, l.acquired_at, l.expires_at, clock_timestamp() FROM lease.list() l`)
+// List returns the state of every key, ordered by key; given keys, of those
+// keys only (one query; a key never leased has no entry, repeats count
+// once). Before pg_lease 0.4.0, which lists only every key, the keys are
+// picked out of that list; inside a transaction the first attempt's error
+// then aborts it, and List returns the error.
+func (c *Client) List(ctx context.Context, keys ...string) ([]State, error) {
+	// to_jsonb: the columns of every SQL version (state, last_owner and
+	// since are 0.4.0's).
+	const cols = `SELECT l.key, l.held, l.owner, l.epoch, l.acquired_at, l.expires_at,
+	       x.j->>'state', x.j->>'last_owner', (x.j->>'since')::timestamptz, clock_timestamp()`
+	var (
+		sent = c.clock.Now()
+		rows pgx.Rows
+		err  error
+	)
+	if len(keys) == 0 {
+		rows, err = c.db.Query(ctx, cols+` FROM lease.list() l, LATERAL (SELECT to_jsonb(l) AS j) x`)
+	} else {
+		rows, err = c.db.Query(ctx, cols+` FROM lease.list($1::text[]) l, LATERAL (SELECT to_jsonb(l) AS j) x`, keys)
+	}
+	var out []State
+	if err == nil {
+		out, err = scanStates(rows, sent, c.clock)
+	}
+	var pg *pgconn.PgError
+	if len(keys) > 0 && errors.As(err, &pg) && pg.Code == "42883" {
+		// lease.list(text[]) does not exist: an older pg_lease.
+		all, err := c.List(ctx)
+		if err != nil {
+			return nil, err
+		}
+		out = all[:0]
+		for _, s := range all {
+			if slices.Contains(keys, s.Key) {
+				out = append(out, s)
+			}
+		}
+		return out, nil
+	}
 	if err != nil {
 		return nil, mapError("list", Token{}, err)
 	}
+	return out, nil
+}
+
+// scanStates reads the rows of Inspect and List, sent at sent on clk.
+func scanStates(rows pgx.Rows, sent time.Time, clk clock.PassiveClock) ([]State, error) {
 	defer rows.Close()
 	var out []State
 	for rows.Next() {
 		s := State{Exists: true, rt: roundTrip{sent: sent}}
 		var (
-			owner                 *string
-			acquiredAt, expiresAt *time.Time
+			owner, state, last           *string
+			acquiredAt, expiresAt, since *time.Time
 		)
-		if err := rows.Scan(&s.Key, &s.Held, &owner, &s.Epoch, &acquiredAt, &expiresAt, &s.ServerNow); err != nil {
-			return nil, mapError("list", Token{}, err)
+		if err := rows.Scan(&s.Key, &s.Held, &owner, &s.Epoch, &acquiredAt, &expiresAt,
+			&state, &last, &since, &s.ServerNow); err != nil {
+			return nil, err
 		}
-		if owner != nil {
-			s.Owner = *owner
-		}
-		if acquiredAt != nil {
-			s.AcquiredAt = *acquiredAt
-		}
-		if expiresAt != nil {
-			s.ExpiresAt = *expiresAt
-		}
+		s.Owner, s.LastOwner = deref(owner), deref(last)
+		s.AcquiredAt, s.ExpiresAt, s.Since = deref(acquiredAt), deref(expiresAt), deref(since)
+		s.Lapsed, s.Released = !s.Held && deref(state) == "lapsed", !s.Held && deref(state) == "released"
 		out = append(out, s)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, mapError("list", Token{}, err)
+		return nil, err
 	}
 	// Every row's clock_timestamp() was read before the last row arrived.
-	received := c.clock.Now()
+	received := clk.Now()
 	for i := range out {
 		out[i].rt.received, out[i].rt.serverNow = received, out[i].ServerNow
 	}
 	return out, nil
+}
+
+func deref[T any](p *T) T {
+	if p == nil {
+		var zero T
+		return zero
+	}
+	return *p
 }
 
 // Fence asserts, inside tx (the caller's own transaction, in the same

@@ -80,6 +80,10 @@ COMMENT ON TABLE lease.strategies IS
 -- The listeners' pid index (the per-session bound, the clean-up).
 -- listen returns whether its registration was already in place (boolean).
 DROP FUNCTION IF EXISTS lease.listen(text);  -- (a 0.3.0 install has it)
+-- inspect and list report a key that is not held (state, last_owner, since),
+-- and list takes keys: the older functions go first.
+DROP FUNCTION IF EXISTS lease.inspect(text);
+DROP FUNCTION IF EXISTS lease.list();
 CREATE INDEX listeners_pid ON lease.listeners (pid);
 
 -- The promotion mode of lease.configure ('any' when NULL: a grace of max_ttl
