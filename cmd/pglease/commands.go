@@ -111,11 +111,11 @@ func (a *app) versionCmd() *cobra.Command {
 
 const statusHelp = `STATUS is held, lapsed (the grant expired without a release: HOLDER is the
 holder whose grant lapsed), released (by its holder or release --force), or free
-(not held; the role cannot read lease.leases, and lease.inspect/lease.list do not
-say whether the key lapsed or was released). REMAINING is the server-clock time
-left on a held grant; AGE is how long the key has been in its STATUS (since the
-grant, the expiry or the release). Keys and holders that are not plain printable
-text are printed Go-quoted ("a\tb").`
+(not held; a server before pg_lease 0.4.0 does not say whether the key lapsed or
+was released). REMAINING is the server-clock time left on a held grant; AGE is
+how long the key has been in its STATUS (since the grant, the expiry or the
+release). Keys and holders that are not plain printable text are printed
+Go-quoted ("a\tb").`
 
 func (a *app) getCmd() *cobra.Command {
 	var p printFlags
@@ -136,8 +136,7 @@ func (a *app) getCmd() *cobra.Command {
 				}
 			}
 			return a.withConn(cmd.Context(), func(conn *pgx.Conn) error {
-				r := &reader{a: a}
-				states, err := r.readKeys(cmd.Context(), conn, keys)
+				states, err := readStates(cmd.Context(), conn, keys)
 				if err != nil {
 					return err
 				}
@@ -150,14 +149,9 @@ func (a *app) getCmd() *cobra.Command {
 				for _, k := range keys {
 					if s, ok := byKey[k]; ok {
 						found = append(found, s)
-						continue
+					} else {
+						missing = append(missing, quoteField(k))
 					}
-					// Not found: ask lease.inspect, which also says when the
-					// server refuses the key itself (22023: exit 2).
-					if _, err := lease.New(conn).Inspect(cmd.Context(), k); err != nil {
-						return err
-					}
-					missing = append(missing, quoteField(k))
 				}
 				if len(found) > 0 {
 					if err := printStates(a.stdout, p, found, len(keys) == 1); err != nil {
@@ -188,8 +182,7 @@ func (a *app) listCmd() *cobra.Command {
 				return err
 			}
 			return a.withConn(cmd.Context(), func(conn *pgx.Conn) error {
-				r := &reader{a: a}
-				states, err := r.readKeys(cmd.Context(), conn, nil)
+				states, err := readStates(cmd.Context(), conn, nil)
 				if err != nil {
 					return err
 				}

@@ -47,7 +47,7 @@ type row struct {
 	// Holder: the current holder, or the holder whose grant lapsed.
 	Holder string `json:"holder,omitempty"`
 	Epoch  int64  `json:"epoch"`
-	// AcquiredAt: when the current (or lapsed) grant began.
+	// AcquiredAt: when the current grant began (held).
 	AcquiredAt *time.Time `json:"acquiredAt,omitempty"`
 	// ExpiresAt: when the grant lapses (held) or lapsed (lapsed).
 	ExpiresAt *time.Time `json:"expiresAt,omitempty"`

@@ -269,12 +269,11 @@ type watcher struct {
 	format string
 	keys   []string // nil: every key
 	known  map[string]keyState
-	r      *reader
 	sess   *session
 }
 
 func (a *app) watch(ctx context.Context, keys []string, format string, poll time.Duration) error {
-	wt := &watcher{a: a, format: format, keys: keys, known: map[string]keyState{}, r: &reader{a: a}, sess: &session{a: a}}
+	wt := &watcher{a: a, format: format, keys: keys, known: map[string]keyState{}, sess: &session{a: a}}
 	defer wt.sess.drop()
 	if _, err := wt.sess.get(ctx); err != nil {
 		return err
@@ -293,22 +292,27 @@ func (a *app) watch(ctx context.Context, keys []string, format string, poll time
 
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
-	resync := true
+	resync, first := true, true
 	for {
 		if resync {
 			if err := wt.step(ctx, func(conn *pgx.Conn) error { return wt.resync(ctx, conn) }); err != nil {
 				return err
 			}
+			if first {
+				a.logf("watch: subscribed to notifications; state read")
+				first = false
+			}
 			resync = false
 		}
 		// Wake at the next poll or the earliest expiry, whichever first.
+		// A lapse sends no notification: its local instant is the
+		// client's (lease.State.ExpiresLocal, never early).
 		wake := time.Hour
 		if poll > 0 {
 			wake = poll
 		}
 		for _, s := range wt.known {
-			if s.Held {
-				at := s.ReadAt.Add(s.ExpiresAt.Sub(s.ServerNow) + time.Millisecond)
+			if at := s.ExpiresLocal(); !at.IsZero() {
 				wake = min(wake, time.Until(at))
 			}
 		}
@@ -362,7 +366,6 @@ func (wt *watcher) step(ctx context.Context, f func(*pgx.Conn) error) error {
 			wt.a.logf("watch: reconnecting: %s", connLostReason(err))
 			continue
 		}
-		wt.r.rowsOK = nil // probe again: the server may be another one
 		if err := wt.resync(ctx, conn); err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -379,7 +382,7 @@ func (wt *watcher) step(ctx context.Context, f func(*pgx.Conn) error) error {
 
 // resync reads the watched keys and prints what changed since last known.
 func (wt *watcher) resync(ctx context.Context, conn *pgx.Conn) error {
-	states, err := wt.r.readKeys(ctx, conn, wt.keys)
+	states, err := readStates(ctx, conn, wt.keys)
 	if err != nil {
 		return err
 	}
@@ -406,8 +409,8 @@ func (wt *watcher) diff(o keyState, seen bool, n keyState) keyState {
 		}
 		wt.print(kind, n, n.Holder)
 	case o.Held && n.Epoch == o.Epoch:
-		// Same epoch, not held: the grant lapsed. The row may not be
-		// readable: the holder is the one watch saw.
+		// Same epoch, not held: the grant lapsed. A server before
+		// pg_lease 0.4.0 does not say so: the holder is the one watch saw.
 		n.Status, n.Holder = statusLapsed, o.Holder
 		if n.Since.IsZero() {
 			n.Since = o.ExpiresAt
@@ -424,7 +427,7 @@ func (wt *watcher) diff(o keyState, seen bool, n keyState) keyState {
 		wt.print("released", r, o.Holder)
 	case n.Epoch == o.Epoch && n.Status == statusFree:
 		// Nothing changed; keep what watch derived (lapsed, its holder).
-		o.ServerNow, o.ReadAt = n.ServerNow, n.ReadAt
+		o.ServerNow = n.ServerNow
 		return o
 	}
 	return n
@@ -442,7 +445,7 @@ func (wt *watcher) notified(ctx context.Context, conn *pgx.Conn, ev lease.Event)
 		if seen && o.Held && o.Epoch == ev.Epoch {
 			return nil // already read by a poll
 		}
-		states, err := wt.r.readKeys(ctx, conn, []string{ev.Key})
+		states, err := readStates(ctx, conn, []string{ev.Key})
 		if err != nil {
 			return err
 		}
