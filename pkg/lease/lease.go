@@ -266,31 +266,23 @@ func (c *Client) Release(ctx context.Context, t Token) error {
 // Inspect reads key's state under lazy expiry. A never-leased key gives
 // State{Exists: false} and no error.
 func (c *Client) Inspect(ctx context.Context, key string) (State, error) {
-	var (
-		s     State
-		found bool
-	)
+	s := State{Key: key}
 	err := retryOnce(ctx, func() error {
-		sent := c.clock.Now()
-		rows, err := c.db.Query(ctx, `SELECT $1::text, i.held, i.owner, i.epoch, NULL::timestamptz, i.expires_at,
-		       x.j->>'state', x.j->>'last_owner', (x.j->>'since')::timestamptz, clock_timestamp()
-		  FROM lease.inspect($1) i, LATERAL (SELECT to_jsonb(i) AS j) x`, key)
-		if err != nil {
-			return err
-		}
-		states, err := scanStates(rows, sent, c.clock)
-		if err == nil && len(states) == 1 {
-			s, found = states[0], true
-		}
+		s.rt.sent = c.clock.Now()
+		err := scanState(c.db.QueryRow(ctx, `SELECT $1::text, i.held, i.owner, i.epoch, NULL::timestamptz,
+		       i.expires_at, x.j->>'state', x.j->>'last_owner', (x.j->>'since')::timestamptz, clock_timestamp()
+		  FROM lease.inspect($1) i, LATERAL (SELECT to_jsonb(i) AS j) x`, key).Scan, &s)
+		s.rt.received = c.clock.Now()
 		return err
 	})
+	s.rt.serverNow = s.ServerNow
 	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return State{Key: key}, nil
 	case err != nil:
 		return State{}, mapError("inspect", Token{Key: key}, err)
-	case !found:
-		return State{Key: key}, nil
 	}
-	if s.Held && s.AcquiredAt.IsZero() {
+	if s.Held {
 		s.AcquiredAt = s.Since
 	}
 	return s, nil
@@ -341,23 +333,15 @@ func (c *Client) List(ctx context.Context, keys ...string) ([]State, error) {
 	return out, nil
 }
 
-// scanStates reads the rows of Inspect and List, sent at sent on clk.
+// scanStates reads List's rows, sent at sent on clk.
 func scanStates(rows pgx.Rows, sent time.Time, clk clock.PassiveClock) ([]State, error) {
 	defer rows.Close()
 	var out []State
 	for rows.Next() {
-		s := State{Exists: true, rt: roundTrip{sent: sent}}
-		var (
-			owner, state, last           *string
-			acquiredAt, expiresAt, since *time.Time
-		)
-		if err := rows.Scan(&s.Key, &s.Held, &owner, &s.Epoch, &acquiredAt, &expiresAt,
-			&state, &last, &since, &s.ServerNow); err != nil {
+		s := State{rt: roundTrip{sent: sent}}
+		if err := scanState(rows.Scan, &s); err != nil {
 			return nil, err
 		}
-		s.Owner, s.LastOwner = deref(owner), deref(last)
-		s.AcquiredAt, s.ExpiresAt, s.Since = deref(acquiredAt), deref(expiresAt), deref(since)
-		s.Lapsed, s.Released = !s.Held && deref(state) == "lapsed", !s.Held && deref(state) == "released"
 		out = append(out, s)
 	}
 	if err := rows.Err(); err != nil {
@@ -369,6 +353,24 @@ func scanStates(rows pgx.Rows, sent time.Time, clk clock.PassiveClock) ([]State,
 		out[i].rt.received, out[i].rt.serverNow = received, out[i].ServerNow
 	}
 	return out, nil
+}
+
+// scanState scans one row of Inspect or List into s: key, held, owner,
+// epoch, acquired_at, expires_at, state, last_owner, since, server time.
+func scanState(scan func(dest ...any) error, s *State) error {
+	var (
+		owner, state, last           *string
+		acquiredAt, expiresAt, since *time.Time
+	)
+	if err := scan(&s.Key, &s.Held, &owner, &s.Epoch, &acquiredAt, &expiresAt,
+		&state, &last, &since, &s.ServerNow); err != nil {
+		return err
+	}
+	s.Exists = true
+	s.Owner, s.LastOwner = deref(owner), deref(last)
+	s.AcquiredAt, s.ExpiresAt, s.Since = deref(acquiredAt), deref(expiresAt), deref(since)
+	s.Lapsed, s.Released = !s.Held && deref(state) == "lapsed", !s.Held && deref(state) == "released"
+	return nil
 }
 
 func deref[T any](p *T) T {
