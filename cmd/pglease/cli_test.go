@@ -184,7 +184,7 @@ func TestGetListFormats(t *testing.T) {
 func TestLapsedKeyKeepsItsHolder(t *testing.T) {
 	ctx, dsn, c := leaseSetup(t)
 	acquire(t, ctx, c, "job-42", "worker-a1", 200*time.Millisecond)
-	waitLapsed(t, ctx, c, "job-42")
+	pgtest.WaitLapsed(t, c, "job-42", time.Minute)
 
 	rows := tableRows(mustRun(t, ctx, dsnEnv(dsn), "get", "job-42"))
 	if r := rows[1]; r[1] != "worker-a1" || r[2] != "lapsed" || r[3] != "1" || r[4] != "-" || r[5] == "-" {

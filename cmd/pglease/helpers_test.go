@@ -46,11 +46,7 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
+func testCtx(t *testing.T) context.Context { return pgtest.Context(t, 3*time.Minute) }
 
 // env is the environment of one invocation: PGLEASE_DSN and friends.
 type env map[string]string
@@ -276,24 +272,6 @@ func acquire(t *testing.T, ctx context.Context, c *lease.Client, key, owner stri
 		t.Fatalf("acquire %q for %q: ok=%v err=%v", key, owner, ok, err)
 	}
 	return g
-}
-
-// waitLapsed waits until the server sees key not held.
-func waitLapsed(t *testing.T, ctx context.Context, c *lease.Client, key string) {
-	t.Helper()
-	for {
-		s, err := c.Inspect(ctx, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !s.Held {
-			return
-		}
-		if ctx.Err() != nil {
-			t.Fatal(ctx.Err())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // role creates a login role on the shared server, unique to the test.

@@ -144,7 +144,7 @@ func TestWatchShowsAGrantThatLapsedBeforeItWasRead(t *testing.T) {
 func TestWatchShowsAKeyLapsedBeforeItStarted(t *testing.T) {
 	ctx, dsn, c := leaseSetup(t)
 	acquire(t, ctx, c, "job-41", "worker-c3", 100*time.Millisecond)
-	waitLapsed(t, ctx, c, "job-41")
+	pgtest.WaitLapsed(t, c, "job-41", time.Minute)
 	acquire(t, ctx, c, "job-42", "worker-b2", 2*time.Second)
 	p := start(t, ctx, dsnEnv(dsn), "watch", "--poll", "0")
 	p.waitFor(t, "lapsed         job-41  holder=worker-c3 epoch=1", false)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -28,11 +27,7 @@ var installModes = []installMode{
 	{"schema", lease.InstallSchema, false},
 }
 
-func testCtx(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
+func testCtx(t testing.TB) context.Context { return pgtest.Context(t, 0) }
 
 // extFiles makes the extension's files available to each server once per
 // test binary (the shared server and any server of a test's own share the

@@ -300,7 +300,7 @@ func TestRawBytesChangeOnlyOnStateChanges(t *testing.T) {
 		t.Fatalf("holder and follower see different bytes for the same write:\n%s\n%s", hb, b3)
 	}
 	// Lapse: the server decided a change, so the key reads as free.
-	waitLapsed(t, admin, "k", time.Minute)
+	pgtest.WaitLapsed(t, admin, "k", time.Minute)
 	r4, b4 := get(t, f)
 	if bytes.Equal(b3, b4) || r4.HolderIdentity != "" || r4.LeaderTransitions != 1 {
 		t.Fatalf("lapse: %+v %s after %s, want the key free at epoch 1", r4, b4, b3)
@@ -649,7 +649,7 @@ func TestKeyRemovedByCleanup(t *testing.T) {
 	if err := a.Create(ctx, rec("a")); err != nil {
 		t.Fatal(err)
 	}
-	waitLapsed(t, lease.New(admin), "k", time.Minute)
+	pgtest.WaitLapsed(t, lease.New(admin), "k", time.Minute)
 	var removed, floor int64
 	if err := admin.QueryRow(ctx, `SELECT removed, epoch_floor FROM lease.cleanup('0')`).Scan(&removed, &floor); err != nil || removed != 1 {
 		t.Fatalf("cleanup: removed %d, floor %d, %v", removed, floor, err)

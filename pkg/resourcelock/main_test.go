@@ -1,9 +1,7 @@
 package resourcelock_test
 
 import (
-	"context"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pglease/pg_lease/internal/pgtest"
@@ -23,16 +21,4 @@ func newPool(t *testing.T, dsn string) *pgxpool.Pool { return pgtest.NewPool(t, 
 func newClient(t *testing.T, dsn string) *lease.Client {
 	t.Helper()
 	return lease.New(newPool(t, dsn))
-}
-
-// waitLapsed waits until the server reports key unheld (a grant lapsed).
-func waitLapsed(t *testing.T, c *lease.Client, key string, d time.Duration) {
-	t.Helper()
-	pgtest.Eventually(t, d, key+" to lapse on the server", func() bool {
-		s, err := c.Inspect(context.Background(), key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return !s.Held
-	})
 }

@@ -33,7 +33,7 @@ func TestOperationTransactionAborted(t *testing.T) {
 	}
 	mustRelease(t, setup, mustAcquire(t, setup, "free", "a", 30*time.Minute))
 	mustAcquire(t, setup, "lapsed", "a", 200*time.Millisecond)
-	waitLapsed(t, setup, "lapsed", 30*time.Second)
+	pgtest.WaitLapsed(t, setup, "lapsed", 30*time.Second)
 	// The setup session ends (and with it anything it kept beyond its
 	// transactions): what follows sees only the table's state.
 	setupPID := setupConn.PgConn().PID()

@@ -111,10 +111,10 @@ func TestServerClockJumps(t *testing.T) {
 	// and lapsed again.
 	gd := grant("d", "k2", time.Second)
 	gf := grant("f", "k3", 300*time.Millisecond)
-	waitLapsed(t, obs, "k3", 30*time.Second)
+	pgtest.WaitLapsed(t, obs, "k3", 30*time.Second)
 	gg := grant("g", "k3", 300*time.Millisecond)
-	waitLapsed(t, obs, "k3", 30*time.Second)
-	lapsedK2 := waitLapsed(t, obs, "k2", 30*time.Second)
+	pgtest.WaitLapsed(t, obs, "k3", 30*time.Second)
+	lapsedK2 := pgtest.WaitLapsed(t, obs, "k2", 30*time.Second)
 	sinceExpiry := lapsedK2.ServerNow.Sub(gd.ExpiresAt)
 	setOffset(-30 * time.Second)
 	s2 := inspect(t, obs, "k2")

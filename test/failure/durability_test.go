@@ -38,8 +38,8 @@ func TestD1CleanRestartKeepsState(t *testing.T) {
 	for i := 0; i < 5; i++ {
 		mustRelease(t, c, mustAcquire(t, c, "many", fmt.Sprintf("w%d", i), time.Hour))
 	}
-	waitLapsed(t, c, "lapsed", 30*time.Second)
-	waitLapsed(t, c, "taken-over", 30*time.Second)
+	pgtest.WaitLapsed(t, c, "lapsed", 30*time.Second)
+	pgtest.WaitLapsed(t, c, "taken-over", 30*time.Second)
 	mustAcquire(t, c, "taken-over", "b", time.Hour)
 
 	want := map[string]string{
@@ -95,7 +95,7 @@ func TestD2CrashKeepsCommittedEpochs(t *testing.T) {
 
 	// An uncommitted takeover needs a lapsed key.
 	mustAcquire(t, setup, "lapsed", "x", 200*time.Millisecond)
-	waitLapsed(t, setup, "lapsed", 30*time.Second)
+	pgtest.WaitLapsed(t, setup, "lapsed", 30*time.Second)
 	// A grant that lapses just before the crash, seconds into the server's
 	// life: a server clock that restarts with the server (break
 	// uptime_clock) reads it as held again after the crash, since the
@@ -190,7 +190,7 @@ func TestD2CrashKeepsCommittedEpochs(t *testing.T) {
 		return slices.Min(cycles) >= 5
 	})
 	// The grant that lapses last, just before the crash (see below).
-	waitLapsed(t, setup, "lapsed-late", 30*time.Second)
+	pgtest.WaitLapsed(t, setup, "lapsed-late", 30*time.Second)
 	if err := e.srv.Kill(); err != nil { // mid-cycle: calls are in flight
 		t.Fatal(err)
 	}
@@ -333,7 +333,7 @@ func TestR2R3RecoveryWithoutRepair(t *testing.T) {
 	k3 := mustAcquire(t, c, "k3", "c", time.Minute)           // released before it
 	k4a := mustAcquire(t, c, "k4", "a", 200*time.Millisecond) // lapsed and taken over before it
 	mustRelease(t, c, k3)
-	waitLapsed(t, c, "k4", 30*time.Second)
+	pgtest.WaitLapsed(t, c, "k4", 30*time.Second)
 	k4d := mustAcquire(t, c, "k4", "d", time.Minute)
 
 	for round, restart := range []func() error{e.srv.Kill, e.srv.Stop} {

@@ -137,7 +137,7 @@ func TestResourceExhaustionFailsClosed(t *testing.T) {
 		unchanged(t, before, "a cancelled blocking acquire")
 		// Nothing was left to grant it later: once the holder's grant
 		// lapses the key is free, not the waiter's.
-		s := waitLapsed(t, lease.New(admin), "st", 30*time.Second)
+		s := pgtest.WaitLapsed(t, lease.New(admin), "st", 30*time.Second)
 		if s.Epoch != g.Epoch {
 			t.Fatalf("after the holder's expiry: %s", stateString(s))
 		}

@@ -230,7 +230,7 @@ func TestHolderHungProcess(t *testing.T) {
 
 	succ := e.connect(t)
 	sc := lease.New(succ)
-	lapsed := waitLapsed(t, sc, "res", 30*time.Second)
+	lapsed := pgtest.WaitLapsed(t, sc, "res", 30*time.Second)
 	g2, ok, err := sc.Acquire(ctx, "res", "successor", time.Minute)
 	if err != nil || !ok {
 		t.Fatalf("successor's acquire after the lapse: ok=%t err=%v", ok, err)

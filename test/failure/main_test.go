@@ -295,15 +295,3 @@ func backendGone(t testing.TB, q lease.Querier, pid uint32) {
 		return n == 0
 	})
 }
-
-// waitLapsed polls inspect until key is no longer held (lazy expiry as the
-// server evaluates it, whatever clock that is).
-func waitLapsed(t testing.TB, c *lease.Client, key string, within time.Duration) lease.State {
-	t.Helper()
-	var s lease.State
-	pgtest.Eventually(t, within, key+" to lapse", func() bool {
-		s = inspect(t, c, key)
-		return s.Exists && !s.Held
-	})
-	return s
-}
