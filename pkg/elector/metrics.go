@@ -5,7 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/pglease/pg_lease/internal/promreg"
+	"github.com/pglease/pg_lease/pkg/internal/promreg"
 )
 
 // Error kinds counted by the errors metric (label "kind").

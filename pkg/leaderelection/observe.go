@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pglease/pg_lease/internal/promreg"
+	"github.com/pglease/pg_lease/pkg/internal/promreg"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -62,7 +62,7 @@ var (
 
 // registerMetrics registers the metrics in controller-runtime's registry,
 // once per process, as every package registers its metrics
-// (internal/promreg).
+// (pkg/internal/promreg).
 func registerMetrics() error {
 	registerOnce.Do(func() {
 		var err error
