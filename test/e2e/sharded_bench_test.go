@@ -125,8 +125,12 @@ func (r *shRun) chaos(kube client.Client, steps int, seed uint64) {
 	ctx := pgtest.Context(t, 0)
 	const ctl = "chaos"
 	rnd := rand.New(rand.NewPCG(seed, 1))
-	// The objects of the last throughput run, relabelled for it before.
+	// The objects of the last throughput run, relabelled for it before; the
+	// store forgets that run's epochs (they are another controller's keys).
 	r.labels = map[string]string{ctl: "bench-3"}
+	if _, err := r.store.Exec(ctx, `TRUNCATE sharded_results, sharded_fence, sharded_writes`); err != nil {
+		t.Fatal(err)
+	}
 	live := []string{}
 	var crashed []string
 	next := 0
