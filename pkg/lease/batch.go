@@ -252,3 +252,95 @@ func (c *Client) ReleaseMany(ctx context.Context, ts []Token) ([]error, error) {
 	}
 	return errs, nil
 }
+
+// AcquireResult is AcquireMany's answer for one key: Grant when OK, else
+// the key is held by another owner (or Err says why not).
+type AcquireResult struct {
+	Key   string
+	Grant Grant
+	OK    bool
+	Err   error
+}
+
+// AcquireMany tries once to take every key of keys for owner for ttl, as
+// Acquire would each, in one statement and one commit, in key order so that
+// concurrent batches lock rows in one order. A key the owner already holds
+// answers its grant. Results come in the order of keys. The returned error
+// is for the whole call; then no result is returned. At most MaxRenewMany
+// distinct keys.
+func (c *Client) AcquireMany(ctx context.Context, keys []string, owner string, ttl time.Duration) ([]AcquireResult, error) {
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	t := Token{Key: keys[0], Owner: owner}
+	if len(keys) > MaxRenewMany {
+		return nil, fmt.Errorf("acquire_many: %w: %d keys, at most %d", ErrInvalidInput, len(keys), MaxRenewMany)
+	}
+	if err := checkTTL("acquire_many", t, "ttl", ttl, false); err != nil {
+		return nil, err
+	}
+	sorted := append([]string(nil), keys...)
+	sort.Strings(sorted)
+	for i := 1; i < len(sorted); i++ {
+		if sorted[i] == sorted[i-1] {
+			return nil, fmt.Errorf("acquire_many: %w: the key %q appears twice", ErrInvalidInput, sorted[i])
+		}
+	}
+	type row struct {
+		key       string
+		acquired  bool
+		epoch     *int64
+		expiresAt *time.Time
+	}
+	var (
+		rows       []row
+		serverNow  time.Time
+		sent, recv time.Time
+	)
+	err := retryOnce(ctx, func() error {
+		return c.onConn(ctx, "acquire_many", func() Token { return t }, func(q Querier) error {
+			rows = rows[:0]
+			sent = c.clock.Now()
+			r, err := q.Query(ctx, `SELECT u.k, a.acquired, a.epoch, a.expires_at, clock_timestamp()
+  FROM unnest($1::text[]) WITH ORDINALITY u(k, n), LATERAL lease.acquire(u.k, $2, $3, interval '0') a
+ ORDER BY u.n`, sorted, owner, ttl)
+			if err != nil {
+				return err
+			}
+			defer r.Close()
+			for r.Next() {
+				var x row
+				if err := r.Scan(&x.key, &x.acquired, &x.epoch, &x.expiresAt, &serverNow); err != nil {
+					return err
+				}
+				rows = append(rows, x)
+			}
+			recv = c.clock.Now()
+			return r.Err()
+		})
+	})
+	if err != nil {
+		return nil, mapError("acquire_many", t, err)
+	}
+	if len(rows) != len(keys) {
+		return nil, fmt.Errorf("lease: acquire_many: %d rows from the server for %d keys", len(rows), len(keys))
+	}
+	byKey := make(map[string]AcquireResult, len(rows))
+	for _, x := range rows {
+		res := AcquireResult{Key: x.key}
+		switch {
+		case x.acquired && x.epoch != nil && x.expiresAt != nil:
+			res.OK = true
+			res.Grant = newGrant(Token{Key: x.key, Owner: owner, Epoch: *x.epoch}, *x.expiresAt, ttl, sent, serverNow)
+		case !x.acquired && x.expiresAt != nil:
+			rt := roundTrip{sent: sent, received: recv, serverNow: serverNow}
+			res.Err = &GraceError{Key: x.key, Until: *x.expiresAt, UntilLocal: rt.latest(*x.expiresAt)}
+		}
+		byKey[x.key] = res
+	}
+	out := make([]AcquireResult, len(keys))
+	for i, k := range keys {
+		out[i] = byKey[k]
+	}
+	return out, nil
+}

@@ -207,3 +207,39 @@ func TestReleaseMany(t *testing.T) {
 		}
 	})
 }
+
+// AcquireMany takes free keys, answers the owner's own grants again, and
+// leaves keys held by another owner, in one statement; results follow the
+// order of the keys given.
+func TestAcquireMany(t *testing.T) {
+	forEachMode(t, func(t *testing.T, db *testDB) {
+		ctx := testCtx(t)
+		c := db.c
+		mine, ok, err := c.Acquire(ctx, "a2", "o", time.Minute)
+		if err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		if _, ok, err := c.Acquire(ctx, "a3", "other", time.Minute); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		res, err := c.AcquireMany(ctx, []string{"a3", "a1", "a2"}, "o", time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res[0].Key != "a3" || res[0].OK || res[0].Err != nil {
+			t.Errorf("a3, held by another: %+v", res[0])
+		}
+		if res[1].Key != "a1" || !res[1].OK || res[1].Grant.Token.Owner != "o" {
+			t.Errorf("a1, free: %+v", res[1])
+		}
+		if res[2].Key != "a2" || !res[2].OK || res[2].Grant.Token != mine.Token {
+			t.Errorf("a2, the owner's own: %+v, want %v", res[2], mine.Token)
+		}
+		if err := c.Release(ctx, res[1].Grant.Token); err != nil {
+			t.Errorf("release of AcquireMany's grant: %v", err)
+		}
+		if _, err := c.AcquireMany(ctx, []string{"a1", "a1"}, "o", time.Minute); !errors.Is(err, lease.ErrInvalidInput) {
+			t.Errorf("a repeated key: %v, want ErrInvalidInput", err)
+		}
+	})
+}
