@@ -49,14 +49,10 @@ import (
 	"slices"
 	"sort"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/pglease/pg_lease/pkg/lease"
 )
-
-// takeConcurrency bounds the acquires one round runs at once.
-const takeConcurrency = 8
 
 // MaxShards is the most shards of one controller: every shard key and the
 // member key are renewed in one lease.renew_many call.
@@ -526,45 +522,25 @@ func (r *Sharder) round(ctx context.Context) (time.Duration, error) {
 	r.releaseAfterWork(moving)
 	r.mu.Unlock()
 
-	// The shards to take, a few at a time: after a leave or a crash, a
-	// replica may take many at once.
-	var (
-		wg      sync.WaitGroup
-		failed  atomic.Bool
-		sem     = make(chan struct{}, takeConcurrency)
-		takeAt  = clk.Now()
-		listAge = takeAt.Sub(listed)
-	)
-	for _, s := range take {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			if err := r.take(ctx, s); err != nil {
-				warn("shard: acquire", "key", Key(r.cfg.Controller, s), "err", err)
-				failed.Store(true)
-			}
-		}()
+	// The shards to take, in one statement: after a leave or a crash, a
+	// replica may take many at once. Then the strays, in one statement.
+	takeAt := clk.Now()
+	if err := r.take(ctx, take); err != nil {
+		warn("shard: acquire", "controller", r.cfg.Controller, "shards", len(take), "err", err)
+		next = min(next, r.cfg.Poll)
 	}
-	for _, t := range stray {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			if err := r.c.Release(ctx, t); err != nil && !errors.Is(err, lease.ErrLost) {
-				warn("shard: release", "key", t.Key, "err", err)
-			}
-		}()
-	}
-	wg.Wait()
 	if len(take) > 0 {
 		r.cfg.Logger.Info("shard: took", "controller", r.cfg.Controller, "identity", r.cfg.Identity,
-			"shards", len(take), "list_age", listAge, "took", clk.Since(takeAt))
+			"shards", len(take), "list_age", takeAt.Sub(listed), "took", clk.Since(takeAt))
 	}
-	if failed.Load() {
-		next = min(next, r.cfg.Poll)
+	if errs, err := r.c.ReleaseMany(ctx, stray); err != nil {
+		warn("shard: release", "controller", r.cfg.Controller, "shards", len(stray), "err", err)
+	} else {
+		for i, err := range errs {
+			if err != nil && !errors.Is(err, lease.ErrLost) {
+				warn("shard: release", "key", stray[i].Key, "err", err)
+			}
+		}
 	}
 	if err := r.candidacies(ctx, cands, clk.Since(r.candsAt) >= r.cfg.RenewEvery); err != nil {
 		warn("shard: handover candidacies", "controller", r.cfg.Controller, "err", err)
@@ -693,26 +669,46 @@ func (r *Sharder) announce(ctx context.Context) {
 	}
 }
 
-// take acquires shard s (wait 0), or takes the grant a handover gave this
-// replica (an acquire answers the caller's own grant), and begins its term.
-func (r *Sharder) take(ctx context.Context, s int) error {
-	g, ok, err := r.c.Acquire(ctx, Key(r.cfg.Controller, s), r.owner, r.cfg.TTL)
-	if err != nil || !ok {
-		return err // not ok: taken by another meanwhile; the next round sees it
+// take acquires the shards (wait 0) in one statement, or takes the grants
+// a handover gave this replica (an acquire answers the caller's own
+// grant), and begins their terms. A shard another owner took meanwhile is
+// left to the next round.
+func (r *Sharder) take(ctx context.Context, shards []int) error {
+	var errs []error
+	for len(shards) > 0 {
+		n := min(len(shards), lease.MaxRenewMany)
+		keys := make([]string, n)
+		for i, s := range shards[:n] {
+			keys[i] = Key(r.cfg.Controller, s)
+		}
+		res, err := r.c.AcquireMany(ctx, keys, r.owner, r.cfg.TTL)
+		if err != nil {
+			return errors.Join(append(errs, err)...)
+		}
+		for i, s := range shards[:n] {
+			if res[i].Err != nil || !res[i].OK {
+				if res[i].Err != nil {
+					errs = append(errs, res[i].Err)
+				}
+				continue
+			}
+			t, err := r.c.Begin(res[i].Grant, r.cfg.Margin, nil)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			r.mu.Lock()
+			r.owned[s] = &owned{s: s, term: t}
+			delete(r.handed, s)
+			r.mu.Unlock()
+			r.metrics.rebalances.WithLabelValues("acquired").Inc()
+			if r.cfg.OnAcquired != nil {
+				r.cfg.OnAcquired(s)
+			}
+		}
+		shards = shards[n:]
 	}
-	t, err := r.c.Begin(g, r.cfg.Margin, nil)
-	if err != nil {
-		return err
-	}
-	r.mu.Lock()
-	r.owned[s] = &owned{s: s, term: t}
-	delete(r.handed, s)
-	r.mu.Unlock()
-	r.metrics.rebalances.WithLabelValues("acquired").Inc()
-	if r.cfg.OnAcquired != nil {
-		r.cfg.OnAcquired(s)
-	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // endLocked ends o's term: its contexts are cancelled with cause.
