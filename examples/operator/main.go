@@ -201,6 +201,9 @@ func (c config) validate() error {
 			errs = append(errs, fmt.Errorf("-leader-elect-handover %s needs this candidate's -leader-elect-version", c.handover))
 		}
 	}
+	if err := lease.CheckVersion(c.version); err != nil {
+		errs = append(errs, fmt.Errorf("-leader-elect-version: %w", err))
+	}
 	return errors.Join(errs...)
 }
 

@@ -169,6 +169,11 @@ func (c Config) withDefaults() (Config, error) {
 	if c.HealthTolerance < 0 {
 		return c, configErr("HealthTolerance", "must not be negative, got %v", c.HealthTolerance)
 	}
+	if c.Candidacy != nil {
+		if err := c.Candidacy.Check(); err != nil {
+			return c, configErr("Candidacy", "%v", err)
+		}
+	}
 	if c.Callbacks.OnStartedLeading == nil {
 		return c, configErr("Callbacks.OnStartedLeading", "is required")
 	}

@@ -63,6 +63,9 @@ func (c *Config) validateHandover(fldPath *field.Path) field.ErrorList {
 		return field.ErrorList{field.Required(fldPath.Child("version"),
 			"handover "+c.Handover+" needs this candidate's semantic version (--"+flagVersion+")")}
 	}
+	if err := lease.CheckVersion(c.candidateVersion()); err != nil {
+		return field.ErrorList{field.Invalid(fldPath.Child("version"), c.candidateVersion(), err.Error())}
+	}
 	return nil
 }
 

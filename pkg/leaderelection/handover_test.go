@@ -39,6 +39,11 @@ func TestHandoverOption(t *testing.T) {
 		t.Fatalf("handover fastest: %v", err)
 	}
 	bad = c
+	bad.Version = "one.two"
+	if err := pgle.Validate(&bad, field.NewPath("leaderElection")); err == nil || !strings.Contains(err.Error(), "leaderElection.version") {
+		t.Fatalf("version one.two: %v", err)
+	}
+	bad = c
 	bad.Version = ""
 	if err := pgle.Validate(&bad, field.NewPath("leaderElection")); err == nil || !strings.Contains(err.Error(), "leaderElection.version") {
 		t.Fatalf("newest-version without a version (a test binary has no module version): %v", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -206,6 +207,43 @@ type Candidacy struct {
 	// Ready reports whether this candidate may be chosen now (for example
 	// once its caches are synced). Nil: always ready.
 	Ready func() bool
+}
+
+// versionPattern is the server's version rule (lease._version_parts): an
+// optional v, one to three numbers, an optional pre-release and build, with
+// surrounding white space.
+var versionPattern = regexp.MustCompile(`^[ \t\n\v\f\r]*[vV]?[0-9]{1,30}(?:\.[0-9]{1,30})?(?:\.[0-9]{1,30})?` +
+	`(?:-[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?(?:\+[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?[ \t\n\v\f\r]*$`)
+
+// maxVersion is the longest version the server accepts, in bytes.
+const maxVersion = 256
+
+// CheckVersion applies the server's rule for a candidate's version before
+// anything is sent: a semantic version such as 1.31.0 or v1.31.0-rc.1, at
+// most 256 bytes. The empty string (no version) passes. The error matches
+// ErrInvalidInput.
+func CheckVersion(v string) error {
+	switch {
+	case v == "":
+		return nil
+	case len(v) > maxVersion:
+		return fmt.Errorf("%w: version must be at most %d bytes, got %d", ErrInvalidInput, maxVersion, len(v))
+	case !versionPattern.MatchString(v):
+		return fmt.Errorf("%w: version %q is not a semantic version such as 1.31.0 or v1.31.0-rc.1", ErrInvalidInput, v)
+	}
+	return nil
+}
+
+// Check validates the candidacy's strategy and version (CheckVersion), so
+// that an elector or a lock refuses a bad one when it is built: a
+// follower's registration errors cost only its handover, and go unseen.
+func (c Candidacy) Check() error {
+	if c.Strategy != "" {
+		if _, err := ParseStrategy(string(c.Strategy)); err != nil {
+			return err
+		}
+	}
+	return CheckVersion(c.Version)
 }
 
 // Registrar keeps one candidate of one key registered. It is not safe for

@@ -2,6 +2,7 @@ package lease_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -146,4 +147,43 @@ func TestRegisterMany(t *testing.T) {
 			t.Errorf("two keys, one priority: %v, want ErrInvalidInput", err)
 		}
 	})
+}
+
+// CheckVersion applies the server's rule: for each input, it refuses
+// exactly what lease._version_violation refuses.
+func TestCheckVersionAgreesWithServer(t *testing.T) {
+	db := newDB(t, installModes[0])
+	ctx := testCtx(t)
+	for _, v := range []string{
+		"", "1", "1.2", "1.2.3", "v1.31.0", "V2.0.0-rc.1", "1.2.3-alpha.1+build.5", " 1.2.3 ", "1.2-rc.1",
+		"1.2.3.4", "x1.2", "1..2", "1.2.3-", "1.2.3+", "-1.2", "1.2.3-α", "1.2.3 beta", "v",
+		strings.Repeat("1", 31), "1." + strings.Repeat("0", 30), "1.0.0-" + strings.Repeat("a", 250),
+		"1.0.0-" + strings.Repeat("a", 251),
+	} {
+		var violation *string
+		if err := db.pool.QueryRow(ctx, `SELECT lease._version_violation($1)`, v).Scan(&violation); err != nil {
+			t.Fatal(err)
+		}
+		server := violation != nil && v != ""
+		err := lease.CheckVersion(v)
+		if err != nil && !errors.Is(err, lease.ErrInvalidInput) {
+			t.Errorf("CheckVersion(%q): %v, want ErrInvalidInput", v, err)
+		}
+		if (err != nil) != server {
+			t.Errorf("CheckVersion(%q) = %v; the server's violation: %v", v, err, deref(violation))
+		}
+	}
+	if err := (lease.Candidacy{Strategy: "fastest"}).Check(); !errors.Is(err, lease.ErrInvalidInput) {
+		t.Errorf("Candidacy with strategy fastest: %v", err)
+	}
+	if err := (lease.Candidacy{Strategy: lease.StrategyNewestVersion, Version: "1.2.3"}).Check(); err != nil {
+		t.Errorf("valid Candidacy: %v", err)
+	}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return "none"
+	}
+	return *s
 }

@@ -86,6 +86,11 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("Options.%w", err)
 	}
 	o.Margin = m
+	if o.Candidacy != nil {
+		if err := o.Candidacy.Check(); err != nil {
+			return o, fmt.Errorf("Options.Candidacy: %w", err)
+		}
+	}
 	return o, nil
 }
 

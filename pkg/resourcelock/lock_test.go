@@ -67,6 +67,10 @@ func TestNewValidatesEachField(t *testing.T) {
 		{"negative ttl", c, "k", "a", resourcelock.Options{LeaseDuration: -time.Second}, []string{"LeaseDuration"}},
 		{"margin above ttl/3", c, "k", "a", resourcelock.Options{LeaseDuration: time.Second, Margin: time.Second}, []string{"Margin"}},
 		{"negative margin", c, "k", "a", resourcelock.Options{Margin: -1}, []string{"Margin"}},
+		{"candidate version", c, "k", "a", resourcelock.Options{Candidacy: &lease.Candidacy{Version: "one.two"}},
+			[]string{"Candidacy", "not a semantic version"}},
+		{"candidate strategy", c, "k", "a", resourcelock.Options{Candidacy: &lease.Candidacy{Strategy: "fastest"}},
+			[]string{"Candidacy", "strategy"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := resourcelock.New(tc.client, tc.key, tc.id, tc.opts)
