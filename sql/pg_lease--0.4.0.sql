@@ -414,6 +414,27 @@ AS $$
   SELECT ('x' || substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))::bit(32)::bigint
 $$;
 
+-- An instant no earlier than the start of the server's timeline tl, when the
+-- control file proves one: the latest checkpoint was made on tl, so it began
+-- after tl did (a promotion requests one at once). Its time is whole seconds
+-- rounded down: one second is added. NULL when the latest checkpoint is of an
+-- earlier timeline (the first one after the promotion has not completed yet),
+-- or the function owner may not call pg_control_checkpoint().
+CREATE OR REPLACE FUNCTION lease._timeline_began(tl bigint)
+RETURNS timestamptz LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+  v_began timestamptz;
+BEGIN
+  IF NOT pg_catalog.has_function_privilege('pg_catalog.pg_control_checkpoint()', 'EXECUTE') THEN
+    RETURN NULL;
+  END IF;
+  SELECT c.checkpoint_time + interval '1 s' INTO v_began
+    FROM pg_catalog.pg_control_checkpoint() c WHERE c.timeline_id = tl;
+  RETURN least(v_began, clock_timestamp());
+END
+$$;
+
 -- Called on every grant path (free, lapsed or never-leased key) and by every
 -- renewal, outside any subtransaction. Returns the era's epoch base (every
 -- epoch granted now must exceed it) and when the grace after the last
@@ -425,9 +446,11 @@ $$;
 -- locks nothing that another session waits for, so a recording left in an
 -- open transaction (a denied acquire's, a blocking acquire's) never delays
 -- another key's call: until it commits, other calls record their own rows,
--- with the same era and their own (later, so also safe) grace. Renewals
--- record too, so after a switchover in which leaders keep renewing the grace
--- starts at their first renewal, not at the next grant days later.
+-- with the same era and their own (later, so also safe) grace. When the
+-- timeline grew (a promotion), the grace runs from when the new timeline
+-- began, as the control file proves it (lease._timeline_began), else from
+-- now: not from a first grant or renewal made long after the promotion.
+-- Renewals record too, so the grace never waits for the next handoff.
 CREATE OR REPLACE FUNCTION lease._grant_context(OUT base bigint, OUT grace_until timestamptz)
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -449,7 +472,8 @@ BEGIN
     RETURN;
   END IF;
   base := (s_era + CASE WHEN v_tl > s_tl THEN v_tl - s_tl ELSE 1 END) << 40;
-  grace_until := greatest(s_grace, clock_timestamp() + lease._grace());
+  grace_until := greatest(s_grace, coalesce(CASE WHEN v_tl > s_tl THEN lease._timeline_began(v_tl) END, clock_timestamp())
+                                  + lease._grace());
   INSERT INTO lease.timeline_state (timeline, era, grace_until) VALUES (v_tl, base >> 40, grace_until);
 END
 $$;

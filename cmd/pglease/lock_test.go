@@ -209,7 +209,9 @@ func TestLockSleepsThroughGrace(t *testing.T) {
 	for _, q := range []string{
 		"SELECT lease.configure(max_ttl => '3s')",
 		"DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET track_functions = ''pl''', current_database()); END $$",
-		"UPDATE lease.timeline_state SET timeline = 0", // the promotion, as the SQL sees one
+		// The promotion, as the SQL sees one: an older timeline recorded, and a
+		// checkpoint on the server's (a promotion requests one at once).
+		"UPDATE lease.timeline_state SET timeline = 0", "CHECKPOINT",
 	} {
 		if _, err := conn.Exec(ctx, q); err != nil {
 			t.Fatal(err)
@@ -276,7 +278,9 @@ func TestLockTimeoutInGraceExits10(t *testing.T) {
 	conn, _ := connect(t, ctx, dsn)
 	for _, q := range []string{
 		"SELECT lease.configure(max_ttl => '1 min')",
-		"UPDATE lease.timeline_state SET timeline = 0", // the promotion, as the SQL sees one
+		// The promotion, as the SQL sees one: an older timeline recorded, and a
+		// checkpoint on the server's (a promotion requests one at once).
+		"UPDATE lease.timeline_state SET timeline = 0", "CHECKPOINT",
 	} {
 		if _, err := conn.Exec(ctx, q); err != nil {
 			t.Fatal(err)

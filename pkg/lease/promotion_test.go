@@ -17,8 +17,12 @@ import (
 
 func simulatePromotion(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
-	if _, err := pool.Exec(testCtx(t), "UPDATE lease.timeline_state SET timeline = 0"); err != nil {
-		t.Fatal(err)
+	// The older timeline recorded, and a checkpoint on the server's: a
+	// promotion requests one at once, and the grace runs from it.
+	for _, q := range []string{"UPDATE lease.timeline_state SET timeline = 0", "CHECKPOINT"} {
+		if _, err := pool.Exec(testCtx(t), q); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

@@ -27,7 +27,7 @@ func TestFollowersWakeWhenGraceEnds(t *testing.T) {
 	if err := lease.InstallSchema(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	for _, q := range []string{"SELECT lease.configure(max_ttl => '3s')", "UPDATE lease.timeline_state SET timeline = 0"} {
+	for _, q := range []string{"SELECT lease.configure(max_ttl => '3s')", "UPDATE lease.timeline_state SET timeline = 0", "CHECKPOINT"} {
 		if _, err := pool.Exec(ctx, q); err != nil {
 			t.Fatal(err)
 		}

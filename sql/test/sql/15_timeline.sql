@@ -55,12 +55,15 @@ SELECT pg_sleep(0.5);
 SELECT * FROM lease.configure();
 COMMIT;
 
--- A promotion: the recorded timeline (0 here) is older than the server's.
+-- A promotion: the recorded timeline (0 here) is older than the server's,
+-- and the latest checkpoint is on the server's timeline (a promotion requests
+-- one at once; 0.4.0 measures the grace from it).
 -- An operator configured max_ttl = 1 s long ago (the settings row written
 -- directly, so no higher earlier max_ttl is still in force).
 DELETE FROM lease.settings;
 INSERT INTO lease.settings (max_ttl) VALUES (interval '1 s');
 UPDATE lease.timeline_state SET timeline = 0;
+CHECKPOINT;
 -- A denied acquire (tl-2 is h's) is no grant path: it does not look at the
 -- timeline, so the change is not recorded yet and no grace has begun.
 SELECT acquired FROM lease.acquire('tl-2', 'intruder', interval '1 s');
@@ -117,6 +120,7 @@ SELECT acquired, epoch, epoch = (2::bigint << 40) + 1 AS first_of_era_2
 -- made on timeline 2 never replicated): the era grows by 2, so it cannot be
 -- the era timeline 2 used. Simulated by recording timeline -1 (2 below 1).
 UPDATE lease.timeline_state SET timeline = -1;
+CHECKPOINT;
 SELECT acquired FROM lease.acquire('tl-4', 'n', interval '1 s');
 SELECT timeline, era FROM lease.status();
 
@@ -124,6 +128,7 @@ SELECT timeline, era FROM lease.status();
 -- again by the next one: the grace starts later (the safe direction).
 SELECT pg_sleep(1.1);
 UPDATE lease.timeline_state SET timeline = 0;
+CHECKPOINT;
 SELECT era AS era_before FROM lease.status() \gset
 BEGIN;
 SELECT acquired FROM lease.acquire('tl-5', 'n', interval '1 s');
@@ -185,6 +190,26 @@ SELECT timeline = lease._timeline() AS recorded, grace_until <= clock_timestamp(
 SELECT * FROM lease.configure(promotion => 'any');
 DELETE FROM lease.leases WHERE key = 'tl-sync';
 
+-- 0.4.0: the grace runs from when the new timeline began, not from the first
+-- grant path after it. The promotion's checkpoint is made, then nothing calls
+-- for 2 s: the grace ends by the checkpoint's start (whole seconds) + 1 s +
+-- max_ttl, and no earlier than its recorded time + max_ttl; before 0.4.0 it
+-- ended max_ttl after the first grant path.
+DELETE FROM lease.settings;
+INSERT INTO lease.settings (max_ttl) VALUES (interval '3 s');
+UPDATE lease.timeline_state SET timeline = 0;
+CHECKPOINT;
+SELECT c.checkpoint_time AS ckpt, c.timeline_id = lease._timeline() AS on_server_timeline
+  FROM pg_control_checkpoint() c \gset
+\echo :on_server_timeline
+SELECT pg_sleep(2);
+SELECT acquired FROM lease.acquire('tl-began', 'n', interval '1 s');
+SELECT grace_until <= :'ckpt'::timestamptz + interval '4 s' AS from_the_checkpoint,
+       grace_until >= :'ckpt'::timestamptz + interval '3 s' AS at_least_max_ttl_after_it,
+       grace_until < clock_timestamp() + interval '2 s' AS not_from_the_grant
+  FROM lease.status();
+DELETE FROM lease.leases WHERE key = 'tl-began';
+
 DELETE FROM lease.settings;
 DELETE FROM lease.leases WHERE key LIKE 'tl-%';
 DELETE FROM lease.timeline_state;
@@ -210,10 +235,12 @@ DELETE FROM lease.leases WHERE key = 'tl-clock';
 DELETE FROM lease.timeline_state;
 INSERT INTO lease.timeline_state (timeline, era) VALUES (lease._timeline(), 0);
 
--- A timeline change seen by a statement that began 0.5 s earlier: the grace
--- is measured from the clock when the change is seen, not from the start of
--- the statement or of its transaction.
-UPDATE lease.timeline_state SET timeline = 0;
+-- A timeline change seen by a statement that began 0.5 s earlier, where the
+-- control file proves no start of the timeline (here a recorded timeline
+-- newer than the server's, as after a restore): the grace is measured from
+-- the clock when the change is seen, not from the start of the statement or
+-- of its transaction.
+UPDATE lease.timeline_state SET timeline = 5;
 DO $$
 DECLARE
   g timestamptz;
