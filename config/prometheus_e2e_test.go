@@ -210,14 +210,10 @@ func TestDashboardShowsFailoverAndRollout(t *testing.T) {
 		t.Fatal(err)
 	}
 	// max_ttl is also the promotion grace: 8 s keeps the test short and the
-	// grace longer than a few scrapes. Lowering max_ttl keeps the old 1 hour
-	// as the grace for an hour, for grants made under it: there are none yet,
-	// so that is cleared (as test/failover does).
+	// grace longer than a few scrapes. No grant is held yet, so the lower
+	// value is the grace at once.
 	const maxTTL = 8 * time.Second
 	if _, err := conn.Exec(ctx, "SELECT lease.configure(max_ttl => make_interval(secs => $1))", maxTTL.Seconds()); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Exec(ctx, "UPDATE lease.settings SET prev_max_ttl = NULL, prev_until = NULL"); err != nil {
 		t.Fatal(err)
 	}
 	standby := pgtest.NewStandby(t, primary, pgtest.StandbyOptions{Name: "s1"})

@@ -207,3 +207,25 @@ func TestTimelineRecordingBlocksNoOne(t *testing.T) {
 		t.Fatalf("another key's acquire while the recording transaction is open: %v, want ErrGrace at once", err)
 	}
 }
+
+// TestLoweringMaxTTLOnQuietDatabase: on a database where no grant is held
+// (a fresh install) a lower max_ttl is the promotion grace at once; nothing
+// was granted under the default, so nothing keeps its hour. With a grant
+// held, the previous max_ttl stays the grace for its length: that grant may
+// still be believed after a promotion.
+func TestLoweringMaxTTLOnQuietDatabase(t *testing.T) {
+	db := newDB(t, installModes[1])
+	ctx := testCtx(t)
+	configure(t, db.pool, "max_ttl => '3s'")
+	s, err := db.c.Settings(ctx)
+	if err != nil || s.MaxTTL != 3*time.Second || s.PromotionGrace != 3*time.Second {
+		t.Fatalf("fresh database, max_ttl lowered to 3s: %+v %v, want a grace of 3s", s, err)
+	}
+	if _, ok, err := db.c.Acquire(ctx, "k", "a", 3*time.Second); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	configure(t, db.pool, "max_ttl => '2s'")
+	if s, err = db.c.Settings(ctx); err != nil || s.MaxTTL != 2*time.Second || s.PromotionGrace != 3*time.Second {
+		t.Fatalf("max_ttl lowered to 2s with a 3s grant held: %+v %v, want the grace to stay 3s", s, err)
+	}
+}

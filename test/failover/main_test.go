@@ -95,9 +95,9 @@ func cutOff(t *testing.T, ctx context.Context, p, st *pgtest.Server) {
 
 // configure sets max_ttl with lease.configure (pg_lease 0.3.0). On a fresh
 // database no grant was ever made under the default max_ttl (1 hour), so no
-// belief formed under it can exist: the test drops the grace pg_lease keeps
-// for such beliefs after max_ttl is lowered (lease.settings.prev_*), which
-// would otherwise make the promotion grace an hour long.
+// belief formed under it can exist: 0.4.0 makes the lower value the grace at
+// once; for 0.3.0 the test drops the grace kept for such beliefs
+// (lease.settings.prev_*), which would otherwise last an hour.
 func (c *cluster) configure(t *testing.T, conn *pgx.Conn, maxTTL time.Duration) {
 	t.Helper()
 	ctx := pgtest.Context(t, time.Minute)
@@ -116,8 +116,12 @@ func (c *cluster) configure(t *testing.T, conn *pgx.Conn, maxTTL time.Duration) 
 	if _, err := conn.Exec(ctx, "SELECT lease.configure(max_ttl => $1::interval)", fmt.Sprintf("%d milliseconds", maxTTL.Milliseconds())); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := conn.Exec(ctx, "UPDATE lease.settings SET prev_max_ttl = NULL, prev_until = NULL"); err != nil {
-		t.Fatal(err)
+	// Before 0.4.0 lowering max_ttl kept the old value as the grace even on a
+	// database with no grant; 0.4.0 applies it at once (checked below).
+	if v := installed(t, conn); v < "0.4.0" {
+		if _, err := conn.Exec(ctx, "UPDATE lease.settings SET prev_max_ttl = NULL, prev_until = NULL"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	var grace time.Duration
 	if err := conn.QueryRow(ctx, "SELECT promotion_grace FROM lease.status()").Scan(&grace); err != nil {

@@ -167,15 +167,17 @@ func newWorld(t *testing.T, mode patroni.Mode) *world {
 	return w
 }
 
-// configure lowers max_ttl before any grant (and drops the grace pg_lease
-// keeps for beliefs formed under the old value: no grant was ever made).
+// configure lowers max_ttl before any grant: with no grant held, the lower
+// value is the grace at once (pg_lease 0.4.0).
 func configure(t *testing.T, ctx context.Context, conn *pgx.Conn) {
 	t.Helper()
-	if _, err := conn.Exec(ctx, "SELECT lease.configure(max_ttl => $1::interval)", fmt.Sprintf("%d milliseconds", maxTTL.Milliseconds())); err != nil {
+	var grace time.Duration
+	if err := conn.QueryRow(ctx, "SELECT promotion_grace FROM lease.configure(max_ttl => $1::interval)",
+		fmt.Sprintf("%d milliseconds", maxTTL.Milliseconds())).Scan(&grace); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := conn.Exec(ctx, "UPDATE lease.settings SET prev_max_ttl = NULL, prev_until = NULL"); err != nil {
-		t.Fatal(err)
+	if grace != maxTTL {
+		t.Fatalf("promotion grace %v after lowering max_ttl to %v on a database with no grant", grace, maxTTL)
 	}
 }
 
