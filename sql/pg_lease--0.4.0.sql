@@ -419,7 +419,9 @@ $$;
 -- after tl did (a promotion requests one at once). Its time is whole seconds
 -- rounded down: one second is added. NULL when the latest checkpoint is of an
 -- earlier timeline (the first one after the promotion has not completed yet),
--- or the function owner may not call pg_control_checkpoint().
+-- the function owner may not call pg_control_checkpoint(), or the read fails
+-- (a torn read of the control file fails its CRC check): the caller then
+-- measures from its clock, later, so also safe. Called once per change.
 CREATE OR REPLACE FUNCTION lease._timeline_began(tl bigint)
 RETURNS timestamptz LANGUAGE plpgsql VOLATILE
 AS $$
@@ -429,8 +431,12 @@ BEGIN
   IF NOT pg_catalog.has_function_privilege('pg_catalog.pg_control_checkpoint()', 'EXECUTE') THEN
     RETURN NULL;
   END IF;
-  SELECT c.checkpoint_time + interval '1 s' INTO v_began
-    FROM pg_catalog.pg_control_checkpoint() c WHERE c.timeline_id = tl;
+  BEGIN
+    SELECT c.checkpoint_time + interval '1 s' INTO v_began
+      FROM pg_catalog.pg_control_checkpoint() c WHERE c.timeline_id = tl;
+  EXCEPTION WHEN internal_error OR io_error OR data_corrupted THEN
+    RETURN NULL;
+  END;
   RETURN least(v_began, clock_timestamp());
 END
 $$;
