@@ -11,7 +11,7 @@ import (
 )
 
 // waitEvent polls pg_stat_activity until backend pid shows the given wait
-// event type and event ('' matches any event of the type).
+// event type and event (an empty event matches any event of the type).
 func waitEvent(ctx context.Context, t *testing.T, obs *pgx.Conn, pid uint32, typ, event string) {
 	t.Helper()
 	for {
