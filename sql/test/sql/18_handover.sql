@@ -207,6 +207,15 @@ SELECT previous FROM lease.set_strategy('ho-s1', 'any');
 SELECT previous FROM lease.set_strategy('ho-s-more', 'priority');
 DELETE FROM lease.strategies WHERE key LIKE 'ho-s%';
 
+-- A tie under priority: the earlier registration first, whatever the
+-- versions (a pre-release registered later does not move ahead).
+SELECT status FROM lease.candidate('ho-tie', 'early', interval '30s', '2.0.0', 5);
+SELECT status FROM lease.candidate('ho-tie', 'late', interval '30s', '2.0.0-rc.1', 5);
+SELECT previous FROM lease.set_strategy('ho-tie', 'priority');
+SELECT owner, version, priority, rank FROM pg_temp.cands('ho-tie');
+SELECT lease.withdraw('ho-tie', 'early') AND lease.withdraw('ho-tie', 'late') AS withdrawn;
+DELETE FROM lease.strategies WHERE key = 'ho-tie';
+
 -- Invalid input: 22023 with every violation named; nothing changes.
 SELECT status FROM lease.candidate('ho-bad', 'o', interval '30s', '1.0.0');
 SELECT md5(coalesce(string_agg(c::text, ',' ORDER BY c.key, c.owner), '')) AS c0 FROM lease.candidates c \gset
