@@ -130,6 +130,11 @@ SELECT * FROM lease.configure_history();
 -- The bound itself is accepted.
 SELECT * FROM lease.configure_history(100000);
 SELECT * FROM lease.configure_history(100);
+-- Read-only: configure_history raises read_only (25006) with its own message.
+BEGIN READ ONLY;
+SELECT * FROM lease.configure_history(5);
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
 
 -- Every role reads history and health through the functions; no role but
 -- the owner reads or writes the tables, calls the recorder or sets the
