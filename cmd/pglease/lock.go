@@ -90,6 +90,9 @@ func (a *app) lockCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if !cmd.Flags().Changed("grace") {
+				o.grace = min(o.grace, o.ttl/3) // a short --ttl alone is not an error
+			}
 			if limit := o.ttl*2/3 - margin; o.grace < 0 || o.grace >= limit {
 				return usagef("--grace %v: must be at least 0 and below %v (2/3 of --ttl less the drift margin): renewals run every --ttl/3", o.grace, limit)
 			}
@@ -101,7 +104,7 @@ func (a *app) lockCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.DurationVar(&o.ttl, "ttl", 15*time.Second, "grant duration; renewed every ttl/3")
-	f.DurationVar(&o.grace, "grace", 5*time.Second, "time between SIGTERM and SIGKILL when the command must stop")
+	f.DurationVar(&o.grace, "grace", 5*time.Second, "time between SIGTERM and SIGKILL when the command must stop (at most ttl/3 unless set)")
 	f.DurationVar(&o.timeout, "timeout", 0, "give up (exit 8) when the key stays held this long (0: wait as long as it takes)")
 	f.StringVar(&o.owner, "owner", "", "owner identity (default HOSTNAME-PID-RANDOM)")
 	return cmd

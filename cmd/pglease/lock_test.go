@@ -27,6 +27,10 @@ func TestLockRunsTheCommandUnderTheLease(t *testing.T) {
 	if err != nil || s.Held || s.Epoch != 2 {
 		t.Fatalf("after lock: %+v %v: want released (epoch counter 2)", s, err)
 	}
+	// A short --ttl without --grace: the default grace shrinks to ttl/3.
+	if out, _ := wantExit(t, ctx, dsnEnv(dsn), 0, "lock", "job-42", "--ttl", "3s", "--", "echo", "short"); out != "short\n" {
+		t.Fatalf("lock --ttl 3s: %q", out)
+	}
 	// The command's signal death: 128+N.
 	wantExit(t, ctx, dsnEnv(dsn), 128+int(syscall.SIGKILL), "lock", "job-42", "--", "sh", "-c", "kill -9 $$")
 	// A missing command: 127, and the key released.
