@@ -4,15 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/pglease/pg_lease/pkg/lease"
-	coordinationv1 "k8s.io/api/coordination/v1"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
@@ -162,60 +158,6 @@ func (l *Lock) Key() string { return l.key }
 
 // Describe names the lock in client-go's log lines.
 func (l *Lock) Describe() string { return "pg_lease/" + l.key }
-
-// RecordEvent records a client-go leader election event ("became leader",
-// "stopped leading") on the lock's event recorder. The message names the
-// identity and the epoch held when it is recorded.
-func (l *Lock) RecordEvent(s string) {
-	ev := l.events
-	ev.mu.Lock()
-	r, obj := ev.recorder, ev.object
-	ev.mu.Unlock()
-	if r == nil {
-		return
-	}
-	msg := l.identity + " " + s
-	if t := l.liveTerm(); t != nil {
-		msg = fmt.Sprintf("%s (epoch %d)", msg, t.Grant().Epoch)
-	}
-	r.Eventf(obj, corev1.EventTypeNormal, "LeaderElection", "%s", msg)
-}
-
-// SetEventRecorder makes RecordEvent record on r from now on, in place of
-// Options.EventRecorder: for a recorder that exists only once the lock is
-// built, such as a controller-runtime manager's. A key without a namespace
-// part names its Lease in namespace.
-func (l *Lock) SetEventRecorder(r rl.EventRecorder, namespace string) {
-	ev := l.events
-	ev.mu.Lock()
-	defer ev.mu.Unlock()
-	ev.recorder = r
-	if !ev.given {
-		ev.object = eventLease(l.key, namespace)
-	}
-}
-
-// events is where RecordEvent records, and about what.
-type events struct {
-	mu       sync.Mutex
-	recorder rl.EventRecorder
-	object   runtime.Object
-	given    bool // object came from Options.EventObject
-}
-
-// eventLease is the object the lock's events are about: the
-// coordination.k8s.io/v1 Lease named after the key. A "namespace/name" key
-// is split; any other key is a name in namespace.
-func eventLease(key, namespace string) *coordinationv1.Lease {
-	name := key
-	if i := strings.LastIndexByte(key, '/'); i >= 0 {
-		namespace, name = key[:i], key[i+1:]
-	}
-	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}}
-	l.Kind = "Lease"
-	l.APIVersion = coordinationv1.SchemeGroupVersion.String()
-	return l
-}
 
 // maxFollowerWait bounds how long a follower's Get waits for news.
 const maxFollowerWait = 10 * time.Minute

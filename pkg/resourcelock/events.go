@@ -1,0 +1,67 @@
+package resourcelock
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
+)
+
+// RecordEvent records a client-go leader election event ("became leader",
+// "stopped leading") on the lock's event recorder. The message names the
+// identity and the epoch held when it is recorded.
+func (l *Lock) RecordEvent(s string) {
+	ev := l.events
+	ev.mu.Lock()
+	r, obj := ev.recorder, ev.object
+	ev.mu.Unlock()
+	if r == nil {
+		return
+	}
+	msg := l.identity + " " + s
+	if t := l.liveTerm(); t != nil {
+		msg = fmt.Sprintf("%s (epoch %d)", msg, t.Grant().Epoch)
+	}
+	r.Eventf(obj, corev1.EventTypeNormal, "LeaderElection", "%s", msg)
+}
+
+// SetEventRecorder makes RecordEvent record on r from now on, in place of
+// Options.EventRecorder: for a recorder that exists only once the lock is
+// built, such as a controller-runtime manager's. A key without a namespace
+// part names its Lease in namespace.
+func (l *Lock) SetEventRecorder(r rl.EventRecorder, namespace string) {
+	ev := l.events
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	ev.recorder = r
+	if !ev.given {
+		ev.object = eventLease(l.key, namespace)
+	}
+}
+
+// events is where RecordEvent records, and about what.
+type events struct {
+	mu       sync.Mutex
+	recorder rl.EventRecorder
+	object   runtime.Object
+	given    bool // object came from Options.EventObject
+}
+
+// eventLease is the object the lock's events are about: the
+// coordination.k8s.io/v1 Lease named after the key. A "namespace/name" key
+// is split; any other key is a name in namespace.
+func eventLease(key, namespace string) *coordinationv1.Lease {
+	name := key
+	if i := strings.LastIndexByte(key, '/'); i >= 0 {
+		namespace, name = key[:i], key[i+1:]
+	}
+	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}}
+	l.Kind = "Lease"
+	l.APIVersion = coordinationv1.SchemeGroupVersion.String()
+	return l
+}

@@ -1,0 +1,119 @@
+package shard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/pglease/pg_lease/pkg/lease"
+)
+
+// candidacies registers this replica as the handover candidate of the
+// shards in want (with their priorities) and withdraws the others: a
+// release of such a shard by its owner grants it here in the same
+// transaction, so the shard is never free. Registrations last a TTL and
+// are renewed with the batch renewal (refresh) or when want changes.
+func (r *Sharder) candidacies(ctx context.Context, want map[int]int32, refresh bool) error {
+	changed := len(want) != len(r.cands)
+	for s, p := range want {
+		changed = changed || r.cands[s] != p
+	}
+	if !changed && !(refresh && len(want) > 0) {
+		return nil
+	}
+	// A release hands a key over only under a strategy: priority, set once
+	// per key by this process (another role's strategy stays).
+	var errs []error
+	var unset []string
+	for s := range want {
+		if !r.strategy[s] {
+			unset = append(unset, Key(r.cfg.Controller, s))
+		}
+	}
+	if err := r.c.SetStrategyMany(ctx, unset, lease.StrategyPriority); err != nil {
+		// One key refused (another role's strategy stays): key by key.
+		var set []string
+		for _, k := range unset {
+			if _, err := r.c.SetStrategy(ctx, k, lease.StrategyPriority); err != nil && !errors.Is(err, lease.ErrPermission) {
+				errs = append(errs, err)
+				continue
+			}
+			set = append(set, k)
+		}
+		unset = set
+	}
+	for _, k := range unset {
+		s, _ := parseShard(r.cfg.Controller, k, r.cfg.Shards)
+		r.strategy[s] = true
+	}
+	var gone []string
+	for s := range r.cands {
+		if _, ok := want[s]; !ok {
+			gone = append(gone, Key(r.cfg.Controller, s))
+		}
+	}
+	if err := r.c.WithdrawMany(ctx, gone, r.owner); err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	for s := range r.cands {
+		if _, ok := want[s]; !ok {
+			delete(r.cands, s)
+		}
+	}
+	keys := make([]string, 0, len(want))
+	prios := make([]int32, 0, len(want))
+	for s, p := range want {
+		keys = append(keys, Key(r.cfg.Controller, s))
+		prios = append(prios, p)
+	}
+	if _, err := r.c.RegisterMany(ctx, keys, prios, lease.Candidate{Owner: r.owner, Ready: true, TTL: r.cfg.TTL}); err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	r.cands = want
+	r.candsAt = r.c.Clock().Now()
+	return errors.Join(errs...)
+}
+
+// ensureMember acquires the member key. When another process holds it, it
+// returns when to look again: at the holder's expiry (a crashed process of
+// this identity, such as this replica before a restart) or after a renewal
+// period; a holder seen to renew is alive, and ensureMember returns
+// ErrIdentityTaken.
+func (r *Sharder) ensureMember(ctx context.Context) (time.Duration, error) {
+	r.mu.Lock()
+	m := r.member
+	r.mu.Unlock()
+	key := MemberKey(r.cfg.Controller, r.cfg.Identity)
+	if m != nil {
+		_ = m.Release(ctx) // an ended term may still hold the key
+	}
+	g, ok, err := r.c.Acquire(ctx, key, r.owner, r.cfg.TTL)
+	if err != nil {
+		return r.cfg.Poll, err
+	}
+	if !ok {
+		st, err := r.c.Inspect(ctx, key)
+		if err != nil {
+			return r.cfg.Poll, err
+		}
+		if !st.Held {
+			return r.cfg.Poll, fmt.Errorf("%s: released meanwhile", key)
+		}
+		if r.rival.Held && st.Owner == r.rival.Owner && st.ExpiresAt.After(r.rival.ExpiresAt) {
+			return 0, fmt.Errorf("%w: %s is held by %s, which renewed it", ErrIdentityTaken, key, st.Owner)
+		}
+		r.rival = st
+		wait := min(r.cfg.RenewEvery+r.cfg.Poll, max(st.ExpiresLocal().Sub(r.c.Clock().Now()), time.Millisecond))
+		return wait, fmt.Errorf("%s is held by %s: waiting for its renewal or its expiry", key, st.Owner)
+	}
+	t, err := r.c.Begin(g, r.cfg.Margin, nil)
+	if err != nil {
+		return r.cfg.Poll, err
+	}
+	r.mu.Lock()
+	r.member = t
+	r.mu.Unlock()
+	r.rival = lease.State{}
+	return 0, nil
+}

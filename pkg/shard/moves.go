@@ -1,0 +1,191 @@
+package shard
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/pglease/pg_lease/pkg/lease"
+)
+
+// announce wakes the other replicas watching the controller's changed key:
+// an acquire and a release of it, each notified.
+func (r *Sharder) announce(ctx context.Context) {
+	g, ok, err := r.c.Acquire(ctx, changedKey(r.cfg.Controller), r.owner, time.Second)
+	if err == nil && ok {
+		_ = r.c.Release(ctx, g.Token)
+	}
+}
+
+// take acquires the shards (wait 0) in one statement, or takes the grants
+// a handover gave this replica (an acquire answers the caller's own
+// grant), and begins their terms. A shard another owner took meanwhile is
+// left to the next round.
+func (r *Sharder) take(ctx context.Context, shards []int) error {
+	var errs []error
+	for len(shards) > 0 {
+		n := min(len(shards), lease.MaxRenewMany)
+		keys := make([]string, n)
+		for i, s := range shards[:n] {
+			keys[i] = Key(r.cfg.Controller, s)
+		}
+		res, err := r.c.AcquireMany(ctx, keys, r.owner, r.cfg.TTL)
+		if err != nil {
+			return errors.Join(append(errs, err)...)
+		}
+		for i, s := range shards[:n] {
+			if res[i].Err != nil || !res[i].OK {
+				if res[i].Err != nil {
+					errs = append(errs, res[i].Err)
+				}
+				continue
+			}
+			t, err := r.c.Begin(res[i].Grant, r.cfg.Margin, nil)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			r.mu.Lock()
+			r.owned[s] = &owned{s: s, term: t}
+			delete(r.handed, s)
+			r.mu.Unlock()
+			r.metrics.rebalances.WithLabelValues("acquired").Inc()
+			if r.cfg.OnAcquired != nil {
+				r.cfg.OnAcquired(s)
+			}
+		}
+		shards = shards[n:]
+	}
+	return errors.Join(errs...)
+}
+
+// endLocked ends o's term: its contexts are cancelled with cause.
+func (r *Sharder) endLocked(o *owned, cause error) {
+	o.stopping = true
+	o.term.End(cause)
+	kind := "released"
+	if !errors.Is(cause, ErrRebalanced) {
+		kind = "lost"
+	}
+	r.metrics.rebalances.WithLabelValues(kind).Inc()
+}
+
+// releaseAfterWork waits, in the background, for the work begun under the
+// ended terms of os, then releases them all in one statement
+// (lease.Client.ReleaseMany) and forgets them. A release hands its key to
+// a registered candidate, if any, in the same transaction: the former
+// owner's work has ended before the grant moves.
+func (r *Sharder) releaseAfterWork(os []*owned) {
+	if len(os) == 0 {
+		return
+	}
+	r.stops.Add(1)
+	go func() {
+		defer r.stops.Done()
+		ts := make([]lease.Token, len(os))
+		for i, o := range os {
+			o.inflight.Wait()
+			ts[i] = o.term.Grant().Token
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.TTL)
+		defer cancel()
+		for len(ts) > 0 {
+			n := min(len(ts), lease.MaxRenewMany)
+			errs, err := r.c.ReleaseMany(ctx, ts[:n])
+			if err != nil {
+				r.cfg.Logger.Warn("shard: release", "controller", r.cfg.Controller, "shards", n, "err", err)
+			}
+			for i, err := range errs {
+				if err != nil && !errors.Is(err, lease.ErrLost) {
+					r.cfg.Logger.Warn("shard: release", "key", ts[i].Key, "err", err)
+				}
+			}
+			ts = ts[n:]
+		}
+		r.mu.Lock()
+		for _, o := range os {
+			if r.owned[o.s] == o {
+				delete(r.owned, o.s)
+			}
+		}
+		r.metrics.owned.Set(float64(len(r.owned)))
+		r.mu.Unlock()
+		r.wake()
+	}()
+}
+
+// leave ends every shard's term (cancelling its work), waits for that
+// work, then releases the member key and every shard in one statement: the
+// others see this replica gone and its shards at their runner-ups (a
+// handover where one registered) in one commit. Then it announces the
+// change and withdraws its candidacies.
+func (r *Sharder) leave() {
+	r.mu.Lock()
+	var ending []*owned
+	for _, o := range r.owned {
+		if !o.stopping {
+			r.endLocked(o, ErrRebalanced)
+			ending = append(ending, o)
+		}
+	}
+	m := r.member
+	var ts []lease.Token
+	for s, t := range r.handed {
+		if r.owned[s] == nil {
+			ts = append(ts, t) // handed over to this process, never taken
+		}
+	}
+	r.handed = map[int]lease.Token{}
+	r.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.TTL)
+	defer cancel()
+	start := time.Now()
+	if m != nil {
+		m.End(lease.ErrReleased)
+		ts = append(ts, m.Grant().Token)
+	}
+	for _, o := range ending {
+		o.inflight.Wait()
+		ts = append(ts, o.term.Grant().Token)
+	}
+	worked := time.Since(start)
+	for len(ts) > 0 {
+		n := min(len(ts), lease.MaxRenewMany)
+		if _, err := r.c.ReleaseMany(ctx, ts[:n]); err != nil {
+			r.cfg.Logger.Warn("shard: release", "controller", r.cfg.Controller, "keys", n, "err", err)
+		}
+		ts = ts[n:]
+	}
+	released := time.Since(start)
+	r.mu.Lock()
+	for _, o := range ending {
+		if r.owned[o.s] == o {
+			delete(r.owned, o.s)
+		}
+	}
+	r.mu.Unlock()
+	if m != nil {
+		r.announce(ctx)
+	}
+	r.stops.Wait() // releases begun by earlier rounds
+	r.cfg.Logger.Info("shard: left", "controller", r.cfg.Controller, "identity", r.cfg.Identity,
+		"shards", len(ending), "work_ended", worked, "released", released)
+	var keys []string
+	for s := range r.cands {
+		keys = append(keys, Key(r.cfg.Controller, s))
+	}
+	_ = r.c.WithdrawMany(ctx, keys, r.owner)
+	r.cands = map[int]int32{}
+	// A handover may have granted this process a shard it never took (it
+	// stopped meanwhile, or was refused): release those too.
+	if states, err := r.c.List(ctx); err == nil {
+		var stray []lease.Token
+		for _, st := range states {
+			if _, ok := parseShard(r.cfg.Controller, st.Key, r.cfg.Shards); ok && st.Held && st.Owner == r.owner {
+				stray = append(stray, lease.Token{Key: st.Key, Owner: st.Owner, Epoch: st.Epoch})
+			}
+		}
+		_, _ = r.c.ReleaseMany(ctx, stray)
+	}
+	r.metrics.owned.Set(0)
+}

@@ -1,0 +1,305 @@
+package shard
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/pglease/pg_lease/pkg/lease"
+)
+
+// Run holds the member key and the assigned shard keys until ctx ends, then
+// stops every shard's work, releases the shards and the member key, and
+// returns nil. It returns ErrIdentityTaken, holding nothing, when another
+// live process holds this replica's member key.
+func (r *Sharder) Run(ctx context.Context) error {
+	var changes <-chan lease.Event
+	if r.cfg.Waiter != nil {
+		keys := []string{changedKey(r.cfg.Controller)}
+		for s := range r.cfg.Shards {
+			keys = append(keys, Key(r.cfg.Controller, s))
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		changes = r.cfg.Waiter.Watch(wctx, keys...)
+	}
+	clk := r.c.Clock()
+	rctx, stopRenewing := context.WithCancel(ctx)
+	renewing := make(chan struct{})
+	go func() { defer close(renewing); r.renewLoop(rctx) }()
+	defer func() { stopRenewing(); <-renewing }()
+	for {
+		next, err := r.round(ctx)
+		if err != nil && ctx.Err() == nil {
+			r.cfg.Logger.Error("shard: refusing to run", "controller", r.cfg.Controller,
+				"identity", r.cfg.Identity, "err", err)
+			stopRenewing()
+			<-renewing
+			r.leave()
+			return err
+		}
+		t := clk.NewTimer(next)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			<-renewing
+			if errors.Is(context.Cause(ctx), errCrash) {
+				return nil // tests: a replica that stops renewing, as a crashed one
+			}
+			r.leave()
+			return nil
+		case <-t.C():
+		case <-r.kick:
+			t.Stop()
+		case _, ok := <-changes:
+			t.Stop()
+			if !ok {
+				changes = nil
+			}
+		}
+	}
+}
+
+// renewLoop renews the member key and every live shard key in one
+// statement (lease.renew_many) each RenewEvery until ctx ends. A failed
+// renewal of the member key wakes the loop, which acquires it again.
+func (r *Sharder) renewLoop(ctx context.Context) {
+	clk := r.c.Clock()
+	for {
+		t := clk.NewTimer(r.cfg.RenewEvery)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C():
+		}
+		r.mu.Lock()
+		m := r.member
+		if m == nil || m.Err() != nil {
+			r.mu.Unlock()
+			continue
+		}
+		terms := []*lease.Term{m}
+		for _, o := range r.owned {
+			if !o.stopping && o.term.Err() == nil {
+				terms = append(terms, o.term)
+			}
+		}
+		r.mu.Unlock()
+		errs := r.c.RenewTerms(ctx, terms)
+		for i, err := range errs {
+			if err != nil && ctx.Err() == nil {
+				r.cfg.Logger.Warn("shard: renewal", "key", terms[i].Grant().Key, "err", err)
+			}
+		}
+		if slices.ContainsFunc(errs, func(err error) bool { return err != nil }) {
+			r.wake() // the round stops lost shards and acquires the member key again
+		}
+	}
+}
+
+func (r *Sharder) wake() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+// errCrash, as the cause of Run's context, stops the loop without releasing
+// anything: tests simulate a crashed replica with it.
+var errCrash = errors.New("shard: crash")
+
+// ErrIdentityTaken: another live process holds this replica's member key
+// (two replicas were given one identity). Run returns it and holds nothing.
+var ErrIdentityTaken = errors.New("shard: another live process holds this replica's member key")
+
+// round is one step of the loop: the members and shards as the database
+// has them, the member key, the shards to give up and to take, and the
+// handover candidacies. It returns when to run again. Renewals run in
+// renewLoop: a slow round never delays them.
+func (r *Sharder) round(ctx context.Context) (time.Duration, error) {
+	clk := r.c.Clock()
+	warn := func(msg string, args ...any) {
+		if ctx.Err() == nil { // once stopping, the errors are the cancellation's
+			r.cfg.Logger.Warn(msg, args...)
+		}
+	}
+	next := r.cfg.RenewEvery
+	r.mu.Lock()
+	m := r.member
+	joined := m != nil && m.Err() == nil
+	r.mu.Unlock()
+
+	// Shards whose term ended (lost, or its deadline passed): stop them.
+	r.mu.Lock()
+	var ended []*owned
+	for _, o := range r.owned {
+		if !o.stopping && o.term.Err() != nil {
+			r.endLocked(o, o.term.Err())
+			ended = append(ended, o)
+		}
+	}
+	r.releaseAfterWork(ended)
+	r.mu.Unlock()
+
+	states, err := r.c.List(ctx)
+	if err != nil {
+		warn("shard: list", "controller", r.cfg.Controller, "err", err)
+		return min(next, r.cfg.Poll), nil
+	}
+	listed := clk.Now()
+	var members []string
+	memberOwners := map[string]bool{} // the holders of live member keys
+	shardState := make(map[int]lease.State)
+	for _, st := range states {
+		if mem, ok := memberOf(r.cfg.Controller, st.Key); ok && st.Held {
+			if mem == r.cfg.Identity && st.Owner != r.owner {
+				continue // another process of this identity: ensureMember decides
+			}
+			members = append(members, mem)
+			memberOwners[st.Owner] = true
+			if mem != r.cfg.Identity {
+				if d := st.ExpiresLocal().Sub(listed); d > 0 {
+					next = min(next, d) // a crashed member's keys lapse then
+				}
+			}
+			continue
+		}
+		if s, ok := parseShard(r.cfg.Controller, st.Key, r.cfg.Shards); ok {
+			shardState[s] = st
+		}
+	}
+
+	// The member key: acquired at the first round, and again when its term
+	// ended. The others learn of it from announce, after the candidacies.
+	joining := !joined
+	if joining {
+		if !slices.Contains(members, r.cfg.Identity) {
+			members = append(members, r.cfg.Identity)
+		}
+		// Registered for the shards this replica will win before the
+		// others see it: their releases then hand those shards over.
+		win := Assign(r.cfg.Shards, members)
+		cands := map[int]int32{}
+		for s, o := range win {
+			if st := shardState[s]; o == r.cfg.Identity && st.Held && st.Owner != r.owner {
+				cands[s] = priorityAssigned
+			}
+		}
+		if err := r.candidacies(ctx, cands, true); err != nil {
+			warn("shard: handover candidacies", "controller", r.cfg.Controller, "err", err)
+		}
+		wait, err := r.ensureMember(ctx)
+		if err != nil {
+			if err := r.candidacies(ctx, nil, false); err != nil {
+				warn("shard: handover candidacies", "controller", r.cfg.Controller, "err", err)
+			}
+			if errors.Is(err, ErrIdentityTaken) {
+				return 0, err
+			}
+			warn("shard: member key", "controller", r.cfg.Controller, "err", err)
+			return max(min(next, wait), time.Millisecond), nil
+		}
+		memberOwners[r.owner] = true
+		r.announce(ctx)
+	}
+	assign, second := ranked(r.cfg.Shards, members)
+
+	r.mu.Lock()
+	r.members, r.assign = members, assign
+	// Unowned time: a shard nobody held at two lists in a row was unowned
+	// for the time between them, as far as this replica can tell.
+	var unowned int
+	for s := range r.cfg.Shards {
+		st := shardState[s]
+		if !st.Held {
+			unowned++
+			if r.unowned[s] && !r.lastList.IsZero() {
+				r.metrics.unownedSeconds.Add(listed.Sub(r.lastList).Seconds())
+			}
+			r.unowned[s] = true
+		} else {
+			delete(r.unowned, s)
+		}
+	}
+	r.lastList = listed
+	r.metrics.unowned.Set(float64(unowned))
+	r.metrics.members.Set(float64(len(members)))
+	var take []int
+	var moving []*owned
+	var stray []lease.Token
+	cands := map[int]int32{}
+	for s := range r.cfg.Shards {
+		o := r.owned[s]
+		st := shardState[s]
+		mine := assign[s] == r.cfg.Identity
+		switch {
+		case !mine:
+			if o != nil && !o.stopping {
+				r.endLocked(o, ErrRebalanced)
+				moving = append(moving, o)
+			}
+			if o == nil && st.Held && st.Owner == r.owner {
+				// Handed to this replica by a release that saw another
+				// assignment: hand it on.
+				stray = append(stray, lease.Token{Key: st.Key, Owner: st.Owner, Epoch: st.Epoch})
+			}
+			if second[s] == r.cfg.Identity {
+				cands[s] = priorityRunnerUp
+			}
+		case o == nil:
+			if st.Held && st.Owner != r.owner {
+				cands[s] = priorityAssigned
+				// A live member holds it: it is releasing it, and a release
+				// notifies (with a Waiter); poll as well. A holder that is
+				// no member left or crashed: its grant lapses at its
+				// expiry, the latest bound on this clock.
+				d := st.ExpiresLocal().Sub(listed)
+				switch {
+				case memberOwners[st.Owner] || d <= 0:
+					next = min(next, r.cfg.Poll)
+				case r.cfg.Waiter == nil:
+					next = min(next, r.cfg.Poll, d)
+				default:
+					next = min(next, max(d, time.Millisecond))
+				}
+				continue
+			}
+			if st.Held && st.Owner == r.owner {
+				r.handed[s] = lease.Token{Key: st.Key, Owner: st.Owner, Epoch: st.Epoch}
+			}
+			take = append(take, s)
+		}
+	}
+	r.releaseAfterWork(moving)
+	r.mu.Unlock()
+
+	// The shards to take, in one statement: after a leave or a crash, a
+	// replica may take many at once. Then the strays, in one statement.
+	takeAt := clk.Now()
+	if err := r.take(ctx, take); err != nil {
+		warn("shard: acquire", "controller", r.cfg.Controller, "shards", len(take), "err", err)
+		next = min(next, r.cfg.Poll)
+	}
+	if len(take) > 0 {
+		r.cfg.Logger.Info("shard: took", "controller", r.cfg.Controller, "identity", r.cfg.Identity,
+			"shards", len(take), "list_age", takeAt.Sub(listed), "took", clk.Since(takeAt))
+	}
+	if errs, err := r.c.ReleaseMany(ctx, stray); err != nil {
+		warn("shard: release", "controller", r.cfg.Controller, "shards", len(stray), "err", err)
+	} else {
+		for i, err := range errs {
+			if err != nil && !errors.Is(err, lease.ErrLost) {
+				warn("shard: release", "key", stray[i].Key, "err", err)
+			}
+		}
+	}
+	if err := r.candidacies(ctx, cands, clk.Since(r.candsAt) >= r.cfg.RenewEvery); err != nil {
+		warn("shard: handover candidacies", "controller", r.cfg.Controller, "err", err)
+	}
+	r.mu.Lock()
+	r.metrics.owned.Set(float64(len(r.owned)))
+	r.mu.Unlock()
+	return max(next, time.Millisecond), nil
+}
