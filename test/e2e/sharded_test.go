@@ -382,35 +382,8 @@ func churn(t *testing.T, kube client.Client, namespace string, objects int, stop
 }
 
 func TestShardedOperator(t *testing.T) {
-	cfg := StartControlPlane(t)
-	kube, err := client.New(cfg, client.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, kube := newShRun(t, shardedSmall, "sharded")
 	ctx := pgtest.Context(t, 20*time.Minute)
-	pg := pgtest.New(t)
-	if err := pg.InstallExtensionFiles(ctx); err != nil {
-		t.Fatal(err)
-	}
-	leaseDSN, err := pg.CreateDatabase(ctx, "leases")
-	if err != nil {
-		t.Fatal(err)
-	}
-	leasePool := newPool(t, leaseDSN)
-	if err := lease.InstallExtension(ctx, leasePool); err != nil {
-		t.Fatal(err)
-	}
-	storeDSN, err := pg.CreateDatabase(ctx, "store")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &shRun{t: t, p: shardedSmall, bin: buildSharded(t), kubeconfig: writeKubeconfig(t, cfg), leaseDSN: leaseDSN,
-		storeDSN: storeDSN, namespace: "sharded", leases: lease.New(leasePool), store: newPool(t, storeDSN),
-		logDir: shardedLogDir(t), procs: map[string]*exec.Cmd{}}
-	t.Cleanup(r.stopAll)
-	if err := kube.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: r.namespace}}); err != nil {
-		t.Fatal(err)
-	}
 	for i := range shardedObjects {
 		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("obj-%03d", i), Namespace: r.namespace,
 			Labels: map[string]string{runLabel: "none"}}, Data: map[string]string{"i": fmt.Sprint(i)}}
