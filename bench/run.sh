@@ -24,6 +24,12 @@
 #                  vs 1 waiter: release-to-grant, one winner per release, server
 #                  CPU and statements per release
 #
+#   rollout.log    (full only) rolling updates of a 3-replica examples/operator on
+#                  the real kube-apiserver: leader changes and leaderless time
+#                  per rollout, Lease lock, pg_lease, pg_lease with handover
+#   sharded.log    (full only) examples/sharded over 3,000 objects: throughput
+#                  at 1-3 replicas, join/leave/crash rebalance times, chaos
+#
 #   firstcalls.log the first inspect, acquire and release on a new connection,
 #                  cold and warmed by lease.WarmConn (pkg/lease Go benchmark)
 #
@@ -50,6 +56,8 @@ full)
 	# the pg_lease handoffs at controller-runtime's timings, 200 trials each
 	handoff200_args=(-systems baseline,elector,elector-handover,clientgo-pg,clientgo-pg-handover -profiles defaults -default-trials 200)
 	first_reconcile_trials=20
+	rollouts=10
+	sharded=1
 	scale_args=(-duration 30s -rounds 2 -keys 1000,10000,100000 -renewals 10000000 -cleanup-keys 100000)
 	firstcalls_n=300x
 	waiters_args=(-waiters 1000 -conns 50 -pool 50 -releases 30)
@@ -61,6 +69,8 @@ smoke)
 	elector_args=()
 	handoff200_args=()
 	first_reconcile_trials=0
+	rollouts=0
+	sharded=0
 	scale_args=(-duration 2s -rounds 1 -keys 100,1000 -renewals 20000 -cleanup-keys 2000)
 	firstcalls_n=5x
 	waiters_args=(-waiters 20 -conns 4 -pool 8 -releases 3 -settle 100ms -also 4x4)
@@ -93,7 +103,7 @@ pg_bindir="$(pg_config --bindir 2>/dev/null || ls -d /usr/lib/postgresql/*/bin |
 
 failed=()
 # BENCH_STEPS: the steps to run, comma-separated (default: all of them)
-steps="${BENCH_STEPS:-physical,pgbench,handoff,handoff-200,handoff-elector,firstreconcile,firstcalls,scale,waiters}"
+steps="${BENCH_STEPS:-physical,pgbench,handoff,handoff-200,handoff-elector,firstreconcile,rollout,sharded,firstcalls,scale,waiters}"
 step() {
 	local name="$1"
 	shift
@@ -116,6 +126,12 @@ fi
 if ((first_reconcile_trials > 0)); then
 	step firstreconcile env PGLEASE_E2E_FIRST_RECONCILE_TRIALS="$first_reconcile_trials" PGLEASE_E2E_RESULTS="$(realpath "$out")/firstreconcile.results" \
 		go test -count=1 -v -timeout 60m -run '^TestFirstReconcile$' ./test/e2e/
+fi
+if ((rollouts > 0)); then
+	step rollout env PGLEASE_ROLLOUTS="$rollouts" go test -count=1 -v -timeout 60m -run '^TestRollout$' ./test/e2e/
+fi
+if ((sharded > 0)); then
+	step sharded env PGLEASE_SHARDED_BENCH=1 go test -count=1 -v -timeout 60m -run '^TestShardedBenchmark$' ./test/e2e/
 fi
 step firstcalls go test ./pkg/lease -run '^$' -bench FirstCallsOnANewConnection -benchtime "$firstcalls_n" -count 1
 step scale go run ./bench/scale -out "$out" "${scale_args[@]}"
