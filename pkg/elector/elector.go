@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pglease/pg_lease/pkg/internal/candidacy"
 	"github.com/pglease/pg_lease/pkg/lease"
 	"k8s.io/utils/clock"
 )
@@ -28,7 +29,7 @@ var errAlreadyRunning = errors.New("elector: Run is already running")
 type Elector struct {
 	client  *lease.Client
 	cfg     Config
-	reg     *lease.Registrar           // nil without a Candidacy; Run's goroutine only
+	reg     *candidacy.Registrar       // nil without a Candidacy; Run's goroutine only
 	clock   clock.WithDelayedExecution // the client's
 	metrics *metrics
 
@@ -63,7 +64,7 @@ func New(client *lease.Client, cfg Config) (*Elector, error) {
 	}
 	e := &Elector{client: client, cfg: c, clock: client.Clock(), metrics: m}
 	if c.Candidacy != nil {
-		e.reg = client.NewRegistrar(c.Key, c.Identity, c.TTL, *c.Candidacy)
+		e.reg = candidacy.New(client, c.Key, c.Identity, c.TTL, *c.Candidacy)
 	}
 	return e, nil
 }

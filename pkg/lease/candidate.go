@@ -194,8 +194,9 @@ func (c *Client) Candidates(ctx context.Context, key string) (Strategy, []Candid
 }
 
 // Candidacy is how an elector or a lock takes part in handovers: while it
-// follows, it keeps itself registered as a candidate of its key (Registrar),
-// and a release by the leader may grant it the key directly.
+// follows, it keeps itself registered as a candidate of its key
+// (Client.Register, renewed every third of the TTL), and a release by the
+// leader may grant it the key directly.
 type Candidacy struct {
 	// Strategy, when set, is set on the key at the first registration
 	// (lease.set_strategy); empty leaves the key's strategy as it is.
@@ -244,102 +245,6 @@ func (c Candidacy) Check() error {
 		}
 	}
 	return CheckVersion(c.Version)
-}
-
-// Registrar keeps one candidate of one key registered. It is not safe for
-// concurrent use: its owner (an elector's campaign, a lock's Get) calls it.
-type Registrar struct {
-	c          *Client
-	key, owner string
-	ttl        time.Duration
-	cand       Candidacy
-
-	strategySet bool
-	last        time.Time // local time of the last successful registration
-	lastReady   bool
-}
-
-// NewRegistrar returns a Registrar that registers owner as a candidate of
-// key for ttl (also the TTL of a grant handed to it) with cand's attributes.
-func (c *Client) NewRegistrar(key, owner string, ttl time.Duration, cand Candidacy) *Registrar {
-	return &Registrar{c: c, key: key, owner: owner, ttl: ttl, cand: cand}
-}
-
-// Interval is how often the registration must be renewed: a third of its TTL.
-func (r *Registrar) Interval() time.Duration { return r.ttl / 3 }
-
-// Ready reports the candidate's readiness now.
-func (r *Registrar) Ready() bool { return r.cand.Ready == nil || r.cand.Ready() }
-
-// Due reports whether Refresh would register: never registered, an
-// Interval since the last registration, or readiness changed since.
-func (r *Registrar) Due() bool {
-	return r.last.IsZero() || r.c.clock.Since(r.last) >= r.Interval() || r.Ready() != r.lastReady
-}
-
-// RegisteredReady reports whether the last registration said ready.
-func (r *Registrar) RegisteredReady() bool { return !r.last.IsZero() && r.lastReady }
-
-// Refresh registers the candidate when Due (and sets the key's strategy at
-// the first registration).
-func (r *Registrar) Refresh(ctx context.Context) error {
-	if !r.Due() {
-		return nil
-	}
-	if !r.strategySet && r.cand.Strategy != "" {
-		if _, err := r.c.SetStrategy(ctx, r.key, r.cand.Strategy); err != nil && !errors.Is(err, ErrPermission) {
-			return err
-		}
-		// ErrPermission: another role set the key's strategy; it stays.
-		r.strategySet = true
-	}
-	ready := r.Ready()
-	if _, err := r.c.Register(ctx, r.key, Candidate{
-		Owner: r.owner, Version: r.cand.Version, Priority: r.cand.Priority, Ready: ready, TTL: r.ttl,
-	}); err != nil {
-		return err
-	}
-	r.last, r.lastReady = r.c.clock.Now(), ready
-	return nil
-}
-
-// Withdraw ends the registration (if any was made).
-func (r *Registrar) Withdraw(ctx context.Context) error {
-	if r.last.IsZero() {
-		return nil
-	}
-	r.last = time.Time{}
-	_, err := r.c.Withdraw(ctx, r.key, r.owner)
-	return err
-}
-
-// WatchReady returns a context that is done when ctx is, or, while the last
-// registration said not ready, as soon as the candidate becomes ready (read
-// every 100ms), so that a follower's wait ends and it registers as ready at
-// once. Call cancel when done.
-func (r *Registrar) WatchReady(ctx context.Context) (context.Context, context.CancelFunc) {
-	wctx, cancel := context.WithCancel(ctx)
-	if r.RegisteredReady() || r.cand.Ready == nil {
-		return wctx, cancel
-	}
-	ready := r.cand.Ready
-	clk := r.c.clock
-	go func() {
-		for {
-			t := clk.NewTimer(100 * time.Millisecond)
-			select {
-			case <-wctx.Done():
-				t.Stop()
-				return
-			case <-t.C():
-			}
-			if ready() {
-				cancel()
-				return
-			}
-		}
-	}()
-	return wctx, cancel
 }
 
 // RegisterMany registers (or renews) owner as a candidate of every key of

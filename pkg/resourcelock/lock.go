@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pglease/pg_lease/pkg/internal/candidacy"
 	"github.com/pglease/pg_lease/pkg/lease"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -103,8 +104,8 @@ type Lock struct {
 	opts     Options // completed by withDefaults
 	events   *events
 
-	op  sync.Mutex       // serializes Get, Create, Update
-	reg *lease.Registrar // nil without a Candidacy; under op
+	op  sync.Mutex           // serializes Get, Create, Update
+	reg *candidacy.Registrar // nil without a Candidacy; under op
 
 	mu       sync.Mutex
 	term     *lease.Term // the term of the grant the server last gave us and has not taken back; an ended term stays until its grant is given back
@@ -145,7 +146,7 @@ func New(client *lease.Client, key, identity string, opts Options) (*Lock, error
 	}
 	l := &Lock{client: client, key: key, identity: identity, opts: opts, events: ev}
 	if opts.Candidacy != nil {
-		l.reg = client.NewRegistrar(key, identity, opts.LeaseDuration, *opts.Candidacy)
+		l.reg = candidacy.New(client, key, identity, opts.LeaseDuration, *opts.Candidacy)
 	}
 	return l, nil
 }
