@@ -534,8 +534,10 @@ $$;
 --    only if the transaction commits. By default (unset, 'waiters', any
 --    other value) only when a session registered with lease.listen for this
 --    key or for '*': a NOTIFY takes a server-wide lock through its commit's
---    flush, so notifying nobody has a price. on/always/true/yes/1/t/y:
---    always, for listeners that do not register. off/false/no/0/f/n: never.
+--    flush, so notifying nobody has a price. Under REPEATABLE READ and
+--    SERIALIZABLE the transaction's snapshot may predate a registration,
+--    so such a change always notifies. on/always/true/yes/1/t/y: always,
+--    for listeners that do not register. off/false/no/0/f/n: never.
 CREATE OR REPLACE FUNCTION lease._changed(event text, key text, owner text, epoch bigint)
 RETURNS void LANGUAGE plpgsql VOLATILE
 AS $$
@@ -549,6 +551,7 @@ BEGIN
     RETURN;
   END IF;
   IF v_mode NOT IN ('on', 'always', 'true', 'yes', '1', 't', 'y')
+     AND current_setting('transaction_isolation') = 'read committed'
      AND NOT EXISTS (SELECT 1 FROM lease.listeners w WHERE w.key = _changed.key OR w.key = '*') THEN
     RETURN;
   END IF;

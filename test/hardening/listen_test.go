@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/pglease/pg_lease/internal/pgtest"
 )
 
@@ -142,5 +143,76 @@ func TestListenCleanupBounded(t *testing.T) {
 	// and deleted all 8,000 in one call).
 	if hit1-hit0 >= pages {
 		t.Errorf("one listen touched %d buffers, the registrations fill %d pages: it scans them", hit1-hit0, pages)
+	}
+}
+
+// TestRepeatableReadChangeNotifiesLateRegistration: a release in a
+// REPEATABLE READ transaction whose snapshot predates a waiter's
+// registration still notifies that waiter (the registration is not in the
+// snapshot, so such a change notifies whatever it reads).
+func TestRepeatableReadChangeNotifiesLateRegistration(t *testing.T) {
+	dsn := pgtest.NewLeaseDatabase(t)
+	ctx := pgtest.Context(t, 2*time.Minute)
+	holder := pgtest.Connect(t, dsn)
+	defer holder.Close(ctx)
+	var epoch int64
+	if err := holder.QueryRow(ctx, `SELECT epoch FROM lease.acquire('rr', 'h', '1 min')`).Scan(&epoch); err != nil {
+		t.Fatal(err)
+	}
+
+	// The holder's transaction takes its snapshot before the waiter registers.
+	tx, err := holder.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	var listeners int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM lease.listeners`).Scan(&listeners); err != nil {
+		t.Fatal(err)
+	}
+
+	waiter := pgtest.Connect(t, dsn)
+	defer waiter.Close(ctx)
+	if _, err := waiter.Exec(ctx, `LISTEN pg_lease`); err != nil {
+		t.Fatal(err)
+	}
+	var settled bool
+	for i := 0; i < 2 && !settled; i++ {
+		if err := waiter.QueryRow(ctx, `SELECT lease.listen('rr')`).Scan(&settled); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !settled {
+		t.Fatal("the second listen, after the registration committed, did not answer true")
+	}
+	var seen int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM lease.listeners WHERE key = 'rr'`).Scan(&seen); err != nil {
+		t.Fatal(err)
+	}
+	if seen != 0 {
+		t.Fatalf("the holder's snapshot already has the registration (%d): the test cannot show the late one", seen)
+	}
+
+	if _, err := tx.Exec(ctx, `SELECT lease.release('rr', 'h', $1)`, epoch); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	nctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	note, err := waiter.WaitForNotification(nctx)
+	if err != nil {
+		t.Fatalf("no notification of a release whose snapshot predates the registration: %v", err)
+	}
+	var got struct {
+		Event string `json:"event"`
+		Key   string `json:"key"`
+	}
+	if err := json.Unmarshal([]byte(note.Payload), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Event != "released" || got.Key != "rr" {
+		t.Fatalf("notified %s, want the release of rr", note.Payload)
 	}
 }
