@@ -14,8 +14,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -146,6 +148,7 @@ func Start(t testing.TB) *rest.Config {
 	}
 
 	start := time.Now()
+	before := children(dir)
 	cfg, err := env.Start()
 	if err != nil {
 		// Stop whatever did start before failing.
@@ -154,7 +157,9 @@ func Start(t testing.TB) *rest.Config {
 			dir, err, stopErr, Tail(etcdLog.Name()), Tail(apiLog.Name()))
 	}
 	t.Logf("control plane from %s started in %v at %s", dir, time.Since(start).Round(time.Millisecond), cfg.Host)
+	stopReaper := reapOnExit(t, before, children(dir))
 	t.Cleanup(func() {
+		stopReaper()
 		start := time.Now()
 		if err := env.Stop(); err != nil {
 			t.Errorf("stopping envtest control plane: %v", err)
@@ -169,6 +174,65 @@ func Start(t testing.TB) *rest.Config {
 		t.Fatal(err)
 	}
 	return cfg
+}
+
+// children returns this process's child processes running a binary of dir.
+func children(dir string) map[int]bool {
+	out := map[int]bool{}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return out
+	}
+	self := os.Getpid()
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// The fields after the command's closing parenthesis: state, ppid, ...
+		i := bytes.LastIndexByte(stat, ')')
+		f := strings.Fields(string(stat[i+1:]))
+		if len(f) < 2 || f[1] != strconv.Itoa(self) {
+			continue
+		}
+		if exe, err := os.Readlink(filepath.Join("/proc", e.Name(), "exe")); err == nil && filepath.Dir(exe) == filepath.Clean(dir) {
+			out[pid] = true
+		}
+	}
+	return out
+}
+
+// reapOnExit starts a watcher that kills the control plane's processes
+// (those in after and not in before) if this test process dies without
+// stopping them, as a killed `go test` would. The returned func stops the
+// watcher; call it before the control plane is stopped.
+func reapOnExit(t testing.TB, before, after map[int]bool) func() {
+	args := []string{"-c", `p=$1; shift; tail --pid="$p" -f /dev/null; kill -9 "$@" 2>/dev/null`, "reaper", strconv.Itoa(os.Getpid())}
+	for pid := range after {
+		if !before[pid] {
+			args = append(args, strconv.Itoa(pid))
+		}
+	}
+	if len(args) == 5 {
+		t.Logf("no etcd or kube-apiserver child found to watch: a killed test would leave them running")
+		return func() {}
+	}
+	cmd := exec.Command("bash", args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Logf("starting the control plane's reaper: %v", err)
+		return func() {}
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	return func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+	}
 }
 
 func requireLoopback(host string) error {
