@@ -22,3 +22,6 @@ import (
 func NewWaiterWithHook(ctx context.Context, cfg *pgx.ConnConfig, opts WaiterOptions, hook func(kind, detail string)) (*Waiter, error) {
 	return newWaiter(ctx, cfg, opts, hook)
 }
+
+// Warm runs WarmConn's calls on key through c and returns the first error.
+func Warm(ctx context.Context, c *Client, key string) error { return warm(ctx, c, key) }

@@ -18,15 +18,17 @@ import (
 //	cfg.AfterConnect = lease.WarmConn
 //
 // A backend compiles each PL/pgSQL function, and plans each of its
-// statements, on its first call; pgx prepares each statement on its first
-// use on a connection. Both are per connection and cost milliseconds
-// (docs/benchmarks.md), and they fall exactly on a handoff: a leader's
-// only release, a follower's first successful acquire. WarmConn pays them
-// when the connection opens: in one transaction it inspects, acquires,
-// renews and releases a key of its own (random, under the prefix
-// "pg_lease/warm-up/"), then rolls the transaction back, so nothing it did
-// is ever committed or notified, and no epoch is used up (a rolled-back
-// grant's epoch was never handed out).
+// statements, on the first call that runs them; pgx prepares each statement
+// on its first use on a connection. Both are per connection and cost
+// milliseconds (docs/benchmarks.md), and they fall exactly on a handoff: a
+// leader's only release, a follower's first successful acquire. WarmConn
+// pays them when the connection opens. In one transaction, on a key of its
+// own (random, under the prefix "pg_lease/warm-up/"), it takes every path
+// of a handoff: inspect, a first grant, renew, release, a grant of the
+// released key, the holder's repeated acquire, and a release that hands
+// the key to a registered candidate. It then rolls the transaction back, so
+// nothing it did is ever committed or notified, and no epoch is used up (a
+// rolled-back grant's epoch was never handed out).
 //
 // It fails only when the connection itself is unusable (its transaction
 // cannot begin or roll back); a server without the extension, or a role
@@ -37,23 +39,52 @@ func WarmConn(ctx context.Context, conn *pgx.Conn) error {
 	if err != nil {
 		return fmt.Errorf("lease: warming the connection: %w", err)
 	}
-	c := New(tx)
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	key := "pg_lease/warm-up/" + hex.EncodeToString(b[:])
-	// Each step only after the one before succeeded: after an error the
-	// transaction accepts nothing more.
-	if _, err := c.Inspect(ctx, key); err == nil {
-		if g, ok, err := c.Acquire(ctx, key, warmOwner, time.Second); err == nil && ok {
-			if _, err := c.Renew(ctx, g.Token, time.Second); err == nil {
-				_ = c.Release(ctx, g.Token)
-			}
-		}
-	}
+	_ = warm(ctx, New(tx), "pg_lease/warm-up/"+hex.EncodeToString(b[:]))
 	if err := tx.Rollback(ctx); err != nil {
 		return fmt.Errorf("lease: warming the connection: %w", err)
 	}
 	return nil
 }
 
-const warmOwner = "pg_lease/warm-up"
+// warm runs the calls of WarmConn on key and returns the first error; after
+// an error the transaction accepts nothing more.
+func warm(ctx context.Context, c *Client, key string) error {
+	const ttl = time.Second
+	if _, err := c.Inspect(ctx, key); err != nil {
+		return err
+	}
+	// A first grant, its renewal and its release.
+	g, _, err := c.Acquire(ctx, key, warmOwner, ttl)
+	if err != nil {
+		return err
+	}
+	if _, err := c.Renew(ctx, g.Token, ttl); err != nil {
+		return err
+	}
+	if err := c.Release(ctx, g.Token); err != nil {
+		return err
+	}
+	// A grant of a released key (a follower's acquire in a handoff), then
+	// the holder's own acquire again (what a candidate handed the key runs).
+	if g, _, err = c.Acquire(ctx, key, warmOwner, ttl); err != nil {
+		return err
+	}
+	if _, _, err := c.Acquire(ctx, key, warmOwner, ttl); err != nil {
+		return err
+	}
+	// A release that hands the key to a registered candidate.
+	if _, err := c.SetStrategy(ctx, key, StrategyNewestVersion); err != nil {
+		return err
+	}
+	if _, err := c.Register(ctx, key, Candidate{Owner: warmCandidate, Version: "1.0.0", Ready: true, TTL: ttl}); err != nil {
+		return err
+	}
+	return c.Release(ctx, g.Token)
+}
+
+const (
+	warmOwner     = "pg_lease/warm-up"
+	warmCandidate = "pg_lease/warm-up/candidate"
+)

@@ -96,6 +96,47 @@ func TestWarmConnLeavesNothing(t *testing.T) {
 	})
 }
 
+// The warm-up takes every path of a handoff to its end: its last step, a
+// release, hands the key to the candidate it registered. WarmConn's
+// rollback then leaves no strategy, registration or history behind.
+func TestWarmConnTakesEveryHandoffPath(t *testing.T) {
+	forEachMode(t, func(t *testing.T, db *testDB) {
+		ctx := testCtx(t)
+		conn := connect(t, db.dsn)
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		if err := lease.Warm(ctx, lease.New(tx), "pg_lease/warm-up/test"); err != nil {
+			t.Fatalf("the warm-up stopped early: %v", err)
+		}
+		var owner string
+		var epoch int64
+		if err := tx.QueryRow(ctx, `SELECT owner, epoch FROM lease.inspect('pg_lease/warm-up/test')`).Scan(&owner, &epoch); err != nil {
+			t.Fatal(err)
+		}
+		if owner != "pg_lease/warm-up/candidate" {
+			t.Fatalf("after the warm-up the key is held by %q (epoch %d), want the candidate it was handed to", owner, epoch)
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+
+		if err := lease.WarmConn(ctx, conn); err != nil {
+			t.Fatal(err)
+		}
+		var left int
+		if err := db.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM lease.candidates) + (SELECT count(*) FROM lease.strategies)
+		                                       + (SELECT count(*) FROM lease.history WHERE key LIKE 'pg_lease/warm-up/%')`).Scan(&left); err != nil {
+			t.Fatal(err)
+		}
+		if left != 0 {
+			t.Fatalf("WarmConn left %d candidate, strategy or history rows", left)
+		}
+	})
+}
+
 // On a database without pg_lease, WarmConn leaves the connection usable and
 // says nothing: the calls that follow report the cause (ErrNotInstalled).
 func TestWarmConnWithoutTheExtension(t *testing.T) {
