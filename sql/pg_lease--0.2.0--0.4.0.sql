@@ -781,6 +781,11 @@ $$;
 -- 3. The API: every role (EXECUTE granted to PUBLIC).
 -- ---------------------------------------------------------------------------
 
+-- The calls on a handoff's path (acquire, renew, renew_many, release,
+-- force_release, fence, listen) run with generic plans: each of their
+-- statements is planned once per connection (on the first call, or by
+-- lease.WarmConn in Go), not again on each of the first five calls.
+
 -- Grants key to owner for ttl when it is free, lapsed or never leased, or
 -- answers the caller's own current grant again (idempotent). A key held by
 -- another owner is denied at once (wait 0) or waited for, polling, up to
@@ -790,6 +795,7 @@ CREATE OR REPLACE FUNCTION lease.acquire(key text, owner text, ttl interval, wai
                               OUT acquired boolean, OUT epoch bigint, OUT expires_at timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
   v_key      text := key;
@@ -1060,6 +1066,7 @@ CREATE OR REPLACE FUNCTION lease.renew(key text, owner text, epoch bigint, ttl i
                             OUT status text, OUT expires_at timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
   v_key   text := key;
@@ -1106,6 +1113,7 @@ CREATE OR REPLACE FUNCTION lease.renew_many(keys text[], owner text, epochs bigi
 RETURNS TABLE (key text, status text, expires_at timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
   v_keys    text[] := keys;
@@ -1236,6 +1244,7 @@ $$;
 CREATE OR REPLACE FUNCTION lease.release(key text, owner text, epoch bigint, OUT status text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
   v_key     text := key;
@@ -1378,6 +1387,7 @@ CREATE OR REPLACE FUNCTION lease.fence(key text, owner text, epoch bigint)
 RETURNS timestamptz
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
   v_key     text := key;
@@ -1436,6 +1446,7 @@ CREATE OR REPLACE FUNCTION lease.listen(key text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
   v_key   text := key;
@@ -1869,6 +1880,7 @@ CREATE OR REPLACE FUNCTION lease.force_release(key text,
                                     OUT released boolean, OUT previous_owner text, OUT epoch bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
   v_key     text := key;

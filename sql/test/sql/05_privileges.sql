@@ -25,9 +25,13 @@ CREATE EXTENSION pg_lease;
 SELECT extowner::regrole FROM pg_extension WHERE extname = 'pg_lease';
 SELECT nspowner::regrole FROM pg_namespace WHERE nspname = 'lease';
 SELECT tablename, tableowner FROM pg_tables WHERE schemaname = 'lease' ORDER BY 1;
-SELECT DISTINCT proowner::regrole, prosecdef, proconfig
+SELECT DISTINCT proowner::regrole, prosecdef, proconfig[1] AS pinned
   FROM pg_proc WHERE pronamespace = 'lease'::regnamespace AND proname !~ '^_'
    AND proname <> 'version';
+-- The calls on a handoff's path also plan generically (once per connection).
+SELECT proname, proconfig[2] AS planning
+  FROM pg_proc WHERE pronamespace = 'lease'::regnamespace AND array_length(proconfig, 1) > 1
+ ORDER BY 1;
 SELECT count(*) AS functions_not_owned_by_installer
   FROM pg_proc WHERE pronamespace = 'lease'::regnamespace
    AND proowner <> 'regress_pglease_installer'::regrole;
