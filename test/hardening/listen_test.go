@@ -38,20 +38,8 @@ func TestListenCleanupKeepsLiveRegistration(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	waiter := pgtest.Connect(t, dsn)
+	waiter := registeredWaiter(t, ctx, dsn, "lc")
 	defer waiter.Close(ctx)
-	if _, err := waiter.Exec(ctx, `LISTEN pg_lease`); err != nil {
-		t.Fatal(err)
-	}
-	var settled bool
-	for i := 0; i < 2 && !settled; i++ {
-		if err := waiter.QueryRow(ctx, `SELECT lease.listen('lc')`).Scan(&settled); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if !settled {
-		t.Fatal("the second listen, after the registration committed, did not answer true")
-	}
 	var waiterPID uint32 = waiter.PgConn().PID()
 	var cached int
 	if err := tx.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, waiterPID).Scan(&cached); err != nil {
@@ -171,20 +159,8 @@ func TestRepeatableReadChangeNotifiesLateRegistration(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	waiter := pgtest.Connect(t, dsn)
+	waiter := registeredWaiter(t, ctx, dsn, "rr")
 	defer waiter.Close(ctx)
-	if _, err := waiter.Exec(ctx, `LISTEN pg_lease`); err != nil {
-		t.Fatal(err)
-	}
-	var settled bool
-	for i := 0; i < 2 && !settled; i++ {
-		if err := waiter.QueryRow(ctx, `SELECT lease.listen('rr')`).Scan(&settled); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if !settled {
-		t.Fatal("the second listen, after the registration committed, did not answer true")
-	}
 	var seen int
 	if err := tx.QueryRow(ctx, `SELECT count(*) FROM lease.listeners WHERE key = 'rr'`).Scan(&seen); err != nil {
 		t.Fatal(err)
@@ -215,4 +191,24 @@ func TestRepeatableReadChangeNotifiesLateRegistration(t *testing.T) {
 	if got.Event != "released" || got.Key != "rr" {
 		t.Fatalf("notified %s, want the release of rr", note.Payload)
 	}
+}
+
+// registeredWaiter connects a waiter that listens on pg_lease and whose
+// registration for key is committed (lease.listen answered true).
+func registeredWaiter(t *testing.T, ctx context.Context, dsn, key string) *pgx.Conn {
+	t.Helper()
+	waiter := pgtest.Connect(t, dsn)
+	if _, err := waiter.Exec(ctx, `LISTEN pg_lease`); err != nil {
+		t.Fatal(err)
+	}
+	var settled bool
+	for i := 0; i < 2 && !settled; i++ {
+		if err := waiter.QueryRow(ctx, `SELECT lease.listen($1)`, key).Scan(&settled); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !settled {
+		t.Fatal("the second listen, after the registration committed, did not answer true")
+	}
+	return waiter
 }
