@@ -61,6 +61,11 @@ type Options struct {
 	TTL, LoopWait, RetryTimeout int
 	// Parameters are PostgreSQL settings added to the defaults.
 	Parameters map[string]string
+	// NoSlots runs Patroni with use_slots false: standbys stream without
+	// a replication slot (wal_keep_size keeps their WAL). With slots, a new
+	// primary creates its standbys' slots only in an HA cycle after its
+	// promotion, and a standby cannot stream from it before.
+	NoSlots bool
 	// Dir is the parent of the cluster's temporary directory (default
 	// os.TempDir()); it must be searchable by nobody when root.
 	Dir string

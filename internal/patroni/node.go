@@ -91,7 +91,7 @@ func (n *Node) writeConfig() error {
 				"synchronous_node_count":  1,
 				"postgresql": map[string]any{
 					"use_pg_rewind": true,
-					"use_slots":     true,
+					"use_slots":     !o.NoSlots,
 					"parameters":    params,
 				},
 			},
