@@ -21,5 +21,5 @@ if [ "$status" != 0 ]; then
   exit "$status"
 fi
 trap 'rm -f "$log"' EXIT
-grep -E '^\s+(ha_test|check_test)\.go' "$log" | grep -v 'leaderless after failover' >&2 || true
-grep -E '^leaderless after failover:' "$log"
+grep -E '^\s+(ha_test|check_test)\.go' "$log" | grep -v -E 'leaderless after failover|after promotion:' >&2 || true
+grep -E '^(leaderless after failover|  after promotion):' "$log"

@@ -29,6 +29,7 @@ var faults = []string{faultSwitchover, faultCrash, faultFreeze, faultBackForth}
 // fenced write on the new primary.
 type sample struct {
 	promotion, leaderless time.Duration
+	parts                 []part // the breakdown, from the promotion on
 }
 
 // failovers is how many failovers of each kind run in mode m:
@@ -120,6 +121,7 @@ func runMode(t *testing.T, mode patroni.Mode) []string {
 	var lines []string
 	for _, fault := range faults {
 		lines = append(lines, line(mode, fault, results[fault]))
+		lines = append(lines, partLines(fmt.Sprintf("  after promotion: %s %s", mode, fault), results[fault])...)
 	}
 	for _, l := range lines {
 		t.Log(l)
@@ -315,8 +317,9 @@ func (w *world) measure(ctx context.Context, t0 time.Time, old *patroni.Node, af
 		s.leaderless = max(s.leaderless, d)
 		parts = append(parts, fmt.Sprintf("%s %v (%s epoch %d)", k, d.Round(time.Millisecond), got[k].who, got[k].epoch))
 	}
-	w.t.Logf("%s -> %s: promoted %v after the fault; first fenced writes: %s",
-		old.Name, p.node.Name, s.promotion.Round(time.Millisecond), strings.Join(parts, ", "))
+	s.parts = w.breakdown(t0, p, got)
+	w.t.Logf("%s -> %s: promoted %v after the fault; first fenced writes: %s; after the promotion: %s",
+		old.Name, p.node.Name, s.promotion.Round(time.Millisecond), strings.Join(parts, ", "), formatParts(s.parts))
 	return s, p.node, nil
 }
 

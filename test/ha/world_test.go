@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -72,6 +73,7 @@ type world struct {
 
 	warn   syncWarnings // of the electors' pools
 	warned atomic.Int64 // fenced writes whose commit carried the warning
+	calls  callLog      // the in-process candidates' calls (the breakdown)
 
 	mu     sync.Mutex
 	terms  []*term
@@ -88,6 +90,7 @@ func newWorld(t *testing.T, mode patroni.Mode) *world {
 		Mode:      mode,
 		Etcd:      etcdBinary(t),
 		Supervise: pgtest.BuildProgram(t, supervisePkg),
+		NoSlots:   os.Getenv("PGLEASE_HA_SLOTS") == "off",
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -135,14 +138,18 @@ func newWorld(t *testing.T, mode patroni.Mode) *world {
 	if _, err := conn.Exec(ctx, `CREATE TABLE ha_writes (seq bigint PRIMARY KEY, key text NOT NULL, owner text NOT NULL, epoch bigint NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
+	// The probe's first commit on each new primary goes here.
+	if _, err := conn.Exec(ctx, `CREATE TABLE ha_probe (at timestamptz NOT NULL DEFAULT clock_timestamp())`); err != nil {
+		t.Fatal(err)
+	}
 	var version, promotion string
 	var grace time.Duration
 	if err := conn.QueryRow(ctx, `SELECT e.extversion, s.promotion, s.promotion_grace
 		FROM pg_extension e, lease.status() s WHERE e.extname = 'pg_lease'`).Scan(&version, &promotion, &grace); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("Patroni cluster (%s) on %s: pg_lease %s, max_ttl %v, promotion %s (grace %v), elector TTL %v",
-		mode, c.Dir(), version, maxTTL, promotion, grace, ttl)
+	t.Logf("Patroni cluster (%s, replication slots %v) on %s: pg_lease %s, max_ttl %v, promotion %s (grace %v), elector TTL %v",
+		mode, os.Getenv("PGLEASE_HA_SLOTS") != "off", c.Dir(), version, maxTTL, promotion, grace, ttl)
 
 	// The guard: a server outside the cluster.
 	g := pgtest.New(t)
@@ -261,7 +268,7 @@ func (w *world) startElectors(n int) {
 	w.keys = append(w.keys, key)
 	for i := range n {
 		who := fmt.Sprintf("elector-%d", i)
-		pool := w.pool()
+		pool := w.pool(w.calls.option(key, who))
 		el, err := elector.New(lease.New(pool), elector.Config{Key: key, Identity: who, TTL: ttl,
 			Callbacks: elector.Callbacks{OnStartedLeading: func(lctx context.Context) {
 				tok, ok := lease.TokenFromContext(lctx)
@@ -285,7 +292,7 @@ func (w *world) startClientGo(n int) {
 	w.keys = append(w.keys, key)
 	for i := range n {
 		who := fmt.Sprintf("client-go-%d", i)
-		pool := w.pool()
+		pool := w.pool(w.calls.option(key, who))
 		lock, err := resourcelock.New(lease.New(pool), key, who, resourcelock.Options{LeaseDuration: ttl})
 		if err != nil {
 			w.t.Fatal(err)
