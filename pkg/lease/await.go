@@ -34,7 +34,9 @@ import (
 // first read. So a change committed after that read always wakes it, unless
 // pg_lease.notify is off. Each read is bounded by the Waiter's QueryTimeout
 // (10 s without a Waiter): a silently dead connection cannot stall it. It
-// returns the read's error, or ctx's cause when ctx ends. w may be nil; then
+// returns the read's error, or ctx's cause when ctx ends. A read that
+// succeeds while w has no connection makes w reconnect at once, instead of
+// at the end of its backoff. w may be nil; then
 // Await polls. Timers run on c's clock.
 func (w *Waiter) Await(ctx context.Context, c *Client, key string, poll time.Duration, done func(State) bool) (State, error) {
 	if poll <= 0 {
@@ -70,6 +72,9 @@ func (w *Waiter) Await(ctx context.Context, c *Client, key string, poll time.Dur
 				return State{}, fmt.Errorf("lease: await %q: %w", key, context.Cause(ctx))
 			}
 			return State{}, err
+		}
+		if w != nil {
+			w.reached() // a Waiter still in its reconnection backoff connects now
 		}
 		if done(st) {
 			return st, nil

@@ -17,8 +17,9 @@ import (
 // WaiterOptions configure a Waiter. The zero value is ready to use.
 type WaiterOptions struct {
 	// ReconnectMin and ReconnectMax bound the exponential backoff (with
-	// jitter) between attempts to re-establish the listen connection.
-	// Zero: 50 ms and 5 s.
+	// jitter) between attempts to re-establish the listen connection. A
+	// read by Await that reaches the server ends the backoff: the Waiter
+	// connects at once. Zero: 50 ms and 5 s.
 	ReconnectMin, ReconnectMax time.Duration
 	// QueryTimeout bounds connecting and LISTEN on the listen connection,
 	// and each read of a key by Await. Zero: 10 s.
@@ -106,6 +107,9 @@ type Waiter struct {
 	ctx      context.Context // ends at Close
 	cancel   context.CancelFunc
 	loopDone chan struct{}
+	// reachedC ends the reconnection backoff: a read through a Client just
+	// reached the server (reached).
+	reachedC chan struct{}
 
 	mu       sync.Mutex
 	closed   bool
@@ -163,7 +167,7 @@ func newWaiter(ctx context.Context, cfg *pgx.ConnConfig, opts WaiterOptions, hoo
 		return nil, err
 	}
 	cfg = cfg.Copy()
-	w := &Waiter{opts: opts, loopDone: make(chan struct{}), watchers: map[*watcher]struct{}{}, hook: hook}
+	w := &Waiter{opts: opts, loopDone: make(chan struct{}), reachedC: make(chan struct{}, 1), watchers: map[*watcher]struct{}{}, hook: hook}
 	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &interrupter{conn: c.Conn(), waiting: &w.waiting, delay: opts.QueryTimeout}
 	}

@@ -57,3 +57,42 @@ func TestWaiterConnectsInBackground(t *testing.T) {
 		t.Fatalf("event %+v, want k acquired by a", ev)
 	}
 }
+
+// A Waiter whose reconnection backoff has grown long connects again as
+// soon as a read through Await reaches the server, not at the end of the
+// backoff: after a failover, a release is then notified at once.
+func TestWaiterReconnectsWhenAReadReachesTheServer(t *testing.T) {
+	ctx := testCtx(t)
+	srv := pgtest.New(t)
+	dsn := pgtest.NewLeaseDatabaseOn(t, srv)
+	rec := &recorder{ch: make(chan hookEvent, 4096)}
+	// A backoff of an hour: only a read can bring the connection back in time.
+	w, err := lease.NewWaiterWithHook(ctx, connConfig(t, dsn),
+		lease.WaiterOptions{ReconnectMin: never, ReconnectMax: never}, rec.hook)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	rec.next(t, "listening")
+	holder := lease.New(newPool(t, dsn))
+	g, ok, err := holder.Acquire(ctx, "k", "holder", never)
+	if err != nil || !ok {
+		t.Fatalf("acquire: %v %v", ok, err)
+	}
+
+	if err := srv.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	rec.next(t, "connect_failed") // now in its backoff
+	if err := srv.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := lease.New(newPool(t, dsn))
+	res := awaitAsync(ctx, w, c, "k", never)
+	rec.next(t, "listening")
+	// The holder's pool lost its connections with the server.
+	if err := lease.New(newPool(t, dsn)).Release(ctx, g.Token); err != nil {
+		t.Fatal(err)
+	}
+	mustFree(t, res)
+}

@@ -69,8 +69,14 @@ func (w *Waiter) run(conn *pgx.Conn) {
 					t.Stop()
 					return
 				case <-t.C:
+				case <-w.reachedC:
+					t.Stop()
 				}
 				continue
+			}
+			select { // a read that reached the server while this connected
+			case <-w.reachedC:
+			default:
 			}
 			conn, backoff = c, w.opts.ReconnectMin
 			w.connUp(true)
@@ -114,6 +120,22 @@ func (w *Waiter) run(conn *pgx.Conn) {
 			_ = conn.Close(ctx)
 			cancel()
 			conn = nil
+		}
+	}
+}
+
+// reached tells a Waiter that lost its connection that a read through a
+// Client has just reached the server: it stops its reconnection backoff and
+// connects now. After a failover the backoff may have grown to seconds, and
+// every notification until the connection is back is missed.
+func (w *Waiter) reached() {
+	w.mu.Lock()
+	down := !w.regs.up && !w.closed
+	w.mu.Unlock()
+	if down {
+		select {
+		case w.reachedC <- struct{}{}:
+		default:
 		}
 	}
 }
