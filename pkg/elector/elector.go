@@ -249,12 +249,25 @@ func (e *Elector) campaign(ctx context.Context) (lease.Grant, error) {
 	}
 }
 
-// follow waits until the key is free or held by this elector (a leader's
-// release handed it over). With a Candidacy it keeps the registration
-// fresh: each wait lasts at most the registration's Interval, and ends at
-// once when the candidate becomes ready.
+// inFlightPause is how long a follower waits before asking again when an
+// acquire was refused while the key reads free: the cadence at which the
+// server's own blocking acquire polls.
+const inFlightPause = 50 * time.Millisecond
+
+// follow waits, after an acquire was refused, until the key is free or
+// held by this elector (a leader's release handed it over). A key that reads
+// free right after the refusal has a change in flight: another transaction
+// holds its row, such as a grant or renewal whose commit waits for the
+// synchronous standbys. follow then pauses min(RetryInterval,
+// inFlightPause) before returning, instead of returning at once, which
+// spins on acquire and inspect until that transaction ends (after a
+// promotion in strict synchronous mode, about a thousand calls a second).
+// With a Candidacy it keeps the registration fresh: each wait lasts at most
+// the registration's Interval, and ends at once when the candidate becomes
+// ready.
 func (e *Elector) follow(ctx context.Context) error {
 	c := &e.cfg
+	first, inFlight := true, false // the first read since the refusal; it found the key free
 	for {
 		wctx, cancel := ctx, context.CancelFunc(func() {})
 		if e.reg != nil {
@@ -275,9 +288,14 @@ func (e *Elector) follow(ctx context.Context) error {
 			if st.Held {
 				e.observe(st.Owner, st.Epoch)
 			}
+			inFlight = inFlight || first && !st.Held
+			first = false
 			return !st.Held || st.Owner == c.Identity
 		})
 		cancel()
+		if err == nil && inFlight {
+			e.sleep(ctx, min(c.RetryInterval, inFlightPause))
+		}
 		if err != nil && ctx.Err() == nil && wctx.Err() != nil {
 			continue // time to renew the registration
 		}

@@ -93,3 +93,57 @@ func TestFollowersSleepThroughGrace(t *testing.T) {
 		})
 	}
 }
+
+// TestFollowerWaitsOutAChangeInFlight: the key reads free, but another
+// transaction holds its row (a grant not yet committed, as one whose commit
+// waits for the synchronous standbys after a promotion). The follower is
+// refused, reads the key free, and pauses 50 ms (at most RetryInterval)
+// before asking again, instead of asking at once, in a loop, until that
+// transaction ends. When the transaction rolls back, the follower leads.
+func TestFollowerWaitsOutAChangeInFlight(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := installed(t, nil)
+	pool := newPool(t, dsn)
+	c := lease.New(pool)
+	g, ok, err := c.Acquire(ctx, "k", "before", time.Minute)
+	if err != nil || !ok {
+		t.Fatalf("acquire: %v %v", ok, err)
+	}
+	if err := c.Release(ctx, g.Token); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, ok, err := lease.New(tx).Acquire(ctx, "k", "in-flight", time.Minute); err != nil || !ok {
+		t.Fatalf("acquire in the open transaction: %v %v", ok, err)
+	}
+
+	const retry = 50 * time.Millisecond // the pause after such a refusal is min(RetryInterval, 50ms)
+	q := &countingQuerier{Pool: pool}
+	rec := newRecorder()
+	var el *elector.Elector
+	el, err = elector.New(lease.New(q), elector.Config{Key: "k", Identity: "follower", TTL: 3 * time.Second,
+		RetryInterval: retry, Callbacks: rec.callbacks("follower", &el, nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	runElector(t, el)
+	time.Sleep(time.Second) // the window observed, not a bound the server must agree with
+	n, window := q.acquires.Load(), time.Since(start)
+	// One acquire per pause, and one more at the start.
+	if limit := int64(window/retry) + 2; n > limit {
+		t.Fatalf("%d acquires in %v while another transaction held the key's row (RetryInterval %v, at most %d expected): the follower asked again at once",
+			n, window.Round(time.Millisecond), retry, limit)
+	}
+	t.Logf("%d acquires in %v while the key's row was locked", n, window.Round(time.Millisecond))
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if tr := waitTerm(t, rec.events, time.Minute); tr.id != "follower" {
+		t.Fatalf("term of %s", tr.id)
+	}
+}
