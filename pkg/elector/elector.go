@@ -255,16 +255,15 @@ func (e *Elector) campaign(ctx context.Context) (lease.Grant, error) {
 const inFlightPause = 50 * time.Millisecond
 
 // follow waits, after an acquire was refused, until the key is free or
-// held by this elector (a leader's release handed it over). A key that reads
-// free right after the refusal has a change in flight: another transaction
-// holds its row, such as a grant or renewal whose commit waits for the
-// synchronous standbys. follow then pauses min(RetryInterval,
-// inFlightPause) before returning, instead of returning at once, which
-// spins on acquire and inspect until that transaction ends (after a
-// promotion in strict synchronous mode, about a thousand calls a second).
-// With a Candidacy it keeps the registration fresh: each wait lasts at most
-// the registration's Interval, and ends at once when the candidate becomes
-// ready.
+// held by this elector (a leader's release handed it over). A key that
+// reads free right after the refusal has a change in flight. Another
+// transaction holds its row: a grant or renewal whose commit waits for the
+// synchronous standbys, say. follow then pauses min(RetryInterval,
+// inFlightPause) before it returns. Returning at once spins on acquire and
+// inspect until that transaction ends: a thousand calls a second after a
+// promotion in strict synchronous mode. With a Candidacy it keeps the
+// registration fresh: each wait lasts at most the registration's Interval,
+// and ends at once when the candidate becomes ready.
 func (e *Elector) follow(ctx context.Context) error {
 	c := &e.cfg
 	first, inFlight := true, false // the first read since the refusal; it found the key free

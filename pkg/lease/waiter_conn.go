@@ -124,10 +124,10 @@ func (w *Waiter) run(conn *pgx.Conn) {
 	}
 }
 
-// reached tells a Waiter that lost its connection that a read through a
-// Client has just reached the server: it stops its reconnection backoff and
+// reached tells a Waiter without a connection that a read through a Client
+// has just reached the server. The Waiter ends its reconnection backoff and
 // connects now. After a failover the backoff may have grown to seconds, and
-// every notification until the connection is back is missed.
+// every notification is missed until the connection is back.
 func (w *Waiter) reached() {
 	w.mu.Lock()
 	down := !w.regs.up && !w.closed
