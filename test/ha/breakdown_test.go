@@ -64,7 +64,23 @@ func (w *world) breakdown(t0 time.Time, p promotion, got map[string]write) []par
 			add(k+" lease call sent", c.start)
 			add(k+" lease call answered", c.end)
 		}
-		add(k+" term began", w.termAfter(k, p.at))
+		began := w.termAfter(k, p.at)
+		add(k+" term began", began)
+		// The fenced write's own steps: its insert in the cluster and its
+		// commit (the guard's write follows).
+		from := p.at
+		if !began.IsZero() {
+			from = began
+		}
+		if c, ok := w.calls.first(k, 0, from, func(c call) bool { return strings.HasPrefix(c.kind, "write failed") }); ok {
+			w.t.Logf("%s: first failed fenced write after %v: +%v %s", k, from.Sub(p.at).Round(time.Millisecond), c.end.Sub(p.at).Round(time.Millisecond), c.kind)
+		}
+		if c, ok := w.calls.first(k, port, from, func(c call) bool { return c.ok && c.kind == "write" }); ok {
+			add(k+" write's insert sent", c.start)
+			if cm, ok := w.calls.first(k, port, c.end, func(x call) bool { return x.ok && x.kind == "commit" && x.who == c.who }); ok {
+				add(k+" write's commit answered", cm.end)
+			}
+		}
 		if !commit.IsZero() {
 			// Calls while no commit could succeed: a candidate that asks
 			// again at once when refused spins here.

@@ -240,6 +240,9 @@ func (w *world) fencedWrite(ctx context.Context, pool *pgxpool.Pool, tok lease.T
 			seq, tok.Key, tok.Owner, tok.Epoch).Scan(&port)
 	})
 	if err != nil {
+		if ctx.Err() == nil {
+			w.calls.add(call{key: tok.Key, who: tok.Owner, kind: "write failed: " + err.Error(), start: time.Now(), end: time.Now()})
+		}
 		return
 	}
 	if warnings.Load() != before {
