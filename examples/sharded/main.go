@@ -27,6 +27,7 @@
 //	{"event":"write", "resource":..., "shard":S, "epoch":E, "rv":...}
 //	{"event":"stale", "resource":..., "shard":S, "epoch":E, "highest":H}
 //	{"event":"end", "resource":..., "shard":S, "epoch":E}     the reconcile returned
+//	{"event":"stopping"}                                       SIGTERM or SIGINT received
 //	{"event":"exit", "code":N, "error":...}
 package main
 
@@ -36,6 +37,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -102,7 +104,14 @@ func main() {
 	c.leaseDSN, _ = readDSN(leaseDSNFile, "PGLEASE_DSN")
 	c.storeDSN, _ = readDSN(storeDSNFile, "PGLEASE_STORE_DSN")
 
-	err := run(ctrl.SetupSignalHandler(), c)
+	// Log lines carry milliseconds: a rebalance is measured in them.
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, nil)))
+	ctx := ctrl.SetupSignalHandler()
+	go func() {
+		<-ctx.Done()
+		emit(event{Event: "stopping"})
+	}()
+	err := run(ctx, c)
 	code := 0
 	if err != nil {
 		code = 1

@@ -244,7 +244,10 @@ func (t *Term) End(cause error) { t.end(cause, errors.Is(cause, ErrLost)) }
 // Deadline is the earlier of parent's and the term's current one, which
 // renewals move. Call cancel when done with it.
 func (t *Term) Context(parent context.Context) (context.Context, context.CancelFunc) {
-	inner, cancel := context.WithCancelCause(ContextWithToken(parent, t.grant.Token))
+	t.mu.Lock()
+	tok := t.grant.Token // a renewal (extend) writes t.grant under t.mu
+	t.mu.Unlock()
+	inner, cancel := context.WithCancelCause(ContextWithToken(parent, tok))
 	ctx := &termContext{Context: inner, term: t}
 	t.mu.Lock()
 	if t.ended {

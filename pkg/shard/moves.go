@@ -46,7 +46,7 @@ func (r *Sharder) take(ctx context.Context, shards []int) error {
 				continue
 			}
 			r.mu.Lock()
-			r.owned[s] = &owned{s: s, term: t}
+			r.owned[s] = newOwned(s, t)
 			delete(r.handed, s)
 			r.mu.Unlock()
 			r.metrics.rebalances.WithLabelValues("acquired").Inc()
@@ -62,6 +62,9 @@ func (r *Sharder) take(ctx context.Context, shards []int) error {
 // endLocked ends o's term: its contexts are cancelled with cause.
 func (r *Sharder) endLocked(o *owned, cause error) {
 	o.stopping = true
+	if o.inflight == 0 {
+		close(o.drained)
+	}
 	o.term.End(cause)
 	kind := "released"
 	if !errors.Is(cause, ErrRebalanced) {
@@ -84,7 +87,7 @@ func (r *Sharder) releaseAfterWork(os []*owned) {
 		defer r.stops.Done()
 		ts := make([]lease.Token, len(os))
 		for i, o := range os {
-			o.inflight.Wait()
+			<-o.drained
 			ts[i] = o.term.Grant().Token
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.TTL)
@@ -114,11 +117,13 @@ func (r *Sharder) releaseAfterWork(os []*owned) {
 	}()
 }
 
-// leave ends every shard's term (cancelling its work), waits for that
-// work, then releases the member key and every shard in one statement: the
-// others see this replica gone and its shards at their runner-ups (a
-// handover where one registered) in one commit. Then it announces the
-// change and withdraws its candidacies.
+// leave ends every shard's term (cancelling its work), then releases the
+// member key and every shard whose work has ended in one statement, and
+// each other shard as soon as its work ends: a shard's grant moves only
+// after its work, and a slow piece of work holds back its shard alone.
+// A release hands the key to its registered runner-up in the same
+// transaction. Then leave announces the change and withdraws its
+// candidacies.
 func (r *Sharder) leave() {
 	r.mu.Lock()
 	var ending []*owned
@@ -144,17 +149,48 @@ func (r *Sharder) leave() {
 		m.End(lease.ErrReleased)
 		ts = append(ts, m.Grant().Token)
 	}
+	// The first statement: the member key, the grants never taken and every
+	// shard with no work running. Then each shard as its work ends,
+	// those that end while a statement runs together in the next one.
+	var busy []*owned
 	for _, o := range ending {
-		o.inflight.Wait()
-		ts = append(ts, o.term.Grant().Token)
-	}
-	worked := time.Since(start)
-	for len(ts) > 0 {
-		n := min(len(ts), lease.MaxRenewMany)
-		if _, err := r.c.ReleaseMany(ctx, ts[:n]); err != nil {
-			r.cfg.Logger.Warn("shard: release", "controller", r.cfg.Controller, "keys", n, "err", err)
+		select {
+		case <-o.drained:
+			ts = append(ts, o.term.Grant().Token)
+		default:
+			busy = append(busy, o)
 		}
-		ts = ts[n:]
+	}
+	ready := make(chan *owned, len(busy))
+	for _, o := range busy {
+		go func() { <-o.drained; ready <- o }()
+	}
+	var worked time.Duration
+	statements := 0
+	for pending := len(busy); len(ts) > 0 || pending > 0; {
+		if len(ts) == 0 {
+			o := <-ready
+			ts, pending = append(ts, o.term.Grant().Token), pending-1
+		}
+		for more := true; more; {
+			select {
+			case o := <-ready:
+				ts, pending = append(ts, o.term.Grant().Token), pending-1
+			default:
+				more = false
+			}
+		}
+		if pending == 0 && worked == 0 {
+			worked = time.Since(start)
+		}
+		for len(ts) > 0 {
+			n := min(len(ts), lease.MaxRenewMany)
+			if _, err := r.c.ReleaseMany(ctx, ts[:n]); err != nil {
+				r.cfg.Logger.Warn("shard: release", "controller", r.cfg.Controller, "keys", n, "err", err)
+			}
+			ts = ts[n:]
+			statements++
+		}
 	}
 	released := time.Since(start)
 	r.mu.Lock()
@@ -169,7 +205,7 @@ func (r *Sharder) leave() {
 	}
 	r.stops.Wait() // releases begun by earlier rounds
 	r.cfg.Logger.Info("shard: left", "controller", r.cfg.Controller, "identity", r.cfg.Identity,
-		"shards", len(ending), "work_ended", worked, "released", released)
+		"shards", len(ending), "work_ended", worked, "released", released, "statements", statements)
 	var keys []string
 	for s := range r.cands {
 		keys = append(keys, Key(r.cfg.Controller, s))

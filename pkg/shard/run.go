@@ -25,12 +25,19 @@ func (r *Sharder) Run(ctx context.Context) error {
 		changes = r.cfg.Waiter.Watch(wctx, keys...)
 	}
 	clk := r.c.Clock()
+	// A statement running when ctx ends runs to its end (a TTL at most): a
+	// connection cut mid-statement would leave the releases a new one, and
+	// the server finishes the statement anyway. The loops stop after it.
+	sctx, cancelStmts := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelStmts()
+	stopGrace := context.AfterFunc(ctx, func() { clk.AfterFunc(r.cfg.TTL, cancelStmts) })
+	defer stopGrace()
 	rctx, stopRenewing := context.WithCancel(ctx)
 	renewing := make(chan struct{})
-	go func() { defer close(renewing); r.renewLoop(rctx) }()
+	go func() { defer close(renewing); r.renewLoop(rctx, sctx) }()
 	defer func() { stopRenewing(); <-renewing }()
 	for {
-		next, err := r.round(ctx)
+		next, err := r.round(ctx, sctx)
 		if err != nil && ctx.Err() == nil {
 			r.cfg.Logger.Error("shard: refusing to run", "controller", r.cfg.Controller,
 				"identity", r.cfg.Identity, "err", err)
@@ -62,14 +69,15 @@ func (r *Sharder) Run(ctx context.Context) error {
 }
 
 // renewLoop renews the member key and every live shard key in one
-// statement (lease.renew_many) each RenewEvery until ctx ends. A failed
-// renewal of the member key wakes the loop, which acquires it again.
-func (r *Sharder) renewLoop(ctx context.Context) {
+// statement (lease.renew_many), on sctx, each RenewEvery until stop ends.
+// A failed renewal of the member key wakes the loop, which acquires it
+// again.
+func (r *Sharder) renewLoop(stop, sctx context.Context) {
 	clk := r.c.Clock()
 	for {
 		t := clk.NewTimer(r.cfg.RenewEvery)
 		select {
-		case <-ctx.Done():
+		case <-stop.Done():
 			t.Stop()
 			return
 		case <-t.C():
@@ -87,9 +95,9 @@ func (r *Sharder) renewLoop(ctx context.Context) {
 			}
 		}
 		r.mu.Unlock()
-		errs := r.c.RenewTerms(ctx, terms)
+		errs := r.c.RenewTerms(sctx, terms)
 		for i, err := range errs {
-			if err != nil && ctx.Err() == nil {
+			if err != nil && stop.Err() == nil {
 				r.cfg.Logger.Warn("shard: renewal", "key", terms[i].Grant().Key, "err", err)
 			}
 		}
@@ -116,12 +124,13 @@ var ErrIdentityTaken = errors.New("shard: another live process holds this replic
 
 // round is one step of the loop: the members and shards as the database
 // has them, the member key, the shards to give up and to take, and the
-// handover candidacies. It returns when to run again. Renewals run in
-// renewLoop: a slow round never delays them.
-func (r *Sharder) round(ctx context.Context) (time.Duration, error) {
+// handover candidacies. Its statements run on ctx; once stop ends, it
+// returns between two of them. It returns when to run again. Renewals run
+// in renewLoop: a slow round never delays them.
+func (r *Sharder) round(stop, ctx context.Context) (time.Duration, error) {
 	clk := r.c.Clock()
 	warn := func(msg string, args ...any) {
-		if ctx.Err() == nil { // once stopping, the errors are the cancellation's
+		if stop.Err() == nil { // once stopping, the errors are the cancellation's
 			r.cfg.Logger.Warn(msg, args...)
 		}
 	}
@@ -147,6 +156,9 @@ func (r *Sharder) round(ctx context.Context) (time.Duration, error) {
 	if err != nil {
 		warn("shard: list", "controller", r.cfg.Controller, "err", err)
 		return min(next, r.cfg.Poll), nil
+	}
+	if stop.Err() != nil {
+		return next, nil
 	}
 	listed := clk.Now()
 	var members []string
@@ -190,6 +202,9 @@ func (r *Sharder) round(ctx context.Context) (time.Duration, error) {
 		if err := r.candidacies(ctx, cands, true); err != nil {
 			warn("shard: handover candidacies", "controller", r.cfg.Controller, "err", err)
 		}
+		if stop.Err() != nil {
+			return next, nil
+		}
 		wait, err := r.ensureMember(ctx)
 		if err != nil {
 			if err := r.candidacies(ctx, nil, false); err != nil {
@@ -202,6 +217,9 @@ func (r *Sharder) round(ctx context.Context) (time.Duration, error) {
 			return max(min(next, wait), time.Millisecond), nil
 		}
 		memberOwners[r.owner] = true
+		if stop.Err() != nil {
+			return next, nil // leave releases the member key and announces that
+		}
 		r.announce(ctx)
 	}
 	assign, second := ranked(r.cfg.Shards, members)
@@ -274,6 +292,9 @@ func (r *Sharder) round(ctx context.Context) (time.Duration, error) {
 	}
 	r.releaseAfterWork(moving)
 	r.mu.Unlock()
+	if stop.Err() != nil {
+		return next, nil // leave releases the grants handed to this process
+	}
 
 	// The shards to take, in one statement: after a leave or a crash, a
 	// replica may take many at once. Then the strays, in one statement.
@@ -285,6 +306,9 @@ func (r *Sharder) round(ctx context.Context) (time.Duration, error) {
 	if len(take) > 0 {
 		r.cfg.Logger.Info("shard: took", "controller", r.cfg.Controller, "identity", r.cfg.Identity,
 			"shards", len(take), "list_age", takeAt.Sub(listed), "took", clk.Since(takeAt))
+	}
+	if stop.Err() != nil {
+		return next, nil // leave releases the strays and withdraws
 	}
 	if errs, err := r.c.ReleaseMany(ctx, stray); err != nil {
 		warn("shard: release", "controller", r.cfg.Controller, "shards", len(stray), "err", err)

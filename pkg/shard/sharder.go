@@ -172,8 +172,21 @@ type Sharder struct {
 type owned struct {
 	s        int
 	term     *lease.Term
-	inflight sync.WaitGroup // work begun under the term (Begin)
+	inflight int           // work begun under the term (Begin) and not done; under mu
+	drained  chan struct{} // closed once stopping and no work runs
 	stopping bool
+}
+
+func newOwned(s int, t *lease.Term) *owned {
+	return &owned{s: s, term: t, drained: make(chan struct{})}
+}
+
+// doneLocked ends one piece of o's work.
+func (o *owned) doneLocked() {
+	o.inflight--
+	if o.stopping && o.inflight == 0 {
+		close(o.drained)
+	}
 }
 
 // The priorities of handover candidacies: a replica that Assign names for
@@ -249,10 +262,17 @@ func (r *Sharder) Begin(parent context.Context, s int) (ctx context.Context, don
 	if o == nil || o.stopping || o.term.Err() != nil {
 		return nil, nil, false
 	}
-	o.inflight.Add(1)
+	o.inflight++
 	ctx, cancel := o.term.Context(parent)
 	var once sync.Once
-	return ctx, func() { once.Do(func() { cancel(); o.inflight.Done() }) }, true
+	return ctx, func() {
+		once.Do(func() {
+			cancel()
+			r.mu.Lock()
+			o.doneLocked()
+			r.mu.Unlock()
+		})
+	}, true
 }
 
 // Assignment is the last view of the members (sorted) and of the owner

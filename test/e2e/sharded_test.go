@@ -141,6 +141,12 @@ func (r *shRun) start(controller, id string) {
 		t.Fatal(err)
 	}
 	cmd.Stderr = errLog
+	var evLog *os.File // the events too, when the logs are kept
+	if os.Getenv("PGLEASE_SHARDED_LOGS") != "" {
+		if evLog, err = os.Create(filepath.Join(r.logDir, id+".events")); err != nil {
+			t.Fatal(err)
+		}
+	}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -156,6 +162,9 @@ func (r *shRun) start(controller, id string) {
 		defer r.wg.Done()
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
+			if evLog != nil {
+				_, _ = evLog.Write(append(sc.Bytes(), '\n'))
+			}
 			var ev shEvent
 			if json.Unmarshal(sc.Bytes(), &ev) == nil {
 				r.mu.Lock()
@@ -165,6 +174,9 @@ func (r *shRun) start(controller, id string) {
 		}
 		_ = cmd.Wait()
 		errLog.Close()
+		if evLog != nil {
+			evLog.Close()
+		}
 	}()
 }
 
@@ -184,6 +196,7 @@ func (r *shRun) signal(id string, sig syscall.Signal) (time.Time, func()) {
 	r.mu.Unlock()
 	at := time.Now()
 	_ = cmd.Process.Signal(sig)
+	r.t.Logf("%s: %v at %s", id, sig, at.Format("15:04:05.000000"))
 	done := make(chan struct{})
 	go func() { _, _ = cmd.Process.Wait(); close(done) }()
 	return at, func() {
@@ -234,6 +247,7 @@ func (r *shRun) settled(controller string, live ...string) (time.Time, float64) 
 		}
 		last = now
 		if ok {
+			r.t.Logf("%s settled on %v at %s", controller, live, now.Format("15:04:05.000000"))
 			return now, unowned
 		}
 		if now.After(deadline) {
