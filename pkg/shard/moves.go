@@ -124,7 +124,7 @@ func (r *Sharder) releaseAfterWork(os []*owned) {
 // A release hands the key to its registered runner-up in the same
 // transaction. Then leave announces the change and withdraws its
 // candidacies.
-func (r *Sharder) leave() {
+func (r *Sharder) leave(stopped time.Time) {
 	r.mu.Lock()
 	var ending []*owned
 	for _, o := range r.owned {
@@ -204,8 +204,14 @@ func (r *Sharder) leave() {
 		r.announce(ctx)
 	}
 	r.stops.Wait() // releases begun by earlier rounds
+	// waited: for the statements of the round and the renewal running at the stop.
+	var waited time.Duration
+	if !stopped.IsZero() {
+		waited = start.Sub(stopped)
+	}
 	r.cfg.Logger.Info("shard: left", "controller", r.cfg.Controller, "identity", r.cfg.Identity,
-		"shards", len(ending), "work_ended", worked, "released", released, "statements", statements)
+		"shards", len(ending), "waited", waited, "work_ended", worked, "released", released,
+		"statements", statements, "announced", time.Since(start))
 	var keys []string
 	for s := range r.cands {
 		keys = append(keys, Key(r.cfg.Controller, s))

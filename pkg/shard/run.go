@@ -36,6 +36,8 @@ func (r *Sharder) Run(ctx context.Context) error {
 	renewing := make(chan struct{})
 	go func() { defer close(renewing); r.renewLoop(rctx, sctx) }()
 	defer func() { stopRenewing(); <-renewing }()
+	stopped := make(chan time.Time, 1) // when ctx ended: shard: left says what the stop cost
+	context.AfterFunc(ctx, func() { stopped <- clk.Now() })
 	for {
 		next, err := r.round(ctx, sctx)
 		if err != nil && ctx.Err() == nil {
@@ -43,7 +45,7 @@ func (r *Sharder) Run(ctx context.Context) error {
 				"identity", r.cfg.Identity, "err", err)
 			stopRenewing()
 			<-renewing
-			r.leave()
+			r.leave(time.Time{})
 			return err
 		}
 		t := clk.NewTimer(next)
@@ -54,7 +56,7 @@ func (r *Sharder) Run(ctx context.Context) error {
 			if errors.Is(context.Cause(ctx), errCrash) {
 				return nil // tests: a replica that stops renewing, as a crashed one
 			}
-			r.leave()
+			r.leave(<-stopped)
 			return nil
 		case <-t.C():
 		case <-r.kick:

@@ -85,13 +85,17 @@ func TestShardedBenchmark(t *testing.T) {
 		left, exited := r.signal(x, syscall.SIGTERM)
 		at, u2 := r.settled(ctl, ids...)
 		res.leave = at.Sub(left)
+		t.Logf("replicas=%d: the leaver's shards were last granted by %v", n, r.lastGrants(ctl, x, append(slices.Clone(ids), x)))
 		exited()
 		y := ctl + "-y"
 		r.start(ctl, y)
 		r.settled(ctl, append(slices.Clone(ids), y)...)
 		crashed, _ := r.signal(y, syscall.SIGKILL)
+		lapse := r.lastExpiry(y)
 		at, u3 := r.settled(ctl, ids...)
 		res.crash = at.Sub(crashed)
+		t.Logf("replicas=%d: the killed replica's last key lapsed %d ms after the kill, its shards settled %d ms after that",
+			n, lapse.Sub(crashed).Milliseconds(), at.Sub(lapse).Milliseconds())
 		close(stopChurn)
 		churning.Wait()
 		r.stopAll()
@@ -259,6 +263,47 @@ func (r *shRun) formerOwnerWrites(ctx context.Context, controller string) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// lastGrants counts how the shards Assign gave id among members were last
+// granted: handed_over (by the release), acquired or taken_over.
+func (r *shRun) lastGrants(controller, id string, members []string) map[string]int {
+	r.t.Helper()
+	ctx := pgtest.Context(r.t, 0)
+	kinds := map[string]int{}
+	for s, m := range shard.Assign(r.p.shards, members) {
+		if m != id {
+			continue
+		}
+		h, err := r.leases.History(ctx, shard.Key(controller, s), 10000)
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		for i := len(h) - 1; i >= 0; i-- {
+			if k := h[i].Kind; k == lease.HistoryAcquired || k == lease.HistoryTakenOver || k == "handed_over" {
+				kinds[k]++
+				break
+			}
+		}
+	}
+	return kinds
+}
+
+// lastExpiry is the latest server expiry of the keys id's process holds:
+// the earliest a crash of it can be settled.
+func (r *shRun) lastExpiry(id string) time.Time {
+	r.t.Helper()
+	states, err := r.leases.List(pgtest.Context(r.t, 0))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	var last time.Time
+	for _, st := range states {
+		if st.Held && strings.HasPrefix(st.Owner, id+"#") && st.ExpiresAt.After(last) {
+			last = st.ExpiresAt
+		}
+	}
+	return last
 }
 
 // joined waits for id's member key of controller and returns when the
