@@ -247,6 +247,7 @@ func (r *Sharder) round(stop, ctx context.Context) (time.Duration, error) {
 	r.metrics.unowned.Set(float64(unowned))
 	r.metrics.members.Set(float64(len(members)))
 	var take []int
+	lapsing := map[int]time.Time{} // shard -> when its holder's grant lapses (no member holds it)
 	var moving []*owned
 	var stray []lease.Token
 	cands := map[int]int32{}
@@ -281,8 +282,9 @@ func (r *Sharder) round(stop, ctx context.Context) (time.Duration, error) {
 					next = min(next, r.cfg.Poll)
 				case r.cfg.Waiter == nil:
 					next = min(next, r.cfg.Poll, d)
+					lapsing[s] = st.ExpiresLocal()
 				default:
-					next = min(next, max(d, time.Millisecond))
+					lapsing[s] = st.ExpiresLocal()
 				}
 				continue
 			}
@@ -308,6 +310,53 @@ func (r *Sharder) round(stop, ctx context.Context) (time.Duration, error) {
 	if len(take) > 0 {
 		r.cfg.Logger.Info("shard: took", "controller", r.cfg.Controller, "identity", r.cfg.Identity,
 			"shards", len(take), "list_age", takeAt.Sub(listed), "took", clk.Since(takeAt))
+	}
+	// Grants of a crashed or departed holder that lapse within a Poll are
+	// taken as they lapse, before this round's other statements: a crashed
+	// replica's shards lapse at several instants, and a round per instant
+	// would add a list and the candidacies between two takes.
+	for stop.Err() == nil {
+		var first time.Time
+		for _, at := range lapsing {
+			if first.IsZero() || at.Before(first) {
+				first = at
+			}
+		}
+		if first.IsZero() || first.Sub(clk.Now()) > r.cfg.Poll {
+			break
+		}
+		if d := first.Sub(clk.Now()); d > 0 {
+			t := clk.NewTimer(d)
+			select {
+			case <-t.C():
+			case <-stop.Done():
+				t.Stop()
+				continue
+			}
+		}
+		now := clk.Now()
+		var due []int
+		for s, at := range lapsing {
+			if !at.After(now) {
+				due = append(due, s)
+				delete(lapsing, s)
+			}
+		}
+		slices.Sort(due)
+		if err := r.take(ctx, due); err != nil {
+			warn("shard: acquire", "controller", r.cfg.Controller, "shards", len(due), "err", err)
+			next = min(next, r.cfg.Poll)
+		}
+		for _, s := range due {
+			if r.Owns(s) {
+				delete(cands, s)
+			}
+		}
+		r.cfg.Logger.Info("shard: took", "controller", r.cfg.Controller, "identity", r.cfg.Identity,
+			"shards", len(due), "lapsed", clk.Since(first), "took", clk.Since(now))
+	}
+	for _, at := range lapsing {
+		next = min(next, max(at.Sub(clk.Now()), time.Millisecond))
 	}
 	if stop.Err() != nil {
 		return next, nil // leave releases the strays and withdraws
