@@ -117,8 +117,9 @@ func (r *Sharder) releaseAfterWork(os []*owned) {
 	}()
 }
 
-// leave ends every shard's term (cancelling its work), then releases the
-// member key and every shard whose work has ended in one statement, and
+// leave ends every shard's term (cancelling its work), lists the shard
+// keys, then releases the member key, the grants handed over to it and
+// every shard whose work has ended in one statement, and
 // each other shard as soon as its work ends: a shard's grant moves only
 // after its work, and a slow piece of work holds back its shard alone.
 // A release hands the key to its registered runner-up in the same
@@ -134,10 +135,10 @@ func (r *Sharder) leave(stopped time.Time) {
 		}
 	}
 	m := r.member
-	var ts []lease.Token
+	untaken := map[int]lease.Token{} // grants handed over to this process, never taken
 	for s, t := range r.handed {
 		if r.owned[s] == nil {
-			ts = append(ts, t) // handed over to this process, never taken
+			untaken[s] = t
 		}
 	}
 	r.handed = map[int]lease.Token{}
@@ -145,6 +146,25 @@ func (r *Sharder) leave(stopped time.Time) {
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.TTL)
 	defer cancel()
 	start := time.Now()
+	// A handover may have granted this process shards no round has listed
+	// yet: they go in the first statement too, not in the sweep at the end.
+	shardKeys := make([]string, r.cfg.Shards)
+	for s := range shardKeys {
+		shardKeys[s] = Key(r.cfg.Controller, s)
+	}
+	if states, err := r.c.List(ctx, shardKeys...); err == nil {
+		r.mu.Lock()
+		for _, st := range states {
+			if s, ok := parseShard(r.cfg.Controller, st.Key, r.cfg.Shards); ok && st.Held && st.Owner == r.owner && r.owned[s] == nil {
+				untaken[s] = lease.Token{Key: st.Key, Owner: st.Owner, Epoch: st.Epoch}
+			}
+		}
+		r.mu.Unlock()
+	}
+	var ts []lease.Token
+	for _, t := range untaken {
+		ts = append(ts, t)
+	}
 	if m != nil {
 		m.End(lease.ErrReleased)
 		ts = append(ts, m.Grant().Token)
