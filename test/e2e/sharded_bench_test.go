@@ -38,7 +38,7 @@ func TestShardedBenchmark(t *testing.T) {
 		t.Skip("opt-in benchmark: set PGLEASE_SHARDED_BENCH=1")
 	}
 	r, kube := newShRun(t, shardedBench, "bench")
-	ctx := pgtest.Context(t, 0)
+	ctx := pgtest.Context(t, 30*time.Minute) // the whole run: minutes on a loaded host
 	p := r.p
 	createObjects(t, kube, r.namespace, p.objects)
 
