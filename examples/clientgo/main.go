@@ -28,8 +28,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
 	"strings"
@@ -37,6 +39,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
@@ -115,6 +119,8 @@ func run(dsn, key, id string, leaseDuration, renewDeadline, retryPeriod, leadFor
 	// Never acknowledge a change whose wait for the synchronous standbys was
 	// cancelled (lease.ErrCommitUnknown).
 	lease.ObserveCommits(&pcfg.ConnConfig.Config)
+	// No cancel request when the process stops (see finishOnStop).
+	pcfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler { return finishOnStop{c.Conn()} }
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err
@@ -194,3 +200,22 @@ func work(leaderCtx context.Context, lock *resourcelock.Lock, retry time.Duratio
 		cancel()
 	}
 }
+
+// finishOnStop is each connection's context handler: pgx interrupts a query
+// whose context ended by a socket deadline, and sends a cancel request as
+// it does, which PgBouncer 1.18 can exit on (docs/operations.md). A query
+// cancelled because the process stops gets 5 s to finish; no lease call
+// waits on the server, so none is interrupted. A query past its deadline is
+// interrupted at once, as pgx does by default: client-go's renewal still
+// ends at RenewDeadline, and leadership never outlives the grant.
+type finishOnStop struct{ conn net.Conn }
+
+func (h finishOnStop) HandleCancel(ctx context.Context) {
+	var delay time.Duration
+	if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		delay = 5 * time.Second
+	}
+	_ = h.conn.SetDeadline(time.Now().Add(delay))
+}
+
+func (h finishOnStop) HandleUnwatchAfterCancel() { _ = h.conn.SetDeadline(time.Time{}) }
