@@ -5,6 +5,8 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -21,33 +23,54 @@ var built struct {
 // is missing or the build fails.
 func BuildProgram(t testing.TB, pkg string) string {
 	t.Helper()
+	return BuildPrograms(t, pkg)[pkg]
+}
+
+// BuildPrograms is BuildProgram for several packages, with one go command
+// for those not built yet: it builds them in parallel. It returns each
+// binary's path by import path.
+func BuildPrograms(t testing.TB, pkgs ...string) map[string]string {
+	t.Helper()
 	built.mu.Lock()
 	defer built.mu.Unlock()
-	if bin, ok := built.bins[pkg]; ok {
-		return bin
+	var todo []string
+	for _, pkg := range pkgs {
+		if _, ok := built.bins[pkg]; !ok && !slices.Contains(todo, pkg) {
+			todo = append(todo, pkg)
+		}
 	}
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = filepath.Join(os.Getenv("GOROOT"), "bin", "go")
-		if _, err := os.Stat(goBin); err != nil {
-			goBin = "/usr/local/go/bin/go"
+	if len(todo) > 0 {
+		goBin, err := exec.LookPath("go")
+		if err != nil {
+			goBin = filepath.Join(os.Getenv("GOROOT"), "bin", "go")
 			if _, err := os.Stat(goBin); err != nil {
-				t.Fatalf("building %s needs the go command (not on PATH, not in $GOROOT/bin or /usr/local/go/bin)", pkg)
+				goBin = "/usr/local/go/bin/go"
+				if _, err := os.Stat(goBin); err != nil {
+					t.Fatalf("building %s needs the go command (not on PATH, not in $GOROOT/bin or /usr/local/go/bin)", strings.Join(todo, " "))
+				}
 			}
 		}
-	}
-	if built.dir == "" {
-		if built.dir, err = os.MkdirTemp("", "pgtest-bin-"); err != nil {
-			t.Fatal(err)
+		if built.dir == "" {
+			if built.dir, err = os.MkdirTemp("", "pgtest-bin-"); err != nil {
+				t.Fatal(err)
+			}
+			built.bins = map[string]string{}
 		}
-		built.bins = map[string]string{}
+		// go build -o DIR/ writes each main package into DIR under its last
+		// path element.
+		args := append([]string{"build", "-o", built.dir + string(filepath.Separator)}, todo...)
+		if out, err := exec.Command(goBin, args...).CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", strings.Join(todo, " "), err, out)
+		}
+		for _, pkg := range todo {
+			built.bins[pkg] = filepath.Join(built.dir, path.Base(pkg))
+		}
 	}
-	bin := filepath.Join(built.dir, path.Base(pkg))
-	if out, err := exec.Command(goBin, "build", "-o", bin, pkg).CombinedOutput(); err != nil {
-		t.Fatalf("go build %s: %v\n%s", pkg, err, out)
+	out := map[string]string{}
+	for _, pkg := range pkgs {
+		out[pkg] = built.bins[pkg]
 	}
-	built.bins[pkg] = bin
-	return bin
+	return out
 }
 
 func removeBuilt() {

@@ -3,6 +3,7 @@ package pgbouncer
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -30,14 +31,16 @@ const examplesPkg = "github.com/pglease/pg_lease/examples/"
 // processes, as a user would, with their DSN pointing at a real PgBouncer
 // in session and in transaction pooling (with the statement settings of
 // docs/operations.md): fenced-writer's whole story, three clientgo
-// candidates through a handoff and a takeover, and two manager replicas on
-// a real kube-apiserver through a handoff. No bouncer may see a cancel
-// request.
+// candidates through a handoff and a takeover, a clientgo leader stopped
+// while its renewal waits on the server, and two manager replicas on a real
+// kube-apiserver through a handoff. No bouncer may see a cancel request.
 func TestExamplesThroughPgBouncer(t *testing.T) {
+	bins := pgtest.BuildPrograms(t, examplesPkg+"fenced-writer", examplesPkg+"clientgo", examplesPkg+"manager")
 	s := newSetup(t)
-	t.Run("fenced-writer", func(t *testing.T) { testFencedWriterExample(t, s) })
-	t.Run("clientgo", func(t *testing.T) { testClientGoExample(t, s) })
-	t.Run("manager", func(t *testing.T) { testManagerExample(t, s) })
+	t.Run("fenced-writer", func(t *testing.T) { testFencedWriterExample(t, s, bins[examplesPkg+"fenced-writer"]) })
+	t.Run("clientgo", func(t *testing.T) { testClientGoExample(t, s, bins[examplesPkg+"clientgo"]) })
+	t.Run("clientgo-stop-in-renewal", func(t *testing.T) { testClientGoStopInRenewal(t, s, bins[examplesPkg+"clientgo"]) })
+	t.Run("manager", func(t *testing.T) { testManagerExample(t, s, bins[examplesPkg+"manager"]) })
 	s.checkNoCancelRequests(t)
 }
 
@@ -60,8 +63,7 @@ func sized(mode, dsn string) string {
 // testFencedWriterExample: examples/fenced-writer through each mode, both
 // its lease database (where it creates pg_lease) and its store; the output
 // is the one its own test expects.
-func testFencedWriterExample(t *testing.T, s *setup) {
-	bin := pgtest.BuildProgram(t, examplesPkg+"fenced-writer")
+func testFencedWriterExample(t *testing.T, s *setup, bin string) {
 	s.forEachMode(t, func(t *testing.T, mode, _ string) {
 		_, leases := s.newDatabase(t, false)
 		_, store := s.newDatabase(t, false)
@@ -95,9 +97,9 @@ the store holds report written by B@2
 // epoch once the grant lapsed on the server. The key's history on the
 // server records exactly these changes, and the processes' lines show one
 // leader at a time.
-func testClientGoExample(t *testing.T, s *setup) {
-	bin := pgtest.BuildProgram(t, examplesPkg+"clientgo")
-	admin := s.directClient(t)
+func testClientGoExample(t *testing.T, s *setup, bin string) {
+	direct := newPool(t, s.direct)
+	admin := lease.New(direct)
 	s.forEachMode(t, func(t *testing.T, mode, dsn string) {
 		ctx := pgtest.Context(t, 0)
 		key := "example-clientgo-" + mode
@@ -125,6 +127,7 @@ func testClientGoExample(t *testing.T, s *setup) {
 				p.awaitStderr(t, "Attempting to acquire leader lease") // client-go's first attempt
 			}
 		}
+		settle(t, direct, admin, key)
 
 		// SIGTERM: the leader ends its term, releases, and exits 0.
 		termed := procs[first.id].signal(t, syscall.SIGTERM)
@@ -183,19 +186,63 @@ func testClientGoExample(t *testing.T, s *setup) {
 	})
 }
 
+// testClientGoStopInRenewal: an examples/clientgo leader stopped while its
+// renewal waits on the server (the test holds the key's row lock) lets the
+// renewal finish, releases and exits 0, through each mode. pgx would
+// interrupt the renewal and send a cancel request, which PgBouncer 1.18 can
+// exit on; the test's end checks that none was sent.
+func testClientGoStopInRenewal(t *testing.T, s *setup, bin string) {
+	direct := newPool(t, s.direct)
+	admin := lease.New(direct)
+	s.forEachMode(t, func(t *testing.T, mode, dsn string) {
+		ctx := pgtest.Context(t, 0)
+		key := "example-clientgo-stop-" + mode
+		lines := make(chan exampleLine, 100)
+		// A 6 s TTL: the renewal's deadline (RenewDeadline, 4 s) stays far
+		// from the time the test holds it up.
+		p := startExample(t, bin, "a", "PGLEASE_DSN="+sized(mode, dsn), lines, "-id", "a", "-key", key, "-lease-duration", "6s")
+		leading := pgtest.NewEvents(lines).Await(t, time.Minute, "the leader", func(l exampleLine) bool { return l.kind == "leading" })
+		tx, err := direct.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(context.Background())
+		if _, err := tx.Exec(ctx, "SELECT FROM lease.leases WHERE key = $1 FOR UPDATE", key); err != nil {
+			t.Fatal(err)
+		}
+		pgtest.Eventually(t, time.Minute, "the renewal to wait for the key's row", func() bool {
+			var n int
+			err := direct.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%lease.renew(%'`).Scan(&n)
+			return err == nil && n > 0
+		})
+		p.signal(t, syscall.SIGTERM)
+		time.Sleep(300 * time.Millisecond) // the stop cancels the renewal's context meanwhile
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.wait(t); err != nil {
+			t.Fatalf("the leader stopped in its renewal: %v", err)
+		}
+		if st, err := admin.Inspect(ctx, key); err != nil || st.Held || !st.Released || st.Epoch != leading.tok.Epoch+1 {
+			t.Fatalf("after the leader stopped in its renewal: %+v %v, want released", st, err)
+		}
+	})
+}
+
 // testManagerExample: two examples/manager replicas (controller-runtime,
 // pkg/leaderelection) on a real kube-apiserver, through each mode. The
 // leader stamps a ConfigMap with its epoch; on SIGTERM it releases and
 // exits 0, and the other replica restamps it at the next grant's epoch.
-func testManagerExample(t *testing.T, s *setup) {
-	bin := pgtest.BuildProgram(t, examplesPkg+"manager")
+func testManagerExample(t *testing.T, s *setup, bin string) {
 	cfg := kubetest.Start(t)
 	kubeconfig := kubetest.WriteKubeconfig(t, cfg)
 	kube, err := client.New(cfg, client.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	admin := s.directClient(t)
+	direct := newPool(t, s.direct)
+	admin := lease.New(direct)
 	s.forEachMode(t, func(t *testing.T, mode, dsn string) {
 		ctx := pgtest.Context(t, 0)
 		key := "example-manager-" + mode
@@ -237,6 +284,7 @@ func testManagerExample(t *testing.T, s *setup) {
 		if first.id == "m1" {
 			other = "m2"
 		}
+		settle(t, direct, admin, key)
 		termed := procs[first.id].signal(t, syscall.SIGTERM)
 		second := reconciled("the successor's reconcile", first.id)
 		if second.id != other || second.tok.Epoch != e+2 {
@@ -260,6 +308,19 @@ func testManagerExample(t *testing.T, s *setup) {
 		t.Logf("%s pooling, examples/manager (-lease-duration %v): SIGTERM → %s reconciles %s later (server: leaderless %s)",
 			mode, ttl, other, ms(second.at.Sub(termed)), ms(h[2].At.Sub(h[1].At)))
 	})
+}
+
+// settle returns a second after the server's present, on the server's
+// clock: client-go sleeps up to 2.2 RetryPeriods between a follower's
+// attempts, so followers that have begun theirs then wait in their Get (for
+// a notification or their poll), as they do in steady state.
+func settle(t *testing.T, q pgtest.Querier, c *lease.Client, key string) {
+	t.Helper()
+	st, err := c.Inspect(pgtest.Context(t, time.Minute), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgtest.WaitServerPast(t, q, st.ServerNow.Add(time.Second))
 }
 
 // serverHolds fails the test unless lease.inspect says owner holds key at

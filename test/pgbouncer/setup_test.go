@@ -2,8 +2,9 @@
 // pgbouncer, started by the tests on loopback) in session and in
 // transaction pooling: the lease client, fence.InTx, the Waiter and its
 // fallback when notifications cannot pass, pkg/elector in candidate
-// processes, client-go's elector on pkg/resourcelock, and the CLI. It
-// measures handoff and takeover through each mode (t.Log, not assertions).
+// processes, client-go's elector on pkg/resourcelock, the CLI, and the
+// example programs run as a user runs them. It measures handoff and
+// takeover through each mode (t.Log, not assertions).
 package pgbouncer
 
 import (
