@@ -15,7 +15,7 @@
 #                  the baseline, each traced (where the time goes)
 #   elector-200/   (full only) pkg/elector alone, fast profile, 200 trials, pools
 #                  warmed by lease.WarmConn and cold ones (elector-cold), interleaved
-#   firstreconcile.log (full only) examples/operator on the real kube-apiserver:
+#   firstreconcile.log examples/operator on the real kube-apiserver:
 #                  SIGTERM of the leader to the successor's first Reconcile,
 #                  pg_lease and the Lease lock, cold and warm caches (test/e2e)
 #   scale.*        1k/10k/100k keys renew throughput, size after 10M renewals, HOT
@@ -24,10 +24,10 @@
 #                  vs 1 waiter: release-to-grant, one winner per release, server
 #                  CPU and statements per release
 #
-#   rollout.log    (full only) rolling updates of a 3-replica examples/operator on
+#   rollout.log    rolling updates of a 3-replica examples/operator on
 #                  the real kube-apiserver: leader changes and leaderless time
 #                  per rollout, Lease lock, pg_lease, pg_lease with handover
-#   sharded.log    (full only) examples/sharded over 3,000 objects: throughput
+#   sharded.log    examples/sharded over 3,000 objects (smoke: 60): throughput
 #                  at 1-3 replicas, join/leave/crash rebalance times, chaos
 #
 #   firstcalls.log the first inspect, acquire and release on a new connection,
@@ -56,8 +56,8 @@ full)
 	# the pg_lease handoffs at controller-runtime's timings, 200 trials each
 	handoff200_args=(-systems baseline,elector,elector-handover,clientgo-pg,clientgo-pg-handover -profiles defaults -default-trials 200)
 	first_reconcile_trials=20
-	rollouts=10
-	sharded=1
+	rollout_env=(PGLEASE_ROLLOUTS=10)
+	sharded_env=(PGLEASE_SHARDED_BENCH=1)
 	scale_args=(-duration 30s -rounds 2 -keys 1000,10000,100000 -renewals 10000000 -cleanup-keys 100000)
 	firstcalls_n=300x
 	waiters_args=(-waiters 1000 -conns 50 -pool 50 -releases 30)
@@ -68,9 +68,12 @@ smoke)
 	handoff_args=(-trials 2 -default-trials 1)
 	elector_args=()
 	handoff200_args=()
-	first_reconcile_trials=0
-	rollouts=0
-	sharded=0
+	# the e2e benchmarks at their smallest: one trial per lock and cache mode,
+	# one rollout per system with short settle times, the sharded run over
+	# 60 objects with 5 chaos steps (about 90 s together, most of smoke's time)
+	first_reconcile_trials=1
+	rollout_env=(PGLEASE_ROLLOUTS=1 PGLEASE_ROLLOUT_SETTLE=1s)
+	sharded_env=(PGLEASE_SHARDED_BENCH=1 PGLEASE_SHARDED_OBJECTS=60 PGLEASE_SHARDED_CHAOS_STEPS=5)
 	scale_args=(-duration 2s -rounds 1 -keys 100,1000 -renewals 20000 -cleanup-keys 2000)
 	firstcalls_n=5x
 	waiters_args=(-waiters 20 -conns 4 -pool 8 -releases 3 -settle 100ms -also 4x4)
@@ -112,6 +115,10 @@ step() {
 	if ! "$@" 2>&1 | tee "$out/$name.log"; then
 		echo "== $name FAILED" | tee -a "$out/env.txt"
 		failed+=("$name")
+	elif grep -q -- '--- SKIP' "$out/$name.log"; then
+		# A skipped benchmark measured nothing: that is a failure here.
+		echo "== $name SKIPPED a test (see $out/$name.log)" | tee -a "$out/env.txt"
+		failed+=("$name")
 	fi
 }
 step physical go run ./bench/physical -out "$out" "${physical_args[@]}"
@@ -123,16 +130,10 @@ fi
 if ((${#elector_args[@]})); then
 	step handoff-elector go run ./bench/handoff -out "$out/elector-200" "${elector_args[@]}"
 fi
-if ((first_reconcile_trials > 0)); then
-	step firstreconcile env PGLEASE_E2E_FIRST_RECONCILE_TRIALS="$first_reconcile_trials" PGLEASE_E2E_RESULTS="$(realpath "$out")/firstreconcile.results" \
-		go test -count=1 -v -timeout 60m -run '^TestFirstReconcile$' ./test/e2e/
-fi
-if ((rollouts > 0)); then
-	step rollout env PGLEASE_ROLLOUTS="$rollouts" go test -count=1 -v -timeout 60m -run '^TestRollout$' ./test/e2e/
-fi
-if ((sharded > 0)); then
-	step sharded env PGLEASE_SHARDED_BENCH=1 go test -count=1 -v -timeout 60m -run '^TestShardedBenchmark$' ./test/e2e/
-fi
+step firstreconcile env PGLEASE_E2E_FIRST_RECONCILE_TRIALS="$first_reconcile_trials" PGLEASE_E2E_RESULTS="$(realpath "$out")/firstreconcile.results" \
+	go test -count=1 -v -timeout 60m -run '^TestFirstReconcile$' ./test/e2e/
+step rollout env "${rollout_env[@]}" go test -count=1 -v -timeout 60m -run '^TestRollout$' ./test/e2e/
+step sharded env "${sharded_env[@]}" go test -count=1 -v -timeout 60m -run '^TestShardedBenchmark$' ./test/e2e/
 step firstcalls go test ./pkg/lease -run '^$' -bench FirstCallsOnANewConnection -benchtime "$firstcalls_n" -count 1
 step scale go run ./bench/scale -out "$out" "${scale_args[@]}"
 step waiters go run ./bench/waiters -out "$out" "${waiters_args[@]}"

@@ -57,6 +57,9 @@ const (
 // below 10 s, and prints one line per system:
 //
 //	rollout: SYSTEM leader-changes/rollout X leaderless/rollout Y ms (n=N)
+//
+// PGLEASE_ROLLOUT_SETTLE=D bounds the settle times by D instead (bench/run.sh
+// smoke: 1s, so that a tiny run of every system stays short).
 func TestRollout(t *testing.T) {
 	n, systems, maxSettle := 2, []string{rolloutHandover}, time.Second
 	if v := os.Getenv("PGLEASE_ROLLOUTS"); v != "" {
@@ -66,6 +69,13 @@ func TestRollout(t *testing.T) {
 			t.Fatalf("PGLEASE_ROLLOUTS=%q: want a positive number of rollouts per system", v)
 		}
 		systems = []string{rolloutLeaseLock, rolloutPgLease, rolloutHandover}
+	}
+	if v := os.Getenv("PGLEASE_ROLLOUT_SETTLE"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			t.Fatalf("PGLEASE_ROLLOUT_SETTLE=%q: want a positive duration", v)
+		}
+		maxSettle = d
 	}
 	h := newHarness(t)
 	var summary []string

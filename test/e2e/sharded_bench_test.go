@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -30,16 +31,35 @@ import (
 // CPU-bound reconciler would measure the cores, not the sharding.
 //
 // Opt-in (minutes): PGLEASE_SHARDED_BENCH=1 go test -run TestShardedBenchmark -v ./test/e2e/
+// PGLEASE_SHARDED_OBJECTS and PGLEASE_SHARDED_CHAOS_STEPS shrink it (bench/run.sh smoke:
+// every phase still runs, the numbers mean nothing).
 var shardedBench = shardedParams{objects: 3000, shards: 64, workers: 8, work: 50 * time.Millisecond,
 	ttl: 2 * time.Second}
+
+const shardedChaosSteps = 30
+
+// envCount is the positive number in the variable name, or def when unset.
+func envCount(t *testing.T, name string, def int) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		t.Fatalf("%s=%q: want a positive number", name, v)
+	}
+	return n
+}
 
 func TestShardedBenchmark(t *testing.T) {
 	if os.Getenv("PGLEASE_SHARDED_BENCH") == "" {
 		t.Skip("opt-in benchmark: set PGLEASE_SHARDED_BENCH=1")
 	}
-	r, kube := newShRun(t, shardedBench, "bench")
+	p := shardedBench
+	p.objects = envCount(t, "PGLEASE_SHARDED_OBJECTS", p.objects)
+	steps := envCount(t, "PGLEASE_SHARDED_CHAOS_STEPS", shardedChaosSteps)
+	r, kube := newShRun(t, p, "bench")
 	ctx := pgtest.Context(t, 30*time.Minute) // the whole run: minutes on a loaded host
-	p := r.p
 	createObjects(t, kube, r.namespace, p.objects)
 
 	// Per replica count R: R replicas reconcile every object (the
@@ -116,7 +136,7 @@ func TestShardedBenchmark(t *testing.T) {
 		}
 	}
 
-	r.chaos(kube, 30, 20250) // after bench-3: its objects carry bench-3's label
+	r.chaos(kube, steps, 20250) // after bench-3: its objects carry bench-3's label
 }
 
 // chaos runs replicas of one controller through steps random joins,
