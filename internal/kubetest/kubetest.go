@@ -104,21 +104,104 @@ func RepoRoot() (string, error) {
 // skips.
 func Start(t testing.TB) *rest.Config {
 	t.Helper()
-	dir, err := Assets()
-	if err != nil {
-		t.Fatalf("building the test control plane: %v", err)
-	}
-
-	logDir := t.TempDir()
-	etcdLog, err := os.Create(filepath.Join(logDir, "etcd.log"))
+	cp, err := start(t.TempDir(), t.Logf)
 	if err != nil {
 		t.Fatal(err)
+	}
+	t.Logf("control plane from %s started in %v at %s", cp.dir, cp.took.Round(time.Millisecond), cp.cfg.Host)
+	t.Cleanup(func() {
+		start := time.Now()
+		if err := cp.stop(); err != nil {
+			t.Errorf("stopping envtest control plane: %v", err)
+		}
+		t.Logf("control plane stopped in %v", time.Since(start).Round(time.Millisecond))
+	})
+	return cp.cfg
+}
+
+var shared struct {
+	once   sync.Once
+	cp     *controlPlane
+	logDir string
+	err    error
+}
+
+// Shared is Start for the tests of a test binary that need no control
+// plane of their own: the first call starts one, later calls return the
+// same config, and StopShared (from TestMain, after m.Run) stops it. Those
+// tests keep to objects of their own (their own namespace or names): the
+// control plane runs no controllers, so one test's objects never act on
+// another's.
+func Shared(t testing.TB) *rest.Config {
+	t.Helper()
+	shared.once.Do(func() {
+		if shared.logDir, shared.err = os.MkdirTemp("", "pglease-control-plane-"); shared.err != nil {
+			return
+		}
+		shared.cp, shared.err = start(shared.logDir, t.Logf)
+	})
+	if shared.err != nil {
+		t.Fatal(shared.err)
+	}
+	t.Logf("shared control plane from %s (started in %v) at %s", shared.cp.dir, shared.cp.took.Round(time.Millisecond),
+		shared.cp.cfg.Host)
+	return shared.cp.cfg
+}
+
+// StopShared stops the control plane that Shared started, if any, and
+// removes its logs.
+func StopShared() error {
+	if shared.cp == nil {
+		if shared.logDir != "" {
+			os.RemoveAll(shared.logDir)
+		}
+		return nil
+	}
+	err := shared.cp.stop()
+	shared.cp = nil
+	if err != nil {
+		return fmt.Errorf("stopping the shared control plane: %w (logs in %s)", err, shared.logDir)
+	}
+	os.RemoveAll(shared.logDir)
+	return nil
+}
+
+// controlPlane is a running envtest control plane.
+type controlPlane struct {
+	env        *envtest.Environment
+	cfg        *rest.Config
+	dir        string // of the binaries
+	took       time.Duration
+	logs       []*os.File
+	stopReaper func()
+}
+
+func (cp *controlPlane) stop() error {
+	if cp.stopReaper != nil {
+		cp.stopReaper()
+	}
+	err := cp.env.Stop()
+	for _, f := range cp.logs {
+		f.Close()
+	}
+	return err
+}
+
+// start starts a control plane with its logs in logDir.
+func start(logDir string, logf func(string, ...any)) (*controlPlane, error) {
+	dir, err := Assets()
+	if err != nil {
+		return nil, fmt.Errorf("building the test control plane: %w", err)
+	}
+	etcdLog, err := os.Create(filepath.Join(logDir, "etcd.log"))
+	if err != nil {
+		return nil, err
 	}
 	apiLog, err := os.Create(filepath.Join(logDir, "kube-apiserver.log"))
 	if err != nil {
-		t.Fatal(err)
+		etcdLog.Close()
+		return nil, err
 	}
-	t.Cleanup(func() { etcdLog.Close(); apiLog.Close() })
 
 	useExisting := false
 	env := &envtest.Environment{
@@ -146,34 +229,25 @@ func Start(t testing.TB) *rest.Config {
 			},
 		},
 	}
-
-	start := time.Now()
+	cp := &controlPlane{env: env, dir: dir, logs: []*os.File{etcdLog, apiLog}}
+	begin := time.Now()
 	before := children(dir)
-	cfg, err := env.Start()
+	cp.cfg, err = env.Start()
 	if err != nil {
 		// Stop whatever did start before failing.
-		stopErr := env.Stop()
-		t.Fatalf("starting envtest control plane from %s: %v (stop: %v)\netcd log tail:\n%s\nkube-apiserver log tail:\n%s",
+		stopErr := cp.stop()
+		return nil, fmt.Errorf("starting envtest control plane from %s: %v (stop: %v)\netcd log tail:\n%s\nkube-apiserver log tail:\n%s",
 			dir, err, stopErr, Tail(etcdLog.Name()), Tail(apiLog.Name()))
 	}
-	t.Logf("control plane from %s started in %v at %s", dir, time.Since(start).Round(time.Millisecond), cfg.Host)
-	stopReaper := reapOnExit(t, before, children(dir))
-	t.Cleanup(func() {
-		stopReaper()
-		start := time.Now()
-		if err := env.Stop(); err != nil {
-			t.Errorf("stopping envtest control plane: %v", err)
+	cp.took = time.Since(begin)
+	cp.stopReaper = reapOnExit(logf, before, children(dir))
+	for _, u := range []string{cp.cfg.Host, env.ControlPlane.Etcd.URL.String()} {
+		if err := requireLoopback(u); err != nil {
+			cp.stop()
+			return nil, err
 		}
-		t.Logf("control plane stopped in %v", time.Since(start).Round(time.Millisecond))
-	})
-
-	if err := requireLoopback(cfg.Host); err != nil {
-		t.Fatal(err)
 	}
-	if err := requireLoopback(env.ControlPlane.Etcd.URL.String()); err != nil {
-		t.Fatal(err)
-	}
-	return cfg
+	return cp, nil
 }
 
 // children returns this process's child processes running a binary of dir.
@@ -210,7 +284,7 @@ func children(dir string) map[int]bool {
 // (those in after and not in before) if this test process dies without
 // stopping them, as a killed `go test` would. The returned func stops the
 // watcher; call it before the control plane is stopped.
-func reapOnExit(t testing.TB, before, after map[int]bool) func() {
+func reapOnExit(logf func(string, ...any), before, after map[int]bool) func() {
 	args := []string{"-c", `p=$1; shift; tail --pid="$p" -f /dev/null; kill -9 "$@" 2>/dev/null`, "reaper", strconv.Itoa(os.Getpid())}
 	for pid := range after {
 		if !before[pid] {
@@ -218,13 +292,13 @@ func reapOnExit(t testing.TB, before, after map[int]bool) func() {
 		}
 	}
 	if len(args) == 5 {
-		t.Logf("no etcd or kube-apiserver child found to watch: a killed test would leave them running")
+		logf("no etcd or kube-apiserver child found to watch: a killed test would leave them running")
 		return func() {}
 	}
 	cmd := exec.Command("bash", args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		t.Logf("starting the control plane's reaper: %v", err)
+		logf("starting the control plane's reaper: %v", err)
 		return func() {}
 	}
 	done := make(chan struct{})

@@ -20,8 +20,12 @@ import (
 // version the server must report (set through -ldflags by the build script).
 const wantKubernetesVersion = "v1.37.2"
 
-// StartControlPlane starts a fresh control plane for the test (kubetest.Start).
-func StartControlPlane(t testing.TB) *rest.Config { return kubetest.Start(t) }
+// StartControlPlane returns the control plane that the tests of this
+// binary share (kubetest.Shared; TestMain stops it): starting one per test
+// cost 5-25 s each. Every test keeps to a namespace or object names of its
+// own, and the control plane runs no controllers, so no test sees another's
+// objects act.
+func StartControlPlane(t testing.TB) *rest.Config { return kubetest.Shared(t) }
 
 func repoRoot() (string, error) { return kubetest.RepoRoot() }
 

@@ -69,6 +69,12 @@ var (
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	if err := kubetest.StopShared(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		if code == 0 {
+			code = 1
+		}
+	}
 	if operatorDir != "" {
 		os.RemoveAll(operatorDir)
 	}
