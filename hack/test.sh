@@ -3,7 +3,8 @@
 # test harness) starts and removes.
 #   1. installs what is missing (hack/install-deps.sh)
 #   2. installs the extension files into the local PostgreSQL (make -C sql install)
-#   3. regression + isolation suites against a throwaway cluster
+#   3. regression + isolation suites against a throwaway cluster (meanwhile,
+#      on a new machine, the test control plane builds at low priority)
 #   4. every Go test (unit, integration, failure suite, end-to-end), each
 #      package starting its own throwaway servers (the Patroni suite,
 #      test/ha, is make test-ha: CI runs it after this)
