@@ -30,6 +30,9 @@
 #   sharded.log    examples/sharded over 3,000 objects (smoke: 60): throughput
 #                  at 1-3 replicas, join/leave/crash rebalance times, chaos
 #
+#   e2e.log        (smoke only) firstreconcile, rollout and sharded in one test
+#                  binary on one control plane
+#
 #   firstcalls.log the first inspect, acquire and release on a new connection,
 #                  cold and warmed by lease.WarmConn (pkg/lease Go benchmark)
 #
@@ -106,7 +109,7 @@ pg_bindir="$(pg_config --bindir 2>/dev/null || ls -d /usr/lib/postgresql/*/bin |
 
 failed=()
 # BENCH_STEPS: the steps to run, comma-separated (default: all of them)
-steps="${BENCH_STEPS:-physical,pgbench,handoff,handoff-200,handoff-elector,firstreconcile,rollout,sharded,firstcalls,scale,waiters}"
+steps="${BENCH_STEPS:-physical,pgbench,handoff,handoff-200,handoff-elector,firstreconcile,rollout,sharded,e2e,firstcalls,scale,waiters}"
 step() {
 	local name="$1"
 	shift
@@ -130,10 +133,17 @@ fi
 if ((${#elector_args[@]})); then
 	step handoff-elector go run ./bench/handoff -out "$out/elector-200" "${elector_args[@]}"
 fi
-step firstreconcile env PGLEASE_E2E_FIRST_RECONCILE_TRIALS="$first_reconcile_trials" PGLEASE_E2E_RESULTS="$(realpath "$out")/firstreconcile.results" \
-	go test -count=1 -v -timeout 60m -run '^TestFirstReconcile$' ./test/e2e/
-step rollout env "${rollout_env[@]}" go test -count=1 -v -timeout 60m -run '^TestRollout$' ./test/e2e/
-step sharded env "${sharded_env[@]}" go test -count=1 -v -timeout 60m -run '^TestShardedBenchmark$' ./test/e2e/
+first_reconcile_env=(PGLEASE_E2E_FIRST_RECONCILE_TRIALS="$first_reconcile_trials"
+	PGLEASE_E2E_RESULTS="$(realpath "$out")/firstreconcile.results")
+if [[ $mode == smoke ]]; then
+	# The three at once: one test binary (linked once), one control plane.
+	step e2e env "${first_reconcile_env[@]}" "${rollout_env[@]}" "${sharded_env[@]}" \
+		go test -count=1 -v -timeout 30m -run '^(TestFirstReconcile|TestRollout|TestShardedBenchmark)$' ./test/e2e/
+else
+	step firstreconcile env "${first_reconcile_env[@]}" go test -count=1 -v -timeout 60m -run '^TestFirstReconcile$' ./test/e2e/
+	step rollout env "${rollout_env[@]}" go test -count=1 -v -timeout 60m -run '^TestRollout$' ./test/e2e/
+	step sharded env "${sharded_env[@]}" go test -count=1 -v -timeout 60m -run '^TestShardedBenchmark$' ./test/e2e/
+fi
 step firstcalls go test ./pkg/lease -run '^$' -bench FirstCallsOnANewConnection -benchtime "$firstcalls_n" -count 1
 step scale go run ./bench/scale -out "$out" "${scale_args[@]}"
 step waiters go run ./bench/waiters -out "$out" "${waiters_args[@]}"
