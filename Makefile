@@ -52,7 +52,7 @@ bench:
 	hack/install-deps.sh
 	bench/run.sh full
 
-## bench-smoke: every benchmark at tiny sizes (< 2 min): proves they still run, numbers mean nothing
+## bench-smoke: every benchmark at tiny sizes (6.5 min at load 15): proves they still run, numbers mean nothing
 bench-smoke:
 	hack/install-deps.sh
 	bench/run.sh smoke

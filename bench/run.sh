@@ -36,8 +36,8 @@
 #   firstcalls.log the first inspect, acquire and release on a new connection,
 #                  cold and warmed by lease.WarmConn (pkg/lease Go benchmark)
 #
-# Usage: bench/run.sh [full|smoke]   (smoke: every benchmark, tiny sizes, < 2 min
-# with a cached control plane). Benchmarks print numbers; nothing asserts a time.
+# Usage: bench/run.sh [full|smoke]   (smoke: every benchmark, tiny sizes, 6.5 min
+# at load 15 with a cached control plane, 3 of them the end-to-end benchmarks). Benchmarks print numbers; nothing asserts a time.
 # Needs: PostgreSQL server binaries + pgbench (apt-get install postgresql),
 # Go, and the control plane from hack/build-control-plane.sh (built on first
 # use, ~15 min on 2 cores, then cached).
