@@ -49,14 +49,14 @@ wait_control_plane() {
     exit 1
   fi
 }
-# examples/manager needs the control plane: with the others when it is built,
-# after them while it is still building.
+# examples/manager and internal/kubetest need the control plane: with the
+# others when it is built, after them while it is still building.
 late=()
 skip=(-e '/test/e2e$' -e '/test/ha$' -e '/test/pgbouncer$')
 if kill -0 "$cp_pid" 2>/dev/null; then
   echo "== test control plane (etcd + kube-apiserver): building at low priority beside the tests (~15 min on 2 cores)" >&2
-  late=(./examples/manager/)
-  skip+=(-e '/examples/manager$')
+  late=(./examples/manager/ ./internal/kubetest/)
+  skip+=(-e '/examples/manager$' -e '/internal/kubetest$')
 else
   wait_control_plane
 fi
