@@ -8,12 +8,12 @@ import (
 	"time"
 )
 
-// MaxRenewMany is the most grants one RenewMany may renew: the bound of
-// lease.renew_many.
+// MaxRenewMany is the most keys one batch call (RenewTerms, AcquireMany,
+// ReleaseMany) may carry: the bound of lease.renew_many.
 const MaxRenewMany = 1000
 
-// RenewResult is RenewMany's answer for one token.
-type RenewResult struct {
+// renewResult is renewMany's answer for one token.
+type renewResult struct {
 	Token Token
 	// Grant is the renewed grant when Err is nil.
 	Grant Grant
@@ -22,14 +22,14 @@ type RenewResult struct {
 	Err error
 }
 
-// RenewMany renews every grant of ts for ttl in one statement and one
+// renewMany renews every grant of ts for ttl in one statement and one
 // commit (lease.renew_many): each gets what Renew would answer, and every
 // renewed one the same server expiry. The tokens must share one owner and
 // name distinct keys; at most MaxRenewMany. Results come in the order of
 // ts. The returned error is for the whole call (invalid input, a
 // connection failure, ErrCommitUnknown): then no result is returned. No
 // tokens: no call.
-func (c *Client) RenewMany(ctx context.Context, ts []Token, ttl time.Duration) ([]RenewResult, error) {
+func (c *Client) renewMany(ctx context.Context, ts []Token, ttl time.Duration) ([]renewResult, error) {
 	if len(ts) == 0 {
 		return nil, nil
 	}
@@ -82,7 +82,7 @@ func (c *Client) RenewMany(ctx context.Context, ts []Token, ttl time.Duration) (
 	if len(rows) != len(ts) {
 		return nil, fmt.Errorf("lease: renew_many: %d rows from the server for %d keys", len(rows), len(ts))
 	}
-	out := make([]RenewResult, len(ts))
+	out := make([]renewResult, len(ts))
 	for i, t := range ts {
 		out[i].Token = t
 		if err := statusErr("renew", t, rows[i].status); err != nil {
@@ -117,7 +117,7 @@ func checkBatch(ts []Token) error {
 	return nil
 }
 
-// RenewTerms renews the grants of terms in one RenewMany and applies each
+// RenewTerms renews the grants of terms in one statement (lease.renew_many) and applies each
 // answer as Term.Renew would: errs[i] is what terms[i].Renew would have
 // returned. The terms must share an owner and a TTL and hold distinct keys
 // (else every errs[i] matches ErrInvalidInput). The call is bounded by the
@@ -168,7 +168,7 @@ func (c *Client) RenewTerms(ctx context.Context, terms []*Term) []error {
 	}
 	rctx, cancel := context.WithTimeout(ctx, deadline.Sub(c.clock.Now()))
 	defer cancel()
-	res, err := c.RenewMany(rctx, ts, terms[live[0]].Grant().TTL)
+	res, err := c.renewMany(rctx, ts, terms[live[0]].Grant().TTL)
 	for k, i := range live {
 		t := terms[i]
 		switch {
@@ -253,37 +253,29 @@ func (c *Client) ReleaseMany(ctx context.Context, ts []Token) ([]error, error) {
 	return errs, nil
 }
 
-// AcquireResult is AcquireMany's answer for one key: Grant when OK, else
-// the key is held by another owner (or Err says why not).
-type AcquireResult struct {
-	Key   string
-	Grant Grant
-	OK    bool
-	Err   error
-}
-
 // AcquireMany tries once to take every key of keys for owner for ttl, as
 // Acquire would each, in one statement and one commit, in key order so that
 // concurrent batches lock rows in one order. A key the owner already holds
-// answers its grant. Results come in the order of keys. The returned error
-// is for the whole call; then no result is returned. At most MaxRenewMany
-// distinct keys.
-func (c *Client) AcquireMany(ctx context.Context, keys []string, owner string, ttl time.Duration) ([]AcquireResult, error) {
+// answers its grant. grants[i] is keys[i]'s grant, or the zero Grant (epoch
+// 0) when another owner holds it; errs[i] is a *GraceError when the grace
+// after a promotion denied it. The last error is for the whole call; then
+// no result is returned. At most MaxRenewMany distinct keys.
+func (c *Client) AcquireMany(ctx context.Context, keys []string, owner string, ttl time.Duration) (grants []Grant, errs []error, err error) {
 	if len(keys) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	t := Token{Key: keys[0], Owner: owner}
 	if len(keys) > MaxRenewMany {
-		return nil, fmt.Errorf("acquire_many: %w: %d keys, at most %d", ErrInvalidInput, len(keys), MaxRenewMany)
+		return nil, nil, fmt.Errorf("acquire_many: %w: %d keys, at most %d", ErrInvalidInput, len(keys), MaxRenewMany)
 	}
 	if err := checkTTL("acquire_many", t, "ttl", ttl, false); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	sorted := append([]string(nil), keys...)
 	sort.Strings(sorted)
 	for i := 1; i < len(sorted); i++ {
 		if sorted[i] == sorted[i-1] {
-			return nil, fmt.Errorf("acquire_many: %w: the key %q appears twice", ErrInvalidInput, sorted[i])
+			return nil, nil, fmt.Errorf("acquire_many: %w: the key %q appears twice", ErrInvalidInput, sorted[i])
 		}
 	}
 	type row struct {
@@ -297,7 +289,7 @@ func (c *Client) AcquireMany(ctx context.Context, keys []string, owner string, t
 		serverNow  time.Time
 		sent, recv time.Time
 	)
-	err := retryOnce(ctx, func() error {
+	err = retryOnce(ctx, func() error {
 		return c.onConn(ctx, "acquire_many", func() Token { return t }, func(q Querier) error {
 			rows = rows[:0]
 			sent = c.clock.Now()
@@ -320,27 +312,25 @@ func (c *Client) AcquireMany(ctx context.Context, keys []string, owner string, t
 		})
 	})
 	if err != nil {
-		return nil, mapError("acquire_many", t, err)
+		return nil, nil, mapError("acquire_many", t, err)
 	}
 	if len(rows) != len(keys) {
-		return nil, fmt.Errorf("lease: acquire_many: %d rows from the server for %d keys", len(rows), len(keys))
+		return nil, nil, fmt.Errorf("lease: acquire_many: %d rows from the server for %d keys", len(rows), len(keys))
 	}
-	byKey := make(map[string]AcquireResult, len(rows))
+	byKey := make(map[string]int, len(keys))
+	for i, k := range keys {
+		byKey[k] = i
+	}
+	grants, errs = make([]Grant, len(keys)), make([]error, len(keys))
 	for _, x := range rows {
-		res := AcquireResult{Key: x.key}
+		i := byKey[x.key]
 		switch {
 		case x.acquired && x.epoch != nil && x.expiresAt != nil:
-			res.OK = true
-			res.Grant = newGrant(Token{Key: x.key, Owner: owner, Epoch: *x.epoch}, *x.expiresAt, ttl, sent, serverNow)
+			grants[i] = newGrant(Token{Key: x.key, Owner: owner, Epoch: *x.epoch}, *x.expiresAt, ttl, sent, serverNow)
 		case !x.acquired && x.expiresAt != nil:
 			rt := roundTrip{sent: sent, received: recv, serverNow: serverNow}
-			res.Err = &GraceError{Key: x.key, Until: *x.expiresAt, UntilLocal: rt.latest(*x.expiresAt)}
+			errs[i] = &GraceError{Key: x.key, Until: *x.expiresAt, UntilLocal: rt.latest(*x.expiresAt)}
 		}
-		byKey[x.key] = res
 	}
-	out := make([]AcquireResult, len(keys))
-	for i, k := range keys {
-		out[i] = byKey[k]
-	}
-	return out, nil
+	return grants, errs, nil
 }

@@ -222,23 +222,31 @@ func TestAcquireMany(t *testing.T) {
 		if _, ok, err := c.Acquire(ctx, "a3", "other", time.Minute); err != nil || !ok {
 			t.Fatal(ok, err)
 		}
-		res, err := c.AcquireMany(ctx, []string{"a3", "a1", "a2"}, "o", time.Minute)
+		grants, denied, err := c.AcquireMany(ctx, []string{"a3", "a1", "a2"}, "o", time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res[0].Key != "a3" || res[0].OK || res[0].Err != nil {
-			t.Errorf("a3, held by another: %+v", res[0])
+		if len(grants) != 3 || len(denied) != 3 {
+			t.Fatalf("%d grants and %d errors for 3 keys", len(grants), len(denied))
 		}
-		if res[1].Key != "a1" || !res[1].OK || res[1].Grant.Token.Owner != "o" {
-			t.Errorf("a1, free: %+v", res[1])
+		for i, e := range denied {
+			if e != nil {
+				t.Errorf("key %d: %v, want no error outside a grace", i, e)
+			}
 		}
-		if res[2].Key != "a2" || !res[2].OK || res[2].Grant.Token != mine.Token {
-			t.Errorf("a2, the owner's own: %+v, want %v", res[2], mine.Token)
+		if grants[0] != (lease.Grant{}) {
+			t.Errorf("a3, held by another: %+v, want the zero Grant", grants[0])
 		}
-		if err := c.Release(ctx, res[1].Grant.Token); err != nil {
+		if grants[1].Key != "a1" || grants[1].Owner != "o" || grants[1].Epoch == 0 {
+			t.Errorf("a1, free: %+v", grants[1])
+		}
+		if grants[2].Token != mine.Token {
+			t.Errorf("a2, the owner's own: %+v, want %v", grants[2], mine.Token)
+		}
+		if err := c.Release(ctx, grants[1].Token); err != nil {
 			t.Errorf("release of AcquireMany's grant: %v", err)
 		}
-		if _, err := c.AcquireMany(ctx, []string{"a1", "a1"}, "o", time.Minute); !errors.Is(err, lease.ErrInvalidInput) {
+		if _, _, err := c.AcquireMany(ctx, []string{"a1", "a1"}, "o", time.Minute); !errors.Is(err, lease.ErrInvalidInput) {
 			t.Errorf("a repeated key: %v, want ErrInvalidInput", err)
 		}
 	})

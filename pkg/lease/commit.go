@@ -92,20 +92,20 @@ func warningsOf(c *pgconn.PgConn) (uint64, *pgconn.Notice) {
 // at its expiry, or the owner's next Acquire of the key confirms it once
 // the standbys have it (the idempotent re-acquire waits for them, since
 // pg_lease 0.4.0). A renewal in that state leaves the term at its previous
-// deadline; a release in that state may be retried. errors.As reaches a
-// *CommitUnknownError with the token and the server's warning.
+// deadline; a release in that state may be retried. The error's text
+// names the call, the token and the server's warning.
 var ErrCommitUnknown = errors.New("lease: commit not confirmed by the synchronous standbys")
 
-// CommitUnknownError is the error of a call whose commit matched
+// commitUnknownError is the error of a call whose commit matched
 // ErrCommitUnknown.
-type CommitUnknownError struct {
+type commitUnknownError struct {
 	Op    string // "acquire", "renew", "release", "renew_many", "force_release" or "commit"
 	Token Token  // the grant the call made or changed (Epoch 0 when unknown)
 	// Notice is the server's warning.
 	Notice *pgconn.Notice
 }
 
-func (e *CommitUnknownError) Error() string {
+func (e *commitUnknownError) Error() string {
 	msg := ""
 	if e.Notice != nil {
 		msg = ": server said: " + e.Notice.Message
@@ -113,10 +113,10 @@ func (e *CommitUnknownError) Error() string {
 	return fmt.Sprintf("%s %s: %v%s", e.Op, e.Token, ErrCommitUnknown, msg)
 }
 
-func (e *CommitUnknownError) Unwrap() error { return ErrCommitUnknown }
+func (e *commitUnknownError) Unwrap() error { return ErrCommitUnknown }
 
 // onConn runs call on one connection of c.db that the client can watch for
-// commit warnings, and returns a *CommitUnknownError when one arrived during
+// commit warnings, and returns a *commitUnknownError when one arrived during
 // the call (whatever the call returned: the terminated variant also closes
 // the connection). A pgx.Tx is not watched: its commit is the caller's
 // (see Commit). token fills the error; it is called after call.
@@ -129,7 +129,7 @@ func (c *Client) onConn(ctx context.Context, op string, token func() Token, call
 	before, _ := warningsOf(pg)
 	err = call(q)
 	if after, n := warningsOf(pg); after != before {
-		return &CommitUnknownError{Op: op, Token: token(), Notice: n}
+		return &commitUnknownError{Op: op, Token: token(), Notice: n}
 	}
 	return err
 }
@@ -175,7 +175,7 @@ func Commit(ctx context.Context, tx pgx.Tx) error {
 	before, _ := warningsOf(pg)
 	err := tx.Commit(ctx)
 	if after, n := warningsOf(pg); after != before {
-		return &CommitUnknownError{Op: "commit", Notice: n}
+		return &commitUnknownError{Op: "commit", Notice: n}
 	}
 	return err
 }

@@ -94,7 +94,7 @@ func wantUnknown(t *testing.T, what string, err error, op string, tok lease.Toke
 	}
 	var cu *lease.CommitUnknownError
 	if !errors.As(err, &cu) || cu.Op != op || cu.Token != tok || cu.Notice == nil {
-		t.Fatalf("%s: error %#v, want a CommitUnknownError of %s %v with the server's warning", what, err, op, tok)
+		t.Fatalf("%s: error %#v, want a commitUnknownError of %s %v with the server's warning", what, err, op, tok)
 	}
 }
 

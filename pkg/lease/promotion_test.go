@@ -133,6 +133,16 @@ func TestGraceDenialSaysWhenItEnds(t *testing.T) {
 	if !ge.Until.Equal(until) || ge.Key != "k" {
 		t.Fatalf("GraceError %+v, want key k until the recorded grace_until %v", ge, until)
 	}
+	grants, denied, merr := db.c.AcquireMany(ctx, []string{"k", "k2"}, "a", time.Second)
+	if merr != nil || len(denied) != 2 {
+		t.Fatalf("AcquireMany during the grace: %v", merr)
+	}
+	for i, e := range denied {
+		var me *lease.GraceError
+		if !errors.As(e, &me) || !me.Until.Equal(until) || grants[i] != (lease.Grant{}) {
+			t.Fatalf("AcquireMany during the grace, key %d: %+v, %v; want no grant and a GraceError until %v", i, grants[i], e, until)
+		}
+	}
 	if !db.c.WaitOutGrace(ctx, err) {
 		t.Fatal("WaitOutGrace did not recognize the GraceError")
 	}

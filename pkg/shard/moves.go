@@ -29,18 +29,18 @@ func (r *Sharder) take(ctx context.Context, shards []int) error {
 		for i, s := range shards[:n] {
 			keys[i] = Key(r.cfg.Controller, s)
 		}
-		res, err := r.c.AcquireMany(ctx, keys, r.owner, r.cfg.TTL)
+		grants, denied, err := r.c.AcquireMany(ctx, keys, r.owner, r.cfg.TTL)
 		if err != nil {
 			return errors.Join(append(errs, err)...)
 		}
 		for i, s := range shards[:n] {
-			if res[i].Err != nil || !res[i].OK {
-				if res[i].Err != nil {
-					errs = append(errs, res[i].Err)
+			if denied[i] != nil || grants[i].Epoch == 0 {
+				if denied[i] != nil {
+					errs = append(errs, denied[i])
 				}
 				continue
 			}
-			t, err := r.c.Begin(res[i].Grant, r.cfg.Margin, nil)
+			t, err := r.c.Begin(grants[i], r.cfg.Margin, nil)
 			if err != nil {
 				errs = append(errs, err)
 				continue
