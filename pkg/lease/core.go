@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"context"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -21,6 +22,10 @@ func init() {
 		return &serverError{op: op, kind: kind, pg: pg}
 	}
 	leasecore.RetryOnce = retryOnce
+	leasecore.OnConn = func(client any, ctx context.Context, op, key string, call func(leasecore.Querier) error) error {
+		return client.(*Client).onConn(ctx, op, func() Token { return Token{Key: key} },
+			func(q Querier) error { return call(q) })
+	}
 	leasecore.CheckTTL = func(op, key, name string, d time.Duration, allowZero bool) error {
 		return checkTTL(op, Token{Key: key}, name, d, allowZero)
 	}

@@ -34,4 +34,8 @@ var (
 	RetryOnce func(ctx context.Context, call func() error) error
 	// CheckTTL refuses a duration the server cannot receive faithfully.
 	CheckTTL func(op, key, name string, d time.Duration, allowZero bool) error
+	// OnConn runs call on one connection of the client that it watches for
+	// commit warnings: a cancelled synchronous wait returns an error
+	// matching lease.ErrCommitUnknown, whatever call returned.
+	OnConn func(client any, ctx context.Context, op, key string, call func(Querier) error) error
 )
