@@ -1,7 +1,7 @@
 // Command handoff measures leader handoff and takeover latency, same machine,
 // same run, for three electors:
 //
-//	elector        pkg/elector (with a lease.Waiter) over pg_lease
+//	elector        pkg/elector (with a listen.Waiter) over pg_lease
 //	clientgo-pg    client-go's leaderelection with pkg/resourcelock's Lock
 //	               (Options.Waiter: a follower's Get waits for news; timings
 //	               checked by Lock.LeaderElectionConfig)
@@ -83,6 +83,7 @@ import (
 	"github.com/pglease/pg_lease/bench/internal/benchutil"
 	"github.com/pglease/pg_lease/pkg/elector"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/listen"
 	pgrl "github.com/pglease/pg_lease/pkg/resourcelock"
 )
 
@@ -114,10 +115,10 @@ type candidate struct {
 	observed chan struct{}  // closed when another leader was observed
 	done     chan struct{}  // closed when Run returned
 	cancel   context.CancelFunc
-	crash    func()        // from now on every call of this candidate fails
-	waiter   *lease.Waiter // nil for the API server
-	trace    *tracer       // nil for the API server
-	gets     *atomic.Int64 // client-go over pg_lease: Get calls begun
+	crash    func()         // from now on every call of this candidate fails
+	waiter   *listen.Waiter // nil for the API server
+	trace    *tracer        // nil for the API server
+	gets     *atomic.Int64  // client-go over pg_lease: Get calls begun
 }
 
 func newCandidate(id string) *candidate {
@@ -436,7 +437,7 @@ func trial(ctx context.Context, sys *system, p profile, scenario string, i int) 
 			evs := b.waiter.Watch(wctx, sys.key)
 			go func() {
 				for ev := range evs {
-					if ev.Type == lease.EventReleased || ev.Type == lease.EventHandover || ev.Type == lease.EventForceReleased {
+					if ev.Type == listen.EventReleased || ev.Type == listen.EventHandover || ev.Type == listen.EventForceReleased {
 						notified <- ev.Received
 						return
 					}
@@ -509,11 +510,11 @@ func awaitCandidate(ctx context.Context, sys *system, owner string, within time.
 	return fmt.Errorf("timed out after %v waiting for %s to register as a candidate", within, owner)
 }
 
-// dial opens a candidate's pool and its one listener (a lease.Waiter) on dsn.
+// dial opens a candidate's pool and its one listener (a listen.Waiter) on dsn.
 // warm: the pool warms each connection (lease.WarmConn, as the examples and
 // pkg/leaderelection do); the "-cold" systems leave it out, to measure
 // what it saves in the same run.
-func dial(ctx context.Context, dsn string, warm bool, tr *tracer) (*pgxpool.Pool, *lease.Waiter, error) {
+func dial(ctx context.Context, dsn string, warm bool, tr *tracer) (*pgxpool.Pool, *listen.Waiter, error) {
 	pcfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, nil, err
@@ -526,7 +527,7 @@ func dial(ctx context.Context, dsn string, warm bool, tr *tracer) (*pgxpool.Pool
 	if err != nil {
 		return nil, nil, err
 	}
-	w, err := lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{})
+	w, err := listen.NewWaiter(ctx, pool.Config().ConnConfig, listen.Options{})
 	if err != nil {
 		pool.Close()
 		return nil, nil, err

@@ -1,7 +1,7 @@
 // Command waiters measures many waiters on one key: W
-// waiters (goroutines, each a follower in lease.(*Waiter).Await on the key,
+// waiters (goroutines, each a follower in listen.(*Waiter).Await on the key,
 // then a wait-0 acquire when it sees the key free) spread over N
-// lease.Waiters (N listen connections: N simulated processes, each
+// listen.Waiters (N listen connections: N simulated processes, each
 // registering the key once with lease.listen), reading and acquiring through
 // one pgxpool of P connections. The key is always held: each round the
 // driver releases the current holder's grant and the herd competes; the one
@@ -43,12 +43,13 @@ import (
 
 	"github.com/pglease/pg_lease/bench/internal/benchutil"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/listen"
 )
 
 var (
 	out      = flag.String("out", "bench/results/waiters", "results folder")
 	waitersF = flag.Int("waiters", 1000, "waiters on the key (goroutines)")
-	connsF   = flag.Int("conns", 50, "lease.Waiters (listen connections) the waiters are spread over")
+	connsF   = flag.Int("conns", 50, "listen.Waiters (listen connections) the waiters are spread over")
 	poolF    = flag.Int("pool", 50, "connections of the pool the waiters read and acquire through")
 	releases = flag.Int("releases", 30, "releases (rounds) per run")
 	baseline = flag.Int("baseline", 1, "waiters of the baseline run (on one listen connection); 0: none")
@@ -188,9 +189,9 @@ func run(ctx context.Context, dsn string, nWaiters, nConns int, handover bool) (
 	if err != nil || !ok {
 		return res, fmt.Errorf("driver's first grant: %v %v", ok, err)
 	}
-	ws := make([]*lease.Waiter, nConns)
+	ws := make([]*listen.Waiter, nConns)
 	for i := range ws {
-		if ws[i], err = lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{}); err != nil {
+		if ws[i], err = listen.NewWaiter(ctx, pool.Config().ConnConfig, listen.Options{}); err != nil {
 			return res, err
 		}
 		defer ws[i].Close()

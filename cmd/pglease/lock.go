@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/listen"
 )
 
 const lockHelp = `Take KEY (waiting for it, up to --timeout), run COMMAND while holding it, renew
@@ -265,7 +266,7 @@ func (a *app) waitFor(ctx context.Context, sess *session, c *lease.Client, o loc
 		wctx, cancel = context.WithTimeout(ctx, o.timeout)
 		defer cancel()
 	}
-	w, err := lease.NewWaiter(wctx, a.cfg, lease.WaiterOptions{})
+	w, err := listen.NewWaiter(wctx, a.cfg, listen.Options{})
 	if err != nil && wctx.Err() == nil {
 		return lease.Grant{}, err
 	}
@@ -284,7 +285,7 @@ func (a *app) waitFor(ctx context.Context, sess *session, c *lease.Client, o loc
 			grace = nil
 			// A promotion's grace: sleep until it ends (nothing wakes a
 			// Waiter then), and ask again.
-			if errors.As(err, &grace) && c.WaitOutGrace(wctx, err) {
+			if errors.As(err, &grace) && listen.WaitOutGrace(wctx, c, err) {
 				err = nil
 			}
 		}

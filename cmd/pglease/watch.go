@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/listen"
 )
 
 var watchFormats = []string{"table", "json", "yaml"}
@@ -278,7 +279,7 @@ func (a *app) watch(ctx context.Context, keys []string, format string, poll time
 	if _, err := wt.sess.get(ctx); err != nil {
 		return err
 	}
-	w, err := lease.NewWaiter(ctx, a.cfg, lease.WaiterOptions{})
+	w, err := listen.NewWaiter(ctx, a.cfg, listen.Options{})
 	if err != nil {
 		var pce *pgconn.ConnectError
 		if errors.As(err, &pce) {
@@ -326,7 +327,7 @@ func (a *app) watch(ctx context.Context, keys []string, format string, poll time
 			if !ok {
 				return ctx.Err()
 			}
-			if ev.Type == lease.EventResync {
+			if ev.Type == listen.EventResync {
 				resync = true
 				continue
 			}
@@ -435,13 +436,13 @@ func (wt *watcher) diff(o keyState, seen bool, n keyState) keyState {
 
 // notified handles one notification: acquired or handover (read the grant's expiry),
 // released or force_released (the notification names the holder).
-func (wt *watcher) notified(ctx context.Context, conn *pgx.Conn, ev lease.Event) error {
+func (wt *watcher) notified(ctx context.Context, conn *pgx.Conn, ev listen.Event) error {
 	o, seen := wt.known[ev.Key]
 	if seen && o.Epoch > ev.Epoch {
 		return nil // older than what watch has already read
 	}
 	switch ev.Type {
-	case lease.EventAcquired, lease.EventHandover:
+	case listen.EventAcquired, listen.EventHandover:
 		if seen && o.Held && o.Epoch == ev.Epoch {
 			return nil // already read by a poll
 		}
@@ -462,7 +463,7 @@ func (wt *watcher) notified(ctx context.Context, conn *pgx.Conn, ev lease.Event)
 			s.Held, s.Holder, s.Status = true, ev.Owner, statusHeld
 			wt.known[ev.Key] = wt.diff(s, true, states[0])
 		}
-	case lease.EventReleased, lease.EventForceReleased:
+	case listen.EventReleased, listen.EventForceReleased:
 		if seen && !o.Held && o.Epoch == ev.Epoch+1 {
 			return nil // a poll already saw the release
 		}

@@ -43,6 +43,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/listen"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 	"k8s.io/client-go/tools/leaderelection"
 )
@@ -129,7 +130,7 @@ func run(dsn, key, id string, leaseDuration, renewDeadline, retryPeriod, leadFor
 
 	// One listener per process: a follower's Get waits for the release (or
 	// the server-side lapse) instead of polling every RetryPeriod.
-	w, err := lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{})
+	w, err := listen.NewWaiter(ctx, pool.Config().ConnConfig, listen.Options{})
 	if err != nil {
 		return err
 	}

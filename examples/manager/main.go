@@ -47,6 +47,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	pgle "github.com/pglease/pg_lease/pkg/leaderelection"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/listen"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -154,7 +155,7 @@ func run(dsn, key, id, namespace string, sel labels.Selector, leaseDuration time
 	// the leader's release (and at the server's expiry of a crashed
 	// leader's grant) instead of at client-go's next RetryPeriod. Closed
 	// after the manager stopped (after the release on cancel).
-	w, err := lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{})
+	w, err := listen.NewWaiter(ctx, pool.Config().ConnConfig, listen.Options{})
 	if err != nil {
 		return err
 	}

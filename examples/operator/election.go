@@ -16,6 +16,7 @@ import (
 
 	pgle "github.com/pglease/pg_lease/pkg/leaderelection"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/listen"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 )
 
@@ -58,7 +59,7 @@ func pgleaseElection(ctx context.Context, c config, ready func() bool) (*electio
 	// The process's one listener: a follower's Get waits on it, so that a
 	// standby takes over within milliseconds of a release and at the
 	// server's expiry of a crashed leader's grant.
-	w, err := lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{})
+	w, err := listen.NewWaiter(ctx, pool.Config().ConnConfig, listen.Options{})
 	if err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("lease database (listen connection): %w", err)

@@ -60,6 +60,7 @@ import (
 
 	"github.com/pglease/pg_lease/pkg/fence"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/listen"
 	"github.com/pglease/pg_lease/pkg/shard"
 )
 
@@ -190,7 +191,7 @@ func run(ctx context.Context, c config) error {
 	if err != nil {
 		return err
 	}
-	waiter, err := lease.NewWaiter(ctx, leaseCfg.ConnConfig, lease.WaiterOptions{})
+	waiter, err := listen.NewWaiter(ctx, leaseCfg.ConnConfig, listen.Options{})
 	if err != nil {
 		return fmt.Errorf("lease database: %w", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/listen"
 )
 
 // Defaults. Every default is filled in one place, Config.withDefaults.
@@ -90,9 +91,9 @@ type Config struct {
 	HealthTolerance time.Duration
 
 	// Waiter, the process's listener, wakes followers when the key is
-	// released (lease.Waiter.Await). Nil: followers poll every
+	// released (listen.Waiter.Await). Nil: followers poll every
 	// RetryInterval, and wake at the observed grant's expiry either way.
-	Waiter *lease.Waiter
+	Waiter *listen.Waiter
 
 	// Candidacy, when set, registers this elector as a candidate of Key
 	// while it follows (lease.Candidacy), so that a leader's release may

@@ -22,7 +22,7 @@
 //	                │
 //	                ▼
 //	┌──────────► CAMPAIGN ◄─────────────────────────────────────────┐
-//	│   acquire: denied → lease.Waiter.Await: read the holder       │
+//	│   acquire: denied → listen.Waiter.Await: read the holder       │
 //	│   (OnNewLeader), wait for its release or its expiry (poll     │
 //	│   every RetryInterval), try again                             │
 //	│               │ acquire: granted, epoch E > every epoch        │
@@ -107,7 +107,7 @@
 //     installed, or a version or input the server refuses, end Run with the
 //     error.
 //
-// Followers wait with lease.Waiter.Await: woken by the release's
+// Followers wait with listen.Waiter.Await: woken by the release's
 // notification when Config.Waiter is set (the process's one listener on
 // channel pg_lease, which pg_lease notifies on grants, releases, handovers
 // and force-releases), with no read when the notification says the key is

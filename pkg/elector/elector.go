@@ -11,6 +11,7 @@ import (
 
 	"github.com/pglease/pg_lease/pkg/internal/candidacy"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/listen"
 	"k8s.io/utils/clock"
 )
 
@@ -192,7 +193,7 @@ func (e *Elector) campaign(ctx context.Context) (lease.Grant, error) {
 			// A promotion's grace: no grant before it ends, and nothing is
 			// written when it ends. Sleep until then (one acquire per grace).
 			log.Info("no new grant during the promotion grace; waiting for its end", "err", err)
-			e.client.WaitOutGrace(ctx, err)
+			listen.WaitOutGrace(ctx, e.client, err)
 			continue
 		case err != nil:
 			if ctx.Err() != nil {

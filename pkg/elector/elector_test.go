@@ -19,6 +19,7 @@ import (
 	"github.com/pglease/pg_lease/pkg/elector"
 	"github.com/pglease/pg_lease/pkg/fence"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/listen"
 )
 
 func noop(context.Context) {}
@@ -174,7 +175,7 @@ func TestOneLeaderAtATime(t *testing.T) {
 
 // TestReleaseOnCancel: cancelling the leader's Run hands the lease to a
 // follower without waiting for the TTL; the follower polls (every 50ms) or
-// is woken by lease.Waiter's notification (polling only every 3s).
+// is woken by listen.Waiter's notification (polling only every 3s).
 func TestReleaseOnCancel(t *testing.T) {
 	t.Run("poll", func(t *testing.T) { testReleaseOnCancel(t, false) })
 	t.Run("waiter", func(t *testing.T) { testReleaseOnCancel(t, true) })
@@ -185,9 +186,9 @@ func testReleaseOnCancel(t *testing.T, useWaiter bool) {
 	pool := newPool(t, dsn)
 	client := lease.New(pool)
 	retry := 50 * time.Millisecond
-	var waiter *lease.Waiter
+	var waiter *listen.Waiter
 	if useWaiter {
-		w, err := lease.NewWaiter(testCtx(t), pool.Config().ConnConfig, lease.WaiterOptions{})
+		w, err := listen.NewWaiter(testCtx(t), pool.Config().ConnConfig, listen.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}

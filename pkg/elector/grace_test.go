@@ -14,6 +14,7 @@ import (
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/elector"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/listen"
 )
 
 // countingQuerier counts the lease.acquire calls sent through it.
@@ -50,13 +51,13 @@ func TestFollowersSleepThroughGrace(t *testing.T) {
 			execSQL(t, pool, "CHECKPOINT")                                   // which requests a checkpoint at once
 			q := &countingQuerier{Pool: pool}
 			client := lease.New(q)
-			var w *lease.Waiter
+			var w *listen.Waiter
 			if withWaiter {
 				cfg, err := pgx.ParseConfig(dsn)
 				if err != nil {
 					t.Fatal(err)
 				}
-				if w, err = lease.NewWaiter(ctx, cfg, lease.WaiterOptions{}); err != nil {
+				if w, err = listen.NewWaiter(ctx, cfg, listen.Options{}); err != nil {
 					t.Fatal(err)
 				}
 				t.Cleanup(func() { w.Close() })

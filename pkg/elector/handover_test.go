@@ -7,6 +7,7 @@ import (
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/elector"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/listen"
 )
 
 // TestHandoverToTheChosenCandidate: electors with a Candidacy (strategy
@@ -19,7 +20,7 @@ func TestHandoverToTheChosenCandidate(t *testing.T) {
 	dsn := installed(t, nil)
 	pool := newPool(t, dsn)
 	client := lease.New(pool)
-	w, err := lease.NewWaiter(testCtx(t), pool.Config().ConnConfig, lease.WaiterOptions{})
+	w, err := listen.NewWaiter(testCtx(t), pool.Config().ConnConfig, listen.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

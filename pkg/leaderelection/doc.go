@@ -42,7 +42,7 @@
 // into a controller-runtime manager with NewManagerForLock, and hands each
 // reconcile the fencing token of the epoch it runs under with Fenced:
 //
-//	w, _ := lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{}) // one per process; Close after mgr.Start returns
+//	w, _ := listen.NewWaiter(ctx, pool.Config().ConnConfig, listen.Options{}) // one per process; Close after mgr.Start returns
 //	lock, _ := resourcelock.New(lease.New(pool), "my-operator", lease.DefaultOwner(), resourcelock.Options{Waiter: w})
 //	opts := manager.Options{LeaderElectionReleaseOnCancel: true, ...}
 //	mgr, err := leaderelection.NewManagerForLock(cfg, opts, lock)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/listen"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -46,7 +47,7 @@ type ResourceLockOptions struct {
 	// connection LISTENing on channel pg_lease, from the pool's connection
 	// settings) and Close closes it. "leases+pglease" never waits (see
 	// MigrationLock) and gets none.
-	Waiter *lease.Waiter
+	Waiter *listen.Waiter
 	// Ready is the candidate's readiness under Config.Handover (nil: always
 	// ready). Flags.NewManager sets it: ready once the manager's caches synced.
 	Ready func() bool
@@ -66,7 +67,7 @@ type ResourceLock struct {
 	Config Config
 
 	pool   *pgxpool.Pool
-	waiter *lease.Waiter
+	waiter *listen.Waiter
 }
 
 // Close closes the listener and the pool NewResourceLock opened (if any).
@@ -171,7 +172,7 @@ func NewResourceLock(ctx context.Context, c Config, o ResourceLockOptions) (*Res
 		w := o.Waiter
 		if w == nil {
 			var err error
-			if w, err = lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{ConnectInBackground: true}); err != nil {
+			if w, err = listen.NewWaiter(ctx, pool.Config().ConnConfig, listen.Options{ConnectInBackground: true}); err != nil {
 				out.Close()
 				return nil, fmt.Errorf("leaderelection: opening the listen connection (DSN from %s): %w", c.dsnSource(), err)
 			}

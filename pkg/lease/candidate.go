@@ -29,10 +29,6 @@ const (
 	StrategyOldestVersion Strategy = "oldest_version"
 )
 
-// EventHandover: a release granted the key to the candidate its strategy
-// chose, in the release's transaction; Owner and Epoch name the new grant.
-const EventHandover EventType = "handover"
-
 // ErrTooMany: the role reached the server's bound on candidate registrations
 // or on keys with a strategy (SQLSTATE 54000).
 var ErrTooMany = errors.New("lease: too many registrations for this role")

@@ -444,27 +444,3 @@ func (c *Client) Cleanup(ctx context.Context, freeFor time.Duration, maxRows int
 	}
 	return removed, epochFloor, nil
 }
-
-// WaitOutGrace is the one wake policy for the grace after a promotion: when
-// err matches ErrGrace it waits on the client's clock until the grace has
-// certainly ended (GraceError.UntilLocal) or ctx ends, and reports true; for
-// any other err it returns false at once. Acquire again after it: the grace
-// ends without any notification (nothing is written when it ends), so a
-// Waiter would not wake for it, and asking again before it ends is denied.
-func (c *Client) WaitOutGrace(ctx context.Context, err error) bool {
-	var ge *GraceError
-	if !errors.As(err, &ge) {
-		return false
-	}
-	d := ge.UntilLocal.Sub(c.clock.Now())
-	if d <= 0 {
-		return true
-	}
-	t := c.clock.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C():
-	case <-ctx.Done():
-	}
-	return true
-}

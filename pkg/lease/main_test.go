@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -26,6 +27,8 @@ var installModes = []installMode{
 	{"extension", lease.InstallExtension, true},
 	{"schema", lease.InstallSchema, false},
 }
+
+const never = time.Hour // a poll or TTL that no test waits for
 
 func testCtx(t testing.TB) context.Context { return pgtest.Context(t, 0) }
 
@@ -64,16 +67,6 @@ type testDB struct {
 func newPool(t testing.TB, dsn string) *pgxpool.Pool { return pgtest.NewPool(t, dsn) }
 
 func connect(t testing.TB, dsn string) *pgx.Conn { return pgtest.Connect(t, dsn) }
-
-// connConfig parses dsn for NewWaiter.
-func connConfig(t testing.TB, dsn string) *pgx.ConnConfig {
-	t.Helper()
-	cfg, err := pgx.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cfg
-}
 
 // newDB creates a database on the shared server (or PGLEASE_TEST_DSN) with
 // pg_lease installed in mode m.

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/listen"
 )
 
 // The promotion path on one server. A promotion is simulated as the SQL sees
@@ -143,7 +144,7 @@ func TestGraceDenialSaysWhenItEnds(t *testing.T) {
 			t.Fatalf("AcquireMany during the grace, key %d: %+v, %v; want no grant and a GraceError until %v", i, grants[i], e, until)
 		}
 	}
-	if !db.c.WaitOutGrace(ctx, err) {
+	if !listen.WaitOutGrace(ctx, db.c, err) {
 		t.Fatal("WaitOutGrace did not recognize the GraceError")
 	}
 	var past bool

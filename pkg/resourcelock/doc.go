@@ -4,7 +4,7 @@
 // leader through PostgreSQL instead of the Kubernetes API, and so that what
 // runs under the leadership can carry the grant's epoch as a fencing token.
 //
-//	w, _ := lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{}) // one per process
+//	w, _ := listen.NewWaiter(ctx, pool.Config().ConnConfig, listen.Options{}) // one per process
 //	lock, err := resourcelock.New(lease.New(pool), "my-controller", podName,
 //		resourcelock.Options{LeaseDuration: 15 * time.Second, Waiter: w})
 //	cfg, err := lock.LeaderElectionConfig(leaderelection.LeaderElectionConfig{
@@ -62,7 +62,7 @@
 //
 // With Options.Waiter, a follower's Get (the lock holds no grant, and the
 // record it last returned does not name this identity) waits, through
-// lease.Waiter.Await (the module's one wake policy), until the record differs
+// listen.Waiter.Await (the module's one wake policy), until the record differs
 // from the last one it returned in what matters to an election: the holder
 // or the epoch (a grant, a release, a takeover, the server-side lapse of the
 // grant; a renewal is not news). It is woken by the release's notification

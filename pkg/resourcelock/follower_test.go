@@ -13,16 +13,17 @@ import (
 
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/listen"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 )
 
-func newWaiter(t *testing.T, dsn string) *lease.Waiter {
+func newWaiter(t *testing.T, dsn string) *listen.Waiter {
 	t.Helper()
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := lease.NewWaiter(context.Background(), cfg, lease.WaiterOptions{})
+	w, err := listen.NewWaiter(context.Background(), cfg, listen.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/pglease/pg_lease/pkg/internal/candidacy"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/listen"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -43,10 +44,10 @@ type Options struct {
 	// Get, Create or Update, and should return fast.
 	OnEpochChange func(old, new lease.Token)
 	// Waiter makes a follower's Get wait for news (see the package
-	// documentation): the process's listener (one lease.Waiter shared by
+	// documentation): the process's listener (one listen.Waiter shared by
 	// every lock and elector of the process). Without it, Get returns at
 	// once and client-go's followers poll every RetryPeriod.
-	Waiter *lease.Waiter
+	Waiter *listen.Waiter
 	// EventRecorder, when set, is what RecordEvent records on, about
 	// EventObject. A nil EventObject is the coordination.k8s.io/v1 Lease
 	// named after the key: a "namespace/name" key is split, any other key
@@ -272,7 +273,7 @@ func (l *Lock) refresh(ctx context.Context) {
 // its registration inside the wait, when due and as soon as its readiness
 // changes: returning instead would leave it asleep for client-go's
 // RetryPeriod, deaf to a grant handed to it meanwhile.
-func (l *Lock) await(ctx context.Context, w *lease.Waiter, last rawRecord) (lease.State, error) {
+func (l *Lock) await(ctx context.Context, w *listen.Waiter, last rawRecord) (lease.State, error) {
 	changed := func(st lease.State) bool {
 		r := l.recordOf(st)
 		return r.Key != last.Key || r.Holder != last.Holder || r.Epoch != last.Epoch

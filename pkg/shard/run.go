@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/listen"
 )
 
 // Run holds the member key and the assigned shard keys until ctx ends, then
@@ -14,7 +15,7 @@ import (
 // returns nil. It returns ErrIdentityTaken, holding nothing, when another
 // live process holds this replica's member key.
 func (r *Sharder) Run(ctx context.Context) error {
-	var changes <-chan lease.Event
+	var changes <-chan listen.Event
 	if r.cfg.Waiter != nil {
 		keys := []string{changedKey(r.cfg.Controller)}
 		for s := range r.cfg.Shards {

@@ -51,6 +51,7 @@ import (
 	"time"
 
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/listen"
 )
 
 // MaxShards is the most shards of one controller: every shard key and the
@@ -87,7 +88,7 @@ type Config struct {
 	// Waiter, when set, wakes the replica at once when a shard key is
 	// released and when a replica joins or leaves. Without it the replica
 	// sees such changes at its next Poll or RenewEvery.
-	Waiter *lease.Waiter
+	Waiter *listen.Waiter
 	// OnAcquired is called after shard s is acquired, for example to
 	// enqueue its objects again; calls for several shards may run at once.
 	// Must not block.

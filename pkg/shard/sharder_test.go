@@ -15,6 +15,7 @@ import (
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/fence"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/listen"
 	"github.com/pglease/pg_lease/pkg/shard"
 )
 
@@ -57,7 +58,7 @@ func (c *cluster) start(id string) *replica {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := lease.NewWaiter(pgtest.Context(t, 0), cfg, lease.WaiterOptions{})
+	w, err := listen.NewWaiter(pgtest.Context(t, 0), cfg, listen.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/fence"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/listen"
 )
 
 // testClient: every call of the lease client, a server-side
@@ -91,7 +92,7 @@ func testClient(t *testing.T, s *setup) {
 	})
 }
 
-// testWaiter: lease.NewWaiter connects through each pool mode
+// testWaiter: listen.NewWaiter connects through each pool mode
 // (it used to send lock_timeout in its startup message, which PgBouncer
 // refuses). In session pooling the notifications pass: Await with a poll far
 // out wakes on the release. In transaction pooling LISTEN is accepted but no
@@ -100,7 +101,7 @@ func testClient(t *testing.T, s *setup) {
 func testWaiter(t *testing.T, s *setup) {
 	s.forEachMode(t, func(t *testing.T, mode, dsn string) {
 		ctx := pgtest.Context(t, 0)
-		w, err := lease.NewWaiter(ctx, connConfig(t, dsn), lease.WaiterOptions{})
+		w, err := listen.NewWaiter(ctx, connConfig(t, dsn), listen.Options{})
 		if err != nil {
 			t.Fatalf("NewWaiter through PgBouncer in %s pooling: %v", mode, err)
 		}
@@ -116,7 +117,7 @@ func testWaiter(t *testing.T, s *setup) {
 		var notified bool
 		select {
 		case ev := <-events:
-			notified = ev.Type == lease.EventAcquired && ev.Key == key
+			notified = ev.Type == listen.EventAcquired && ev.Key == key
 			if !notified {
 				t.Fatalf("event %+v, want the grant of %s", ev, key)
 			}

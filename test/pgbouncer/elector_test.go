@@ -18,6 +18,7 @@ import (
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/internal/testprog"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/listen"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 	"k8s.io/client-go/tools/leaderelection"
 )
@@ -79,7 +80,7 @@ func testElector(t *testing.T, s *setup) {
 func testClientGo(t *testing.T, s *setup) {
 	s.forEachMode(t, func(t *testing.T, mode, dsn string) {
 		ctx := pgtest.Context(t, 5*time.Minute)
-		w, err := lease.NewWaiter(ctx, connConfig(t, dsn), lease.WaiterOptions{})
+		w, err := listen.NewWaiter(ctx, connConfig(t, dsn), listen.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}

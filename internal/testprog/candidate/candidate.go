@@ -17,7 +17,7 @@
 // Elector mode:
 //
 //	PGLEASE_TC_RETRY     RetryInterval (Go duration)
-//	PGLEASE_TC_WAITER    if set: followers wait with a lease.Waiter (LISTEN)
+//	PGLEASE_TC_WAITER    if set: followers wait with a listen.Waiter (LISTEN)
 //	PGLEASE_TC_DEADLINES if set: a query whose context ended is interrupted
 //	                     only if still unanswered half a minute later (an
 //	                     interrupted query sends a cancel request, which
@@ -65,6 +65,7 @@ import (
 	"github.com/pglease/pg_lease/pkg/elector"
 	"github.com/pglease/pg_lease/pkg/fence"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/listen"
 )
 
 // Event is testprog.Event.
@@ -191,7 +192,7 @@ func runElector(ctx context.Context, id string) error {
 		RetryInterval: dur("PGLEASE_TC_RETRY", 0),
 	}
 	if os.Getenv("PGLEASE_TC_WAITER") != "" {
-		w, err := lease.NewWaiter(ctx, pool.Config().ConnConfig, lease.WaiterOptions{})
+		w, err := listen.NewWaiter(ctx, pool.Config().ConnConfig, listen.Options{})
 		if err != nil {
 			return err
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/listen"
 )
 
 func runHolder(ctx context.Context, owner string) error {
@@ -27,7 +28,7 @@ func runHolder(ctx context.Context, owner string) error {
 	for {
 		var ok bool
 		g, ok, err = c.Acquire(ctx, key, owner, ttl)
-		if c.WaitOutGrace(ctx, err) {
+		if listen.WaitOutGrace(ctx, c, err) {
 			continue // a promotion's grace: asked again when it ends
 		}
 		if err != nil {

@@ -1,4 +1,4 @@
-package lease
+package listen
 
 // The Waiter's connection loop: one dedicated connection that LISTENs,
 // waits for notifications, and is made again after any loss.
@@ -22,11 +22,11 @@ func (w *Waiter) connect(ctx context.Context) (*pgx.Conn, error) {
 	defer cancel()
 	conn, err := pgx.ConnectConfig(ctx, w.cfg)
 	if err != nil {
-		return nil, fmt.Errorf("lease: waiter: connecting: %w", err)
+		return nil, fmt.Errorf("listen: waiter: connecting: %w", err)
 	}
 	if _, err := conn.Exec(ctx, `LISTEN `+channel); err != nil {
 		_ = conn.Close(context.Background())
-		return nil, fmt.Errorf("lease: waiter: LISTEN %s: %w", channel, err)
+		return nil, fmt.Errorf("listen: waiter: LISTEN %s: %w", channel, err)
 	}
 	return conn, nil
 }
@@ -124,7 +124,7 @@ func (w *Waiter) run(conn *pgx.Conn) {
 	}
 }
 
-// reached tells a Waiter without a connection that a read through a Client
+// reached tells a Waiter without a connection that a read through a lease.Client
 // has just reached the server. The Waiter ends its reconnection backoff and
 // connects now. After a failover the backoff may have grown to seconds, and
 // every notification is missed until the connection is back.

@@ -1,4 +1,4 @@
-package lease
+package listen
 
 import (
 	"context"
@@ -12,10 +12,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+
+	"github.com/pglease/pg_lease/pkg/lease"
 )
 
-// WaiterOptions configure a Waiter. The zero value is ready to use.
-type WaiterOptions struct {
+// Options configure a Waiter. The zero value is ready to use.
+type Options struct {
 	// ReconnectMin and ReconnectMax bound the exponential backoff (with
 	// jitter) between attempts to re-establish the listen connection. A
 	// read by Await that reaches the server ends the backoff: the Waiter
@@ -36,14 +38,14 @@ type WaiterOptions struct {
 
 // withDefaults returns o with every zero field set to its default, and
 // validates the result. Each error names the field and matches
-// ErrInvalidInput.
-func (o WaiterOptions) withDefaults() (WaiterOptions, error) {
+// lease.ErrInvalidInput.
+func (o Options) withDefaults() (Options, error) {
 	def := func(name string, d *time.Duration, v time.Duration) error {
 		switch {
 		case *d == 0:
 			*d = v
 		case *d < 0:
-			return fmt.Errorf("%w: WaiterOptions.%s: negative (%v)", ErrInvalidInput, name, *d)
+			return fmt.Errorf("%w: listen.Options.%s: negative (%v)", lease.ErrInvalidInput, name, *d)
 		}
 		return nil
 	}
@@ -55,13 +57,13 @@ func (o WaiterOptions) withDefaults() (WaiterOptions, error) {
 		return o, err
 	}
 	if o.ReconnectMax < o.ReconnectMin {
-		return o, fmt.Errorf("%w: WaiterOptions.ReconnectMax (%v) is below ReconnectMin (%v)", ErrInvalidInput, o.ReconnectMax, o.ReconnectMin)
+		return o, fmt.Errorf("%w: listen.Options.ReconnectMax (%v) is below ReconnectMin (%v)", lease.ErrInvalidInput, o.ReconnectMax, o.ReconnectMin)
 	}
 	switch {
 	case o.WatchBuffer == 0:
 		o.WatchBuffer = 256
 	case o.WatchBuffer < 0:
-		return o, fmt.Errorf("%w: WaiterOptions.WatchBuffer: negative (%d)", ErrInvalidInput, o.WatchBuffer)
+		return o, fmt.Errorf("%w: listen.Options.WatchBuffer: negative (%d)", lease.ErrInvalidInput, o.WatchBuffer)
 	}
 	return o, nil
 }
@@ -88,10 +90,14 @@ const (
 	EventReleased EventType = "released"
 	// EventForceReleased: lease.force_release took the key from its holder.
 	EventForceReleased EventType = "force_released"
+	// EventHandover: a release granted the key to the candidate its
+	// strategy chose, in the release's transaction; Owner and Epoch name
+	// the new grant.
+	EventHandover EventType = "handover"
 	// EventResync is not a notification. Notifications may have been
 	// missed: the listen connection was re-established, or the
 	// subscriber's channel was full. Re-read the state you care about
-	// (Client.List, Client.Inspect). A resync's Key is empty.
+	// (lease.Client.List, lease.Client.Inspect). A resync's Key is empty.
 	EventResync EventType = "resync"
 )
 
@@ -102,12 +108,12 @@ const (
 // policy, waits on it. See the package documentation.
 type Waiter struct {
 	cfg  *pgx.ConnConfig
-	opts WaiterOptions
+	opts Options
 
 	ctx      context.Context // ends at Close
 	cancel   context.CancelFunc
 	loopDone chan struct{}
-	// reachedC ends the reconnection backoff: a read through a Client just
+	// reachedC ends the reconnection backoff: a read through a lease.Client just
 	// reached the server (reached).
 	reachedC chan struct{}
 
@@ -154,13 +160,13 @@ func (h *interrupter) HandleUnwatchAfterCancel() { _ = h.conn.SetDeadline(time.T
 // request). NewWaiter fails if the first connection cannot be made, unless
 // opts.ConnectInBackground. Later losses of the connection are repaired in
 // the background.
-func NewWaiter(ctx context.Context, cfg *pgx.ConnConfig, opts WaiterOptions) (*Waiter, error) {
+func NewWaiter(ctx context.Context, cfg *pgx.ConnConfig, opts Options) (*Waiter, error) {
 	return newWaiter(ctx, cfg, opts, nil)
 }
 
-func newWaiter(ctx context.Context, cfg *pgx.ConnConfig, opts WaiterOptions, hook func(kind, detail string)) (*Waiter, error) {
+func newWaiter(ctx context.Context, cfg *pgx.ConnConfig, opts Options, hook func(kind, detail string)) (*Waiter, error) {
 	if cfg == nil {
-		return nil, fmt.Errorf("%w: NewWaiter: nil config", ErrInvalidInput)
+		return nil, fmt.Errorf("%w: NewWaiter: nil config", lease.ErrInvalidInput)
 	}
 	opts, err := opts.withDefaults()
 	if err != nil {

@@ -1,12 +1,16 @@
-package lease
+package listen
 
-// The wake policy (Await) and the reads the Awaits of one Waiter share.
+// The wake policies (Await, WaitOutGrace) and the reads the Awaits of one
+// Waiter share.
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/pglease/pg_lease/pkg/lease"
 )
 
 // Await is the module's one wake policy for code that waits on a key: an
@@ -16,7 +20,7 @@ import (
 //
 //   - on a notification for key (a grant, a release, a force-release) or an
 //     EventResync from w (notifications may have been missed);
-//   - at the observed grant's expiry on the local clock (State.ExpiresLocal,
+//   - at the observed grant's expiry on the local clock (lease.State.ExpiresLocal,
 //     never early), because a lapse sends no notification;
 //   - poll after the last read. This bounds how late a change is seen when no
 //     notification can arrive: w nil or closed, the listen connection down,
@@ -25,7 +29,7 @@ import (
 // A notification that names the key's whole state needs no read: a release
 // or force-release (the key free, its counter past the ended epoch), a grant
 // or a handover (held by the named owner under the named epoch). Await hands
-// that state to done first and returns it when done is true. Such a State
+// that state to done first and returns it when done is true. Such a lease.State
 // was true when its change committed; it has no ExpiresAt, ServerNow or
 // ExpiresLocal, so a done that needs them reads. A notification older than
 // the last read, or one behind a resync, is read over.
@@ -38,9 +42,9 @@ import (
 // succeeds while w has no connection makes w reconnect at once, instead of
 // at the end of its backoff. w may be nil; then
 // Await polls. Timers run on c's clock.
-func (w *Waiter) Await(ctx context.Context, c *Client, key string, poll time.Duration, done func(State) bool) (State, error) {
+func (w *Waiter) Await(ctx context.Context, c *lease.Client, key string, poll time.Duration, done func(lease.State) bool) (lease.State, error) {
 	if poll <= 0 {
-		return State{}, fmt.Errorf("lease: Await %q: %w: poll must be positive, got %v", key, ErrInvalidInput, poll)
+		return lease.State{}, fmt.Errorf("listen: Await %q: %w: poll must be positive, got %v", key, lease.ErrInvalidInput, poll)
 	}
 	var events <-chan Event
 	callTimeout := 10 * time.Second
@@ -50,13 +54,13 @@ func (w *Waiter) Await(ctx context.Context, c *Client, key string, poll time.Dur
 		events = w.Watch(wctx, key)
 		callTimeout = w.opts.QueryTimeout
 	}
-	clk := c.clock
-	var after uint64 // the events dispatched when this Await woke
-	shared := false  // woken by an event: a read begun since then will do
-	var last State   // the last state read
+	clk := c.Clock()
+	var after uint64     // the events dispatched when this Await woke
+	shared := false      // woken by an event: a read begun since then will do
+	var last lease.State // the last state read
 	for {
 		var (
-			st  State
+			st  lease.State
 			err error
 		)
 		if shared {
@@ -69,9 +73,9 @@ func (w *Waiter) Await(ctx context.Context, c *Client, key string, poll time.Dur
 		shared = false
 		if err != nil {
 			if ctx.Err() != nil {
-				return State{}, fmt.Errorf("lease: await %q: %w", key, context.Cause(ctx))
+				return lease.State{}, fmt.Errorf("listen: await %q: %w", key, context.Cause(ctx))
 			}
-			return State{}, err
+			return lease.State{}, err
 		}
 		if w != nil {
 			w.reached() // a Waiter still in its reconnection backoff connects now
@@ -88,7 +92,7 @@ func (w *Waiter) Await(ctx context.Context, c *Client, key string, poll time.Dur
 		select {
 		case <-ctx.Done():
 			timer.Stop()
-			return State{}, fmt.Errorf("lease: await %q: %w", key, context.Cause(ctx))
+			return lease.State{}, fmt.Errorf("listen: await %q: %w", key, context.Cause(ctx))
 		case ev, ok := <-events:
 			if !ok {
 				events = nil // the Waiter was closed: poll from now on
@@ -128,28 +132,28 @@ func latest(ev Event, events <-chan Event) Event {
 // whole of it and is newer than last (the last state read): a release or
 // force-release of an epoch at least last's (the key's counter is then one
 // past it), a grant or handover of an epoch above last's.
-func notifiedState(ev Event, last State) (State, bool) {
-	st := State{Key: ev.Key, Exists: true}
+func notifiedState(ev Event, last lease.State) (lease.State, bool) {
+	st := lease.State{Key: ev.Key, Exists: true}
 	switch ev.Type {
 	case EventReleased, EventForceReleased:
 		if ev.Epoch < last.Epoch {
-			return State{}, false
+			return lease.State{}, false
 		}
 		st.Epoch, st.Released = ev.Epoch+1, true
 	case EventAcquired, EventHandover:
 		if ev.Epoch <= last.Epoch {
-			return State{}, false
+			return lease.State{}, false
 		}
 		st.Held, st.Owner, st.LastOwner, st.Epoch = true, ev.Owner, ev.Owner, ev.Epoch
 	default:
-		return State{}, false
+		return lease.State{}, false
 	}
 	return st, true
 }
 
 // readKey names the reads Awaits of one Waiter may share.
 type readKey struct {
-	c   *Client
+	c   *lease.Client
 	key string
 }
 
@@ -159,7 +163,7 @@ type readKey struct {
 type sharedRead struct {
 	seq  uint64 // events dispatched when the read began
 	done chan struct{}
-	st   State
+	st   lease.State
 	err  error
 }
 
@@ -175,7 +179,7 @@ type sharedReads struct {
 // after the change that woke the caller committed. Otherwise it starts one.
 // The read runs to its end (bounded by timeout) for the others, even if the
 // caller stops waiting.
-func (w *Waiter) sharedInspect(ctx context.Context, c *Client, key string, after uint64, timeout time.Duration) (State, error) {
+func (w *Waiter) sharedInspect(ctx context.Context, c *lease.Client, key string, after uint64, timeout time.Duration) (lease.State, error) {
 	k := readKey{c, key}
 	seq := w.dispatched() // read before the read begins: never newer than it
 	rs := &w.reads
@@ -208,6 +212,31 @@ func (w *Waiter) sharedInspect(ctx context.Context, c *Client, key string, after
 	case <-r.done:
 		return r.st, r.err
 	case <-ctx.Done():
-		return State{}, ctx.Err()
+		return lease.State{}, ctx.Err()
 	}
+}
+
+// WaitOutGrace is the one wake policy for the grace after a promotion: when
+// err matches lease.ErrGrace it waits on c's clock until the grace has
+// certainly ended (GraceError.UntilLocal) or ctx ends, and reports true; for
+// any other err it returns false at once. Acquire again after it: the grace
+// ends without any notification (nothing is written when it ends), so a
+// Waiter would not wake for it, and asking again before it ends is denied.
+func WaitOutGrace(ctx context.Context, c *lease.Client, err error) bool {
+	var ge *lease.GraceError
+	if !errors.As(err, &ge) {
+		return false
+	}
+	clk := c.Clock()
+	d := ge.UntilLocal.Sub(clk.Now())
+	if d <= 0 {
+		return true
+	}
+	t := clk.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C():
+	case <-ctx.Done():
+	}
+	return true
 }

@@ -1,4 +1,4 @@
-package lease
+package listen
 
 // The Waiter's registry of lease.listen registrations: which keys some
 // subscriber waits for, and which the server holds for this backend.
@@ -100,7 +100,7 @@ func (w *Waiter) unregisterLocked(keys []string) {
 }
 
 // errKick ends a wait for a notification early: registrations changed.
-var errKick = errors.New("lease: waiter: registrations changed")
+var errKick = errors.New("listen: waiter: registrations changed")
 
 // syncRegistrations makes the server's registrations of this backend match
 // the wanted keys: lease.listen for each new key, lease.unlisten for each key

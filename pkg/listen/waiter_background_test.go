@@ -1,4 +1,4 @@
-package lease_test
+package listen_test
 
 import (
 	"testing"
@@ -6,6 +6,7 @@ import (
 
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/listen"
 )
 
 // A Waiter built with ConnectInBackground while the server is down starts
@@ -19,12 +20,12 @@ func TestWaiterConnectsInBackground(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if _, err := lease.NewWaiter(ctx, connConfig(t, dsn), lease.WaiterOptions{}); err == nil {
+	if _, err := listen.NewWaiter(ctx, connConfig(t, dsn), listen.Options{}); err == nil {
 		t.Fatal("NewWaiter without ConnectInBackground succeeded while the server was down")
 	}
 	rec := &recorder{ch: make(chan hookEvent, 4096)}
-	w, err := lease.NewWaiterWithHook(ctx, connConfig(t, dsn),
-		lease.WaiterOptions{ConnectInBackground: true, ReconnectMax: 200 * time.Millisecond}, rec.hook)
+	w, err := listen.NewWaiterWithHook(ctx, connConfig(t, dsn),
+		listen.Options{ConnectInBackground: true, ReconnectMax: 200 * time.Millisecond}, rec.hook)
 	if err != nil {
 		t.Fatalf("NewWaiter with ConnectInBackground while the server is down: %v", err)
 	}
@@ -36,7 +37,7 @@ func TestWaiterConnectsInBackground(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec.next(t, "listening") // k is registered by now
-	next := func() lease.Event {
+	next := func() listen.Event {
 		t.Helper()
 		select {
 		case ev := <-events:
@@ -44,16 +45,16 @@ func TestWaiterConnectsInBackground(t *testing.T) {
 		case <-ctx.Done():
 			t.Fatal("no event")
 		}
-		return lease.Event{}
+		return listen.Event{}
 	}
-	if ev := next(); ev.Type != lease.EventResync {
+	if ev := next(); ev.Type != listen.EventResync {
 		t.Fatalf("first event %+v, want a resync", ev)
 	}
 	c := lease.New(newPool(t, dsn))
 	if _, ok, err := c.Acquire(ctx, "k", "a", time.Minute); err != nil || !ok {
 		t.Fatalf("acquire: %v %v", ok, err)
 	}
-	if ev := next(); ev.Type != lease.EventAcquired || ev.Key != "k" || ev.Owner != "a" {
+	if ev := next(); ev.Type != listen.EventAcquired || ev.Key != "k" || ev.Owner != "a" {
 		t.Fatalf("event %+v, want k acquired by a", ev)
 	}
 }
@@ -67,8 +68,8 @@ func TestWaiterReconnectsWhenAReadReachesTheServer(t *testing.T) {
 	dsn := pgtest.NewLeaseDatabaseOn(t, srv)
 	rec := &recorder{ch: make(chan hookEvent, 4096)}
 	// A backoff of an hour: only a read can bring the connection back in time.
-	w, err := lease.NewWaiterWithHook(ctx, connConfig(t, dsn),
-		lease.WaiterOptions{ReconnectMin: never, ReconnectMax: never}, rec.hook)
+	w, err := listen.NewWaiterWithHook(ctx, connConfig(t, dsn),
+		listen.Options{ReconnectMin: never, ReconnectMax: never}, rec.hook)
 	if err != nil {
 		t.Fatal(err)
 	}

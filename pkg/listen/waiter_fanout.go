@@ -1,4 +1,4 @@
-package lease
+package listen
 
 // The Waiter's fan-out: each notification goes to the subscribers of its
 // key, and a resync tells them that notifications may have been missed.

@@ -1,8 +1,9 @@
-package lease_test
+package listen_test
 
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -11,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pg_lease/pkg/lease"
-	"strconv"
+	"github.com/pglease/pg_lease/pkg/listen"
 )
 
 // hookEvent is one step of a waiter's goroutine (see NewWaiterWithHook).
@@ -58,18 +59,16 @@ func (r *recorder) await(t testing.TB, what string, match func(hookEvent) bool) 
 	}
 }
 
-func newWaiter(t testing.TB, db *testDB, opts lease.WaiterOptions) (*lease.Waiter, *recorder) {
+func newWaiter(t testing.TB, db *testDB, opts listen.Options) (*listen.Waiter, *recorder) {
 	t.Helper()
 	rec := &recorder{ch: make(chan hookEvent, 4096)}
-	w, err := lease.NewWaiterWithHook(testCtx(t), connConfig(t, db.dsn), opts, rec.hook)
+	w, err := listen.NewWaiterWithHook(testCtx(t), connConfig(t, db.dsn), opts, rec.hook)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = w.Close() })
 	return w, rec
 }
-
-const never = time.Hour // a poll or TTL that no test waits for
 
 // readSignal is a Querier that signals each completed lease.inspect, so
 // that a test can act after Await's first read without sleeping.
@@ -107,7 +106,7 @@ type awaited struct {
 	err error
 }
 
-func awaitAsync(ctx context.Context, w *lease.Waiter, c *lease.Client, key string, poll time.Duration) <-chan awaited {
+func awaitAsync(ctx context.Context, w *listen.Waiter, c *lease.Client, key string, poll time.Duration) <-chan awaited {
 	ch := make(chan awaited, 1)
 	go func() {
 		st, err := w.Await(ctx, c, key, poll, func(s lease.State) bool { return !s.Held })
@@ -134,7 +133,7 @@ func mustFree(t *testing.T, ch <-chan awaited) lease.State {
 // read and no wait.
 func TestAwaitReturnsAtOnce(t *testing.T) {
 	forEachMode(t, func(t *testing.T, db *testDB) {
-		w, _ := newWaiter(t, db, lease.WaiterOptions{})
+		w, _ := newWaiter(t, db, listen.Options{})
 		c, reads := watched(db)
 		st := mustFree(t, awaitAsync(testCtx(t), w, c, "free", never))
 		if st.Exists || len(reads) != 1 {
@@ -149,7 +148,7 @@ func TestAwaitReturnsAtOnce(t *testing.T) {
 func TestAwaitWakesOnNotification(t *testing.T) {
 	forEachMode(t, func(t *testing.T, db *testDB) {
 		ctx := testCtx(t)
-		w, _ := newWaiter(t, db, lease.WaiterOptions{})
+		w, _ := newWaiter(t, db, listen.Options{})
 		for _, force := range []bool{false, true} {
 			h, ok, err := db.c.Acquire(ctx, "rel", "holder", never)
 			if err != nil || !ok {
@@ -180,7 +179,7 @@ func TestAwaitWakesOnNotification(t *testing.T) {
 func TestAwaitTakesNotifiedState(t *testing.T) {
 	forEachMode(t, func(t *testing.T, db *testDB) {
 		ctx := testCtx(t)
-		w, _ := newWaiter(t, db, lease.WaiterOptions{})
+		w, _ := newWaiter(t, db, listen.Options{})
 		for _, how := range []string{"release", "force_release", "handover"} {
 			key := "notified-" + how
 			h, ok, err := db.c.Acquire(ctx, key, "holder", never)
@@ -246,7 +245,7 @@ func TestAwaitTakesNotifiedState(t *testing.T) {
 func TestAwaitWakesAtExpiry(t *testing.T) {
 	forEachMode(t, func(t *testing.T, db *testDB) {
 		ctx := testCtx(t)
-		w, _ := newWaiter(t, db, lease.WaiterOptions{})
+		w, _ := newWaiter(t, db, listen.Options{})
 		h, ok, err := db.c.Acquire(ctx, "expiry", "holder", 300*time.Millisecond)
 		if err != nil || !ok {
 			t.Fatal(ok, err)
@@ -273,7 +272,7 @@ func TestAwaitPoll(t *testing.T) {
 		if err != nil || !ok {
 			t.Fatal(ok, err)
 		}
-		w, _ := newWaiter(t, db, lease.WaiterOptions{})
+		w, _ := newWaiter(t, db, listen.Options{})
 		c, reads := watched(db)
 		res := awaitAsync(ctx, w, c, "poll", 20*time.Millisecond)
 		<-reads
@@ -306,7 +305,7 @@ func TestAwaitSurvivesTerminatedConnection(t *testing.T) {
 				f() // runs on the waiter's goroutine, while it has no connection
 			}
 		}}
-		w, err := lease.NewWaiterWithHook(ctx, connConfig(t, db.dsn), lease.WaiterOptions{ReconnectMin: time.Millisecond}, rec.hook)
+		w, err := listen.NewWaiterWithHook(ctx, connConfig(t, db.dsn), listen.Options{ReconnectMin: time.Millisecond}, rec.hook)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -362,7 +361,7 @@ func TestAwaitSurvivesTerminatedConnection(t *testing.T) {
 func TestAwaitCancel(t *testing.T) {
 	forEachMode(t, func(t *testing.T, db *testDB) {
 		ctx := testCtx(t)
-		w, _ := newWaiter(t, db, lease.WaiterOptions{})
+		w, _ := newWaiter(t, db, listen.Options{})
 		if _, ok, err := db.c.Acquire(ctx, "c", "holder", never); err != nil || !ok {
 			t.Fatal(ok, err)
 		}
@@ -391,15 +390,15 @@ func TestAwaitCancel(t *testing.T) {
 }
 
 func TestWaiterOptions(t *testing.T) {
-	for _, o := range []lease.WaiterOptions{
+	for _, o := range []listen.Options{
 		{ReconnectMin: -1}, {ReconnectMin: time.Second, ReconnectMax: time.Millisecond},
 		{QueryTimeout: -1}, {WatchBuffer: -1},
 	} {
-		if _, err := lease.NewWaiter(context.Background(), connConfig(t, "postgres://invalid.invalid/x"), o); err == nil {
+		if _, err := listen.NewWaiter(context.Background(), connConfig(t, "postgres://invalid.invalid/x"), o); err == nil {
 			t.Errorf("%+v accepted", o)
 		}
 	}
-	if _, err := lease.NewWaiter(context.Background(), nil, lease.WaiterOptions{}); err == nil {
+	if _, err := listen.NewWaiter(context.Background(), nil, listen.Options{}); err == nil {
 		t.Error("nil config accepted")
 	}
 }
@@ -409,7 +408,7 @@ func TestWaiterOptions(t *testing.T) {
 func TestWatch(t *testing.T) {
 	forEachMode(t, func(t *testing.T, db *testDB) {
 		ctx := testCtx(t)
-		w, rec := newWaiter(t, db, lease.WaiterOptions{ReconnectMin: time.Millisecond})
+		w, rec := newWaiter(t, db, listen.Options{ReconnectMin: time.Millisecond})
 		all := w.Watch(ctx)
 		wctx, cancel := context.WithCancel(ctx)
 		onlyA := w.Watch(wctx, "a")
@@ -430,13 +429,13 @@ func TestWatch(t *testing.T) {
 		if _, _, _, err := db.c.ForceRelease(ctx, "b"); err != nil {
 			t.Fatal(err)
 		}
-		want := []lease.Event{
+		want := []listen.Event{
 			{Type: "acquired", Key: "a", Owner: "alice", Epoch: 1},
 			{Type: "acquired", Key: "b", Owner: "bob", Epoch: 1},
 			{Type: "released", Key: "a", Owner: "alice", Epoch: 1},
 			{Type: "force_released", Key: "b", Owner: "bob", Epoch: 1},
 		}
-		expect := func(ch <-chan lease.Event, want []lease.Event) {
+		expect := func(ch <-chan listen.Event, want []listen.Event) {
 			t.Helper()
 			for _, e := range want {
 				got := <-ch
@@ -447,7 +446,7 @@ func TestWatch(t *testing.T) {
 			}
 		}
 		expect(all, want)
-		expect(onlyA, []lease.Event{want[0], want[2]})
+		expect(onlyA, []listen.Event{want[0], want[2]})
 		cancel()
 		for range onlyA { // closed when its context ends
 		}
@@ -509,7 +508,7 @@ func (r *recorder) sawNotified(key string) bool {
 func TestAwaitRegisters(t *testing.T) {
 	forEachMode(t, func(t *testing.T, db *testDB) {
 		ctx := testCtx(t)
-		w, rec := newWaiter(t, db, lease.WaiterOptions{ReconnectMin: time.Millisecond})
+		w, rec := newWaiter(t, db, listen.Options{ReconnectMin: time.Millisecond})
 		rec.next(t, "listening")
 		round := func(key string) {
 			t.Helper()
@@ -539,7 +538,7 @@ func TestAwaitRegisters(t *testing.T) {
 		round("reg")
 		// grantSeen: regKey has one registration; a grant of key then comes
 		// on events.
-		grantSeen := func(events <-chan lease.Event, regKey, key, when string) {
+		grantSeen := func(events <-chan listen.Event, regKey, key, when string) {
 			t.Helper()
 			if n := registrations(t, db, regKey); n != 1 {
 				t.Fatalf("%d registrations of %q %s, want 1", n, regKey, when)
@@ -613,7 +612,7 @@ func TestAwaitRegistersBeforeReading(t *testing.T) {
 				readsAtListen <- len(reads)
 			}
 		}}
-		w, err := lease.NewWaiterWithHook(ctx, connConfig(t, db.dsn), lease.WaiterOptions{}, rec.hook)
+		w, err := listen.NewWaiterWithHook(ctx, connConfig(t, db.dsn), listen.Options{}, rec.hook)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -658,7 +657,7 @@ func (q *gatedReads) QueryRow(ctx context.Context, sql string, args ...any) pgx.
 func TestAwaitSharesReads(t *testing.T) {
 	forEachMode(t, func(t *testing.T, db *testDB) {
 		ctx := testCtx(t)
-		w, rec := newWaiter(t, db, lease.WaiterOptions{})
+		w, rec := newWaiter(t, db, listen.Options{})
 		gq := &gatedReads{Querier: db.pool}
 		counted := make(chan struct{}, 64)
 		c := lease.New(readSignal{gq, counted}) // every Await through the same client
@@ -705,7 +704,7 @@ func TestAwaitSharesReads(t *testing.T) {
 func TestWatchBehindALockedRow(t *testing.T) {
 	forEachMode(t, func(t *testing.T, db *testDB) {
 		ctx := testCtx(t)
-		w, rec := newWaiter(t, db, lease.WaiterOptions{})
+		w, rec := newWaiter(t, db, listen.Options{})
 		rec.next(t, "listening")
 		other := w.Watch(ctx, "other")
 		if _, _, err := db.c.Acquire(ctx, "locked", "holder", never); err != nil {
@@ -715,7 +714,7 @@ func TestWatchBehindALockedRow(t *testing.T) {
 		if _, err := locker.Exec(ctx, `BEGIN; SELECT FROM lease.leases WHERE key = 'locked' FOR UPDATE`); err != nil {
 			t.Fatal(err)
 		}
-		watched := make(chan (<-chan lease.Event), 1)
+		watched := make(chan (<-chan listen.Event), 1)
 		go func() { watched <- w.Watch(ctx, "locked") }()
 		rec.next(t, "listen_locked")
 		if _, _, err := db.c.Acquire(ctx, "other", "holder", never); err != nil {

@@ -1,4 +1,4 @@
-package lease_test
+package listen_test
 
 import (
 	"flag"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/listen"
 )
 
 var a2Trials = flag.Int("a2.trials", 50, "BenchmarkA2: minimum number of trials per path")
@@ -26,12 +27,12 @@ var a2Trials = flag.Int("a2.trials", 50, "BenchmarkA2: minimum number of trials 
 //
 // ns/op is meaningless here and suppressed; run it with -benchtime 1x:
 //
-//	go test ./pkg/lease -run '^$' -bench BenchmarkA2 -benchtime 1x [-a2.trials 200]
+//	go test ./pkg/listen -run '^$' -bench BenchmarkA2 -benchtime 1x [-a2.trials 200]
 func BenchmarkA2(b *testing.B) {
 	db := newDB(b, installModes[0])
 	ctx := testCtx(b)
 	holder := lease.New(connect(b, db.dsn))
-	w, _ := newWaiter(b, db, lease.WaiterOptions{})
+	w, _ := newWaiter(b, db, listen.Options{})
 
 	report := func(b *testing.B, name string, s []time.Duration) {
 		slices.Sort(s)

@@ -1,16 +1,16 @@
-package lease_test
+package listen_test
 
 import (
 	"context"
 	"testing"
 	"time"
 
-	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/listen"
 )
 
 // waitEvent reads events until one of typ for key comes; it fails the test
 // when none has within a minute.
-func waitEvent(t *testing.T, events <-chan lease.Event, typ lease.EventType, key, when string) {
+func waitEvent(t *testing.T, events <-chan listen.Event, typ listen.EventType, key, when string) {
 	t.Helper()
 	timeout := time.NewTimer(time.Minute)
 	defer timeout.Stop()
@@ -37,7 +37,7 @@ func waitEvent(t *testing.T, events <-chan lease.Event, typ lease.EventType, key
 func TestWatchBeyondTheRegistrationBound(t *testing.T) {
 	forEachMode(t, func(t *testing.T, db *testDB) {
 		ctx := testCtx(t)
-		w, rec := newWaiter(t, db, lease.WaiterOptions{})
+		w, rec := newWaiter(t, db, listen.Options{})
 		rec.next(t, "listening")
 		if _, err := db.pool.Exec(ctx, `INSERT INTO lease.listeners (pid, key, since)
 			SELECT a.pid, 'filler-' || i, clock_timestamp()
@@ -52,7 +52,7 @@ func TestWatchBeyondTheRegistrationBound(t *testing.T) {
 		if _, ok, err := db.c.Acquire(ctx, "beyond", "holder", never); err != nil || !ok {
 			t.Fatal(ok, err)
 		}
-		waitEvent(t, events, lease.EventAcquired, "beyond", "a key beyond the bound")
+		waitEvent(t, events, listen.EventAcquired, "beyond", "a key beyond the bound")
 	})
 }
 
@@ -62,7 +62,7 @@ func TestWatchBeyondTheRegistrationBound(t *testing.T) {
 func TestWatchAllEndsKeepsKeys(t *testing.T) {
 	forEachMode(t, func(t *testing.T, db *testDB) {
 		ctx := testCtx(t)
-		w, rec := newWaiter(t, db, lease.WaiterOptions{})
+		w, rec := newWaiter(t, db, listen.Options{})
 		rec.next(t, "listening")
 		one := w.Watch(ctx, "kept")
 		actx, endAll := context.WithCancel(ctx)
@@ -84,6 +84,6 @@ func TestWatchAllEndsKeepsKeys(t *testing.T) {
 		if _, ok, err := db.c.Acquire(ctx, "kept", "holder", never); err != nil || !ok {
 			t.Fatal(ok, err)
 		}
-		waitEvent(t, one, lease.EventAcquired, "kept", "after the Watch of every key ended")
+		waitEvent(t, one, listen.EventAcquired, "kept", "after the Watch of every key ended")
 	})
 }
