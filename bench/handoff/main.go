@@ -13,7 +13,7 @@
 //	               (no lease.WarmConn): what the warm-up saves, in the same run
 //	elector-handover, clientgo-pg-handover
 //	               the same two with every follower a registered candidate
-//	               (lease.Candidacy, strategy priority): the leader's release
+//	               (handover.Candidacy, strategy priority): the leader's release
 //	               grants the key to the follower in its own transaction
 //	baseline       the physical limit of a handoff, measured the same way: a
 //	               durable one-row UPDATE that sends a NOTIFY, a listener on
@@ -82,6 +82,7 @@ import (
 
 	"github.com/pglease/pg_lease/bench/internal/benchutil"
 	"github.com/pglease/pg_lease/pkg/elector"
+	"github.com/pglease/pg_lease/pkg/handover"
 	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/listen"
 	pgrl "github.com/pglease/pg_lease/pkg/resourcelock"
@@ -145,13 +146,13 @@ type system struct {
 	baseline *baseline
 }
 
-// candidacy is the handover systems' lease.Candidacy (nil for the others):
+// candidacy is the handover systems' handover.Candidacy (nil for the others):
 // every follower is a ready candidate and the key's strategy is priority.
-func candidacy(system string) *lease.Candidacy {
+func candidacy(system string) *handover.Candidacy {
 	if !strings.HasSuffix(system, "-handover") {
 		return nil
 	}
-	return &lease.Candidacy{Strategy: lease.StrategyPriority}
+	return &handover.Candidacy{Strategy: handover.StrategyPriority}
 }
 
 type trialResult struct {
@@ -497,7 +498,7 @@ func trial(ctx context.Context, sys *system, p profile, scenario string, i int) 
 func awaitCandidate(ctx context.Context, sys *system, owner string, within time.Duration) error {
 	c := lease.New(sys.pg)
 	for end := time.Now().Add(within); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
-		_, cands, err := c.Candidates(ctx, sys.key)
+		_, cands, err := handover.Candidates(ctx, c, sys.key)
 		if err != nil {
 			return err
 		}
@@ -537,7 +538,7 @@ func dial(ctx context.Context, dsn string, warm bool, tr *tracer) (*pgxpool.Pool
 
 // ---- pkg/elector ----
 
-func electorCandidate(dsn, key string, warm bool, cand *lease.Candidacy) func(context.Context, profile, string) (*candidate, error) {
+func electorCandidate(dsn, key string, warm bool, cand *handover.Candidacy) func(context.Context, profile, string) (*candidate, error) {
 	return func(ctx context.Context, p profile, id string) (*candidate, error) {
 		c := newCandidate(id)
 		c.trace = &tracer{}
@@ -585,7 +586,7 @@ func electorCandidate(dsn, key string, warm bool, cand *lease.Candidacy) func(co
 
 // ---- client-go's elector over pkg/resourcelock ----
 
-func clientgoPGCandidate(dsn, key string, warm bool, cand *lease.Candidacy) func(context.Context, profile, string) (*candidate, error) {
+func clientgoPGCandidate(dsn, key string, warm bool, cand *handover.Candidacy) func(context.Context, profile, string) (*candidate, error) {
 	return func(ctx context.Context, p profile, id string) (*candidate, error) {
 		tr := &tracer{}
 		pool, w, err := dial(ctx, dsn, warm, tr)

@@ -42,21 +42,22 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pg_lease/bench/internal/benchutil"
+	"github.com/pglease/pg_lease/pkg/handover"
 	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/listen"
 )
 
 var (
-	out      = flag.String("out", "bench/results/waiters", "results folder")
-	waitersF = flag.Int("waiters", 1000, "waiters on the key (goroutines)")
-	connsF   = flag.Int("conns", 50, "listen.Waiters (listen connections) the waiters are spread over")
-	poolF    = flag.Int("pool", 50, "connections of the pool the waiters read and acquire through")
-	releases = flag.Int("releases", 30, "releases (rounds) per run")
-	baseline = flag.Int("baseline", 1, "waiters of the baseline run (on one listen connection); 0: none")
-	alsoF    = flag.String("also", "50x50", "more runs, WAITERSxCONNS comma-separated (50x50: one waiter per simulated process); empty: none")
-	settle   = flag.Duration("settle", 300*time.Millisecond, "pause after each grant, so each round's herd has finished before the next release")
-	fsync    = flag.String("fsync", "on", "server fsync (on: durable commits)")
-	handover = flag.Bool("handover", false, "run every shape twice: the waiters race (as without candidates), then each waiter is a registered candidate and the key's strategy is priority, so each release grants the key to one of them")
+	out       = flag.String("out", "bench/results/waiters", "results folder")
+	waitersF  = flag.Int("waiters", 1000, "waiters on the key (goroutines)")
+	connsF    = flag.Int("conns", 50, "listen.Waiters (listen connections) the waiters are spread over")
+	poolF     = flag.Int("pool", 50, "connections of the pool the waiters read and acquire through")
+	releases  = flag.Int("releases", 30, "releases (rounds) per run")
+	baseline  = flag.Int("baseline", 1, "waiters of the baseline run (on one listen connection); 0: none")
+	alsoF     = flag.String("also", "50x50", "more runs, WAITERSxCONNS comma-separated (50x50: one waiter per simulated process); empty: none")
+	settle    = flag.Duration("settle", 300*time.Millisecond, "pause after each grant, so each round's herd has finished before the next release")
+	fsync     = flag.String("fsync", "on", "server fsync (on: durable commits)")
+	handoverF = flag.Bool("handover", false, "run every shape twice: the waiters race (as without candidates), then each waiter is a registered candidate and the key's strategy is priority, so each release grants the key to one of them")
 )
 
 const key = "hot"
@@ -117,7 +118,7 @@ func main() {
 	shapes = append(shapes, [2]int{*waitersF, *connsF})
 	failed := false
 	modes := []bool{false}
-	if *handover {
+	if *handoverF {
 		modes = append(modes, true)
 	}
 	for _, sh := range shapes {
@@ -147,8 +148,8 @@ type win struct {
 	at time.Time
 }
 
-func run(ctx context.Context, dsn string, nWaiters, nConns int, handover bool) (result, error) {
-	res := result{Waiters: nWaiters, Conns: nConns, Pool: min(*poolF, nWaiters+1), Releases: *releases, Handover: handover}
+func run(ctx context.Context, dsn string, nWaiters, nConns int, candidates bool) (result, error) {
+	res := result{Waiters: nWaiters, Conns: nConns, Pool: min(*poolF, nWaiters+1), Releases: *releases, Handover: candidates}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	admin, err := pgx.Connect(ctx, dsn)
@@ -173,11 +174,11 @@ func run(ctx context.Context, dsn string, nWaiters, nConns int, handover bool) (
 	}
 	defer pool.Close()
 	c := lease.New(pool)
-	if handover {
+	if candidates {
 		// Every waiter a ready candidate (registered in one statement on a
 		// pool connection, which stays open for the run); the strategy
 		// picks one per release.
-		if _, err := c.SetStrategy(ctx, key, lease.StrategyPriority); err != nil {
+		if _, err := handover.SetStrategy(ctx, c, key, handover.StrategyPriority); err != nil {
 			return res, err
 		}
 		if _, err := pool.Exec(ctx, `SELECT lease.candidate($1, 'w' || i, interval '1 hour', priority => i % 7)

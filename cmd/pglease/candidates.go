@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
+	"github.com/pglease/pg_lease/pkg/handover"
 	"github.com/pglease/pg_lease/pkg/lease"
 )
 
@@ -36,7 +37,7 @@ the strategy is any (a release frees the key and the waiters race).`,
 				return err
 			}
 			return a.withConn(cmd.Context(), func(conn *pgx.Conn) error {
-				strategy, cs, err := lease.New(conn).Candidates(cmd.Context(), key)
+				strategy, cs, err := handover.Candidates(cmd.Context(), lease.New(conn), key)
 				if err != nil {
 					return err
 				}
@@ -60,7 +61,7 @@ type candidateRow struct {
 	ExpiresAt    time.Time `json:"expiresAt"`
 }
 
-func printCandidates(w io.Writer, p printFlags, key string, strategy lease.Strategy, cs []lease.CandidateState) error {
+func printCandidates(w io.Writer, p printFlags, key string, strategy handover.Strategy, cs []handover.CandidateState) error {
 	switch p.output {
 	case "json", "yaml":
 		v := struct {

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/handover"
 )
 
 // pglease candidates KEY: the strategy, then the candidates in the order the
@@ -17,15 +17,15 @@ func TestCandidates(t *testing.T) {
 	if out := mustRun(t, ctx, e, "candidates", "job"); out != "job: strategy any\nRANK   CANDIDATE   VERSION   PRIORITY   READY   LIVE   REGISTERED\n" {
 		t.Fatalf("candidates of a key without any: %q", out)
 	}
-	if _, err := c.SetStrategy(ctx, "job", lease.StrategyNewestVersion); err != nil {
+	if _, err := handover.SetStrategy(ctx, c, "job", handover.StrategyNewestVersion); err != nil {
 		t.Fatal(err)
 	}
-	for _, cand := range []lease.Candidate{
+	for _, cand := range []handover.Candidate{
 		{Owner: "pod-a", Version: "1.4.0", Ready: true, TTL: time.Minute},
 		{Owner: "pod-b", Version: "v1.5.0", Ready: true, TTL: time.Minute},
 		{Owner: "pod-c", Version: "1.6.0", Ready: false, TTL: time.Minute},
 	} {
-		if _, err := c.Register(ctx, "job", cand); err != nil {
+		if _, err := handover.Register(ctx, c, "job", cand); err != nil {
 			t.Fatal(err)
 		}
 	}

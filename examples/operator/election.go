@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/pglease/pg_lease/pkg/handover"
 	pgle "github.com/pglease/pg_lease/pkg/leaderelection"
 	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/listen"
@@ -64,10 +65,10 @@ func pgleaseElection(ctx context.Context, c config, ready func() bool) (*electio
 		pool.Close()
 		return nil, fmt.Errorf("lease database (listen connection): %w", err)
 	}
-	var cand *lease.Candidacy
+	var cand *handover.Candidacy
 	if c.handover != "" && c.handover != "any" {
-		st, _ := lease.ParseStrategy(c.handover) // validated
-		cand = &lease.Candidacy{Strategy: st, Version: c.version, Ready: ready}
+		st, _ := handover.ParseStrategy(c.handover) // validated
+		cand = &handover.Candidacy{Strategy: st, Version: c.version, Ready: ready}
 	}
 	lock, err := resourcelock.New(lease.New(pool), c.electionID, c.id, resourcelock.Options{
 		LeaseDuration: c.leaseDuration,

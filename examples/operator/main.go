@@ -82,6 +82,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/pglease/pg_lease/pkg/handover"
 	"github.com/pglease/pg_lease/pkg/lease"
 )
 
@@ -191,17 +192,17 @@ func (c config) validate() error {
 		errs = append(errs, fmt.Errorf("-selector: %w", err))
 	}
 	if c.handover != "" {
-		st, err := lease.ParseStrategy(c.handover)
+		st, err := handover.ParseStrategy(c.handover)
 		switch {
 		case err != nil:
 			errs = append(errs, fmt.Errorf("-leader-elect-handover: %w", err))
 		case c.lock != "pglease":
 			errs = append(errs, errors.New("-leader-elect-handover needs -lock=pglease"))
-		case (st == lease.StrategyNewestVersion || st == lease.StrategyOldestVersion) && c.version == "":
+		case (st == handover.StrategyNewestVersion || st == handover.StrategyOldestVersion) && c.version == "":
 			errs = append(errs, fmt.Errorf("-leader-elect-handover %s needs this candidate's -leader-elect-version", c.handover))
 		}
 	}
-	if err := lease.CheckVersion(c.version); err != nil {
+	if err := handover.CheckVersion(c.version); err != nil {
 		errs = append(errs, fmt.Errorf("-leader-elect-version: %w", err))
 	}
 	return errors.Join(errs...)

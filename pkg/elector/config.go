@@ -9,6 +9,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pglease/pg_lease/pkg/handover"
 	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/listen"
 )
@@ -96,10 +97,10 @@ type Config struct {
 	Waiter *listen.Waiter
 
 	// Candidacy, when set, registers this elector as a candidate of Key
-	// while it follows (lease.Candidacy), so that a leader's release may
+	// while it follows (handover.Candidacy), so that a leader's release may
 	// hand the key straight to it; its Strategy is set on the key. Nil: no
 	// registration, and a release frees the key for the race.
-	Candidacy *lease.Candidacy
+	Candidacy *handover.Candidacy
 
 	Callbacks Callbacks
 

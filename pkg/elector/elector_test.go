@@ -18,6 +18,7 @@ import (
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/elector"
 	"github.com/pglease/pg_lease/pkg/fence"
+	"github.com/pglease/pg_lease/pkg/handover"
 	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/listen"
 )
@@ -41,7 +42,7 @@ func TestConfigValidation(t *testing.T) {
 		{elector.Config{Key: "k", Callbacks: cb, TTL: 3 * time.Second, Margin: 1001 * time.Millisecond}, "Margin"},
 		{elector.Config{Key: "k", Callbacks: cb, HealthTolerance: -1}, "HealthTolerance"},
 		{elector.Config{Key: strings.Repeat("k", 1025), Callbacks: cb}, "Key"},
-		{elector.Config{Key: "k", Callbacks: cb, Candidacy: &lease.Candidacy{Version: "one.two"}}, "Candidacy"},
+		{elector.Config{Key: "k", Callbacks: cb, Candidacy: &handover.Candidacy{Version: "one.two"}}, "Candidacy"},
 	} {
 		_, err := elector.New(c, tc.cfg)
 		if !errors.Is(err, elector.ErrInvalidConfig) || !strings.Contains(err.Error(), ": "+tc.field+": ") {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/elector"
+	"github.com/pglease/pg_lease/pkg/handover"
 	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/listen"
 )
@@ -31,7 +32,7 @@ func TestHandoverToTheChosenCandidate(t *testing.T) {
 		var el *elector.Elector
 		el, err := elector.New(lease.New(newPool(t, dsn)), elector.Config{
 			Key: "handover", Identity: id, TTL: 10 * time.Second, RetryInterval: retry, Waiter: w,
-			Candidacy: &lease.Candidacy{Strategy: lease.StrategyPriority, Priority: priority},
+			Candidacy: &handover.Candidacy{Strategy: handover.StrategyPriority, Priority: priority},
 			Callbacks: r.callbacks(id, &el, nil),
 		})
 		if err != nil {
@@ -49,7 +50,7 @@ func TestHandoverToTheChosenCandidate(t *testing.T) {
 	stopC := runElector(t, mk("c", 5))
 	defer stopC()
 	pgtest.Eventually(t, time.Minute, "b and c registered", func() bool {
-		_, cs, err := client.Candidates(testCtx(t), "handover")
+		_, cs, err := handover.Candidates(testCtx(t), client, "handover")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/handover"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 )
@@ -23,15 +23,15 @@ var handoverStrategies = []string{"any", "priority", "newest-version", "oldest-v
 // candidacy returns the pg_lease Candidacy that Config.Handover asks for,
 // or nil (no handover: a release frees the key for the race). ready may be
 // nil (always ready).
-func (c *Config) candidacy(ready func() bool) *lease.Candidacy {
+func (c *Config) candidacy(ready func() bool) *handover.Candidacy {
 	if c.Handover == "" || c.Handover == "any" || !c.usesPgLease() {
 		return nil
 	}
-	s, err := lease.ParseStrategy(c.Handover)
+	s, err := handover.ParseStrategy(c.Handover)
 	if err != nil {
 		return nil // validate reported it
 	}
-	return &lease.Candidacy{Strategy: s, Version: c.candidateVersion(), Ready: ready}
+	return &handover.Candidacy{Strategy: s, Version: c.candidateVersion(), Ready: ready}
 }
 
 // candidateVersion is Config.Version, else the main module's version when
@@ -63,7 +63,7 @@ func (c *Config) validateHandover(fldPath *field.Path) field.ErrorList {
 		return field.ErrorList{field.Required(fldPath.Child("version"),
 			"handover "+c.Handover+" needs this candidate's semantic version (--"+flagVersion+")")}
 	}
-	if err := lease.CheckVersion(c.candidateVersion()); err != nil {
+	if err := handover.CheckVersion(c.candidateVersion()); err != nil {
 		return field.ErrorList{field.Invalid(fldPath.Child("version"), c.candidateVersion(), err.Error())}
 	}
 	return nil

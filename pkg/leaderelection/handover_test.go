@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/pkg/handover"
 	pgle "github.com/pglease/pg_lease/pkg/leaderelection"
 	"github.com/pglease/pg_lease/pkg/lease"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -64,10 +65,10 @@ func TestHandoverOption(t *testing.T) {
 	if _, ok, err := admin.Acquire(ctx, "ns/op", "leader", time.Minute); err != nil || !ok {
 		t.Fatalf("acquire: %v %v", ok, err)
 	}
-	candidate := func() lease.CandidateState {
+	candidate := func() handover.CandidateState {
 		t.Helper()
-		st, cs, err := admin.Candidates(ctx, "ns/op")
-		if err != nil || st != lease.StrategyNewestVersion || len(cs) != 1 || cs[0].Owner != "me" || cs[0].Version != "v1.2.0" {
+		st, cs, err := handover.Candidates(ctx, admin, "ns/op")
+		if err != nil || st != handover.StrategyNewestVersion || len(cs) != 1 || cs[0].Owner != "me" || cs[0].Version != "v1.2.0" {
 			t.Fatalf("candidates: %v %+v %v", st, cs, err)
 		}
 		return cs[0]
@@ -78,7 +79,7 @@ func TestHandoverOption(t *testing.T) {
 	waited := make(chan error, 1)
 	go func() { _, _, err := lock.Get(wctx); waited <- err }()
 	pgtest.Eventually(t, time.Minute, "me registered, not ready", func() bool {
-		_, cs, err := admin.Candidates(ctx, "ns/op")
+		_, cs, err := handover.Candidates(ctx, admin, "ns/op")
 		return err == nil && len(cs) == 1
 	})
 	if cs := candidate(); cs.Ready || cs.Rank != 0 {

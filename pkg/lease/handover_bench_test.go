@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pg_lease/pkg/handover"
 	"github.com/pglease/pg_lease/pkg/lease"
 )
 
@@ -44,11 +45,11 @@ func BenchmarkReleaseHandover(b *testing.B) {
 		})
 	})
 	b.Run("handover", func(b *testing.B) {
-		if _, err := db.c.SetStrategy(ctx, "handed", lease.StrategyPriority); err != nil {
+		if _, err := handover.SetStrategy(ctx, db.c, "handed", handover.StrategyPriority); err != nil {
 			b.Fatal(err)
 		}
 		register := func(owner string) {
-			if _, err := db.c.Register(ctx, "handed", lease.Candidate{Owner: owner, Ready: true, TTL: time.Hour}); err != nil {
+			if _, err := handover.Register(ctx, db.c, "handed", handover.Candidate{Owner: owner, Ready: true, TTL: time.Hour}); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pglease/pg_lease/pkg/internal/leasecore"
 )
 
 // WarmConn readies a new connection for this package's calls, so that the
@@ -74,11 +76,22 @@ func warm(ctx context.Context, c *Client, key string) error {
 	if _, _, err := c.Acquire(ctx, key, warmOwner, ttl); err != nil {
 		return err
 	}
-	// A release that hands the key to a registered candidate.
-	if _, err := c.SetStrategy(ctx, key, StrategyNewestVersion); err != nil {
-		return err
+	// A release that hands the key to a registered candidate, through the
+	// statements package handover sends.
+	var prev string
+	if err := c.db.QueryRow(ctx, leasecore.SetStrategySQL, key, "newest_version").Scan(&prev); err != nil {
+		return mapError("set strategy", Token{Key: key}, err)
 	}
-	if _, err := c.Register(ctx, key, Candidate{Owner: warmCandidate, Version: "1.0.0", Ready: true, TTL: ttl}); err != nil {
+	var (
+		status    string
+		expiresAt *time.Time
+		version   = "1.0.0"
+	)
+	if err := c.db.QueryRow(ctx, leasecore.RegisterSQL, key, warmCandidate, ttl, &version, int32(0), true).
+		Scan(&status, &expiresAt); err != nil {
+		return mapError("register", Token{Key: key, Owner: warmCandidate}, err)
+	}
+	if err := statusErr("register", Token{Key: key, Owner: warmCandidate}, status); err != nil {
 		return err
 	}
 	return c.Release(ctx, g.Token)

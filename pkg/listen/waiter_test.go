@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pglease/pg_lease/pkg/handover"
 	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/listen"
 )
@@ -188,10 +189,10 @@ func TestAwaitTakesNotifiedState(t *testing.T) {
 			}
 			done := func(s lease.State) bool { return !s.Held }
 			if how == "handover" {
-				if _, err := db.c.SetStrategy(ctx, key, lease.StrategyPriority); err != nil {
+				if _, err := handover.SetStrategy(ctx, db.c, key, handover.StrategyPriority); err != nil {
 					t.Fatal(err)
 				}
-				if _, err := db.c.Register(ctx, key, lease.Candidate{Owner: "next", Ready: true, TTL: time.Minute}); err != nil {
+				if _, err := handover.Register(ctx, db.c, key, handover.Candidate{Owner: "next", Ready: true, TTL: time.Minute}); err != nil {
 					t.Fatal(err)
 				}
 				done = func(s lease.State) bool { return s.Held && s.Owner == "next" }

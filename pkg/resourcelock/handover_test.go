@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/pglease/pg_lease/internal/pgtest"
-	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/handover"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 )
 
@@ -27,7 +27,7 @@ func TestClientGoHandoverToNewestReadyCandidate(t *testing.T) {
 	lock := func(id, version string, ready func() bool) *resourcelock.Lock {
 		l := mustLock(t, newClient(t, dsn), key, id, resourcelock.Options{
 			LeaseDuration: testTTL, OnEpochChange: e.hook(id), Waiter: w,
-			Candidacy: &lease.Candidacy{Strategy: lease.StrategyNewestVersion, Version: version, Ready: ready},
+			Candidacy: &handover.Candidacy{Strategy: handover.StrategyNewestVersion, Version: version, Ready: ready},
 		})
 		e.mu.Lock()
 		e.locks[id] = l
@@ -40,7 +40,7 @@ func TestClientGoHandoverToNewestReadyCandidate(t *testing.T) {
 	registered := func(want ...string) {
 		t.Helper()
 		pgtest.Eventually(t, time.Minute, "candidates ranked "+joinIDs(want), func() bool {
-			st, cs, err := obs.Candidates(context.Background(), key)
+			st, cs, err := handover.Candidates(context.Background(), obs, key)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -50,7 +50,7 @@ func TestClientGoHandoverToNewestReadyCandidate(t *testing.T) {
 					got = append(got, c.Owner)
 				}
 			}
-			return st == lease.StrategyNewestVersion && joinIDs(got) == joinIDs(want)
+			return st == handover.StrategyNewestVersion && joinIDs(got) == joinIDs(want)
 		})
 	}
 
@@ -129,7 +129,7 @@ func TestWaitingCandidateRegistersReadinessAndKeepsWaiting(t *testing.T) {
 	var ready atomic.Bool
 	l := mustLock(t, newClient(t, dsn), key, "cand", resourcelock.Options{
 		LeaseDuration: testTTL, Waiter: newWaiter(t, dsn),
-		Candidacy: &lease.Candidacy{Strategy: lease.StrategyNewestVersion, Version: "2.0.0", Ready: ready.Load},
+		Candidacy: &handover.Candidacy{Strategy: handover.StrategyNewestVersion, Version: "2.0.0", Ready: ready.Load},
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -148,14 +148,14 @@ func TestWaitingCandidateRegistersReadinessAndKeepsWaiting(t *testing.T) {
 	}()
 	obs := newClient(t, dsn)
 	isReady := func() bool {
-		_, cs, err := obs.Candidates(context.Background(), key)
+		_, cs, err := handover.Candidates(context.Background(), obs, key)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return len(cs) == 1 && cs[0].Owner == "cand" && cs[0].Ready && cs[0].Rank == 1
 	}
 	pgtest.Eventually(t, time.Minute, "cand registered, not ready", func() bool {
-		_, cs, err := obs.Candidates(context.Background(), key)
+		_, cs, err := handover.Candidates(context.Background(), obs, key)
 		if err != nil {
 			t.Fatal(err)
 		}

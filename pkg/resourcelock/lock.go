@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pglease/pg_lease/pkg/handover"
 	"github.com/pglease/pg_lease/pkg/internal/candidacy"
 	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/listen"
@@ -63,7 +64,7 @@ type Options struct {
 	// leader's release may hand the key straight to it: the next Get
 	// returns a record naming this identity, and client-go's Update takes
 	// up the grant. Its Strategy is set on the key.
-	Candidacy *lease.Candidacy
+	Candidacy *handover.Candidacy
 
 	// Margin is how long before Grant.ValidUntil a term ends when no
 	// renewal moved it: the term margin of lease.CheckMargin (the one

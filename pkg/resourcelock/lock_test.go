@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/pkg/handover"
 	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -67,9 +68,9 @@ func TestNewValidatesEachField(t *testing.T) {
 		{"negative ttl", c, "k", "a", resourcelock.Options{LeaseDuration: -time.Second}, []string{"LeaseDuration"}},
 		{"margin above ttl/3", c, "k", "a", resourcelock.Options{LeaseDuration: time.Second, Margin: time.Second}, []string{"Margin"}},
 		{"negative margin", c, "k", "a", resourcelock.Options{Margin: -1}, []string{"Margin"}},
-		{"candidate version", c, "k", "a", resourcelock.Options{Candidacy: &lease.Candidacy{Version: "one.two"}},
+		{"candidate version", c, "k", "a", resourcelock.Options{Candidacy: &handover.Candidacy{Version: "one.two"}},
 			[]string{"Candidacy", "not a semantic version"}},
-		{"candidate strategy", c, "k", "a", resourcelock.Options{Candidacy: &lease.Candidacy{Strategy: "fastest"}},
+		{"candidate strategy", c, "k", "a", resourcelock.Options{Candidacy: &handover.Candidacy{Strategy: "fastest"}},
 			[]string{"Candidacy", "strategy"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

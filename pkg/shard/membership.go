@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/pglease/pg_lease/pkg/handover"
 	"github.com/pglease/pg_lease/pkg/lease"
 )
 
@@ -31,11 +32,11 @@ func (r *Sharder) candidacies(ctx context.Context, want map[int]int32, refresh b
 			unset = append(unset, Key(r.cfg.Controller, s))
 		}
 	}
-	if err := r.c.SetStrategyMany(ctx, unset, lease.StrategyPriority); err != nil {
+	if err := handover.SetStrategyMany(ctx, r.c, unset, handover.StrategyPriority); err != nil {
 		// One key refused (another role's strategy stays): key by key.
 		var set []string
 		for _, k := range unset {
-			if _, err := r.c.SetStrategy(ctx, k, lease.StrategyPriority); err != nil && !errors.Is(err, lease.ErrPermission) {
+			if _, err := handover.SetStrategy(ctx, r.c, k, handover.StrategyPriority); err != nil && !errors.Is(err, lease.ErrPermission) {
 				errs = append(errs, err)
 				continue
 			}
@@ -53,7 +54,7 @@ func (r *Sharder) candidacies(ctx context.Context, want map[int]int32, refresh b
 			gone = append(gone, Key(r.cfg.Controller, s))
 		}
 	}
-	if err := r.c.WithdrawMany(ctx, gone, r.owner); err != nil {
+	if err := handover.WithdrawMany(ctx, r.c, gone, r.owner); err != nil {
 		return errors.Join(append(errs, err)...)
 	}
 	for s := range r.cands {
@@ -67,7 +68,7 @@ func (r *Sharder) candidacies(ctx context.Context, want map[int]int32, refresh b
 		keys = append(keys, Key(r.cfg.Controller, s))
 		prios = append(prios, p)
 	}
-	if _, err := r.c.RegisterMany(ctx, keys, prios, lease.Candidate{Owner: r.owner, Ready: true, TTL: r.cfg.TTL}); err != nil {
+	if _, err := handover.RegisterMany(ctx, r.c, keys, prios, handover.Candidate{Owner: r.owner, Ready: true, TTL: r.cfg.TTL}); err != nil {
 		return errors.Join(append(errs, err)...)
 	}
 	r.cands = want

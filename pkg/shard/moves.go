@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/pglease/pg_lease/pkg/handover"
 	"github.com/pglease/pg_lease/pkg/lease"
 )
 
@@ -236,7 +237,7 @@ func (r *Sharder) leave(stopped time.Time) {
 	for s := range r.cands {
 		keys = append(keys, Key(r.cfg.Controller, s))
 	}
-	_ = r.c.WithdrawMany(ctx, keys, r.owner)
+	_ = handover.WithdrawMany(ctx, r.c, keys, r.owner)
 	r.cands = map[int]int32{}
 	// A handover may have granted this process a shard it never took (it
 	// stopped meanwhile, or was refused): release those too.

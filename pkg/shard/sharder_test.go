@@ -14,6 +14,7 @@ import (
 
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/fence"
+	"github.com/pglease/pg_lease/pkg/handover"
 	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/listen"
 	"github.com/pglease/pg_lease/pkg/shard"
@@ -286,7 +287,7 @@ func TestLeaveHandsOver(t *testing.T) {
 		}
 		want := c.replicas[after[s]].r.Owner()
 		waitFor(t, fmt.Sprintf("%s registered as the candidate of shard %d", want, s), func() bool {
-			_, cands, err := lc.Candidates(ctx, shard.Key("ctl", s))
+			_, cands, err := handover.Candidates(ctx, lc, shard.Key("ctl", s))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/handover"
 )
 
 // Rollout systems: client-go's Lease lock, pg_lease without handover, and
@@ -274,9 +274,9 @@ func (e *env) awaitCandidateReady(within time.Duration, id string) {
 	deadline := time.Now().Add(within)
 	for {
 		ctx, cancel := context.WithTimeout(e.ctx, 2*time.Second)
-		_, cands, err := e.leases.Candidates(ctx, e.name)
+		_, cands, err := handover.Candidates(ctx, e.leases, e.name)
 		cancel()
-		if err == nil && slices.ContainsFunc(cands, func(c lease.CandidateState) bool {
+		if err == nil && slices.ContainsFunc(cands, func(c handover.CandidateState) bool {
 			return c.Owner == id && c.Live && c.Ready
 		}) {
 			return

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/pglease/pg_lease/pkg/handover"
 	"github.com/pglease/pg_lease/pkg/lease"
 )
 
@@ -16,7 +17,7 @@ type Registrar struct {
 	c          *lease.Client
 	key, owner string
 	ttl        time.Duration
-	cand       lease.Candidacy
+	cand       handover.Candidacy
 
 	strategySet bool
 	last        time.Time // local time of the last successful registration
@@ -25,7 +26,7 @@ type Registrar struct {
 
 // New returns a Registrar that registers owner as a candidate of key for
 // ttl (also the TTL of a grant handed to it) with cand's attributes.
-func New(c *lease.Client, key, owner string, ttl time.Duration, cand lease.Candidacy) *Registrar {
+func New(c *lease.Client, key, owner string, ttl time.Duration, cand handover.Candidacy) *Registrar {
 	return &Registrar{c: c, key: key, owner: owner, ttl: ttl, cand: cand}
 }
 
@@ -51,14 +52,14 @@ func (r *Registrar) Refresh(ctx context.Context) error {
 		return nil
 	}
 	if !r.strategySet && r.cand.Strategy != "" {
-		if _, err := r.c.SetStrategy(ctx, r.key, r.cand.Strategy); err != nil && !errors.Is(err, lease.ErrPermission) {
+		if _, err := handover.SetStrategy(ctx, r.c, r.key, r.cand.Strategy); err != nil && !errors.Is(err, lease.ErrPermission) {
 			return err
 		}
 		// ErrPermission: another role set the key's strategy; it stays.
 		r.strategySet = true
 	}
 	ready := r.Ready()
-	if _, err := r.c.Register(ctx, r.key, lease.Candidate{
+	if _, err := handover.Register(ctx, r.c, r.key, handover.Candidate{
 		Owner: r.owner, Version: r.cand.Version, Priority: r.cand.Priority, Ready: ready, TTL: r.ttl,
 	}); err != nil {
 		return err
@@ -73,7 +74,7 @@ func (r *Registrar) Withdraw(ctx context.Context) error {
 		return nil
 	}
 	r.last = time.Time{}
-	_, err := r.c.Withdraw(ctx, r.key, r.owner)
+	_, err := handover.Withdraw(ctx, r.c, r.key, r.owner)
 	return err
 }
 

@@ -39,3 +39,12 @@ var (
 	// matching lease.ErrCommitUnknown, whatever call returned.
 	OnConn func(client any, ctx context.Context, op, key string, call func(Querier) error) error
 )
+
+// The candidate statements, shared by package handover and lease's
+// WarmConn: pgx prepares a statement per text, so both send the same text.
+const (
+	// RegisterSQL registers a candidate: key, owner, ttl, version, priority, ready.
+	RegisterSQL = `SELECT r.status, r.expires_at FROM lease.candidate($1, $2, $3, $4, $5, $6) r`
+	// SetStrategySQL sets a key's strategy and returns the one before.
+	SetStrategySQL = `SELECT lease.set_strategy($1, $2)`
+)

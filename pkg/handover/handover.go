@@ -1,4 +1,4 @@
-package lease
+package handover
 
 import (
 	"context"
@@ -8,6 +8,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pglease/pg_lease/pkg/internal/leasecore"
+	"github.com/pglease/pg_lease/pkg/lease"
 )
 
 // Strategy says which registered candidate a release hands a key to
@@ -31,7 +34,7 @@ const (
 
 // ErrTooMany: the role reached the server's bound on candidate registrations
 // or on keys with a strategy (SQLSTATE 54000).
-var ErrTooMany = errors.New("lease: too many registrations for this role")
+var ErrTooMany = errors.New("handover: too many registrations for this role")
 
 // ParseStrategy returns the Strategy named s ("any", "priority",
 // "newest_version", "oldest_version"; "-" may stand for "_").
@@ -46,7 +49,7 @@ func ParseStrategy(s string) (Strategy, error) {
 	case StrategyAny, StrategyPriority, StrategyNewestVersion, StrategyOldestVersion:
 		return st, nil
 	}
-	return "", fmt.Errorf("lease: %w: strategy %q is not one of any, priority, newest-version, oldest-version", ErrInvalidInput, s)
+	return "", fmt.Errorf("handover: %w: strategy %q is not one of any, priority, newest-version, oldest-version", lease.ErrInvalidInput, s)
 }
 
 // Candidate is a registration of Owner as a candidate of a key.
@@ -78,21 +81,22 @@ type CandidateState struct {
 	ExpiresAt    time.Time
 }
 
-func candidateError(op string, t Token, err error) error {
+// candidateError is lease's error mapping, with the server's bound on
+// registrations (SQLSTATE 54000) as ErrTooMany.
+func candidateError(op, key, owner string, err error) error {
 	var pg *pgconn.PgError
 	if errors.As(err, &pg) && pg.Code == "54000" {
-		return &serverError{op: op, kind: ErrTooMany, pg: pg}
+		return leasecore.ServerError(op, ErrTooMany, pg)
 	}
-	return mapError(op, t, err)
+	return leasecore.MapError(op, key, owner, err)
 }
 
 // Register registers (or renews) cand as a candidate of key until the server
 // time it returns. The registration also ends when the connection that made
 // it closes. It fails with ErrNotOwner when another database role
 // registered the same owner for key and that registration is live.
-func (c *Client) Register(ctx context.Context, key string, cand Candidate) (time.Time, error) {
-	t := Token{Key: key, Owner: cand.Owner}
-	if err := checkTTL("register", t, "ttl", cand.TTL, false); err != nil {
+func Register(ctx context.Context, c *lease.Client, key string, cand Candidate) (time.Time, error) {
+	if err := leasecore.CheckTTL("register", key, "ttl", cand.TTL, false); err != nil {
 		return time.Time{}, err
 	}
 	var version *string
@@ -103,54 +107,54 @@ func (c *Client) Register(ctx context.Context, key string, cand Candidate) (time
 		status    string
 		expiresAt *time.Time
 	)
-	err := retryOnce(ctx, func() error {
-		return c.db.QueryRow(ctx,
-			`SELECT r.status, r.expires_at FROM lease.candidate($1, $2, $3, $4, $5, $6) r`,
+	err := leasecore.RetryOnce(ctx, func() error {
+		return leasecore.DB(c).QueryRow(ctx, leasecore.RegisterSQL,
 			key, cand.Owner, cand.TTL, version, cand.Priority, cand.Ready).Scan(&status, &expiresAt)
 	})
 	if err != nil {
-		return time.Time{}, candidateError("register", t, err)
+		return time.Time{}, candidateError("register", key, cand.Owner, err)
 	}
 	if status != "ok" {
-		return time.Time{}, statusErr("register", t, status)
+		return time.Time{}, leasecore.StatusErr("register", key, cand.Owner, 0, status)
 	}
 	return *expiresAt, nil
 }
 
 // Withdraw ends owner's registration for key; false when there was none
 // (or another role's).
-func (c *Client) Withdraw(ctx context.Context, key, owner string) (bool, error) {
+func Withdraw(ctx context.Context, c *lease.Client, key, owner string) (bool, error) {
 	var ok bool
-	err := retryOnce(ctx, func() error {
-		return c.db.QueryRow(ctx, `SELECT lease.withdraw($1, $2)`, key, owner).Scan(&ok)
+	err := leasecore.RetryOnce(ctx, func() error {
+		return leasecore.DB(c).QueryRow(ctx, `SELECT lease.withdraw($1, $2)`, key, owner).Scan(&ok)
 	})
 	if err != nil {
-		return false, mapError("withdraw", Token{Key: key, Owner: owner}, err)
+		return false, leasecore.MapError("withdraw", key, owner, err)
 	}
 	return ok, nil
 }
 
 // SetStrategy sets key's strategy and returns the one before. A strategy is
 // bound to the database role that set it: another role gets ErrPermission.
-func (c *Client) SetStrategy(ctx context.Context, key string, s Strategy) (Strategy, error) {
+func SetStrategy(ctx context.Context, c *lease.Client, key string, s Strategy) (Strategy, error) {
 	var prev string
-	err := retryOnce(ctx, func() error {
-		return c.db.QueryRow(ctx, `SELECT lease.set_strategy($1, $2)`, key, string(s)).Scan(&prev)
+	err := leasecore.RetryOnce(ctx, func() error {
+		return leasecore.DB(c).QueryRow(ctx, leasecore.SetStrategySQL, key, string(s)).Scan(&prev)
 	})
 	if err != nil {
-		return "", candidateError("set strategy", Token{Key: key}, err)
+		return "", candidateError("set strategy", key, "", err)
 	}
 	return Strategy(prev), nil
 }
 
 // Candidates returns key's strategy and its registrations, in the order the
 // strategy would choose them.
-func (c *Client) Candidates(ctx context.Context, key string) (Strategy, []CandidateState, error) {
-	rows, err := c.db.Query(ctx,
+func Candidates(ctx context.Context, c *lease.Client, key string) (Strategy, []CandidateState, error) {
+	db := leasecore.DB(c)
+	rows, err := db.Query(ctx,
 		`SELECT c.strategy, c.owner, c.version, c.priority, c.ready, c.live, c.rank, c.registered_at, c.expires_at
 		   FROM lease.candidates($1) c`, key)
 	if err != nil {
-		return "", nil, mapError("candidates", Token{Key: key}, err)
+		return "", nil, leasecore.MapError("candidates", key, "", err)
 	}
 	defer rows.Close()
 	strategy := StrategyAny
@@ -164,7 +168,7 @@ func (c *Client) Candidates(ctx context.Context, key string) (Strategy, []Candid
 		)
 		if err := rows.Scan(&st, &cs.Owner, &version, &cs.Priority, &cs.Ready, &cs.Live, &rank,
 			&cs.RegisteredAt, &cs.ExpiresAt); err != nil {
-			return "", nil, mapError("candidates", Token{Key: key}, err)
+			return "", nil, leasecore.MapError("candidates", key, "", err)
 		}
 		strategy = Strategy(st)
 		if version != nil {
@@ -176,13 +180,13 @@ func (c *Client) Candidates(ctx context.Context, key string) (Strategy, []Candid
 		out = append(out, cs)
 	}
 	if err := rows.Err(); err != nil {
-		return "", nil, mapError("candidates", Token{Key: key}, err)
+		return "", nil, leasecore.MapError("candidates", key, "", err)
 	}
 	if len(out) == 0 {
 		// No registration: read the strategy alone.
 		var st string
-		if err := c.db.QueryRow(ctx, `SELECT lease.strategy($1)`, key).Scan(&st); err != nil {
-			return "", nil, mapError("candidates", Token{Key: key}, err)
+		if err := db.QueryRow(ctx, `SELECT lease.strategy($1)`, key).Scan(&st); err != nil {
+			return "", nil, leasecore.MapError("candidates", key, "", err)
 		}
 		strategy = Strategy(st)
 	}
@@ -191,7 +195,7 @@ func (c *Client) Candidates(ctx context.Context, key string) (Strategy, []Candid
 
 // Candidacy is how an elector or a lock takes part in handovers: while it
 // follows, it keeps itself registered as a candidate of its key
-// (Client.Register, renewed every third of the TTL), and a release by the
+// (Register, renewed every third of the TTL), and a release by the
 // leader may grant it the key directly.
 type Candidacy struct {
 	// Strategy, when set, is set on the key at the first registration
@@ -218,15 +222,15 @@ const maxVersion = 256
 // CheckVersion applies the server's rule for a candidate's version before
 // anything is sent: a semantic version such as 1.31.0 or v1.31.0-rc.1, at
 // most 256 bytes. The empty string (no version) passes. The error matches
-// ErrInvalidInput.
+// lease.ErrInvalidInput.
 func CheckVersion(v string) error {
 	switch {
 	case v == "":
 		return nil
 	case len(v) > maxVersion:
-		return fmt.Errorf("%w: version must be at most %d bytes, got %d", ErrInvalidInput, maxVersion, len(v))
+		return fmt.Errorf("%w: version must be at most %d bytes, got %d", lease.ErrInvalidInput, maxVersion, len(v))
 	case !versionPattern.MatchString(v):
-		return fmt.Errorf("%w: version %q is not a semantic version such as 1.31.0 or v1.31.0-rc.1", ErrInvalidInput, v)
+		return fmt.Errorf("%w: version %q is not a semantic version such as 1.31.0 or v1.31.0-rc.1", lease.ErrInvalidInput, v)
 	}
 	return nil
 }
@@ -245,19 +249,18 @@ func (c Candidacy) Check() error {
 
 // RegisterMany registers (or renews) owner as a candidate of every key of
 // keys in one statement, key i with priorities[i]; the TTL, version and
-// readiness are cand's (cand.Priority is not used). At most MaxRenewMany
+// readiness are cand's (cand.Priority is not used). At most lease.MaxRenewMany
 // keys. It returns the keys whose registration the server refused
 // (another role registered owner for them); an error is for the whole call.
-func (c *Client) RegisterMany(ctx context.Context, keys []string, priorities []int32, cand Candidate) ([]string, error) {
-	t := Token{Owner: cand.Owner}
-	if len(keys) != len(priorities) || len(keys) > MaxRenewMany {
-		return nil, fmt.Errorf("lease: register_many: %w: %d keys and %d priorities (at most %d keys)",
-			ErrInvalidInput, len(keys), len(priorities), MaxRenewMany)
+func RegisterMany(ctx context.Context, c *lease.Client, keys []string, priorities []int32, cand Candidate) ([]string, error) {
+	if len(keys) != len(priorities) || len(keys) > lease.MaxRenewMany {
+		return nil, fmt.Errorf("handover: register_many: %w: %d keys and %d priorities (at most %d keys)",
+			lease.ErrInvalidInput, len(keys), len(priorities), lease.MaxRenewMany)
 	}
 	if len(keys) == 0 {
 		return nil, nil
 	}
-	if err := checkTTL("register_many", t, "ttl", cand.TTL, false); err != nil {
+	if err := leasecore.CheckTTL("register_many", "", "ttl", cand.TTL, false); err != nil {
 		return nil, err
 	}
 	var version *string
@@ -265,9 +268,9 @@ func (c *Client) RegisterMany(ctx context.Context, keys []string, priorities []i
 		version = &cand.Version
 	}
 	var refused []string
-	err := retryOnce(ctx, func() error {
+	err := leasecore.RetryOnce(ctx, func() error {
 		refused = refused[:0]
-		rows, err := c.db.Query(ctx, `
+		rows, err := leasecore.DB(c).Query(ctx, `
 SELECT u.k FROM unnest($1::text[], $2::int[]) u(k, p),
        LATERAL lease.candidate(u.k, $3, $4, $5, u.p, $6) r
  WHERE r.status <> 'ok'`, keys, priorities, cand.Owner, cand.TTL, version, cand.Ready)
@@ -285,22 +288,22 @@ SELECT u.k FROM unnest($1::text[], $2::int[]) u(k, p),
 		return rows.Err()
 	})
 	if err != nil {
-		return nil, candidateError("register_many", t, err)
+		return nil, candidateError("register_many", "", cand.Owner, err)
 	}
 	return refused, nil
 }
 
 // WithdrawMany ends owner's registrations for keys in one statement.
-func (c *Client) WithdrawMany(ctx context.Context, keys []string, owner string) error {
+func WithdrawMany(ctx context.Context, c *lease.Client, keys []string, owner string) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	err := retryOnce(ctx, func() error {
-		_, err := c.db.Exec(ctx, `SELECT lease.withdraw(k, $2) FROM unnest($1::text[]) k`, keys, owner)
+	err := leasecore.RetryOnce(ctx, func() error {
+		_, err := leasecore.DB(c).Exec(ctx, `SELECT lease.withdraw(k, $2) FROM unnest($1::text[]) k`, keys, owner)
 		return err
 	})
 	if err != nil {
-		return mapError("withdraw_many", Token{Owner: owner}, err)
+		return leasecore.MapError("withdraw_many", "", owner, err)
 	}
 	return nil
 }
@@ -308,16 +311,16 @@ func (c *Client) WithdrawMany(ctx context.Context, keys []string, owner string) 
 // SetStrategyMany sets s as the strategy of every key of keys in one
 // statement. It fails as a whole, setting nothing, when one key's strategy
 // cannot be set (ErrPermission: another role set it).
-func (c *Client) SetStrategyMany(ctx context.Context, keys []string, s Strategy) error {
+func SetStrategyMany(ctx context.Context, c *lease.Client, keys []string, s Strategy) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	err := retryOnce(ctx, func() error {
-		_, err := c.db.Exec(ctx, `SELECT lease.set_strategy(k, $2) FROM unnest($1::text[]) k`, keys, string(s))
+	err := leasecore.RetryOnce(ctx, func() error {
+		_, err := leasecore.DB(c).Exec(ctx, `SELECT lease.set_strategy(k, $2) FROM unnest($1::text[]) k`, keys, string(s))
 		return err
 	})
 	if err != nil {
-		return candidateError("set strategy", Token{}, err)
+		return candidateError("set strategy", "", "", err)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package lease_test
+package handover_test
 
 import (
 	"errors"
@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/pkg/handover"
 	"github.com/pglease/pg_lease/pkg/lease"
 )
 
@@ -19,7 +20,7 @@ func TestCandidatesAndHandover(t *testing.T) {
 	forEachMode(t, func(t *testing.T, db *testDB) {
 		ctx := testCtx(t)
 		c := db.c
-		if prev, err := c.SetStrategy(ctx, "k", lease.StrategyPriority); err != nil || prev != lease.StrategyAny {
+		if prev, err := handover.SetStrategy(ctx, c, "k", handover.StrategyPriority); err != nil || prev != handover.StrategyAny {
 			t.Fatalf("SetStrategy: %v %v", prev, err)
 		}
 		g, ok, err := c.Acquire(ctx, "k", "leader", time.Minute)
@@ -29,18 +30,18 @@ func TestCandidatesAndHandover(t *testing.T) {
 		// A registration on a connection of its own: it ends with it.
 		goneConn := connect(t, db.dsn)
 		gone := lease.New(goneConn)
-		if _, err := gone.Register(ctx, "k", lease.Candidate{Owner: "gone", Priority: 9, Ready: true, TTL: time.Minute}); err != nil {
+		if _, err := handover.Register(ctx, gone, "k", handover.Candidate{Owner: "gone", Priority: 9, Ready: true, TTL: time.Minute}); err != nil {
 			t.Fatal(err)
 		}
-		exp, err := c.Register(ctx, "k", lease.Candidate{Owner: "next", Version: "1.2.3", Priority: 1, Ready: true, TTL: 30 * time.Second})
+		exp, err := handover.Register(ctx, c, "k", handover.Candidate{Owner: "next", Version: "1.2.3", Priority: 1, Ready: true, TTL: 30 * time.Second})
 		if err != nil || exp.IsZero() {
 			t.Fatalf("Register: %v %v", exp, err)
 		}
-		if _, err := c.Register(ctx, "k", lease.Candidate{Owner: "idle", Ready: false, TTL: time.Minute}); err != nil {
+		if _, err := handover.Register(ctx, c, "k", handover.Candidate{Owner: "idle", Ready: false, TTL: time.Minute}); err != nil {
 			t.Fatal(err)
 		}
-		st, cs, err := c.Candidates(ctx, "k")
-		if err != nil || st != lease.StrategyPriority || len(cs) != 3 || cs[0].Owner != "gone" || cs[0].Rank != 1 ||
+		st, cs, err := handover.Candidates(ctx, c, "k")
+		if err != nil || st != handover.StrategyPriority || len(cs) != 3 || cs[0].Owner != "gone" || cs[0].Rank != 1 ||
 			cs[1].Owner != "next" || cs[1].Version != "1.2.3" || cs[2].Rank != 0 {
 			t.Fatalf("Candidates: %v %+v %v", st, cs, err)
 		}
@@ -48,7 +49,7 @@ func TestCandidatesAndHandover(t *testing.T) {
 			t.Fatal(err)
 		}
 		pgtest.Eventually(t, time.Minute, "the closed connection's candidate to be gone", func() bool {
-			_, cs, err := c.Candidates(ctx, "k")
+			_, cs, err := handover.Candidates(ctx, c, "k")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -70,24 +71,24 @@ func TestCandidatesAndHandover(t *testing.T) {
 			t.Fatal(err)
 		}
 
-		if ok, err := c.Withdraw(ctx, "k", "idle"); err != nil || !ok {
+		if ok, err := handover.Withdraw(ctx, c, "k", "idle"); err != nil || !ok {
 			t.Fatalf("Withdraw: %v %v", ok, err)
 		}
-		if ok, err := c.Withdraw(ctx, "k", "idle"); err != nil || ok {
+		if ok, err := handover.Withdraw(ctx, c, "k", "idle"); err != nil || ok {
 			t.Fatalf("second Withdraw: %v %v", ok, err)
 		}
-		_, err = c.Register(ctx, "k", lease.Candidate{Owner: "bad", Version: "one", Ready: true, TTL: time.Minute})
+		_, err = handover.Register(ctx, c, "k", handover.Candidate{Owner: "bad", Version: "one", Ready: true, TTL: time.Minute})
 		var pg *pgconn.PgError
 		if !errors.Is(err, lease.ErrInvalidInput) || !errors.As(err, &pg) || pg.Detail == "" {
 			t.Fatalf("bad version: %v", err)
 		}
-		if _, err := c.SetStrategy(ctx, "k", "fastest"); !errors.Is(err, lease.ErrInvalidInput) {
+		if _, err := handover.SetStrategy(ctx, c, "k", "fastest"); !errors.Is(err, lease.ErrInvalidInput) {
 			t.Fatalf("bad strategy: %v", err)
 		}
-		if _, err := lease.ParseStrategy("newest-version"); err != nil {
+		if _, err := handover.ParseStrategy("newest-version"); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := lease.ParseStrategy("fastest"); !errors.Is(err, lease.ErrInvalidInput) {
+		if _, err := handover.ParseStrategy("fastest"); !errors.Is(err, lease.ErrInvalidInput) {
 			t.Fatalf("ParseStrategy: %v", err)
 		}
 		// The bound on a role's registrations is ErrTooMany.
@@ -96,7 +97,7 @@ func TestCandidatesAndHandover(t *testing.T) {
 			  FROM generate_series(1, 1024) i`); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := c.Register(ctx, "many", lease.Candidate{Owner: "more", Ready: true, TTL: time.Minute}); !errors.Is(err, lease.ErrTooMany) {
+		if _, err := handover.Register(ctx, c, "many", handover.Candidate{Owner: "more", Ready: true, TTL: time.Minute}); !errors.Is(err, handover.ErrTooMany) {
 			t.Fatalf("registration beyond the bound: %v", err)
 		}
 	})
@@ -110,15 +111,15 @@ func TestRegisterMany(t *testing.T) {
 		ctx := testCtx(t)
 		c := db.c
 		keys := []string{"m1", "m2"}
-		if err := c.SetStrategyMany(ctx, keys, lease.StrategyPriority); err != nil {
+		if err := handover.SetStrategyMany(ctx, c, keys, handover.StrategyPriority); err != nil {
 			t.Fatal(err)
 		}
-		cand := lease.Candidate{Owner: "x", Ready: true, TTL: time.Minute}
-		if refused, err := c.RegisterMany(ctx, keys, []int32{2, 1}, cand); err != nil || len(refused) != 0 {
+		cand := handover.Candidate{Owner: "x", Ready: true, TTL: time.Minute}
+		if refused, err := handover.RegisterMany(ctx, c, keys, []int32{2, 1}, cand); err != nil || len(refused) != 0 {
 			t.Fatalf("RegisterMany: %v %v", refused, err)
 		}
 		cand.Owner = "y"
-		if _, err := c.RegisterMany(ctx, keys, []int32{1, 2}, cand); err != nil {
+		if _, err := handover.RegisterMany(ctx, c, keys, []int32{1, 2}, cand); err != nil {
 			t.Fatal(err)
 		}
 		for i, want := range []string{"x", "y"} {
@@ -134,16 +135,16 @@ func TestRegisterMany(t *testing.T) {
 				t.Errorf("%s after the release: %+v %v, want handed to %s", keys[i], st, err, want)
 			}
 		}
-		if err := c.WithdrawMany(ctx, keys, "y"); err != nil {
+		if err := handover.WithdrawMany(ctx, c, keys, "y"); err != nil {
 			t.Fatal(err)
 		}
 		for _, k := range keys {
-			_, cands, err := c.Candidates(ctx, k)
+			_, cands, err := handover.Candidates(ctx, c, k)
 			if err != nil || len(cands) != 1 || cands[0].Owner != "x" {
 				t.Errorf("%s after y withdrew: %+v %v", k, cands, err)
 			}
 		}
-		if _, err := c.RegisterMany(ctx, keys, []int32{1}, cand); !errors.Is(err, lease.ErrInvalidInput) {
+		if _, err := handover.RegisterMany(ctx, c, keys, []int32{1}, cand); !errors.Is(err, lease.ErrInvalidInput) {
 			t.Errorf("two keys, one priority: %v, want ErrInvalidInput", err)
 		}
 	})
@@ -165,7 +166,7 @@ func TestCheckVersionAgreesWithServer(t *testing.T) {
 			t.Fatal(err)
 		}
 		server := violation != nil && v != ""
-		err := lease.CheckVersion(v)
+		err := handover.CheckVersion(v)
 		if err != nil && !errors.Is(err, lease.ErrInvalidInput) {
 			t.Errorf("CheckVersion(%q): %v, want ErrInvalidInput", v, err)
 		}
@@ -173,10 +174,10 @@ func TestCheckVersionAgreesWithServer(t *testing.T) {
 			t.Errorf("CheckVersion(%q) = %v; the server's violation: %v", v, err, deref(violation))
 		}
 	}
-	if err := (lease.Candidacy{Strategy: "fastest"}).Check(); !errors.Is(err, lease.ErrInvalidInput) {
+	if err := (handover.Candidacy{Strategy: "fastest"}).Check(); !errors.Is(err, lease.ErrInvalidInput) {
 		t.Errorf("Candidacy with strategy fastest: %v", err)
 	}
-	if err := (lease.Candidacy{Strategy: lease.StrategyNewestVersion, Version: "1.2.3"}).Check(); err != nil {
+	if err := (handover.Candidacy{Strategy: handover.StrategyNewestVersion, Version: "1.2.3"}).Check(); err != nil {
 		t.Errorf("valid Candidacy: %v", err)
 	}
 }
