@@ -93,7 +93,7 @@ func candidateError(op, key, owner string, err error) error {
 
 // Register registers (or renews) cand as a candidate of key until the server
 // time it returns. The registration also ends when the connection that made
-// it closes. It fails with ErrNotOwner when another database role
+// it closes. It fails with lease.ErrNotOwner when another database role
 // registered the same owner for key and that registration is live.
 func Register(ctx context.Context, c *lease.Client, key string, cand Candidate) (time.Time, error) {
 	if err := leasecore.CheckTTL("register", key, "ttl", cand.TTL, false); err != nil {
@@ -134,7 +134,7 @@ func Withdraw(ctx context.Context, c *lease.Client, key, owner string) (bool, er
 }
 
 // SetStrategy sets key's strategy and returns the one before. A strategy is
-// bound to the database role that set it: another role gets ErrPermission.
+// bound to the database role that set it: another role gets lease.ErrPermission.
 func SetStrategy(ctx context.Context, c *lease.Client, key string, s Strategy) (Strategy, error) {
 	var prev string
 	err := leasecore.RetryOnce(ctx, func() error {
@@ -310,7 +310,7 @@ func WithdrawMany(ctx context.Context, c *lease.Client, keys []string, owner str
 
 // SetStrategyMany sets s as the strategy of every key of keys in one
 // statement. It fails as a whole, setting nothing, when one key's strategy
-// cannot be set (ErrPermission: another role set it).
+// cannot be set (lease.ErrPermission: another role set it).
 func SetStrategyMany(ctx context.Context, c *lease.Client, keys []string, s Strategy) error {
 	if len(keys) == 0 {
 		return nil
