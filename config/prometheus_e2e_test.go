@@ -24,6 +24,7 @@ import (
 
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 	"github.com/pglease/pg_lease/pkg/leasemetrics"
 )
 
@@ -206,7 +207,7 @@ func TestDashboardShowsFailoverAndRollout(t *testing.T) {
 		t.Fatal(err)
 	}
 	conn := pgtest.Connect(t, dsn)
-	if err := lease.InstallExtension(ctx, conn); err != nil {
+	if err := leaseadmin.InstallExtension(ctx, conn); err != nil {
 		t.Fatal(err)
 	}
 	// max_ttl is also the promotion grace: 8 s keeps the test short and the

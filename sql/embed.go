@@ -1,7 +1,7 @@
 // Package pgleasesql embeds the pg_lease extension's SQL so that Go code
 // installs exactly the files in this folder: there is one copy of the SQL.
 // SchemaScript picks from it the script of a schema-only install (what
-// lease.InstallSchema runs): the full script of Version, or the direct
+// leaseadmin.InstallSchema runs): the full script of Version, or the direct
 // update script from an older version.
 package pgleasesql
 
@@ -71,7 +71,7 @@ func UpdateScripts(from string) ([]string, error) {
 }
 
 // SchemaScript is the SQL that installs pg_lease as a plain schema, without
-// CREATE EXTENSION (what lease.InstallSchema runs), with owner (a role name,
+// CREATE EXTENSION (what leaseadmin.InstallSchema runs), with owner (a role name,
 // quoted here) as the owner of every object: from a database without
 // pg_lease (from ""), the full install script of Version; from a schema-only
 // install of version from, the direct update script from there. The

@@ -36,6 +36,7 @@ import (
 	tc "github.com/pglease/pg_lease/internal/testprog/candidate"
 	"github.com/pglease/pg_lease/pkg/fence"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 )
 
 const (
@@ -119,7 +120,7 @@ func demo(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	defer pool.Close()
-	if err := lease.InstallExtension(ctx, pool); err != nil {
+	if err := leaseadmin.InstallExtension(ctx, pool); err != nil {
 		return err
 	}
 	scfg, err := pgxpool.ParseConfig(storeDSN)
@@ -144,7 +145,7 @@ func demo(ctx context.Context, out io.Writer) error {
 	if _, err := store.Exec(ctx, "CREATE TABLE writes (epoch bigint, owner text)"); err != nil {
 		return err
 	}
-	say("PostgreSQL %d on 127.0.0.1, pg_lease %s installed; the store is another database, guarded by the highest epoch it accepted", srv.MajorVersion(), lease.Version)
+	say("PostgreSQL %d on 127.0.0.1, pg_lease %s installed; the store is another database, guarded by the highest epoch it accepted", srv.MajorVersion(), leaseadmin.Version)
 
 	self, err := os.Executable()
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 )
 
 var commands = []string{"install", "version", "get", "list", "watch", "lock", "release", "cleanup", "history", "health", "serve-metrics", "candidates", "shards"}
@@ -43,11 +44,11 @@ func TestHelpOnEveryCommandExitsZero(t *testing.T) {
 		}
 	}
 	out, _ = wantExit(t, ctx, none, exitOK, "--version")
-	if !strings.Contains(out, "pglease ") || !strings.Contains(out, "pg_lease SQL "+lease.Version) {
-		t.Errorf("--version: %q, want the module version and SQL %s", out, lease.Version)
+	if !strings.Contains(out, "pglease ") || !strings.Contains(out, "pg_lease SQL "+leaseadmin.Version) {
+		t.Errorf("--version: %q, want the module version and SQL %s", out, leaseadmin.Version)
 	}
 	out, _ = wantExit(t, ctx, none, exitOK, "version", "--client")
-	if !strings.Contains(out, "ships:   pg_lease SQL "+lease.Version) {
+	if !strings.Contains(out, "ships:   pg_lease SQL "+leaseadmin.Version) {
 		t.Errorf("version --client: %q", out)
 	}
 }
@@ -334,14 +335,14 @@ func TestNotInstalledAndVersionSkew(t *testing.T) {
 	if _, err := conn.Exec(ctx, "CREATE EXTENSION pg_lease VERSION '0.1.0'"); err != nil {
 		t.Fatal(err)
 	}
-	if out := mustRun(t, ctx, e, "version"); !strings.Contains(out, "0.1.0 (extension)  (differs from the "+lease.Version) {
+	if out := mustRun(t, ctx, e, "version"); !strings.Contains(out, "0.1.0 (extension)  (differs from the "+leaseadmin.Version) {
 		t.Fatalf("version with 0.1.0 installed: %q", out)
 	}
 	_, errs := wantExit(t, ctx, e, exitIncompatible, "cleanup", "--free-for", "1h")
 	if !strings.Contains(errs, "0.1.0 has no lease.cleanup") || !strings.Contains(errs, "hint: update it with `pglease install`") {
 		t.Fatalf("cleanup on 0.1.0: %q", errs)
 	}
-	if out := mustRun(t, ctx, e, "install"); !strings.Contains(out, "pg_lease "+lease.Version+" installed (extension)") {
+	if out := mustRun(t, ctx, e, "install"); !strings.Contains(out, "pg_lease "+leaseadmin.Version+" installed (extension)") {
 		t.Fatalf("install over 0.1.0: %q", out)
 	}
 	mustRun(t, ctx, e, "cleanup", "--free-for", "1h")
@@ -353,7 +354,7 @@ func TestNotInstalledAndVersionSkew(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, errs = wantExit(t, ctx, newer, exitIncompatible, "install", "--schema-only")
-	if !strings.Contains(errs, "9.9.9") || !strings.Contains(errs, "hint: this pglease ships pg_lease "+lease.Version) {
+	if !strings.Contains(errs, "9.9.9") || !strings.Contains(errs, "hint: this pglease ships pg_lease "+leaseadmin.Version) {
 		t.Errorf("install over a newer version: %q", errs)
 	}
 }
@@ -390,12 +391,12 @@ func TestInstallBothModes(t *testing.T) {
 			ctx := testCtx(t)
 			e := dsnEnv(freshDB(t))
 			out := mustRun(t, ctx, e, mode.args...)
-			if !strings.Contains(out, "pg_lease "+lease.Version+" installed "+mode.want) {
+			if !strings.Contains(out, "pg_lease "+leaseadmin.Version+" installed "+mode.want) {
 				t.Fatalf("install output %q", out)
 			}
 			mustRun(t, ctx, e, mode.args...) // idempotent
 			out = mustRun(t, ctx, e, "version")
-			if !strings.Contains(out, "sql:     "+lease.Version+" "+mode.want) || !strings.Contains(out, "server:  PostgreSQL ") {
+			if !strings.Contains(out, "sql:     "+leaseadmin.Version+" "+mode.want) || !strings.Contains(out, "server:  PostgreSQL ") {
 				t.Fatalf("version output %q", out)
 			}
 		})

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 )
 
 // args checks the number of positional arguments as a usage error.
@@ -28,7 +29,7 @@ func (a *app) installCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "install [--schema-only]",
 		Short: "Install pg_lease in the database, or update it to this pglease's version",
-		Long: `Install pg_lease ` + lease.Version + ` in the database: CREATE EXTENSION pg_lease (the server needs the
+		Long: `Install pg_lease ` + leaseadmin.Version + ` in the database: CREATE EXTENSION pg_lease (the server needs the
 extension's files), or with --schema-only the same SQL as a plain schema owned by
 this role (managed PostgreSQL without custom extensions). An older install is
 updated; an install at this version is left as it is. Needs CREATE on the database.`,
@@ -38,16 +39,16 @@ updated; an install at this version is left as it is. Needs CREATE on the databa
 				ctx := cmd.Context()
 				var err error
 				if schemaOnly {
-					a.logf("installing pg_lease %s as a plain schema", lease.Version)
-					err = lease.InstallSchema(ctx, conn)
+					a.logf("installing pg_lease %s as a plain schema", leaseadmin.Version)
+					err = leaseadmin.InstallSchema(ctx, conn)
 				} else {
-					a.logf("CREATE EXTENSION pg_lease (version %s)", lease.Version)
-					err = lease.InstallExtension(ctx, conn)
+					a.logf("CREATE EXTENSION pg_lease (version %s)", leaseadmin.Version)
+					err = leaseadmin.InstallExtension(ctx, conn)
 				}
 				if err != nil {
 					return err
 				}
-				v, ext, err := lease.Installed(ctx, conn)
+				v, ext, err := leaseadmin.Installed(ctx, conn)
 				if err != nil {
 					return err
 				}
@@ -76,7 +77,7 @@ func (a *app) versionCmd() *cobra.Command {
 		Short: "Print pglease's version, the SQL it ships, and the database's pg_lease and PostgreSQL versions",
 		Args:  args(0, 0, "no arguments"),
 		RunE: a.runE("version", func(cmd *cobra.Command, _ []string) error {
-			fmt.Fprintf(a.stdout, "client:  %s\nships:   pg_lease SQL %s\n", moduleVersion(), lease.Version)
+			fmt.Fprintf(a.stdout, "client:  %s\nships:   pg_lease SQL %s\n", moduleVersion(), leaseadmin.Version)
 			if client {
 				return nil
 			}
@@ -86,7 +87,7 @@ func (a *app) versionCmd() *cobra.Command {
 				if err := conn.QueryRow(ctx, "SHOW server_version").Scan(&server); err != nil {
 					return err
 				}
-				sqlv, ext, err := lease.Installed(ctx, conn)
+				sqlv, ext, err := leaseadmin.Installed(ctx, conn)
 				if err != nil && !errors.Is(err, lease.ErrNotInstalled) {
 					return err
 				}
@@ -94,8 +95,8 @@ func (a *app) versionCmd() *cobra.Command {
 				switch {
 				case sqlv == "":
 					sqlv = "not installed"
-				case sqlv != lease.Version:
-					note = fmt.Sprintf("  (differs from the %s this pglease ships)", lease.Version)
+				case sqlv != leaseadmin.Version:
+					note = fmt.Sprintf("  (differs from the %s this pglease ships)", leaseadmin.Version)
 					sqlv += " (" + installMode(ext) + ")"
 				default:
 					sqlv += " (" + installMode(ext) + ")"
@@ -289,13 +290,13 @@ func cleanupKeys(ctx context.Context, conn *pgx.Conn, freeFor time.Duration, max
 	case "3F000":
 		return 0, 0, fmt.Errorf("cleanup: %w", lease.ErrNotInstalled)
 	case "42883":
-		v, _, ierr := lease.Installed(ctx, conn)
+		v, _, ierr := leaseadmin.Installed(ctx, conn)
 		if ierr != nil {
 			return 0, 0, fmt.Errorf("cleanup: %w", ierr)
 		}
 		return 0, 0, &incompatibleError{
 			msg:  fmt.Sprintf("cleanup: the installed pg_lease %s has no lease.cleanup (added in 0.2.0)", v),
-			hint: fmt.Sprintf("update it with `pglease install` (this pglease ships %s)", lease.Version),
+			hint: fmt.Sprintf("update it with `pglease install` (this pglease ships %s)", leaseadmin.Version),
 		}
 	}
 	return 0, 0, fmt.Errorf("cleanup: %w", err)
@@ -318,7 +319,7 @@ no new grant of any key is made before then (renewals go on).`,
 				return usagef("-o %s: want json (or nothing for text)", output)
 			}
 			return a.withConn(cmd.Context(), func(conn *pgx.Conn) error {
-				s, err := lease.New(conn).Settings(cmd.Context())
+				s, err := leaseadmin.ReadSettings(cmd.Context(), lease.New(conn))
 				if err != nil {
 					return err
 				}

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 )
 
 // Output formats of history and health.
@@ -65,7 +66,7 @@ exits 5.`,
 			return a.withConn(cmd.Context(), func(conn *pgx.Conn) error {
 				ctx := cmd.Context()
 				c := lease.New(conn)
-				events, err := c.History(ctx, key, limit)
+				events, err := leaseadmin.History(ctx, c, key, limit)
 				if err != nil {
 					return needsHistory(ctx, conn, "history", err)
 				}
@@ -92,12 +93,12 @@ exits 5.`,
 }
 
 // eventDetail says in words what a table row's columns do not.
-func eventDetail(e lease.HistoryEvent) string {
+func eventDetail(e leaseadmin.HistoryEvent) string {
 	var parts []string
-	if e.Kind == lease.HistoryTakenOver && e.PreviousOwner != "" {
+	if e.Kind == leaseadmin.HistoryTakenOver && e.PreviousOwner != "" {
 		parts = append(parts, fmt.Sprintf("the grant of %s (epoch %d) had lapsed", quoteField(e.PreviousOwner), e.PreviousEpoch))
 	}
-	if e.Actor != "" && e.Actor != e.Role && e.Kind != lease.HistoryPromotionGrace {
+	if e.Actor != "" && e.Actor != e.Role && e.Kind != leaseadmin.HistoryPromotionGrace {
 		parts = append(parts, "by role "+quoteField(e.Actor))
 	}
 	if e.Detail != "" {
@@ -109,7 +110,7 @@ func eventDetail(e lease.HistoryEvent) string {
 	return strings.Join(parts, "; ")
 }
 
-func printHistory(w io.Writer, p printFlags, events []lease.HistoryEvent, now time.Time) error {
+func printHistory(w io.Writer, p printFlags, events []leaseadmin.HistoryEvent, now time.Time) error {
 	switch p.output {
 	case "json", "yaml":
 		rows := make([]eventRow, 0, len(events))
@@ -220,13 +221,13 @@ leased.`,
 				return usagef("--period %v: want 1s to 366 days", period)
 			}
 			return a.withConn(cmd.Context(), func(conn *pgx.Conn) error {
-				all, err := lease.New(conn).Health(cmd.Context(), period)
+				all, err := leaseadmin.Health(cmd.Context(), lease.New(conn), period)
 				if err != nil {
 					return needsHistory(cmd.Context(), conn, "health", err)
 				}
 				hs := all
 				if len(keys) > 0 {
-					byKey := map[string]lease.KeyHealth{}
+					byKey := map[string]leaseadmin.KeyHealth{}
 					for _, h := range all {
 						byKey[h.Key] = h
 					}
@@ -248,7 +249,7 @@ leased.`,
 	return cmd
 }
 
-func printHealth(w io.Writer, p printFlags, hs []lease.KeyHealth, period time.Duration) error {
+func printHealth(w io.Writer, p printFlags, hs []leaseadmin.KeyHealth, period time.Duration) error {
 	switch p.output {
 	case "json", "yaml":
 		rows := make([]healthRow, 0, len(hs))

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/pglease/pg_lease/internal/pgtest"
-	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 )
 
 // The command runs holding the key, sees the grant in its environment, and
@@ -139,7 +139,6 @@ func TestLockInterruptedReleases(t *testing.T) {
 	if s, err := c.Inspect(ctx, "job-42"); err != nil || s.Held {
 		t.Fatalf("after the interrupted lock: %+v %v: want released", s, err)
 	}
-	_ = lease.Version
 }
 
 func buildBinaryOrEnv(t *testing.T) string {
@@ -207,7 +206,7 @@ func TestLockSleepsThroughGrace(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
 	conn, c := connect(t, ctx, dsn)
 	// The SQL embedded in this build (no shared extension files).
-	if err := lease.InstallSchema(ctx, conn); err != nil {
+	if err := leaseadmin.InstallSchema(ctx, conn); err != nil {
 		t.Fatal(err)
 	}
 	for _, q := range []string{

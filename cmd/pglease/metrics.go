@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 	"github.com/pglease/pg_lease/pkg/leasemetrics"
 )
 
@@ -114,7 +115,7 @@ interrupted (SIGINT, SIGTERM).`,
 func checkReadable(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	_, err := lease.New(pool).Health(ctx, time.Second)
+	_, err := leaseadmin.Health(ctx, lease.New(pool), time.Second)
 	return needsHistory(ctx, pool, "serve-metrics", err)
 }
 
@@ -124,12 +125,12 @@ func needsHistory(ctx context.Context, q lease.Querier, what string, err error) 
 	if !errors.Is(err, lease.ErrNotInstalled) {
 		return err
 	}
-	v, _, ierr := lease.Installed(ctx, q)
+	v, _, ierr := leaseadmin.Installed(ctx, q)
 	if ierr != nil || v == "" {
 		return err
 	}
 	return &incompatibleError{
 		msg:  fmt.Sprintf("%s needs pg_lease 0.4.0 or later (its leadership history); the database has %s", what, v),
-		hint: fmt.Sprintf("update it with `pglease install` (this pglease ships %s)", lease.Version),
+		hint: fmt.Sprintf("update it with `pglease install` (this pglease ships %s)", leaseadmin.Version),
 	}
 }

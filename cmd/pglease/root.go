@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 )
 
 // Exit codes, the same for every command. lock adds the command's own status
@@ -71,7 +72,7 @@ func moduleVersion() string {
 }
 
 func versionLine() string {
-	return fmt.Sprintf("pglease %s (pg_lease SQL %s, %s %s/%s)", moduleVersion(), lease.Version, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	return fmt.Sprintf("pglease %s (pg_lease SQL %s, %s %s/%s)", moduleVersion(), leaseadmin.Version, runtime.Version(), runtime.GOOS, runtime.GOARCH)
 }
 
 // errUsage marks errors that are the caller's: exit 2.
@@ -340,8 +341,8 @@ func (a *app) classify(err error) (code int, msg, hint string) {
 		return exitUsage, msg, ""
 	case errors.As(err, &ie):
 		return exitIncompatible, msg, ie.hint
-	case errors.Is(err, lease.ErrVersionMismatch), errors.Is(err, lease.ErrModeMismatch):
-		return exitIncompatible, msg, fmt.Sprintf("this pglease ships pg_lease %s; run `pglease version` to compare with the database", lease.Version)
+	case errors.Is(err, leaseadmin.ErrVersionMismatch), errors.Is(err, leaseadmin.ErrModeMismatch):
+		return exitIncompatible, msg, fmt.Sprintf("this pglease ships pg_lease %s; run `pglease version` to compare with the database", leaseadmin.Version)
 	case errors.Is(err, lease.ErrNotInstalled):
 		return exitNotInstalled, msg, "run `pglease install` (or `pglease install --schema-only` where CREATE EXTENSION is not allowed)"
 	case errors.Is(err, errNotFound):

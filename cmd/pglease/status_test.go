@@ -9,6 +9,7 @@ import (
 
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 )
 
 // status shows the promotion mode, the grace a promotion would impose, and
@@ -17,7 +18,7 @@ func TestStatusShowsTheGrace(t *testing.T) {
 	ctx := testCtx(t)
 	dsn := pgtest.NewDatabase(t)
 	conn, c := connect(t, ctx, dsn)
-	if err := lease.InstallSchema(ctx, conn); err != nil {
+	if err := leaseadmin.InstallSchema(ctx, conn); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := conn.Exec(ctx, "SELECT lease.configure(max_ttl => '30s')"); err != nil {

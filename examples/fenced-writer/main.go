@@ -32,6 +32,7 @@ import (
 
 	"github.com/pglease/pg_lease/pkg/fence"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 )
 
 func main() {
@@ -64,7 +65,7 @@ func mainErr(ctx context.Context, dsn, storeDSN string) error {
 		return err
 	}
 	defer pool.Close()
-	if err := lease.InstallExtension(ctx, pool); err != nil {
+	if err := leaseadmin.InstallExtension(ctx, pool); err != nil {
 		return err
 	}
 	return run(ctx, os.Stdout, dsn, storeDSN, "report")

@@ -14,6 +14,7 @@ import (
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/elector"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 	"github.com/pglease/pg_lease/pkg/listen"
 )
 
@@ -42,7 +43,7 @@ func TestFollowersSleepThroughGrace(t *testing.T) {
 			dsn := pgtest.NewDatabase(t)
 			pool := newPool(t, dsn)
 			// The SQL embedded in this build (no shared extension files).
-			if err := lease.InstallSchema(ctx, pool); err != nil {
+			if err := leaseadmin.InstallSchema(ctx, pool); err != nil {
 				t.Fatal(err)
 			}
 			const grace = 3 * time.Second

@@ -10,6 +10,7 @@ import (
 
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -18,13 +19,13 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // mode (forEachMode).
 type installMode struct {
 	name    string
-	install func(context.Context, lease.Beginner) error
+	install func(context.Context, leaseadmin.Beginner) error
 	ext     bool
 }
 
 var installModes = []installMode{
-	{"extension", lease.InstallExtension, true},
-	{"schema", lease.InstallSchema, false},
+	{"extension", leaseadmin.InstallExtension, true},
+	{"schema", leaseadmin.InstallSchema, false},
 }
 
 func testCtx(t testing.TB) context.Context { return pgtest.Context(t, 0) }

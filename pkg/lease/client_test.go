@@ -12,6 +12,7 @@ import (
 
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 )
 
 // TestEveryCallOnEveryQuerier runs every call of the client on a pool, on a
@@ -394,7 +395,7 @@ func TestNotInstalled(t *testing.T) {
 			_, err = lease.Fence(ctx, tx, tok)
 			return err
 		},
-		"installed": func() error { _, _, err := lease.Installed(ctx, pool); return err },
+		"installed": func() error { _, _, err := leaseadmin.Installed(ctx, pool); return err },
 	}
 	for name, call := range calls {
 		if err := call(); !errors.Is(err, lease.ErrNotInstalled) {

@@ -46,12 +46,6 @@ var (
 	// ErrNotInstalled: neither the pg_lease extension nor the schema-only
 	// install is present in the database.
 	ErrNotInstalled = errors.New("lease: pg_lease is not installed in this database")
-	// ErrVersionMismatch: the installed pg_lease has another version than
-	// this module ships.
-	ErrVersionMismatch = errors.New("lease: installed pg_lease version differs")
-	// ErrModeMismatch: pg_lease is installed, but in the other Mode than the
-	// one asked for (InstallExtension over a schema-only install).
-	ErrModeMismatch = errors.New("lease: pg_lease is installed in the other mode")
 	// ErrReadOnly: the server cannot write (a standby, or a read-only
 	// session): SQLSTATE 25006, or 55000 "recovery is in progress".
 	ErrReadOnly = errors.New("lease: server is read-only or a standby")

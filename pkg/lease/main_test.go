@@ -11,6 +11,7 @@ import (
 
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -19,13 +20,13 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // per mode (forEachMode).
 type installMode struct {
 	name    string
-	install func(context.Context, lease.Beginner) error
+	install func(context.Context, leaseadmin.Beginner) error
 	ext     bool // installed as the extension (Installed's extension)
 }
 
 var installModes = []installMode{
-	{"extension", lease.InstallExtension, true},
-	{"schema", lease.InstallSchema, false},
+	{"extension", leaseadmin.InstallExtension, true},
+	{"schema", leaseadmin.InstallSchema, false},
 }
 
 const never = time.Hour // a poll or TTL that no test waits for

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 	"github.com/pglease/pg_lease/pkg/listen"
 )
 
@@ -228,7 +229,7 @@ func TestLoweringMaxTTLOnQuietDatabase(t *testing.T) {
 	db := newDB(t, installModes[1])
 	ctx := testCtx(t)
 	configure(t, db.pool, "max_ttl => '3s'")
-	s, err := db.c.Settings(ctx)
+	s, err := leaseadmin.ReadSettings(ctx, db.c)
 	if err != nil || s.MaxTTL != 3*time.Second || s.PromotionGrace != 3*time.Second {
 		t.Fatalf("fresh database, max_ttl lowered to 3s: %+v %v, want a grace of 3s", s, err)
 	}
@@ -236,7 +237,7 @@ func TestLoweringMaxTTLOnQuietDatabase(t *testing.T) {
 		t.Fatal(ok, err)
 	}
 	configure(t, db.pool, "max_ttl => '2s'")
-	if s, err = db.c.Settings(ctx); err != nil || s.MaxTTL != 2*time.Second || s.PromotionGrace != 3*time.Second {
+	if s, err = leaseadmin.ReadSettings(ctx, db.c); err != nil || s.MaxTTL != 2*time.Second || s.PromotionGrace != 3*time.Second {
 		t.Fatalf("max_ttl lowered to 2s with a 3s grant held: %+v %v, want the grace to stay 3s", s, err)
 	}
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 )
 
 // Config holds a Collector's settings; zero values take the defaults.
@@ -209,7 +210,7 @@ type status struct {
 	timeline          *int64
 }
 
-func (c *Collector) read(ctx context.Context) (string, status, []lease.KeyHealth, error) {
+func (c *Collector) read(ctx context.Context) (string, status, []leaseadmin.KeyHealth, error) {
 	var (
 		db string
 		st status
@@ -221,7 +222,7 @@ SELECT current_database(), extract(epoch FROM s.max_ttl)::float8,
 	if err != nil {
 		return "", status{}, nil, fmt.Errorf("leasemetrics: reading lease.status(): %w", err)
 	}
-	keys, err := c.c.Health(ctx, c.cfg.Period)
+	keys, err := leaseadmin.Health(ctx, c.c, c.cfg.Period)
 	if err != nil {
 		return "", status{}, nil, fmt.Errorf("leasemetrics: %w", err)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -46,7 +47,7 @@ var installModes = []installMode{
 	{"schema", func(t testing.TB) string {
 		t.Helper()
 		dsn := pgtest.NewDatabase(t)
-		if err := lease.InstallSchema(testCtx(t), newPool(t, dsn)); err != nil {
+		if err := leaseadmin.InstallSchema(testCtx(t), newPool(t, dsn)); err != nil {
 			t.Fatalf("schema install: %v", err)
 		}
 		return dsn

@@ -9,7 +9,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection"
 
 	"github.com/pglease/pg_lease/internal/pgtest"
-	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 )
 
@@ -24,7 +24,7 @@ func TestFollowersWakeWhenGraceEnds(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
 	pool := newPool(t, dsn)
 	// The SQL embedded in this build (no shared extension files).
-	if err := lease.InstallSchema(ctx, pool); err != nil {
+	if err := leaseadmin.InstallSchema(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
 	for _, q := range []string{"SELECT lease.configure(max_ttl => '3s')", "UPDATE lease.timeline_state SET timeline = 0", "CHECKPOINT"} {

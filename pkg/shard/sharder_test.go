@@ -16,6 +16,7 @@ import (
 	"github.com/pglease/pg_lease/pkg/fence"
 	"github.com/pglease/pg_lease/pkg/handover"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 	"github.com/pglease/pg_lease/pkg/listen"
 	"github.com/pglease/pg_lease/pkg/shard"
 )
@@ -309,7 +310,7 @@ func TestLeaveHandsOver(t *testing.T) {
 		if owners[s] != "b" {
 			continue
 		}
-		h, err := lc.History(ctx, shard.Key("ctl", s), 1)
+		h, err := leaseadmin.History(ctx, lc, shard.Key("ctl", s), 1)
 		if err != nil {
 			t.Fatal(err)
 		}

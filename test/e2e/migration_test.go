@@ -16,7 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pglease/pg_lease/internal/pgtest"
-	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 	"k8s.io/client-go/rest"
 )
 
@@ -87,7 +87,7 @@ func dropinLeaseDB(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := lease.InstallExtension(ctx, newPool(t, dsn)); err != nil {
+	if err := leaseadmin.InstallExtension(ctx, newPool(t, dsn)); err != nil {
 		t.Fatal(err)
 	}
 	return dsn

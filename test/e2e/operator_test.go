@@ -35,6 +35,7 @@ import (
 	"github.com/pglease/pg_lease/internal/kubetest"
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 )
 
 // Timings of every operator in these tests: short, so that the suite stays
@@ -193,7 +194,7 @@ func (h *harness) newEnv(t *testing.T, lock, name string) *env {
 			t.Fatal(err)
 		}
 		pool := newPool(t, e.leaseDSN)
-		if err := lease.InstallExtension(sctx, pool); err != nil {
+		if err := leaseadmin.InstallExtension(sctx, pool); err != nil {
 			t.Fatal(err)
 		}
 		e.leases = lease.New(pool)

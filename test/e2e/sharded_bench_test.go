@@ -20,6 +20,7 @@ import (
 
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 	"github.com/pglease/pg_lease/pkg/shard"
 )
 
@@ -243,12 +244,12 @@ func (r *shRun) formerOwnerWrites(ctx context.Context, controller string) int {
 	}
 	grants := map[int][]grant{}
 	for s := range r.p.shards {
-		h, err := r.leases.History(ctx, shard.Key(controller, s), 10000)
+		h, err := leaseadmin.History(ctx, r.leases, shard.Key(controller, s), 10000)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, e := range h {
-			if e.Kind == lease.HistoryAcquired || e.Kind == lease.HistoryTakenOver || e.Kind == "handed_over" {
+			if e.Kind == leaseadmin.HistoryAcquired || e.Kind == leaseadmin.HistoryTakenOver || e.Kind == "handed_over" {
 				grants[s] = append(grants[s], grant{e.Epoch, e.At})
 			}
 		}
@@ -295,12 +296,12 @@ func (r *shRun) lastGrants(controller, id string, members []string) map[string]i
 		if m != id {
 			continue
 		}
-		h, err := r.leases.History(ctx, shard.Key(controller, s), 10000)
+		h, err := leaseadmin.History(ctx, r.leases, shard.Key(controller, s), 10000)
 		if err != nil {
 			r.t.Fatal(err)
 		}
 		for i := len(h) - 1; i >= 0; i-- {
-			if k := h[i].Kind; k == lease.HistoryAcquired || k == lease.HistoryTakenOver || k == "handed_over" {
+			if k := h[i].Kind; k == leaseadmin.HistoryAcquired || k == leaseadmin.HistoryTakenOver || k == "handed_over" {
 				kinds[k]++
 				break
 			}
@@ -368,7 +369,7 @@ func newShRun(t *testing.T, p shardedParams, ns string) (*shRun, client.Client) 
 		t.Fatal(err)
 	}
 	leasePool := newPool(t, leaseDSN)
-	if err := lease.InstallExtension(ctx, leasePool); err != nil {
+	if err := leaseadmin.InstallExtension(ctx, leasePool); err != nil {
 		t.Fatal(err)
 	}
 	storeDSN, err := pg.CreateDatabase(ctx, "store")

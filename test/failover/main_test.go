@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pg_lease/internal/pgtest"
-	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -54,7 +54,7 @@ func newCluster(t *testing.T, o clusterOptions) *cluster {
 		t.Fatal(err)
 	}
 	conn := pgtest.Connect(t, dsn)
-	if err := lease.InstallExtension(ctx, conn); err != nil {
+	if err := leaseadmin.InstallExtension(ctx, conn); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("%s, pg_lease %s", p.Version(), installed(t, conn))
@@ -134,7 +134,7 @@ func (c *cluster) configure(t *testing.T, conn *pgx.Conn, maxTTL time.Duration) 
 }
 
 func installed(t *testing.T, conn *pgx.Conn) string {
-	v, _, err := lease.Installed(pgtest.Context(t, time.Minute), conn)
+	v, _, err := leaseadmin.Installed(pgtest.Context(t, time.Minute), conn)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,10 +7,11 @@ import (
 
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 )
 
 // TestSchemaInstallBesideAnExtensionsSchema: the schema-only install
-// (lease.InstallSchema, or the PGLEASE_FUZZ_SQL script) in a database where
+// (leaseadmin.InstallSchema, or the PGLEASE_FUZZ_SQL script) in a database where
 // another extension owns a schema of its own. 0.3.0's update script
 // registers the state tables for pg_dump only when schema lease itself is a
 // member of extension pg_lease; pg_extension_config_dump outside CREATE or
@@ -39,11 +40,11 @@ func TestSchemaInstallBesideAnExtensionsSchema(t *testing.T) {
 		if _, err := conn.Exec(ctx, "BEGIN; "+pgtest.ScriptFile(t, file, EnvSQL)+"; COMMIT"); err != nil {
 			t.Fatalf("installing %s=%s as a plain schema beside an extension's schema: %v", EnvSQL, file, err)
 		}
-	} else if err := lease.InstallSchema(ctx, conn); err != nil {
-		t.Fatalf("lease.InstallSchema beside an extension's schema: %v", err)
+	} else if err := leaseadmin.InstallSchema(ctx, conn); err != nil {
+		t.Fatalf("leaseadmin.InstallSchema beside an extension's schema: %v", err)
 	}
 
-	v, ext, err := lease.Installed(ctx, conn)
+	v, ext, err := leaseadmin.Installed(ctx, conn)
 	if err != nil || ext {
 		t.Fatalf("Installed: version %q, extension %v, %v; want a schema-only install", v, ext, err)
 	}

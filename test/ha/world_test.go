@@ -20,6 +20,7 @@ import (
 	"github.com/pglease/pg_lease/pkg/elector"
 	"github.com/pglease/pg_lease/pkg/fence"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 )
 
@@ -123,7 +124,7 @@ func newWorld(t *testing.T, mode patroni.Mode) *world {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	if err := lease.InstallExtension(ctx, conn); err != nil {
+	if err := leaseadmin.InstallExtension(ctx, conn); err != nil {
 		t.Fatalf("%v (make test-ha installs the extension files with make -C sql install)", err)
 	}
 	configure(t, ctx, conn)

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pg_lease/internal/pgtest"
-	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 	pgleasesql "github.com/pglease/pg_lease/sql"
 )
 
@@ -158,7 +158,7 @@ func installPaths() []installPath {
 			}},
 		installPath{name: "InstallSchema", ext: false,
 			run: func(ctx context.Context, t *testing.T, su *pgx.Conn, _ string) {
-				if err := lease.InstallSchema(ctx, su); err != nil {
+				if err := leaseadmin.InstallSchema(ctx, su); err != nil {
 					t.Fatal(err)
 				}
 			}},
@@ -177,7 +177,7 @@ func installPaths() []installPath {
 					exec(ctx, t, su, `CREATE EXTENSION pg_lease VERSION '`+v+`'`)
 				},
 				run: func(ctx context.Context, t *testing.T, su *pgx.Conn, _ string) {
-					if err := lease.InstallExtension(ctx, su); err != nil {
+					if err := leaseadmin.InstallExtension(ctx, su); err != nil {
 						t.Fatal(err)
 					}
 				}},
@@ -186,7 +186,7 @@ func installPaths() []installPath {
 					installReleasedSchema(ctx, t, su, v)
 				},
 				run: func(ctx context.Context, t *testing.T, su *pgx.Conn, _ string) {
-					if err := lease.InstallSchema(ctx, su); err != nil {
+					if err := leaseadmin.InstallSchema(ctx, su); err != nil {
 						t.Fatal(err)
 					}
 				}},
@@ -299,7 +299,7 @@ func TestNoEscalationThroughInstall(t *testing.T) {
 				t.Errorf("the attacker gained privileges: superuser %v, createrole %v, createdb %v, memberships %d", super, createRole, createDB, memberships)
 			}
 			// The install worked: the current version, usable.
-			v, ext, err := lease.Installed(ctx, su)
+			v, ext, err := leaseadmin.Installed(ctx, su)
 			if err != nil || v != pgleasesql.Version || ext != p.ext {
 				t.Errorf("installed %q (extension %v) %v, want %s", v, ext, err, pgleasesql.Version)
 			}

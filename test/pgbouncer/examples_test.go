@@ -23,6 +23,7 @@ import (
 	"github.com/pglease/pg_lease/internal/kubetest"
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 )
 
 const examplesPkg = "github.com/pglease/pg_lease/examples/"
@@ -170,9 +171,9 @@ func testClientGoExample(t *testing.T, s *setup, bin string) {
 		}
 
 		h := history(t, admin, key, []historyStep{
-			{lease.HistoryAcquired, first.id, e}, {lease.HistoryReleased, first.id, e},
-			{lease.HistoryAcquired, second.id, e + 2},
-			{lease.HistoryTakenOver, third.id, e + 3}, {lease.HistoryReleased, third.id, e + 3},
+			{leaseadmin.HistoryAcquired, first.id, e}, {leaseadmin.HistoryReleased, first.id, e},
+			{leaseadmin.HistoryAcquired, second.id, e + 2},
+			{leaseadmin.HistoryTakenOver, third.id, e + 3}, {leaseadmin.HistoryReleased, third.id, e + 3},
 		})
 		if h[3].PreviousOwner != second.id || h[3].PreviousEpoch != e+2 {
 			t.Fatalf("the takeover names %s@%d as the lapsed grant, want %s@%d",
@@ -301,8 +302,8 @@ func testManagerExample(t *testing.T, s *setup, bin string) {
 			t.Fatalf("%s after SIGTERM: %v", other, err)
 		}
 		h := history(t, admin, key, []historyStep{
-			{lease.HistoryAcquired, first.id, e}, {lease.HistoryReleased, first.id, e},
-			{lease.HistoryAcquired, other, e + 2}, {lease.HistoryReleased, other, e + 2},
+			{leaseadmin.HistoryAcquired, first.id, e}, {leaseadmin.HistoryReleased, first.id, e},
+			{leaseadmin.HistoryAcquired, other, e + 2}, {leaseadmin.HistoryReleased, other, e + 2},
 		})
 		oneLeaderAtATime(t, events.Seen(), nil)
 		t.Logf("%s pooling, examples/manager (-lease-duration %v): SIGTERM → %s reconciles %s later (server: leaderless %s)",
@@ -340,9 +341,9 @@ type historyStep struct {
 
 // history returns key's history on the server, failing the test unless it
 // is exactly want.
-func history(t *testing.T, c *lease.Client, key string, want []historyStep) []lease.HistoryEvent {
+func history(t *testing.T, c *lease.Client, key string, want []historyStep) []leaseadmin.HistoryEvent {
 	t.Helper()
-	h, err := c.History(pgtest.Context(t, time.Minute), key, 100)
+	h, err := leaseadmin.History(pgtest.Context(t, time.Minute), c, key, 100)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package lease
+package leaseadmin
 
 import (
 	"context"
@@ -9,7 +9,17 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pglease/pg_lease/pkg/lease"
 	pgleasesql "github.com/pglease/pg_lease/sql"
+)
+
+var (
+	// ErrVersionMismatch: the installed pg_lease has another version than
+	// this module ships.
+	ErrVersionMismatch = errors.New("lease: installed pg_lease version differs")
+	// ErrModeMismatch: pg_lease is installed, but in the other mode than the
+	// one asked for (InstallExtension over a schema-only install).
+	ErrModeMismatch = errors.New("lease: pg_lease is installed in the other mode")
 )
 
 // Version is the pg_lease version this module speaks and installs.
@@ -25,8 +35,8 @@ type Beginner interface {
 // Installed reports which pg_lease version is installed in the database q is
 // connected to, and how: extension is true when it was installed by CREATE
 // EXTENSION (InstallExtension), false when as a plain schema (InstallSchema).
-// With neither present it returns an error matching ErrNotInstalled.
-func Installed(ctx context.Context, q Querier) (version string, extension bool, err error) {
+// With neither present it returns an error matching lease.ErrNotInstalled.
+func Installed(ctx context.Context, q lease.Querier) (version string, extension bool, err error) {
 	var (
 		extVersion *string
 		hasVersion bool
@@ -46,9 +56,9 @@ func Installed(ctx context.Context, q Querier) (version string, extension bool, 
 	case extVersion != nil:
 		return *extVersion, true, nil
 	case !hasVersion && hasSchema:
-		return "", false, fmt.Errorf("%w: a schema named lease exists but has no lease.version(): it is not pg_lease's", ErrNotInstalled)
+		return "", false, fmt.Errorf("%w: a schema named lease exists but has no lease.version(): it is not pg_lease's", lease.ErrNotInstalled)
 	case !hasVersion:
-		return "", false, ErrNotInstalled
+		return "", false, lease.ErrNotInstalled
 	}
 	if err := q.QueryRow(ctx, `SELECT lease.version()`).Scan(&version); err != nil {
 		return "", false, fmt.Errorf("lease: reading the installed version: %w", err)
@@ -85,7 +95,7 @@ func InstallExtension(ctx context.Context, db Beginner) error {
 			if _, err := tx.Exec(ctx, `ALTER EXTENSION pg_lease UPDATE TO `+quoteLiteral(Version)); err != nil {
 				return fmt.Errorf("lease: InstallExtension: updating pg_lease %s to %s: %w", v, Version, err)
 			}
-		case !errors.Is(err, ErrNotInstalled):
+		case !errors.Is(err, lease.ErrNotInstalled):
 			return err
 		default:
 			if _, err := tx.Exec(ctx, `CREATE EXTENSION pg_lease VERSION `+quoteLiteral(Version)); err != nil {
@@ -126,7 +136,7 @@ func InstallSchema(ctx context.Context, db Beginner) error {
 			return checkVersion("InstallSchema", v, ext)
 		case err == nil:
 			from = v
-		case !errors.Is(err, ErrNotInstalled):
+		case !errors.Is(err, lease.ErrNotInstalled):
 			return err
 		}
 		var role string

@@ -1,10 +1,13 @@
-package lease
+package leaseadmin
 
 import (
 	"context"
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/pglease/pg_lease/pkg/internal/leasecore"
+	"github.com/pglease/pg_lease/pkg/lease"
 )
 
 // Kinds of HistoryEvent (the event column of lease.history).
@@ -54,18 +57,18 @@ type HistoryEvent struct {
 }
 
 // History returns the last (at most limit, 1 to 10000) recorded events of
-// key, oldest first. A key without history gives none. Every role that may
-// call lease.inspect may read it.
-func (c *Client) History(ctx context.Context, key string, limit int) ([]HistoryEvent, error) {
+// key through c, oldest first. A key without history gives none. Every role
+// that may call lease.inspect may read it.
+func History(ctx context.Context, c *lease.Client, key string, limit int) ([]HistoryEvent, error) {
 	if limit < 1 || limit > 10000 {
-		return nil, fmt.Errorf("history %q: %w: limit %d must be between 1 and 10000", key, ErrInvalidInput, limit)
+		return nil, fmt.Errorf("history %q: %w: limit %d must be between 1 and 10000", key, lease.ErrInvalidInput, limit)
 	}
-	rows, err := c.db.Query(ctx, `
+	rows, err := leasecore.DB(c).Query(ctx, `
 SELECT h.seq, h.at, h.event, h.owner, h.holder_role, h.epoch, h.actor, h.previous_owner,
        h.previous_epoch, h.vacant_since, extract(epoch FROM h.ttl)::float8, h.detail
   FROM lease.history($1, $2) h`, key, limit)
 	if err != nil {
-		return nil, mapError("history", Token{Key: key}, err)
+		return nil, leasecore.MapError("history", key, "", err)
 	}
 	defer rows.Close()
 	var out []HistoryEvent
@@ -79,7 +82,7 @@ SELECT h.seq, h.at, h.event, h.owner, h.holder_role, h.epoch, h.actor, h.previou
 		)
 		if err := rows.Scan(&e.Seq, &e.At, &e.Kind, &owner, &role, &epoch, &actor, &prevOwner,
 			&prevEpoch, &vacant, &ttl, &detail); err != nil {
-			return nil, mapError("history", Token{Key: key}, err)
+			return nil, leasecore.MapError("history", key, "", err)
 		}
 		e.Owner, e.Role, e.Actor, e.PreviousOwner, e.Detail = str(owner), str(role), str(actor), str(prevOwner), str(detail)
 		e.Epoch, e.PreviousEpoch = i64(epoch), i64(prevEpoch)
@@ -90,7 +93,7 @@ SELECT h.seq, h.at, h.event, h.owner, h.holder_role, h.epoch, h.actor, h.previou
 		out = append(out, e)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, mapError("history", Token{Key: key}, err)
+		return nil, leasecore.MapError("history", key, "", err)
 	}
 	return out, nil
 }
@@ -132,18 +135,18 @@ type KeyHealth struct {
 }
 
 // Health returns every key's health over the last period (1 second to 366
-// days), ordered by key.
-func (c *Client) Health(ctx context.Context, period time.Duration) ([]KeyHealth, error) {
+// days) through c, ordered by key.
+func Health(ctx context.Context, c *lease.Client, period time.Duration) ([]KeyHealth, error) {
 	if period < time.Second || period > 366*24*time.Hour {
-		return nil, fmt.Errorf("health: %w: period %v must be between 1s and 366 days", ErrInvalidInput, period)
+		return nil, fmt.Errorf("health: %w: period %v must be between 1s and 366 days", lease.ErrInvalidInput, period)
 	}
-	rows, err := c.db.Query(ctx, `
+	rows, err := leasecore.DB(c).Query(ctx, `
 SELECT h.key, h.held, h.owner, h.holder_role, h.epoch, h.term_started, h.expires_at, h.vacant_since,
        extract(epoch FROM h.ttl)::float8, h.grants, h.transitions, h.leaderless_seconds,
        h.history_since, h.observed_at
   FROM lease.health(make_interval(secs => $1)) h`, period.Seconds())
 	if err != nil {
-		return nil, mapError("health", Token{}, err)
+		return nil, leasecore.MapError("health", "", "", err)
 	}
 	defer rows.Close()
 	var out []KeyHealth
@@ -157,7 +160,7 @@ SELECT h.key, h.held, h.owner, h.holder_role, h.epoch, h.term_started, h.expires
 		)
 		if err := rows.Scan(&h.Key, &h.Held, &owner, &role, &h.Epoch, &started, &expires, &vacant,
 			&ttl, &grants, &transitions, &leaderless, &histFrom, &h.ServerNow); err != nil {
-			return nil, mapError("health", Token{}, err)
+			return nil, leasecore.MapError("health", "", "", err)
 		}
 		h.Owner, h.Role = str(owner), str(role)
 		if started != nil {
@@ -181,7 +184,7 @@ SELECT h.key, h.held, h.owner, h.holder_role, h.epoch, h.term_started, h.expires
 		out = append(out, h)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, mapError("health", Token{}, err)
+		return nil, leasecore.MapError("health", "", "", err)
 	}
 	return out, nil
 }

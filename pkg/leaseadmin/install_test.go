@@ -1,4 +1,4 @@
-package lease_test
+package leaseadmin_test
 
 import (
 	"context"
@@ -13,15 +13,16 @@ import (
 
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 	pgleasesql "github.com/pglease/pg_lease/sql"
 )
 
 func TestInstalled(t *testing.T) {
 	forEachMode(t, func(t *testing.T, db *testDB) {
 		ctx := testCtx(t)
-		v, ext, err := lease.Installed(ctx, db.pool)
-		if err != nil || v != lease.Version || ext != db.mode.ext {
-			t.Fatalf("Installed: %q %v %v, want %q %v", v, ext, err, lease.Version, db.mode.ext)
+		v, ext, err := leaseadmin.Installed(ctx, db.pool)
+		if err != nil || v != leaseadmin.Version || ext != db.mode.ext {
+			t.Fatalf("Installed: %q %v %v, want %q %v", v, ext, err, leaseadmin.Version, db.mode.ext)
 		}
 		var comment string
 		if err := db.pool.QueryRow(ctx, `SELECT obj_description('lease'::regnamespace, 'pg_namespace')`).Scan(&comment); err != nil {
@@ -46,19 +47,19 @@ func TestInstallIdempotent(t *testing.T) {
 		if err := db.mode.install(ctx, db.pool); err != nil {
 			t.Fatalf("second %s install: %v", db.mode.name, err)
 		}
-		err = lease.InstallSchema(ctx, db.pool)
+		err = leaseadmin.InstallSchema(ctx, db.pool)
 		if err != nil {
 			t.Fatalf("InstallSchema over %s: %v", db.mode.name, err)
 		}
-		err = lease.InstallExtension(ctx, db.pool)
+		err = leaseadmin.InstallExtension(ctx, db.pool)
 		if !db.mode.ext {
-			if !errors.Is(err, lease.ErrModeMismatch) {
+			if !errors.Is(err, leaseadmin.ErrModeMismatch) {
 				t.Fatalf("InstallExtension over a schema-only install: %v, want ErrModeMismatch", err)
 			}
 		} else if err != nil {
 			t.Fatalf("InstallExtension again: %v", err)
 		}
-		if _, ext, err := lease.Installed(ctx, db.pool); err != nil || ext != db.mode.ext {
+		if _, ext, err := leaseadmin.Installed(ctx, db.pool); err != nil || ext != db.mode.ext {
 			t.Fatalf("Installed after reinstalls: extension %v %v", ext, err)
 		}
 		if _, err := db.c.Renew(ctx, g.Token, time.Hour); err != nil {
@@ -82,13 +83,13 @@ func TestInstallVersionMismatch(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if v, ext, err := lease.Installed(ctx, db.pool); err != nil || v != "0.0.9" || ext != db.mode.ext {
+		if v, ext, err := leaseadmin.Installed(ctx, db.pool); err != nil || v != "0.0.9" || ext != db.mode.ext {
 			t.Fatalf("Installed: %q %v %v", v, ext, err)
 		}
-		if err := db.mode.install(ctx, db.pool); !errors.Is(err, lease.ErrVersionMismatch) {
+		if err := db.mode.install(ctx, db.pool); !errors.Is(err, leaseadmin.ErrVersionMismatch) {
 			t.Fatalf("%s install over 0.0.9: %v, want ErrVersionMismatch", db.mode.name, err)
 		}
-		if err := lease.InstallSchema(ctx, db.pool); !errors.Is(err, lease.ErrVersionMismatch) {
+		if err := leaseadmin.InstallSchema(ctx, db.pool); !errors.Is(err, leaseadmin.ErrVersionMismatch) {
 			t.Fatalf("InstallSchema over 0.0.9 (%s): %v, want ErrVersionMismatch", db.mode.name, err)
 		}
 	})
@@ -120,7 +121,7 @@ func TestInstallConcurrent(t *testing.T) {
 					t.Errorf("installer %d: %v", i, err)
 				}
 			}
-			if v, ext, err := lease.Installed(ctx, connect(t, dsn)); err != nil || v != lease.Version || ext != m.ext {
+			if v, ext, err := leaseadmin.Installed(ctx, connect(t, dsn)); err != nil || v != leaseadmin.Version || ext != m.ext {
 				t.Fatalf("Installed: %q %v %v", v, ext, err)
 			}
 		})
@@ -144,7 +145,7 @@ func TestInstallInCallerTx(t *testing.T) {
 			if err := m.install(ctx, tx); err != nil {
 				t.Fatal(err)
 			}
-			if _, ext, err := lease.Installed(ctx, tx); err != nil || ext != m.ext {
+			if _, ext, err := leaseadmin.Installed(ctx, tx); err != nil || ext != m.ext {
 				t.Fatalf("Installed inside the tx: %v %v", ext, err)
 			}
 			if _, ok, err := lease.New(tx).Acquire(ctx, "k", "a", time.Minute); err != nil || !ok {
@@ -153,7 +154,7 @@ func TestInstallInCallerTx(t *testing.T) {
 			if err := tx.Rollback(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if _, _, err := lease.Installed(ctx, pool); !errors.Is(err, lease.ErrNotInstalled) {
+			if _, _, err := leaseadmin.Installed(ctx, pool); !errors.Is(err, lease.ErrNotInstalled) {
 				t.Fatalf("Installed after rollback: %v, want ErrNotInstalled", err)
 			}
 		})
@@ -193,7 +194,7 @@ func TestSchemaInstallByOrdinaryRole(t *testing.T) {
 	})
 
 	inst := connect(t, pgtest.WithUser(dsn, installer))
-	if err := lease.InstallSchema(ctx, inst); err != nil {
+	if err := leaseadmin.InstallSchema(ctx, inst); err != nil {
 		t.Fatalf("InstallSchema as %s: %v", installer, err)
 	}
 	var owners []string
@@ -237,10 +238,10 @@ func TestForeignLeaseSchema(t *testing.T) {
 	if _, err := pool.Exec(ctx, `CREATE SCHEMA lease`); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := lease.Installed(ctx, pool); !errors.Is(err, lease.ErrNotInstalled) {
+	if _, _, err := leaseadmin.Installed(ctx, pool); !errors.Is(err, lease.ErrNotInstalled) {
 		t.Fatalf("Installed: %v, want ErrNotInstalled", err)
 	}
-	if err := lease.InstallSchema(ctx, pool); err == nil || !strings.Contains(err.Error(), "already exists") {
+	if err := leaseadmin.InstallSchema(ctx, pool); err == nil || !strings.Contains(err.Error(), "already exists") {
 		t.Fatalf("InstallSchema over a foreign schema: %v", err)
 	}
 }
@@ -294,13 +295,13 @@ func TestInstallUpdatesOlderVersion(t *testing.T) {
 				if err != nil || !ok {
 					t.Fatal(ok, err)
 				}
-				if v, _, err := lease.Installed(ctx, conn); err != nil || v != r.version {
+				if v, _, err := leaseadmin.Installed(ctx, conn); err != nil || v != r.version {
 					t.Fatalf("before: %q %v", v, err)
 				}
 				if err := m.install(ctx, conn); err != nil {
 					t.Fatalf("%s install over %s: %v", m.name, r.version, err)
 				}
-				if v, ext, err := lease.Installed(ctx, conn); err != nil || v != lease.Version || ext != m.ext {
+				if v, ext, err := leaseadmin.Installed(ctx, conn); err != nil || v != leaseadmin.Version || ext != m.ext {
 					t.Fatalf("after: %q %v %v", v, ext, err)
 				}
 				if s, err := c.Inspect(ctx, "k"); err != nil || !s.Held || s.Epoch != g.Epoch || !s.ExpiresAt.Equal(g.ExpiresAt) {

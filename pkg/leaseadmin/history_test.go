@@ -1,4 +1,4 @@
-package lease_test
+package leaseadmin_test
 
 import (
 	"errors"
@@ -7,6 +7,7 @@ import (
 
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 )
 
 // History and Health carry the server's answers unchanged: the kinds, who,
@@ -32,7 +33,7 @@ func TestHistoryAndHealth(t *testing.T) {
 		if _, _, _, err := c.ForceRelease(ctx, "h"); err != nil {
 			t.Fatal(err)
 		}
-		evs, err := c.History(ctx, "h", 100)
+		evs, err := leaseadmin.History(ctx, c, "h", 100)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -40,11 +41,11 @@ func TestHistoryAndHealth(t *testing.T) {
 			t.Fatalf("History: %d events, want 3 (a forced release of a free key records nothing): %+v", len(evs), evs)
 		}
 		a, tk, rel := evs[0], evs[1], evs[2]
-		if a.Kind != lease.HistoryAcquired || a.Seq != 1 || a.Owner != "a" || a.Epoch != g1.Epoch ||
+		if a.Kind != leaseadmin.HistoryAcquired || a.Seq != 1 || a.Owner != "a" || a.Epoch != g1.Epoch ||
 			a.TTL != 100*time.Millisecond || !a.VacantSince.IsZero() || a.Role == "" || a.Actor != a.Role {
 			t.Errorf("first grant: %+v", a)
 		}
-		if tk.Kind != lease.HistoryTakenOver || tk.Owner != "b" || tk.Epoch != g2.Epoch || tk.PreviousOwner != "a" ||
+		if tk.Kind != leaseadmin.HistoryTakenOver || tk.Owner != "b" || tk.Epoch != g2.Epoch || tk.PreviousOwner != "a" ||
 			tk.PreviousEpoch != g1.Epoch || tk.VacantSince.IsZero() || tk.VacantSince.After(tk.At) || tk.TTL != time.Minute {
 			t.Errorf("takeover: %+v", tk)
 		}
@@ -52,29 +53,29 @@ func TestHistoryAndHealth(t *testing.T) {
 		if got := tk.VacantSince.Sub(a.At); got < 100*time.Millisecond || got > 200*time.Millisecond {
 			t.Errorf("takeover's vacancy began %v after a's grant, want its 100ms ttl", got)
 		}
-		if rel.Kind != lease.HistoryReleased || rel.Owner != "b" || rel.Epoch != g2.Epoch || rel.Seq != 3 {
+		if rel.Kind != leaseadmin.HistoryReleased || rel.Owner != "b" || rel.Epoch != g2.Epoch || rel.Seq != 3 {
 			t.Errorf("release: %+v", rel)
 		}
-		last, err := c.History(ctx, "h", 1)
+		last, err := leaseadmin.History(ctx, c, "h", 1)
 		if err != nil || len(last) != 1 || last[0].Seq != 3 {
 			t.Errorf("History(limit 1): %+v %v", last, err)
 		}
-		if evs, err := c.History(ctx, "never", 10); err != nil || len(evs) != 0 {
+		if evs, err := leaseadmin.History(ctx, c, "never", 10); err != nil || len(evs) != 0 {
 			t.Errorf("History of a never-leased key: %+v %v", evs, err)
 		}
 		for _, n := range []int{0, 10001} {
-			if _, err := c.History(ctx, "h", n); !errors.Is(err, lease.ErrInvalidInput) {
+			if _, err := leaseadmin.History(ctx, c, "h", n); !errors.Is(err, lease.ErrInvalidInput) {
 				t.Errorf("History(limit %d): %v, want ErrInvalidInput", n, err)
 			}
 		}
-		if _, err := c.History(ctx, "", 10); !errors.Is(err, lease.ErrInvalidInput) {
+		if _, err := leaseadmin.History(ctx, c, "", 10); !errors.Is(err, lease.ErrInvalidInput) {
 			t.Errorf("History of an empty key: %v, want ErrInvalidInput", err)
 		}
 
 		if _, _, err := c.Acquire(ctx, "other", "x", time.Minute); err != nil {
 			t.Fatal(err)
 		}
-		hs, err := c.Health(ctx, time.Hour)
+		hs, err := leaseadmin.Health(ctx, c, time.Hour)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -95,7 +96,7 @@ func TestHistoryAndHealth(t *testing.T) {
 			t.Errorf("Health of other: %+v", o)
 		}
 		for _, p := range []time.Duration{0, time.Millisecond, 367 * 24 * time.Hour} {
-			if _, err := c.Health(ctx, p); !errors.Is(err, lease.ErrInvalidInput) {
+			if _, err := leaseadmin.Health(ctx, c, p); !errors.Is(err, lease.ErrInvalidInput) {
 				t.Errorf("Health(%v): %v, want ErrInvalidInput", p, err)
 			}
 		}
@@ -125,7 +126,7 @@ func TestCleanupRemovesHistory(t *testing.T) {
 	if _, ok, err := c.Acquire(ctx, "gone", "b", time.Minute); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
-	evs, err := c.History(ctx, "gone", 10)
+	evs, err := leaseadmin.History(ctx, c, "gone", 10)
 	if err != nil || len(evs) != 1 || evs[0].Seq != 1 || evs[0].Owner != "b" {
 		t.Fatalf("history of the key after it came back: %+v %v", evs, err)
 	}

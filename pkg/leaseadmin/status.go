@@ -1,10 +1,13 @@
-package lease
+package leaseadmin
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
 	"time"
+
+	"github.com/pglease/pg_lease/pkg/internal/leasecore"
+	"github.com/pglease/pg_lease/pkg/lease"
 )
 
 // Settings is the database's pg_lease configuration and the timeline state
@@ -38,20 +41,20 @@ func (s Settings) GraceLeft() time.Duration {
 	return s.GraceUntil.Sub(s.ServerNow)
 }
 
-// Settings reads lease.status(). It works on a standby too (the recorded
-// state may then lag the primary's).
-func (c *Client) Settings(ctx context.Context) (Settings, error) {
+// ReadSettings reads lease.status() through c. It works on a standby too
+// (the recorded state may then lag the primary's).
+func ReadSettings(ctx context.Context, c *lease.Client) (Settings, error) {
 	var (
 		raw           []byte
 		s             Settings
 		maxTTL, grace float64
 	)
 	// to_jsonb: the columns of every SQL version (promotion is 0.4.0's).
-	err := c.db.QueryRow(ctx, `SELECT to_jsonb(s), extract(epoch FROM s.max_ttl)::float8,
+	err := leasecore.DB(c).QueryRow(ctx, `SELECT to_jsonb(s), extract(epoch FROM s.max_ttl)::float8,
 	    extract(epoch FROM s.promotion_grace)::float8, clock_timestamp() FROM lease.status() s`).
 		Scan(&raw, &maxTTL, &grace, &s.ServerNow)
 	if err != nil {
-		return Settings{}, mapError("status", Token{}, err)
+		return Settings{}, leasecore.MapError("status", "", "", err)
 	}
 	var row struct {
 		Timeline   *int64     `json:"timeline"`

@@ -1,0 +1,82 @@
+package leaseadmin_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// installMode is one way of installing pg_lease; the tests run once per
+// mode (forEachMode).
+type installMode struct {
+	name    string
+	install func(context.Context, leaseadmin.Beginner) error
+	ext     bool // installed as the extension (Installed's extension)
+}
+
+var installModes = []installMode{
+	{"extension", leaseadmin.InstallExtension, true},
+	{"schema", leaseadmin.InstallSchema, false},
+}
+
+func testCtx(t testing.TB) context.Context { return pgtest.Context(t, 0) }
+
+// extFiles makes the extension's files available to each server once per
+// test binary.
+var extFiles struct {
+	mu   sync.Mutex
+	done map[*pgtest.Server]bool
+}
+
+func ensureExtensionFiles(t testing.TB, s *pgtest.Server) {
+	t.Helper()
+	extFiles.mu.Lock()
+	defer extFiles.mu.Unlock()
+	if extFiles.done[s] {
+		return
+	}
+	if err := s.InstallExtensionFiles(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if extFiles.done == nil {
+		extFiles.done = map[*pgtest.Server]bool{}
+	}
+	extFiles.done[s] = true
+}
+
+// testDB is a database of the test's own with pg_lease installed in mode.
+type testDB struct {
+	mode installMode
+	pool *pgxpool.Pool
+	c    *lease.Client
+}
+
+func newPool(t testing.TB, dsn string) *pgxpool.Pool { return pgtest.NewPool(t, dsn) }
+
+func connect(t testing.TB, dsn string) *pgx.Conn { return pgtest.Connect(t, dsn) }
+
+// forEachMode runs f as a subtest per install mode, each on a fresh
+// database of the shared server (or PGLEASE_TEST_DSN's).
+func forEachMode(t *testing.T, f func(t *testing.T, db *testDB)) {
+	for _, m := range installModes {
+		t.Run(m.name, func(t *testing.T) {
+			if m.ext {
+				ensureExtensionFiles(t, pgtest.Shared(t))
+			}
+			pool := newPool(t, pgtest.NewDatabase(t))
+			if err := m.install(testCtx(t), pool); err != nil {
+				t.Fatalf("%s install: %v", m.name, err)
+			}
+			f(t, &testDB{mode: m, pool: pool, c: lease.New(pool)})
+		})
+	}
+}
