@@ -16,6 +16,7 @@ import (
 
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 )
 
 // fuzzPassword is in the DSN (the throwaway server trusts every login) and
@@ -68,7 +69,7 @@ func FuzzArgs(f *testing.F) {
 		// keys "held" and "free" in their states, through the functions
 		// (other keys as earlier inputs left them)
 		for _, k := range []string{"held", "free"} {
-			if _, _, _, err := c.ForceRelease(ctx, k); err != nil {
+			if _, _, _, err := leaseadmin.ForceRelease(ctx, c, k); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -216,7 +216,7 @@ exits 5, as get does.`,
 				return usagef("release needs --force: it frees the key whatever its holder and fences that holder (holders release through their own client)")
 			}
 			return a.withConn(cmd.Context(), func(conn *pgx.Conn) error {
-				released, prev, epoch, err := lease.New(conn).ForceRelease(cmd.Context(), key)
+				released, prev, epoch, err := leaseadmin.ForceRelease(cmd.Context(), lease.New(conn), key)
 				switch {
 				case err != nil:
 					return err
@@ -275,10 +275,8 @@ EXECUTE on lease.cleanup(interval, integer), which is revoked from PUBLIC.`,
 	return cmd
 }
 
-// cleanupKeys runs lease.cleanup. When pkg/lease has Client.Cleanup (the
-// core branch), this becomes:
-//
-//	return lease.New(conn).Cleanup(ctx, freeFor, maxRows)
+// cleanupKeys runs lease.cleanup itself, not through leaseadmin.Cleanup, so
+// that it can name an install without lease.cleanup (before 0.2.0) and its fix.
 func cleanupKeys(ctx context.Context, conn *pgx.Conn, freeFor time.Duration, maxRows int) (removed, floor int64, err error) {
 	err = conn.QueryRow(ctx, `SELECT c.removed, c.epoch_floor FROM lease.cleanup($1, $2) c`, freeFor, maxRows).Scan(&removed, &floor)
 	if err == nil {

@@ -84,7 +84,7 @@ func TestLockStopsTheCommandWhenTheLeaseIsLost(t *testing.T) {
 			p := start(t, ctx, dsnEnv(dsn), "lock", "job-42", "--ttl", "3s", "--grace", "1s", "--", "sh", "-c", tc.script)
 			p.waitFor(t, "child=", false)
 			pids := pidsIn(t, p.out.String())
-			if _, _, _, err := c.ForceRelease(ctx, "job-42"); err != nil {
+			if _, _, _, err := leaseadmin.ForceRelease(ctx, c, "job-42"); err != nil {
 				t.Fatal(err)
 			}
 			if code := p.wait(t); code != exitLost {

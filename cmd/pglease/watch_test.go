@@ -10,6 +10,7 @@ import (
 
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 )
 
 func TestWatchShowsALeaseMovingBetweenHolders(t *testing.T) {
@@ -29,7 +30,7 @@ func TestWatchShowsALeaseMovingBetweenHolders(t *testing.T) {
 	p.waitFor(t, "lapsed         job-42  holder=worker-b2 epoch=3", false)
 	acquire(t, ctx, c, "job-42", "worker-a1", time.Minute)
 	p.waitFor(t, "takeover       job-42  holder=worker-a1 epoch=4", false)
-	if _, _, _, err := c.ForceRelease(ctx, "job-42"); err != nil {
+	if _, _, _, err := leaseadmin.ForceRelease(ctx, c, "job-42"); err != nil {
 		t.Fatal(err)
 	}
 	p.waitFor(t, "force_released job-42  holder=worker-a1 epoch=4", false)

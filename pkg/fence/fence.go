@@ -37,7 +37,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pg_lease/pkg/lease"
-	"github.com/pglease/pg_lease/pkg/leaseadmin"
 )
 
 // ErrStale matches every rejection of a write whose token is not (or no
@@ -77,7 +76,14 @@ func (e *lostError) Unwrap() []error { return []error{ErrStale, e.err} }
 // connection opened with lease.ObserveCommits, a commit whose wait for the
 // synchronous standbys was cancelled returns lease.ErrCommitUnknown: the
 // writes may be lost by a failover.
-func InTx(ctx context.Context, db leaseadmin.Beginner, token lease.Token, fn func(tx pgx.Tx) error) error {
+func InTx(
+	ctx context.Context,
+	db interface {
+		Begin(ctx context.Context) (pgx.Tx, error)
+	},
+	token lease.Token,
+	fn func(tx pgx.Tx) error,
+) error {
 	return beginFunc(ctx, db, func(tx pgx.Tx) error {
 		if _, err := lease.Fence(ctx, tx, token); err != nil {
 			if errors.Is(err, lease.ErrLost) {
@@ -92,7 +98,13 @@ func InTx(ctx context.Context, db leaseadmin.Beginner, token lease.Token, fn fun
 // beginFunc is pgx.BeginFunc committing through lease.Commit: on a
 // connection opened with lease.ObserveCommits, a commit whose wait for the
 // synchronous standbys was cancelled returns lease.ErrCommitUnknown, not nil.
-func beginFunc(ctx context.Context, db leaseadmin.Beginner, fn func(tx pgx.Tx) error) (err error) {
+func beginFunc(
+	ctx context.Context,
+	db interface {
+		Begin(ctx context.Context) (pgx.Tx, error)
+	},
+	fn func(tx pgx.Tx) error,
+) (err error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return err

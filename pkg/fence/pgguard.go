@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pglease/pg_lease/pkg/lease"
-	"github.com/pglease/pg_lease/pkg/leaseadmin"
 )
 
 // PGGuardOptions lay out the table a PGGuard keeps epochs in.
@@ -60,7 +59,9 @@ type PGGuardOptions struct {
 // resource must be guarded by a single lease key: epochs of different keys
 // are unrelated.
 type PGGuard struct {
-	db                    leaseadmin.Beginner
+	db interface {
+		Begin(ctx context.Context) (pgx.Tx, error)
+	}
 	table, resCol, epoCol string
 	ownRows               bool
 	claimSQL, readSQL     string
@@ -99,7 +100,12 @@ func (o PGGuardOptions) withDefaults() (PGGuardOptions, [3]pgx.Identifier, error
 // NewPGGuard returns a guard that runs its transactions on db. It fills the
 // defaults of opts and validates them once; each error names the field and
 // matches lease.ErrInvalidInput.
-func NewPGGuard(db leaseadmin.Beginner, opts PGGuardOptions) (*PGGuard, error) {
+func NewPGGuard(
+	db interface {
+		Begin(ctx context.Context) (pgx.Tx, error)
+	},
+	opts PGGuardOptions,
+) (*PGGuard, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: NewPGGuard: db must not be nil", lease.ErrInvalidInput)
 	}

@@ -19,8 +19,10 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // mode (forEachMode).
 type installMode struct {
 	name    string
-	install func(context.Context, leaseadmin.Beginner) error
-	ext     bool
+	install func(context.Context, interface {
+		Begin(ctx context.Context) (pgx.Tx, error)
+	}) error
+	ext bool
 }
 
 var installModes = []installMode{

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 )
 
 // TestRenewMany: one batch answers each token as Renew would, in order,
@@ -140,7 +141,7 @@ func TestRenewTerms(t *testing.T) {
 		terms = append(terms, term)
 	}
 	// t-b is taken from its holder; t-c's term ends locally.
-	if released, _, _, err := c.ForceRelease(ctx, "t-b"); err != nil || !released {
+	if released, _, _, err := leaseadmin.ForceRelease(ctx, c, "t-b"); err != nil || !released {
 		t.Fatalf("force_release: %v %v", released, err)
 	}
 	terms[2].End(lease.ErrReleased)

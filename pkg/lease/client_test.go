@@ -39,8 +39,8 @@ func TestEveryCallOnEveryQuerier(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if !st.Exists || st.Held || st.Epoch != 4 {
-					t.Fatalf("after the sequence: %+v, want an existing free key with epoch counter 4", st)
+				if !st.Exists || st.Held || st.Epoch != 3 {
+					t.Fatalf("after the sequence: %+v, want an existing free key with epoch counter 3", st)
 				}
 			})
 		}
@@ -124,21 +124,13 @@ func exerciseEveryCall(t *testing.T, ctx context.Context, q lease.Querier, key s
 		t.Fatalf("Inspect after release: %+v, %v", st, err)
 	}
 
-	// A new grant carries a greater epoch; force_release fences it.
+	// A new grant carries a greater epoch.
 	g3, ok, err := c.Acquire(ctx, key, "bob", time.Minute)
 	if err != nil || !ok || g3.Epoch != 3 {
 		t.Fatalf("Acquire after release: %+v, %v, %v", g3, ok, err)
 	}
-	released, prev, epoch, err := c.ForceRelease(ctx, key)
-	if err != nil || !released || prev != "bob" || epoch != 4 {
-		t.Fatalf("ForceRelease: %v %q %d %v", released, prev, epoch, err)
-	}
-	released, prev, epoch, err = c.ForceRelease(ctx, key)
-	if err != nil || released || prev != "" || epoch != 4 {
-		t.Fatalf("ForceRelease of a free key: %v %q %d %v", released, prev, epoch, err)
-	}
-	if _, err := c.Renew(ctx, g3.Token, time.Minute); !errors.Is(err, lease.ErrNotOwner) {
-		t.Fatalf("Renew after ForceRelease: %v, want ErrNotOwner", err)
+	if err := c.Release(ctx, g3.Token); err != nil {
+		t.Fatalf("Release: %v", err)
 	}
 }
 
@@ -300,7 +292,6 @@ func TestSentinels(t *testing.T) {
 				},
 				"release": func() error { return c.Release(ctx, lease.Token{Key: "k", Owner: "a", Epoch: 0}) },
 				"inspect": func() error { _, err := c.Inspect(ctx, ""); return err },
-				"force":   func() error { _, _, _, err := c.ForceRelease(ctx, ""); return err },
 				"fence":   func() error { return fence(lease.Token{Key: "", Owner: "a", Epoch: 1}) },
 			} {
 				err := call()
@@ -385,7 +376,6 @@ func TestNotInstalled(t *testing.T) {
 		"release":     func() error { return c.Release(ctx, tok) },
 		"inspect":     func() error { _, err := c.Inspect(ctx, "k"); return err },
 		"list":        func() error { _, err := c.List(ctx); return err },
-		"force":       func() error { _, _, _, err := c.ForceRelease(ctx, "k"); return err },
 		"fence": func() error {
 			tx, err := pool.Begin(ctx)
 			if err != nil {

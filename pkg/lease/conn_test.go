@@ -58,51 +58,6 @@ func TestReleaseSurvivesADeadPooledConnection(t *testing.T) {
 	}
 }
 
-// TestCleanup: the Go wrapper of lease.cleanup removes free keys, raises the
-// floor, and is an operator's call (ErrPermission for other roles).
-func TestCleanup(t *testing.T) {
-	forEachMode(t, func(t *testing.T, db *testDB) {
-		ctx := testCtx(t)
-		g, _, err := db.c.Acquire(ctx, "old", "a", time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := db.c.Release(ctx, g.Token); err != nil {
-			t.Fatal(err)
-		}
-		if _, _, err := db.c.Acquire(ctx, "held", "a", time.Minute); err != nil {
-			t.Fatal(err)
-		}
-		removed, floor, err := db.c.Cleanup(ctx, 0, 10)
-		if err != nil || removed != 1 || floor < g.Epoch+1 {
-			t.Fatalf("Cleanup: removed %d, floor %d, %v (released epoch %d)", removed, floor, err, g.Epoch)
-		}
-		if s, _ := db.c.Inspect(ctx, "old"); s.Exists {
-			t.Fatalf("old still there: %+v", s)
-		}
-		for _, bad := range []struct {
-			freeFor time.Duration
-			max     int
-		}{{-time.Second, 1}, {0, 0}, {0, 1 << 40}} {
-			if _, _, err := db.c.Cleanup(ctx, bad.freeFor, bad.max); !errors.Is(err, lease.ErrInvalidInput) {
-				t.Errorf("Cleanup(%v, %d): %v, want ErrInvalidInput", bad.freeFor, bad.max, err)
-			}
-		}
-
-		tx, err := db.pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Rollback(ctx)
-		if _, err := tx.Exec(ctx, `CREATE ROLE lease_nobody; SET LOCAL ROLE lease_nobody`); err != nil {
-			t.Fatal(err)
-		}
-		if _, _, err := lease.New(tx).Cleanup(ctx, 0, 10); !errors.Is(err, lease.ErrPermission) {
-			t.Fatalf("Cleanup by a role without EXECUTE: %v, want ErrPermission", err)
-		}
-	})
-}
-
 // TestReadOnly: a call on a read-only session matches ErrReadOnly (as on a
 // standby).
 func TestReadOnly(t *testing.T) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"time"
 
@@ -73,7 +72,7 @@ type State struct {
 	Epoch int64
 	// Lapsed and Released say why a key that exists is not held: its last
 	// grant expired without a release, or it was released (by its holder
-	// or ForceRelease). Both stay false on a server before pg_lease 0.4.0,
+	// or leaseadmin.ForceRelease). Both stay false on a server before 0.4.0,
 	// which does not say.
 	Lapsed, Released bool
 	// LastOwner is the owner of the current or lapsed grant; empty once
@@ -394,53 +393,4 @@ func Fence(ctx context.Context, tx Querier, t Token) (time.Time, error) {
 		return time.Time{}, mapError("fence", t, err)
 	}
 	return expiresAt, nil
-}
-
-// ForceRelease frees key whatever its holder and moves its epoch past the
-// current grant, fencing the former holder. It needs EXECUTE on
-// lease.force_release, which is revoked from PUBLIC. released is false when
-// the key was not granted (never leased, or already free). A commit whose
-// wait for the synchronous standbys was cancelled returns ErrCommitUnknown:
-// run it again once the standbys are back.
-func (c *Client) ForceRelease(ctx context.Context, key string) (released bool, previousOwner string, epoch int64, err error) {
-	var prev *string
-	var ep *int64
-	err = c.onConn(ctx, "force_release", func() Token { return Token{Key: key} }, func(q Querier) error {
-		return q.QueryRow(ctx, `SELECT f.released, f.previous_owner, f.epoch FROM lease.force_release($1) f`, key).
-			Scan(&released, &prev, &ep)
-	})
-	if isCommitUnknown(err) {
-		return false, "", 0, err
-	}
-	if err != nil {
-		return false, "", 0, mapError("force_release", Token{Key: key}, err)
-	}
-	if prev != nil {
-		previousOwner = *prev
-	}
-	if ep != nil {
-		epoch = *ep
-	}
-	return released, previousOwner, epoch, nil
-}
-
-// Cleanup is lease.cleanup: it deletes at most maxRows keys that have been
-// free (released, or lapsed and not taken over) for at least freeFor, first
-// raising the database's epoch floor to the highest epoch it deletes, so
-// that a key that comes back still gets a greater epoch than it ever had.
-// It returns how many keys it removed and the floor afterwards. It needs
-// EXECUTE on lease.cleanup, which is revoked from PUBLIC (ErrPermission).
-func (c *Client) Cleanup(ctx context.Context, freeFor time.Duration, maxRows int) (removed, epochFloor int64, err error) {
-	if err := checkTTL("cleanup", Token{}, "freeFor", freeFor, true); err != nil {
-		return 0, 0, err
-	}
-	if maxRows > math.MaxInt32 {
-		return 0, 0, fmt.Errorf("cleanup: %w: maxRows %d is above PostgreSQL's integer range", ErrInvalidInput, maxRows)
-	}
-	err = c.db.QueryRow(ctx, `SELECT c.removed, c.epoch_floor FROM lease.cleanup($1, $2) c`, freeFor, maxRows).
-		Scan(&removed, &epochFloor)
-	if err != nil {
-		return 0, 0, mapError("cleanup", Token{}, err)
-	}
-	return removed, epochFloor, nil
 }

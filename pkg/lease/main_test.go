@@ -20,8 +20,10 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // per mode (forEachMode).
 type installMode struct {
 	name    string
-	install func(context.Context, leaseadmin.Beginner) error
-	ext     bool // installed as the extension (Installed's extension)
+	install func(context.Context, interface {
+		Begin(ctx context.Context) (pgx.Tx, error)
+	}) error
+	ext bool // installed as the extension (Installed's extension)
 }
 
 var installModes = []installMode{

@@ -7,6 +7,7 @@ import (
 
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 )
 
 // TestStateSaysWhyAKeyIsNotHeld: Inspect and List tell a lapsed grant (with
@@ -30,7 +31,7 @@ func TestStateSaysWhyAKeyIsNotHeld(t *testing.T) {
 		if _, _, err := c.Acquire(ctx, "st-forced", "o-forced", time.Minute); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, _, err := c.ForceRelease(ctx, "st-forced"); err != nil {
+		if _, _, _, err := leaseadmin.ForceRelease(ctx, c, "st-forced"); err != nil {
 			t.Fatal(err)
 		}
 		lapsed, _, err := c.Acquire(ctx, "st-lapsed", "o-lapsed", 100*time.Millisecond)

@@ -30,7 +30,7 @@ func TestHistoryAndHealth(t *testing.T) {
 		if err := c.Release(ctx, g2.Token); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, _, err := c.ForceRelease(ctx, "h"); err != nil {
+		if _, _, _, err := leaseadmin.ForceRelease(ctx, c, "h"); err != nil {
 			t.Fatal(err)
 		}
 		evs, err := leaseadmin.History(ctx, c, "h", 100)
@@ -116,7 +116,7 @@ func TestCleanupRemovesHistory(t *testing.T) {
 	if err := c.Release(ctx, g.Token); err != nil {
 		t.Fatal(err)
 	}
-	if removed, _, err := c.Cleanup(ctx, 0, 10); err != nil || removed != 1 {
+	if removed, _, err := leaseadmin.Cleanup(ctx, c, 0, 10); err != nil || removed != 1 {
 		t.Fatalf("Cleanup: %d %v", removed, err)
 	}
 	var n int

@@ -25,13 +25,6 @@ var (
 // Version is the pg_lease version this module speaks and installs.
 const Version = pgleasesql.Version
 
-// Beginner starts transactions: what the install functions and pkg/fence's
-// guards need. *pgxpool.Pool, *pgx.Conn and pgx.Tx (where Begin opens a
-// savepoint) all satisfy it.
-type Beginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
 // Installed reports which pg_lease version is installed in the database q is
 // connected to, and how: extension is true when it was installed by CREATE
 // EXTENSION (InstallExtension), false when as a plain schema (InstallSchema).
@@ -79,7 +72,12 @@ func Installed(ctx context.Context, q lease.Querier) (version string, extension 
 // changed), and ErrModeMismatch when pg_lease was installed as a plain schema
 // (InstallSchema). Concurrent installers are safe: the loser of the race
 // finds the winner's install and checks it.
-func InstallExtension(ctx context.Context, db Beginner) error {
+func InstallExtension(
+	ctx context.Context,
+	db interface {
+		Begin(ctx context.Context) (pgx.Tx, error)
+	},
+) error {
 	return inTx(ctx, db, func(tx pgx.Tx) error {
 		v, ext, err := Installed(ctx, tx)
 		switch {
@@ -127,7 +125,12 @@ func InstallExtension(ctx context.Context, db Beginner) error {
 // of an older version is updated with the update scripts. It returns an error
 // matching ErrVersionMismatch when a newer or unknown version is installed,
 // or the extension at another version. Concurrent installers are safe.
-func InstallSchema(ctx context.Context, db Beginner) error {
+func InstallSchema(
+	ctx context.Context,
+	db interface {
+		Begin(ctx context.Context) (pgx.Tx, error)
+	},
+) error {
 	return inTx(ctx, db, func(tx pgx.Tx) error {
 		v, ext, err := Installed(ctx, tx)
 		var from string
@@ -180,7 +183,13 @@ func checkVersion(op, v string, extension bool) error {
 // extension); the loser waits for the winner's commit and then fails on a
 // catalog unique index. inTx then rolls back and runs f once more, which
 // finds the winner's install. (No advisory lock: pg_lease uses none.)
-func inTx(ctx context.Context, db Beginner, f func(pgx.Tx) error) error {
+func inTx(
+	ctx context.Context,
+	db interface {
+		Begin(ctx context.Context) (pgx.Tx, error)
+	},
+	f func(pgx.Tx) error,
+) error {
 	for attempt := 0; ; attempt++ {
 		err := inTxOnce(ctx, db, f)
 		var pg *pgconn.PgError
@@ -195,7 +204,13 @@ func inTx(ctx context.Context, db Beginner, f func(pgx.Tx) error) error {
 // to pg_catalog for f, so that no function or operator that another role
 // created in the caller's schemas runs, and restores the caller's
 // search_path before the commit.
-func inTxOnce(ctx context.Context, db Beginner, f func(pgx.Tx) error) error {
+func inTxOnce(
+	ctx context.Context,
+	db interface {
+		Begin(ctx context.Context) (pgx.Tx, error)
+	},
+	f func(pgx.Tx) error,
+) error {
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		var path string
 		if err := tx.QueryRow(ctx, `SELECT pg_catalog.current_setting('search_path')`).Scan(&path); err != nil {

@@ -225,7 +225,7 @@ func TestSchemaInstallByOrdinaryRole(t *testing.T) {
 	if _, err := u.Exec(ctx, `SELECT * FROM lease.leases`); err == nil {
 		t.Fatal("an ordinary role read lease.leases")
 	}
-	if _, _, _, err := c.ForceRelease(ctx, "k"); err == nil {
+	if _, _, _, err := leaseadmin.ForceRelease(ctx, c, "k"); err == nil {
 		t.Fatal("an ordinary role ran force_release")
 	}
 }

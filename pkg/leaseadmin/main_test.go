@@ -19,8 +19,10 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // mode (forEachMode).
 type installMode struct {
 	name    string
-	install func(context.Context, leaseadmin.Beginner) error
-	ext     bool // installed as the extension (Installed's extension)
+	install func(context.Context, interface {
+		Begin(ctx context.Context) (pgx.Tx, error)
+	}) error
+	ext bool // installed as the extension (Installed's extension)
 }
 
 var installModes = []installMode{
@@ -56,6 +58,7 @@ func ensureExtensionFiles(t testing.TB, s *pgtest.Server) {
 // testDB is a database of the test's own with pg_lease installed in mode.
 type testDB struct {
 	mode installMode
+	dsn  string
 	pool *pgxpool.Pool
 	c    *lease.Client
 }
@@ -72,11 +75,12 @@ func forEachMode(t *testing.T, f func(t *testing.T, db *testDB)) {
 			if m.ext {
 				ensureExtensionFiles(t, pgtest.Shared(t))
 			}
-			pool := newPool(t, pgtest.NewDatabase(t))
+			dsn := pgtest.NewDatabase(t)
+			pool := newPool(t, dsn)
 			if err := m.install(testCtx(t), pool); err != nil {
 				t.Fatalf("%s install: %v", m.name, err)
 			}
-			f(t, &testDB{mode: m, pool: pool, c: lease.New(pool)})
+			f(t, &testDB{mode: m, dsn: dsn, pool: pool, c: lease.New(pool)})
 		})
 	}
 }

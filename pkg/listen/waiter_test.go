@@ -13,6 +13,7 @@ import (
 
 	"github.com/pglease/pg_lease/pkg/handover"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 	"github.com/pglease/pg_lease/pkg/listen"
 )
 
@@ -159,7 +160,7 @@ func TestAwaitWakesOnNotification(t *testing.T) {
 			res := awaitAsync(ctx, w, c, "rel", never)
 			<-reads // the first read saw the key held
 			if force {
-				_, _, _, err = db.c.ForceRelease(ctx, "rel")
+				_, _, _, err = leaseadmin.ForceRelease(ctx, db.c, "rel")
 			} else {
 				err = db.c.Release(ctx, h.Token)
 			}
@@ -206,7 +207,7 @@ func TestAwaitTakesNotifiedState(t *testing.T) {
 			<-reads // the first read saw the key held
 			switch how {
 			case "force_release":
-				_, _, _, err = db.c.ForceRelease(ctx, key)
+				_, _, _, err = leaseadmin.ForceRelease(ctx, db.c, key)
 			default:
 				err = db.c.Release(ctx, h.Token)
 			}
@@ -383,7 +384,7 @@ func TestAwaitCancel(t *testing.T) {
 		<-reads
 		_ = w.Close()
 		<-reads // still reading: polling
-		if _, _, _, err := db.c.ForceRelease(ctx, "c"); err != nil {
+		if _, _, _, err := leaseadmin.ForceRelease(ctx, db.c, "c"); err != nil {
 			t.Fatal(err)
 		}
 		mustFree(t, res)
@@ -427,7 +428,7 @@ func TestWatch(t *testing.T) {
 		if err := db.c.Release(ctx, g.Token); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, _, err := db.c.ForceRelease(ctx, "b"); err != nil {
+		if _, _, _, err := leaseadmin.ForceRelease(ctx, db.c, "b"); err != nil {
 			t.Fatal(err)
 		}
 		want := []listen.Event{
@@ -626,7 +627,7 @@ func TestAwaitRegistersBeforeReading(t *testing.T) {
 			t.Fatalf("%d reads before the key was registered, want 0", n)
 		}
 		<-reads
-		if _, _, _, err := db.c.ForceRelease(ctx, "order"); err != nil {
+		if _, _, _, err := leaseadmin.ForceRelease(ctx, db.c, "order"); err != nil {
 			t.Fatal(err)
 		}
 		mustFree(t, res)
@@ -731,7 +732,7 @@ func TestWatchBehindALockedRow(t *testing.T) {
 		if n := registrations(t, db, "locked"); n != 1 {
 			t.Fatalf("%d registrations of locked after Watch returned, want 1", n)
 		}
-		if _, _, _, err := db.c.ForceRelease(ctx, "locked"); err != nil {
+		if _, _, _, err := leaseadmin.ForceRelease(ctx, db.c, "locked"); err != nil {
 			t.Fatal(err)
 		}
 		for ev := range locked {

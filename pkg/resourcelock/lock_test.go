@@ -10,15 +10,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglease/pg_lease/internal/pgtest"
-	"github.com/pglease/pg_lease/pkg/handover"
-	"github.com/pglease/pg_lease/pkg/lease"
-	"github.com/pglease/pg_lease/pkg/resourcelock"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/tools/record"
+
+	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/pkg/handover"
+	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
+	"github.com/pglease/pg_lease/pkg/resourcelock"
 )
 
 func rec(id string) rl.LeaderElectionRecord {
@@ -429,7 +431,7 @@ func TestNoSuccessForALostEpoch(t *testing.T) {
 	}{
 		{"lapsed", jump, nil, lease.ErrLapsed, func(old int64) int64 { return old + 1 }},
 		{"not_owner", func() {
-			if ok, _, _, err := admin.ForceRelease(ctx, "k"); err != nil || !ok {
+			if ok, _, _, err := leaseadmin.ForceRelease(ctx, admin, "k"); err != nil || !ok {
 				t.Fatalf("force_release: %v %v", ok, err)
 			}
 		}, nil, lease.ErrNotOwner, func(old int64) int64 { return old + 2 }},
@@ -505,7 +507,7 @@ func TestGetSeesLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	term := resourcelock.TermOf(a)
-	if _, _, _, err := admin.ForceRelease(ctx, "k"); err != nil {
+	if _, _, _, err := leaseadmin.ForceRelease(ctx, admin, "k"); err != nil {
 		t.Fatal(err)
 	}
 	get(t, a)

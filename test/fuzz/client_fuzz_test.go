@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 )
 
 // Operations of FuzzClient (op % numOps).
@@ -240,7 +241,7 @@ func (h *harness) fuzzClient(t *testing.T, op, pre uint8, key, owner string, epo
 			t.Fatal(rerr)
 		}
 	case opForceRelease:
-		released, prev, fepoch, err = c.ForceRelease(ctx, key)
+		released, prev, fepoch, err = leaseadmin.ForceRelease(ctx, c, key)
 	}
 
 	// Refusals: nothing may have changed.

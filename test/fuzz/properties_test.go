@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 )
 
 // TestNotifySwitchValues: every spelling of "off" that lease._changed
@@ -472,11 +473,11 @@ func TestNotificationPayloads(t *testing.T) {
 	}
 	// a force-release of a free key changes nothing and announces nothing
 	// (kills force_release.stmt.9: its early RETURN removed)
-	if released, _, _, err := c.ForceRelease(ctx, "pay-k"); err != nil || released {
+	if released, _, _, err := leaseadmin.ForceRelease(ctx, c, "pay-k"); err != nil || released {
 		t.Fatal(released, err)
 	}
 	g2 := h.grant(t, ctx, "pay-k", "bob")
-	if _, _, _, err := c.ForceRelease(ctx, "pay-k"); err != nil {
+	if _, _, _, err := leaseadmin.ForceRelease(ctx, c, "pay-k"); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{

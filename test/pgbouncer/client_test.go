@@ -10,6 +10,7 @@ import (
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/fence"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/leaseadmin"
 	"github.com/pglease/pg_lease/pkg/listen"
 )
 
@@ -81,7 +82,7 @@ func testClient(t *testing.T, s *setup) {
 		if called {
 			t.Fatal("fence.InTx ran the function of a stale token")
 		}
-		released, prev, _, err := c.ForceRelease(ctx, key)
+		released, prev, _, err := leaseadmin.ForceRelease(ctx, c, key)
 		if err != nil || !released || prev != "b" {
 			t.Fatalf("force release: %v %q %v", released, prev, err)
 		}
