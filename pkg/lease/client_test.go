@@ -39,8 +39,8 @@ func TestEveryCallOnEveryQuerier(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if !st.Exists || st.Held || st.Epoch != 3 {
-					t.Fatalf("after the sequence: %+v, want an existing free key with epoch counter 3", st)
+				if !st.Exists || st.Held || st.Epoch != 4 {
+					t.Fatalf("after the sequence: %+v, want an existing free key with epoch counter 4", st)
 				}
 			})
 		}
@@ -124,7 +124,7 @@ func exerciseEveryCall(t *testing.T, ctx context.Context, q lease.Querier, key s
 		t.Fatalf("Inspect after release: %+v, %v", st, err)
 	}
 
-	// A new grant carries a greater epoch.
+	// A new grant carries a greater epoch; its release moves the counter past it.
 	g3, ok, err := c.Acquire(ctx, key, "bob", time.Minute)
 	if err != nil || !ok || g3.Epoch != 3 {
 		t.Fatalf("Acquire after release: %+v, %v, %v", g3, ok, err)
