@@ -2,9 +2,10 @@
 // against a real throwaway PostgreSQL (internal/pgtest):
 //
 //   - FuzzClient: every call of pkg/lease (Acquire, AcquireWait, Renew,
-//     Release, Inspect, List, Fence, ForceRelease) with fuzzed keys, owners,
-//     epochs and durations, from a fuzzed starting state of the key (never
-//     leased, held by the caller, held by another owner, free, lapsed);
+//     Release, Inspect, List, Fence) and leaseadmin.ForceRelease with fuzzed
+//     keys, owners, epochs and durations, from a fuzzed starting state of
+//     the key (never leased, held by the caller, held by another owner,
+//     free, lapsed);
 //   - FuzzSQL: every lease.* function called with raw pgx, typed
 //     parameters and typed NULLs, with intervals given as any text
 //     PostgreSQL parses as an interval (extremes included).
