@@ -1,7 +1,6 @@
 // Package lease is the Go client of pg_lease's SQL API (lease.acquire,
-// renew, release, inspect, list, fence, force_release, cleanup), its
-// installer, the held-grant primitive Term on which pkg/elector and
-// pkg/resourcelock are built, and Waiter, the process's one listener.
+// renew, release, inspect, list, fence) and Term, the held-grant primitive
+// on which pkg/elector, pkg/resourcelock and pkg/shard are built.
 //
 // # Layers
 //
@@ -11,24 +10,27 @@
 // or examples/:
 //
 //	pkg/leaderelection  component-base config and --leader-elect* flags, the
-//	  |                 controller-runtime manager glue (NewManager,
-//	  |                 Fenced, metrics, events)
+//	  |                 controller-runtime manager glue (Fenced, metrics, events)
 //	  v
 //	pkg/resourcelock    client-go resourcelock.Interface over one key; the
-//	  |                 one timing rule (Lock.LeaderElectionConfig)
+//	  |                 one timing rule (Timing)
 //	  |   pkg/elector   leader election for plain Go services
+//	  |   pkg/shard     active-active controllers over many keys
 //	  |   pkg/fence     write guards (InTx, PGGuard)
-//	  |   pkg/leasemetrics  a Prometheus collector of every key (History, Health)
+//	  |   pkg/leasemetrics  a Prometheus collector of every key
 //	  v     v
-//	pkg/lease           the client, the installer, Term (the one held-grant
-//	                    primitive), Waiter (the one listener), CheckMargin
-//	                    (the one margin rule); imports only pgx, k8s.io/utils'
-//	                    clock and the embedded SQL scripts (package sql)
+//	pkg/listen          the listener (Waiter) and the one wake policy (Await)
+//	pkg/handover        candidates and strategies: a release hands the key over
+//	pkg/leaseadmin      install, settings, history, health, force-release, cleanup
+//	  v
+//	pkg/lease           the client, Term (the one held-grant primitive),
+//	                    CheckMargin (the one margin rule); imports only pgx and
+//	                    k8s.io/utils' clock
 //
-// pkg/elector, pkg/resourcelock, pkg/fence and pkg/leasemetrics import pkg/lease only;
-// pkg/leaderelection imports pkg/resourcelock and pkg/lease. pkg/elector and
-// pkg/resourcelock are thin users of Term and Waiter.Await; pkg/fence
-// guards writes with a Token.
+// pkg/listen, pkg/handover and pkg/leaseadmin take a *Client. The last two
+// reach its connection and its error mapping through pkg/internal/leasecore,
+// which this package fills in when it is initialised, so that each feature
+// has a package of its own and this one stays the core.
 //
 // # The client
 //
@@ -58,8 +60,9 @@
 //
 // During the grace after a promotion (no new grant of any key until it
 // ends) Acquire returns a *GraceError (ErrGrace) that says when it ends, and
-// WaitOutGrace sleeps until then: the end writes nothing, so no Waiter wakes
-// for it. Settings reads the database's max_ttl, promotion mode and grace.
+// listen.WaitOutGrace sleeps until then: the end writes nothing, so no
+// notification wakes anyone for it. leaseadmin.ReadSettings reads the
+// database's max_ttl, promotion mode and grace.
 //
 // A call that fails on a dead connection (SQLSTATE class 08, a terminated
 // backend, an EOF) while its context is alive is sent once more, for
@@ -111,51 +114,9 @@
 // A context made from a done parent, or of an ended term, is done when
 // Context returns; its Deadline is the term's.
 //
-// # The Waiter: one listener, one wake policy
+// # Waiting and installing
 //
-// A Waiter holds one dedicated connection (not from a pool: it must stay
-// LISTENing), runs LISTEN pg_lease, re-establishes the connection after any
-// loss (exponential backoff with jitter between ReconnectMin and
-// ReconnectMax; a connection silent for a minute is checked with a query),
-// and fans notifications out to Watch subscribers. pg_lease notifies on
-// channel pg_lease, at commit, for every grant, release and force_release
-// (not renewals, not lapses: expiry is lazy), with a JSON payload {event,
-// key, owner, epoch} — since 0.3.0, by default (pg_lease.notify = waiters),
-// only for keys some backend registered with lease.listen. The Waiter
-// registers every key a Watch (and so an Await) waits for on its connection,
-// each in its own short transaction and before the subscription reads
-// anything ('*' for a Watch of every key), drops a key with lease.unlisten
-// a second after its last subscription ends, and registers everything again
-// after a reconnection, before the EventResync. Awaits of one key woken by
-// the same notification share one read. Events are at-most-once: after a
-// reconnection, or when a subscriber's channel was full, it receives an Event
-// of Type "resync" and should re-read the state.
-//
-// Waiter.Await is the module's one wake policy for "wait until this key
-// may have changed": it subscribes, reads the key (one inspect), and reads
-// again only on a notification for the key or a resync, at the observed
-// grant's ExpiresLocal (a lapse sends nothing), or after poll (which bounds
-// how late a change is seen when no notification can arrive: a nil or
-// closed Waiter, pg_lease.notify = off on the writer, a transaction-pooling
-// proxy that drops LISTEN). Each read has a deadline (QueryTimeout). pkg/elector's
-// followers and pkg/resourcelock's waiting Get use it.
-//
-// A2, the detection latency (from a key becoming free on the server to a
-// waiter seeing it): after a release, the notification's delivery plus one
-// inspect; after an expiry, the local timer's error (at most the read's
-// round trip, plus timer slack) plus one inspect; with notifications
-// unavailable, up to poll. BenchmarkA2 measures the first two.
-//
-// # Installing
-//
-// InstallExtension runs CREATE EXTENSION IF NOT EXISTS pg_lease (the server
-// needs the files of sql/). InstallSchema installs the same SQL, embedded in
-// this module, as a plain schema, for managed PostgreSQL that allow-lists
-// extensions: the objects, privileges and functions are the same; only
-// DROP EXTENSION and ALTER EXTENSION UPDATE are unavailable (drop schema
-// lease instead; InstallSchema itself runs the update scripts on an older
-// schema install, and refuses a newer one with ErrVersionMismatch). Both are
-// idempotent, run in one transaction, and are safe to race: the loser of a
-// concurrent install retries and finds the winner's. Installed tells which is
-// present.
+// Waiting for a key to change (a release, a grant, an expiry) is
+// pkg/listen's job: one listener per process and one wake policy, Await.
+// Installing pg_lease is pkg/leaseadmin's (InstallExtension, InstallSchema).
 package lease
