@@ -101,6 +101,21 @@ var sharedFiles struct {
 	err  error
 }
 
+// SharedExtensionFiles installs the extension's files into the shared
+// server's installation once per test binary, so that a test can create
+// any version of the extension.
+func SharedExtensionFiles(t testing.TB) {
+	t.Helper()
+	sharedFiles.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		sharedFiles.err = Shared(t).InstallExtensionFiles(ctx)
+	})
+	if sharedFiles.err != nil {
+		t.Fatal(sharedFiles.err)
+	}
+}
+
 // NewLeaseDatabase is NewDatabase with pg_lease created in the database
 // (CREATE EXTENSION pg_lease). The extension's files are installed into the
 // shared server's installation once per test binary.
@@ -108,10 +123,7 @@ func NewLeaseDatabase(t testing.TB) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	sharedFiles.once.Do(func() { sharedFiles.err = Shared(t).InstallExtensionFiles(ctx) })
-	if sharedFiles.err != nil {
-		t.Fatal(sharedFiles.err)
-	}
+	SharedExtensionFiles(t)
 	dsn := NewDatabase(t)
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {

@@ -400,7 +400,7 @@ func TestNotInstalled(t *testing.T) {
 func TestValidUntilNeverAfterServerExpiry(t *testing.T) {
 	s := pgtest.New(t, pgtest.Options{FakeClock: true})
 	for _, m := range installModes {
-		t.Run(m.name, func(t *testing.T) {
+		t.Run(m.Name, func(t *testing.T) {
 			db := newDBOn(t, s, m)
 			ctx := testCtx(t)
 			conn := connect(t, db.dsn)

@@ -124,7 +124,7 @@ func TestListRefusesBadKeys(t *testing.T) {
 // why a key is not held. Inspect and List still read it, and List picks
 // named keys out of the whole list.
 func TestStateOnAnOlderServer(t *testing.T) {
-	ensureExtensionFiles(t, pgtest.Shared(t))
+	pgtest.SharedExtensionFiles(t)
 	ctx := testCtx(t)
 	conn := connect(t, pgtest.NewDatabase(t))
 	if _, err := conn.Exec(ctx, `CREATE EXTENSION pg_lease VERSION '0.3.0'`); err != nil {

@@ -101,7 +101,7 @@ func TestInstallConcurrent(t *testing.T) {
 	for _, m := range installModes {
 		t.Run(m.name, func(t *testing.T) {
 			if m.ext {
-				ensureExtensionFiles(t, pgtest.Shared(t))
+				pgtest.SharedExtensionFiles(t)
 			}
 			dsn := pgtest.NewDatabase(t)
 			ctx := testCtx(t)
@@ -134,7 +134,7 @@ func TestInstallInCallerTx(t *testing.T) {
 	for _, m := range installModes {
 		t.Run(m.name, func(t *testing.T) {
 			if m.ext {
-				ensureExtensionFiles(t, pgtest.Shared(t))
+				pgtest.SharedExtensionFiles(t)
 			}
 			ctx := testCtx(t)
 			pool := newPool(t, pgtest.NewDatabase(t))
@@ -279,7 +279,7 @@ func TestInstallUpdatesOlderVersion(t *testing.T) {
 	for _, r := range releasedChain {
 		for _, m := range installModes {
 			t.Run(r.version+"/"+m.name, func(t *testing.T) {
-				ensureExtensionFiles(t, pgtest.Shared(t))
+				pgtest.SharedExtensionFiles(t)
 				dsn := pgtest.NewDatabase(t)
 				ctx := testCtx(t)
 				conn := connect(t, dsn)

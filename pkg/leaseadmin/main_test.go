@@ -2,7 +2,6 @@ package leaseadmin_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -32,29 +31,6 @@ var installModes = []installMode{
 
 func testCtx(t testing.TB) context.Context { return pgtest.Context(t, 0) }
 
-// extFiles makes the extension's files available to each server once per
-// test binary.
-var extFiles struct {
-	mu   sync.Mutex
-	done map[*pgtest.Server]bool
-}
-
-func ensureExtensionFiles(t testing.TB, s *pgtest.Server) {
-	t.Helper()
-	extFiles.mu.Lock()
-	defer extFiles.mu.Unlock()
-	if extFiles.done[s] {
-		return
-	}
-	if err := s.InstallExtensionFiles(testCtx(t)); err != nil {
-		t.Fatal(err)
-	}
-	if extFiles.done == nil {
-		extFiles.done = map[*pgtest.Server]bool{}
-	}
-	extFiles.done[s] = true
-}
-
 // testDB is a database of the test's own with pg_lease installed in mode.
 type testDB struct {
 	mode installMode
@@ -73,7 +49,7 @@ func forEachMode(t *testing.T, f func(t *testing.T, db *testDB)) {
 	for _, m := range installModes {
 		t.Run(m.name, func(t *testing.T) {
 			if m.ext {
-				ensureExtensionFiles(t, pgtest.Shared(t))
+				pgtest.SharedExtensionFiles(t)
 			}
 			dsn := pgtest.NewDatabase(t)
 			pool := newPool(t, dsn)

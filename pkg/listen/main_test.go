@@ -10,7 +10,6 @@ import (
 
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
-	"github.com/pglease/pg_lease/pkg/leaseadmin"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -33,26 +32,9 @@ func connConfig(t testing.TB, dsn string) *pgx.ConnConfig {
 	return cfg
 }
 
-// installMode is one way of installing pg_lease: it returns the DSN of a
-// database of the test's own on the shared server with pg_lease in it.
-type installMode struct {
-	name  string
-	newDB func(testing.TB) string
-}
-
-// installModes: as the extension, and as a plain schema. The Waiter's
-// tests run once per mode (forEachMode).
-var installModes = []installMode{
-	{"extension", pgtest.NewLeaseDatabase},
-	{"schema", func(t testing.TB) string {
-		t.Helper()
-		dsn := pgtest.NewDatabase(t)
-		if err := leaseadmin.InstallSchema(testCtx(t), newPool(t, dsn)); err != nil {
-			t.Fatalf("schema install: %v", err)
-		}
-		return dsn
-	}},
-}
+// installModes: as the extension and as a plain schema. API tests run
+// once per mode (forEachMode).
+var installModes = pgtest.Installs
 
 // testDB is a database of the test's own with pg_lease installed.
 type testDB struct {
@@ -61,9 +43,11 @@ type testDB struct {
 	c    *lease.Client
 }
 
-func newDB(t testing.TB, m installMode) *testDB {
-	t.Helper()
-	dsn := m.newDB(t)
+// newDB creates a database on the shared server (or PGLEASE_TEST_DSN's)
+// with pg_lease installed in mode m.
+func newDB(t testing.TB, m pgtest.Install) *testDB { t.Helper(); return open(t, m.NewDatabase(t)) }
+
+func open(t testing.TB, dsn string) *testDB {
 	pool := newPool(t, dsn)
 	return &testDB{dsn: dsn, pool: pool, c: lease.New(pool)}
 }
@@ -71,7 +55,5 @@ func newDB(t testing.TB, m installMode) *testDB {
 // forEachMode runs f as a subtest per install mode, each on a fresh
 // database.
 func forEachMode(t *testing.T, f func(t *testing.T, db *testDB)) {
-	for _, m := range installModes {
-		t.Run(m.name, func(t *testing.T) { f(t, newDB(t, m)) })
-	}
+	pgtest.ForEachInstall(t, func(t *testing.T, _ pgtest.Install, dsn string) { f(t, open(t, dsn)) })
 }
