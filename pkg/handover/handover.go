@@ -249,13 +249,13 @@ func (c Candidacy) Check() error {
 
 // RegisterMany registers (or renews) owner as a candidate of every key of
 // keys in one statement, key i with priorities[i]; the TTL, version and
-// readiness are cand's (cand.Priority is not used). At most lease.MaxRenewMany
+// readiness are cand's (cand.Priority is not used). At most lease.MaxBatch
 // keys. It returns the keys whose registration the server refused
 // (another role registered owner for them); an error is for the whole call.
 func RegisterMany(ctx context.Context, c *lease.Client, keys []string, priorities []int32, cand Candidate) ([]string, error) {
-	if len(keys) != len(priorities) || len(keys) > lease.MaxRenewMany {
+	if len(keys) != len(priorities) || len(keys) > lease.MaxBatch {
 		return nil, fmt.Errorf("handover: register_many: %w: %d keys and %d priorities (at most %d keys)",
-			lease.ErrInvalidInput, len(keys), len(priorities), lease.MaxRenewMany)
+			lease.ErrInvalidInput, len(keys), len(priorities), lease.MaxBatch)
 	}
 	if len(keys) == 0 {
 		return nil, nil

@@ -8,9 +8,9 @@ import (
 	"time"
 )
 
-// MaxRenewMany is the most keys one batch call (RenewTerms, AcquireMany,
+// MaxBatch is the most keys one batch call (RenewTerms, AcquireMany,
 // ReleaseMany) may carry: the bound of lease.renew_many.
-const MaxRenewMany = 1000
+const MaxBatch = 1000
 
 // renewResult is renewMany's answer for one token.
 type renewResult struct {
@@ -25,7 +25,7 @@ type renewResult struct {
 // renewMany renews every grant of ts for ttl in one statement and one
 // commit (lease.renew_many): each gets what Renew would answer, and every
 // renewed one the same server expiry. The tokens must share one owner and
-// name distinct keys; at most MaxRenewMany. Results come in the order of
+// name distinct keys; at most MaxBatch. Results come in the order of
 // ts. The returned error is for the whole call (invalid input, a
 // connection failure, ErrCommitUnknown): then no result is returned. No
 // tokens: no call.
@@ -100,8 +100,8 @@ func (c *Client) renewMany(ctx context.Context, ts []Token, ttl time.Duration) (
 // checkBatch rejects, without a round trip, what the server would reject
 // for the batch as a whole: too many tokens, several owners, a repeated key.
 func checkBatch(ts []Token) error {
-	if len(ts) > MaxRenewMany {
-		return fmt.Errorf("renew_many: %w: %d tokens, at most %d", ErrInvalidInput, len(ts), MaxRenewMany)
+	if len(ts) > MaxBatch {
+		return fmt.Errorf("renew_many: %w: %d tokens, at most %d", ErrInvalidInput, len(ts), MaxBatch)
 	}
 	seen := make(map[string]int, len(ts))
 	for i, t := range ts {
@@ -197,13 +197,13 @@ func fill(errs []error, err error) []error {
 // each as Release would (a handover to a candidate included), in key order
 // so that concurrent batches lock rows in one order. errs[i] is Release's
 // answer for ts[i]. The returned error is for the whole call; then no
-// result is returned. At most MaxRenewMany tokens, of distinct keys.
+// result is returned. At most MaxBatch tokens, of distinct keys.
 func (c *Client) ReleaseMany(ctx context.Context, ts []Token) ([]error, error) {
 	if len(ts) == 0 {
 		return nil, nil
 	}
-	if len(ts) > MaxRenewMany {
-		return nil, fmt.Errorf("release_many: %w: %d tokens, at most %d", ErrInvalidInput, len(ts), MaxRenewMany)
+	if len(ts) > MaxBatch {
+		return nil, fmt.Errorf("release_many: %w: %d tokens, at most %d", ErrInvalidInput, len(ts), MaxBatch)
 	}
 	order := make([]int, len(ts))
 	for i := range order {
@@ -259,14 +259,14 @@ func (c *Client) ReleaseMany(ctx context.Context, ts []Token) ([]error, error) {
 // answers its grant. grants[i] is keys[i]'s grant, or the zero Grant (epoch
 // 0) when another owner holds it; errs[i] is a *GraceError when the grace
 // after a promotion denied it. The last error is for the whole call; then
-// no result is returned. At most MaxRenewMany distinct keys.
+// no result is returned. At most MaxBatch distinct keys.
 func (c *Client) AcquireMany(ctx context.Context, keys []string, owner string, ttl time.Duration) (grants []Grant, errs []error, err error) {
 	if len(keys) == 0 {
 		return nil, nil, nil
 	}
 	t := Token{Key: keys[0], Owner: owner}
-	if len(keys) > MaxRenewMany {
-		return nil, nil, fmt.Errorf("acquire_many: %w: %d keys, at most %d", ErrInvalidInput, len(keys), MaxRenewMany)
+	if len(keys) > MaxBatch {
+		return nil, nil, fmt.Errorf("acquire_many: %w: %d keys, at most %d", ErrInvalidInput, len(keys), MaxBatch)
 	}
 	if err := checkTTL("acquire_many", t, "ttl", ttl, false); err != nil {
 		return nil, nil, err

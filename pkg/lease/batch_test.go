@@ -97,7 +97,7 @@ func TestRenewMany(t *testing.T) {
 		t.Errorf("empty batch: %v %v", res, err)
 	}
 	// Bad batches: refused as invalid input, changing nothing.
-	many := make([]lease.Token, lease.MaxRenewMany+1)
+	many := make([]lease.Token, lease.MaxBatch+1)
 	for i := range many {
 		many[i] = lease.Token{Key: fmt.Sprintf("m-%d", i), Owner: "o1", Epoch: 1}
 	}

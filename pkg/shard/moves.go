@@ -25,7 +25,7 @@ func (r *Sharder) announce(ctx context.Context) {
 func (r *Sharder) take(ctx context.Context, shards []int) error {
 	var errs []error
 	for len(shards) > 0 {
-		n := min(len(shards), lease.MaxRenewMany)
+		n := min(len(shards), lease.MaxBatch)
 		keys := make([]string, n)
 		for i, s := range shards[:n] {
 			keys[i] = Key(r.cfg.Controller, s)
@@ -94,7 +94,7 @@ func (r *Sharder) releaseAfterWork(os []*owned) {
 		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.TTL)
 		defer cancel()
 		for len(ts) > 0 {
-			n := min(len(ts), lease.MaxRenewMany)
+			n := min(len(ts), lease.MaxBatch)
 			errs, err := r.c.ReleaseMany(ctx, ts[:n])
 			if err != nil {
 				r.cfg.Logger.Warn("shard: release", "controller", r.cfg.Controller, "shards", n, "err", err)
@@ -205,7 +205,7 @@ func (r *Sharder) leave(stopped time.Time) {
 			worked = time.Since(start)
 		}
 		for len(ts) > 0 {
-			n := min(len(ts), lease.MaxRenewMany)
+			n := min(len(ts), lease.MaxBatch)
 			if _, err := r.c.ReleaseMany(ctx, ts[:n]); err != nil {
 				r.cfg.Logger.Warn("shard: release", "controller", r.cfg.Controller, "keys", n, "err", err)
 			}

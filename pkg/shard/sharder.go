@@ -56,7 +56,7 @@ import (
 
 // MaxShards is the most shards of one controller: every shard key and the
 // member key are renewed in one lease.renew_many call.
-const MaxShards = lease.MaxRenewMany - 1
+const MaxShards = lease.MaxBatch - 1
 
 // ErrInvalidConfig matches every error of New for a bad Config.
 var ErrInvalidConfig = errors.New("shard: invalid config")
