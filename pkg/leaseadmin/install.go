@@ -178,18 +178,18 @@ func checkVersion(op, v string, extension bool) error {
 	return nil
 }
 
+// beginner is what the installers need of the database: *pgxpool.Pool,
+// *pgx.Conn and pgx.Tx have it.
+type beginner = interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
 // inTx runs f in a transaction of db and commits when f returns nil. Two
 // installers racing in one database both try to create schema lease (or the
 // extension); the loser waits for the winner's commit and then fails on a
 // catalog unique index. inTx then rolls back and runs f once more, which
 // finds the winner's install. (No advisory lock: pg_lease uses none.)
-func inTx(
-	ctx context.Context,
-	db interface {
-		Begin(ctx context.Context) (pgx.Tx, error)
-	},
-	f func(pgx.Tx) error,
-) error {
+func inTx(ctx context.Context, db beginner, f func(pgx.Tx) error) error {
 	for attempt := 0; ; attempt++ {
 		err := inTxOnce(ctx, db, f)
 		var pg *pgconn.PgError
@@ -204,13 +204,7 @@ func inTx(
 // to pg_catalog for f, so that no function or operator that another role
 // created in the caller's schemas runs, and restores the caller's
 // search_path before the commit.
-func inTxOnce(
-	ctx context.Context,
-	db interface {
-		Begin(ctx context.Context) (pgx.Tx, error)
-	},
-	f func(pgx.Tx) error,
-) error {
+func inTxOnce(ctx context.Context, db beginner, f func(pgx.Tx) error) error {
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		var path string
 		if err := tx.QueryRow(ctx, `SELECT pg_catalog.current_setting('search_path')`).Scan(&path); err != nil {
