@@ -208,10 +208,12 @@ func (g *PGGuard) EnsureTable(ctx context.Context) error {
 	for attempt := 0; ; attempt++ {
 		err := g.exec(ctx, ddl)
 		var pg *pgconn.PgError
-		// Two processes creating the table at once: IF NOT EXISTS does not
-		// cover the race, the loser fails on a catalog unique index once the
-		// winner commits. The table exists then: once more finds it.
-		if attempt == 0 && errors.As(err, &pg) && (pg.Code == "23505" || pg.Code == "42P07") {
+		// Processes creating the table at once: IF NOT EXISTS does not
+		// cover the race. A loser fails once the winner commits, on whichever
+		// catalog entry it met first: a unique index (23505), the table
+		// (42P07) or its row type (42710). The table exists then: once more
+		// finds it.
+		if attempt < 2 && errors.As(err, &pg) && (pg.Code == "23505" || pg.Code == "42P07" || pg.Code == "42710") {
 			continue
 		}
 		if err != nil {
