@@ -82,7 +82,7 @@ type State struct {
 	// grant, the expiry or the release. Zero before 0.4.0.
 	Since time.Time
 	// ServerNow is the server's clock when the state was read. A State
-	// that Waiter.Await took from a notification has no ServerNow, no
+	// that listen.Waiter.Await took from a notification has no ServerNow, no
 	// ExpiresAt, no AcquiredAt and no Since.
 	ServerNow time.Time
 
@@ -144,7 +144,7 @@ func (c *Client) Acquire(ctx context.Context, key, owner string, ttl time.Durati
 // AcquireWait is lease.acquire with a server-side wait: the server polls until
 // the key can be taken or wait passes (ErrWaitTimeout, also for wait 0 on a
 // held key). It occupies a
-// connection and keeps a transaction open for the whole wait; Waiter waits
+// connection and keeps a transaction open for the whole wait; listen.Waiter waits
 // without either.
 func (c *Client) AcquireWait(ctx context.Context, key, owner string, ttl, wait time.Duration) (Grant, error) {
 	g, ok, err := c.acquire(ctx, "acquire", key, owner, ttl, wait)
