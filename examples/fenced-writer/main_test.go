@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -22,16 +23,11 @@ func TestStaleWriterRejected(t *testing.T) {
 	if err := run(ctx, &out, dsn, storeDSN, "report"); err != nil {
 		t.Fatal(err)
 	}
-	want := `A acquired report with epoch 1
-A writes with epoch 1: accepted
-A pauses past its TTL (GC pause, SIGSTOP, partition): no renewal
-B took report over with epoch 2
-B writes with epoch 2: accepted
-A resumes, still believing it leads, and writes with epoch 1: rejected: fence: write to "report" with epoch 1 rejected: epoch 2 already accepted
-A's write in the lease database (fence.InTx): rejected: fence: fence "report" (owner "A", epoch 1): lease: lapsed
-the store holds report written by B@2
-`
-	if got := out.String(); got != want {
+	want, err := os.ReadFile("testdata/story.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := out.String(); got != string(want) {
 		t.Errorf("output:\n%s\nwant:\n%s", got, want)
 	}
 }
