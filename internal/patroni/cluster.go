@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -513,10 +512,5 @@ func tail(path string) string {
 	if len(b) > max {
 		b = b[len(b)-max:]
 	}
-	return string(b)
-}
-
-func jsonOf(v any) string {
-	b, _ := json.Marshal(v)
 	return string(b)
 }

@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -349,19 +348,4 @@ func (n *Node) thawLocked() {
 	}
 	_ = syscall.Kill(n.frozen[0], syscall.SIGCONT)
 	n.frozen = nil
-}
-
-// PatroniLog returns the lines of the node's log that contain s.
-func (n *Node) PatroniLog(s string) []string {
-	b, err := os.ReadFile(n.LogPath())
-	if err != nil {
-		return nil
-	}
-	var out []string
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.Contains(l, s) {
-			out = append(out, l)
-		}
-	}
-	return out
 }

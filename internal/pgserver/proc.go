@@ -324,9 +324,6 @@ func KillTree(pid int) error { return killTree(pid) }
 // Freeze and Thaw use (SIGSTOP: the postmaster first).
 func SignalTree(pid int, sig syscall.Signal) error { return signalTree(pid, sig) }
 
-// Children returns the pids of the live children of pid.
-func Children(pid int) []int { return children(pid) }
-
 // PostmasterPID returns the pid that dataDir/postmaster.pid names, or 0.
 func PostmasterPID(dataDir string) int {
 	pf, ok := readPidFile(dataDir)
