@@ -18,7 +18,7 @@ import (
 
 // Version is the extension version this module ships (default_version in
 // pg_lease.control).
-const Version = "0.4.0"
+const Version = "0.5.0"
 
 //go:embed pg_lease.control pg_lease--*.sql
 var files embed.FS

@@ -60,7 +60,7 @@ func rulesFor(version string) (rules, error) {
 	case "0.2.0":
 		return rules{maxTextBytes: 1024, hasCleanup: true, payloadOverflow: true, cleanupUnderflow: true, defaultPrivilegesLeak: true,
 			publicFunctions: api, operatorFunctions: []string{"force_release", "cleanup"}}, nil
-	case "0.3.0", "0.4.0":
+	case "0.3.0", "0.4.0", "0.5.0":
 		// The sql branch's 0.3.0 notes: control characters (U+0001-U+001F,
 		// U+007F) in key or owner, ttl above max_ttl (default 1 hour), ttl +
 		// wait past timestamptz, and a free_for reaching before its lower
