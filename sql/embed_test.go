@@ -73,8 +73,8 @@ func TestScriptsPinSearchPath(t *testing.T) {
 			t.Errorf("%s: first statement %q, want the search_path pin", name, first)
 		}
 	}
-	if n != 4 {
-		t.Errorf("%d scripts to %s, want 4 (the full script and three direct updates)", n, pgleasesql.Version)
+	if n != 5 {
+		t.Errorf("%d scripts to %s, want 5 (the full script and four direct updates)", n, pgleasesql.Version)
 	}
 }
 
