@@ -166,6 +166,46 @@ ALTER TABLE lease.settings ADD COLUMN promotion text
 -- ---- sql/update/0.4.0--0.5.0.sql
 -- State 0.4.0 -> 0.5.0.
 
+-- ---------------------------------------------------------------------------
+-- Handover: registrations and strategies belong to the role that made them.
+-- The same owner string registered by two roles is two registrations, and a
+-- strategy is kept per key and role (a role's strategy governs only its own
+-- releases). The rows of 0.4.0 stay, each under the role that made it.
+-- ---------------------------------------------------------------------------
+
+ALTER TABLE lease.candidates DROP CONSTRAINT candidates_pkey;
+ALTER TABLE lease.candidates ADD CONSTRAINT candidates_pkey PRIMARY KEY (key, owner, role);
+ALTER TABLE lease.strategies DROP CONSTRAINT strategies_pkey;
+ALTER TABLE lease.strategies ADD CONSTRAINT strategies_pkey PRIMARY KEY (key, role);
+COMMENT ON TABLE lease.strategies IS
+  'pg_lease internal: who a release by role hands a key to (lease.set_strategy); no row means any';
+
+-- ---------------------------------------------------------------------------
+-- History: retention per key and role (the actor that made each event), so
+-- one role's events never push another's out. actor_seq numbers each actor's
+-- events of a key from its oldest kept; trimmed_at, the newest event removed
+-- before (none is known for the events kept by 0.4.0).
+-- ---------------------------------------------------------------------------
+
+ALTER TABLE lease.history ADD COLUMN actor_seq bigint;
+ALTER TABLE lease.history ADD COLUMN trimmed_at timestamptz;
+UPDATE lease.history h
+   SET actor_seq = n.rn
+  FROM (SELECT x.key, x.seq,
+               pg_catalog.row_number() OVER (PARTITION BY x.key, x.actor ORDER BY x.seq) AS rn
+          FROM lease.history x) n
+ WHERE h.key OPERATOR(pg_catalog.=) n.key AND h.seq OPERATOR(pg_catalog.=) n.seq;
+ALTER TABLE lease.history ALTER COLUMN actor_seq SET NOT NULL;
+COMMENT ON TABLE lease.history IS
+  'pg_lease internal: the last events of each key and role (lease.history, lease.health; retention: lease.configure_history)';
+COMMENT ON COLUMN lease.history.actor_seq IS
+  'pg_lease internal: numbers the events of this key made by this actor (the retention trims by it)';
+COMMENT ON COLUMN lease.history.trimmed_at IS
+  'pg_lease internal: the time of the newest event of this key that retention removed before this one (NULL: none)';
+CREATE INDEX history_actor ON lease.history (key, actor, actor_seq);
+COMMENT ON TABLE lease.history_settings IS
+  'pg_lease internal: history retention (lease.configure_history); no row means 100 events per key and role';
+
 -- @shared-begin: every install and update script runs this part as written.
 
 -- ---------------------------------------------------------------------------
@@ -520,43 +560,69 @@ END
 $$;
 
 
--- Records one event of key k. Called only by the functions that change the
--- key's row, after the change and under its row lock, so the key's events
--- are numbered without gaps or races. is_grant: the event begins a term (it
--- counts in grants). Trims the key's events beyond the retention: only this
--- key's rows, which no other key's caller ever waits for. A key's rows are
--- its last seqs (configure_history trims every key at once), so the trim
--- looks at a few index entries only: from keep_rows below the new row down
--- 8 more (a trim that raced configure_history may have left one).
+-- Records one event of key k, made by session_user (the actor). Called only
+-- by the functions that change the key's row, after the change and under its
+-- row lock, so the key's events are numbered without gaps or races. is_grant:
+-- the event begins a term (it counts in grants). Retention is per key and
+-- actor: the write trims this actor's events of the key beyond keep_rows, so
+-- no role's calls remove another role's events; only this key's rows, which
+-- no other key's caller ever waits for. An actor's rows of a key are its last
+-- actor_seqs (configure_history trims every key at once), so the trim looks
+-- at a few index entries only: from keep_rows below the new row down 8 more
+-- (a trim that raced configure_history may have left one). trimmed_at
+-- carries the time of the newest event of the key removed so far.
 CREATE OR REPLACE FUNCTION lease._record(k text, ev text, is_grant boolean, o text, r text, e bigint,
                               prev_owner text, prev_epoch bigint, vacant timestamptz,
                               t interval, why text, ts timestamptz)
 RETURNS void LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-  v_keep   integer;
-  v_seq    bigint;
-  v_grants bigint;
+  v_actor   text := session_user;
+  v_keep    integer;
+  v_seq     bigint;
+  v_grants  bigint;
+  v_trimmed timestamptz;
+  v_aseq    bigint;
+  v_cut     timestamptz;
 BEGIN
-  -- The retention and the key's last event, in one statement.
-  SELECT coalesce((SELECT s.keep_rows FROM lease.history_settings s), 100), h.seq, h.grants
-    INTO v_keep, v_seq, v_grants
+  -- The retention, the key's last event and the actor's last event of it.
+  SELECT coalesce((SELECT s.keep_rows FROM lease.history_settings s), 100), h.seq, h.grants, h.trimmed_at,
+         a.actor_seq
+    INTO v_keep, v_seq, v_grants, v_trimmed, v_aseq
     FROM (SELECT 1) one
-    LEFT JOIN LATERAL (SELECT x.seq, x.grants FROM lease.history x
-                        WHERE x.key = k ORDER BY x.seq DESC LIMIT 1) h ON true;
+    LEFT JOIN LATERAL (SELECT x.seq, x.grants, x.trimmed_at FROM lease.history x
+                        WHERE x.key = k ORDER BY x.seq DESC LIMIT 1) h ON true
+    LEFT JOIN LATERAL (SELECT x.actor_seq FROM lease.history x
+                        WHERE x.key = k AND x.actor = v_actor ORDER BY x.actor_seq DESC LIMIT 1) a ON true;
   IF v_keep = 0 THEN
     RETURN;
   END IF;
   v_seq := coalesce(v_seq, 0) + 1;
+  v_aseq := coalesce(v_aseq, 0) + 1;
   v_grants := coalesce(v_grants, 0) + CASE WHEN is_grant THEN 1 ELSE 0 END;
-  INSERT INTO lease.history (key, seq, at, event, owner, holder_role, epoch, actor, previous_owner,
-                             previous_epoch, vacant_since, ttl, grants, detail)
-    VALUES (k, v_seq, ts, ev, o, r, e, session_user, prev_owner, prev_epoch, vacant, t, v_grants, why);
-  IF v_seq > v_keep THEN
-    DELETE FROM lease.history h
-     WHERE h.key = k AND h.seq <= v_seq - v_keep AND h.seq > v_seq - v_keep - 8;
+  IF v_aseq > v_keep THEN
+    WITH d AS (
+      DELETE FROM lease.history h
+       WHERE h.key = k AND h.actor = v_actor
+         AND h.actor_seq <= v_aseq - v_keep AND h.actor_seq > v_aseq - v_keep - 8
+      RETURNING h.at)
+    SELECT max(d.at) INTO v_cut FROM d;
+    v_trimmed := greatest(v_trimmed, v_cut);
   END IF;
+  INSERT INTO lease.history (key, seq, at, event, owner, holder_role, epoch, actor, previous_owner,
+                             previous_epoch, vacant_since, ttl, grants, detail, actor_seq, trimmed_at)
+    VALUES (k, v_seq, ts, ev, o, r, e, v_actor, prev_owner, prev_epoch, vacant, t, v_grants, why,
+            v_aseq, v_trimmed);
 END
+$$;
+
+-- The role name r as a caller may see it in history and health: shown to
+-- the role itself and to its members (superusers included), NULL to every
+-- other role, as inspect and list show no role at all.
+CREATE OR REPLACE FUNCTION lease._shown_role(r text)
+RETURNS text LANGUAGE sql STABLE
+AS $$
+  SELECT CASE WHEN r = session_user::text OR lease._may_act(r) THEN r END
 $$;
 
 -- 2c'. Renewal: the parts lease.renew and lease.renew_many share.
@@ -640,9 +706,11 @@ END
 $$;
 
 -- 2d. Handover (specs/SEMANTICS.md section 16). A candidate registers for a key
--- with a version, a priority and readiness; a key's strategy says which ready
--- candidate a release grants the key to, epoch + 1, in the release's own
--- transaction. No strategy, or no ready candidate: the release frees the key.
+-- with a version, a priority and readiness; the strategy that the releasing
+-- role set on the key says which ready candidate its release grants the key
+-- to, epoch + 1, in the release's own transaction, among the candidates of
+-- roles it may act as (itself, or a role it is a member of). No strategy, or
+-- no such ready candidate: the release frees the key.
 
 -- A version as Kubernetes parses it (semver, tolerant): an optional v, one to
 -- three numbers, an optional pre-release and build. Returns the numbers
@@ -692,19 +760,22 @@ AS $$
   END
 $$;
 
--- Registrations a role may hold in all (every key). A registration that
--- would exceed it is refused with 54000.
+-- Registrations a role may hold in all (every key), and keys it may set a
+-- strategy on. A registration or strategy that would exceed it is refused
+-- with 54000.
 CREATE OR REPLACE FUNCTION lease._max_candidates()
 RETURNS integer LANGUAGE sql IMMUTABLE
 AS $$ SELECT 1024 $$;
 
--- The candidates of key in the order the key's strategy would choose them
--- (rank 1 first), each with whether it is live (registered within its ttl,
--- its backend still connected, its role still existing). rank is NULL for a
--- candidate the strategy cannot choose (not live, not ready, no version
--- under a version strategy), and for every candidate under any. The backend
--- list is read afresh: pg_stat_activity is otherwise cached for the whole
--- transaction, and a backend gone since would look connected.
+-- The candidates of key in the order a release by session_user would choose
+-- them (rank 1 first) under the strategy session_user set on the key, each
+-- with whether it is live (registered within its ttl, its backend still
+-- connected, its role still existing). rank is NULL for a candidate such a
+-- release cannot choose (not live, not ready, no version under a version
+-- strategy, or a role session_user may not act as), and for every candidate
+-- under any. The backend list is read afresh: pg_stat_activity is otherwise
+-- cached for the whole transaction, and a backend gone since would look
+-- connected.
 CREATE OR REPLACE FUNCTION lease._ranked(key text, now timestamptz)
 RETURNS TABLE (owner text, role text, version text, priority integer, ready boolean, live boolean,
                ttl interval, registered_at timestamptz, expires_at timestamptz, rank bigint)
@@ -713,8 +784,14 @@ AS $$
 DECLARE
   v_key      text := key;
   v_strategy text;
+  v_roles    text[];
 BEGIN
-  SELECT s.strategy INTO v_strategy FROM lease.strategies s WHERE s.key = v_key;
+  SELECT s.strategy INTO v_strategy FROM lease.strategies s
+   WHERE s.key = v_key AND s.role = session_user::text;
+  -- The roles whose candidates the caller's release may choose, each
+  -- checked once however many registrations it has.
+  v_roles := ARRAY(SELECT d.role FROM (SELECT DISTINCT c.role FROM lease.candidates c WHERE c.key = v_key) d
+                    WHERE d.role = session_user::text OR lease._may_act(d.role));
   PERFORM pg_catalog.pg_stat_clear_snapshot();
   RETURN QUERY
   WITH c AS (
@@ -725,7 +802,7 @@ BEGIN
       FROM lease.candidates c
      WHERE c.key = v_key
   ), e AS (
-    SELECT c.*, c.is_live AND c.ready AND v_strategy IS NOT NULL
+    SELECT c.*, c.is_live AND c.ready AND v_strategy IS NOT NULL AND c.role = ANY (v_roles)
                 AND (v_strategy = 'priority' OR c.version_num IS NOT NULL) AS eligible
       FROM c
   )
@@ -739,18 +816,20 @@ BEGIN
                     CASE WHEN v_strategy = 'oldest_version' THEN e.version_num END,
                     CASE WHEN v_strategy = 'oldest_version' THEN e.version_pre IS NULL END,
                     CASE WHEN v_strategy = 'oldest_version' THEN e.version_pre END,
-                    e.registered_at, e.owner) END
+                    e.registered_at, e.owner, e.role) END
     FROM e
-   ORDER BY 10 NULLS LAST, e.registered_at, e.owner;
+   ORDER BY 10 NULLS LAST, e.registered_at, e.owner, e.role;
 END
 $$;
 
 -- Called by release, on the key's locked row, after the holder (owner,
--- epoch) was found to be the caller. Grants the key to the candidate the
--- strategy chooses (not the releasing owner), epoch + 1, for the
--- candidate's ttl, and returns it; NULL owner when there is none or no new
--- grant may be made now (the grace after a timeline change): the caller then
--- frees the key. Reads candidates without locking them.
+-- epoch) was found to be the caller. Grants the key to the candidate that
+-- the strategy session_user set on the key chooses among the candidates of
+-- roles session_user may act as (lease._ranked; never the releasing owner),
+-- epoch + 1, for the candidate's ttl, and returns it; NULL owner when there
+-- is none or no new grant may be made now (the grace after a timeline
+-- change): the caller then frees the key. Reads candidates and strategies
+-- without locking them.
 CREATE OR REPLACE FUNCTION lease._handover(key text, owner text, epoch bigint,
                                 OUT new_owner text, OUT new_epoch bigint, OUT new_expires timestamptz,
                                 OUT new_role text, OUT new_ttl interval)
@@ -765,7 +844,7 @@ DECLARE
   c_role  text;
   c_ttl   interval;
 BEGIN
-  IF NOT EXISTS (SELECT 1 FROM lease.strategies s WHERE s.key = v_key) THEN
+  IF NOT EXISTS (SELECT 1 FROM lease.strategies s WHERE s.key = v_key AND s.role = session_user::text) THEN
     RETURN;
   END IF;
   v_now := clock_timestamp();
@@ -1250,9 +1329,9 @@ END
 $$;
 
 -- Frees the caller's current grant; the key's counter becomes epoch + 1.
--- Frees the caller's current grant; the key's counter becomes epoch + 1.
--- With a strategy and a ready candidate, the key goes to that candidate
--- instead, epoch + 1, in this transaction (lease._handover); only that grant
+-- With a strategy set on the key by the releasing role and a ready candidate
+-- of a role it may act as, the key goes to that candidate instead, epoch + 1,
+-- in this transaction (lease._handover); only that grant
 -- is announced ('handover', naming the new holder and epoch). status as for
 -- renew.
 CREATE OR REPLACE FUNCTION lease.release(key text, owner text, epoch bigint, OUT status text)
@@ -1469,8 +1548,9 @@ DECLARE
   v_since timestamptz;
   v_n     bigint;
   v_live  integer[];
-  v_gone  integer;
-  v_tid   tid;
+  v_gone  integer[];
+  v_pid_gone integer;
+  v_left  bigint;
 BEGIN
   IF v_key IS DISTINCT FROM '*' THEN
     PERFORM lease._raise_invalid(ARRAY[lease._text_violation('key', v_key)]);
@@ -1480,24 +1560,32 @@ BEGIN
   END IF;
 
   -- Clean-up of backends that are gone, bounded: the distinct pids through
-  -- the pid index, then at most 100 rows of one gone backend. The list of live backends is read
-  -- fresh: a transaction's cached copy may predate a backend that registered.
+  -- the pid index, then at most 100 rows of the 8 lowest gone backends. The
+  -- list of live backends is read fresh: a transaction's cached copy may
+  -- predate a backend that registered. Rows another session has locked (its
+  -- own clean-up deleting them, in a transaction still open) are skipped,
+  -- never waited for: the next gone backends' rows are taken instead.
   PERFORM pg_stat_clear_snapshot();
   v_live := ARRAY(SELECT a.pid FROM pg_stat_get_activity(NULL::integer) a WHERE a.pid IS NOT NULL);
-  WITH RECURSIVE p(pid) AS (
-    (SELECT w.pid FROM lease.listeners w ORDER BY w.pid LIMIT 1)
-    UNION ALL
-    SELECT (SELECT w.pid FROM lease.listeners w WHERE w.pid > p.pid ORDER BY w.pid LIMIT 1)
-      FROM p WHERE p.pid IS NOT NULL
-  )
-  SELECT min(p.pid) INTO v_gone FROM p WHERE p.pid IS NOT NULL AND p.pid <> ALL (v_live);
-  IF v_gone IS NOT NULL THEN
+  v_gone := ARRAY(
+    WITH RECURSIVE p(pid) AS (
+      (SELECT w.pid FROM lease.listeners w ORDER BY w.pid LIMIT 1)
+      UNION ALL
+      SELECT (SELECT w.pid FROM lease.listeners w WHERE w.pid > p.pid ORDER BY w.pid LIMIT 1)
+        FROM p WHERE p.pid IS NOT NULL
+    )
+    SELECT p.pid FROM p WHERE p.pid IS NOT NULL AND p.pid <> ALL (v_live) ORDER BY p.pid LIMIT 8);
+  v_left := 100;
+  FOREACH v_pid_gone IN ARRAY v_gone LOOP
     -- (Through the pid index, from the end of the backend's entries: the
     -- first entry of each pid, where the search above lands, stays live.)
-    FOR v_tid IN SELECT g.ctid FROM lease.listeners g WHERE g.pid = v_gone ORDER BY g.pid DESC LIMIT 100 LOOP
-      DELETE FROM lease.listeners w WHERE w.ctid = v_tid;
-    END LOOP;
-  END IF;
+    DELETE FROM lease.listeners w
+     WHERE w.ctid = ANY (ARRAY(SELECT g.ctid FROM lease.listeners g WHERE g.pid = v_pid_gone
+                                ORDER BY g.pid DESC LIMIT v_left FOR UPDATE SKIP LOCKED));
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    v_left := v_left - v_n;
+    EXIT WHEN v_left <= 0;
+  END LOOP;
 
   SELECT w.since INTO v_since FROM lease.listeners w WHERE w.key = v_key AND w.pid = v_pid;
   IF NOT FOUND AND v_key <> '*' THEN
@@ -1543,7 +1631,9 @@ END
 $$;
 
 -- Drops this backend's registration for key ('*': all of this backend's
--- registrations). Returns how many were dropped.
+-- registrations). Returns how many were dropped. A row another session has
+-- locked (its clean-up deleting the registrations of a gone backend whose
+-- pid this one reuses) is skipped, never waited for.
 CREATE OR REPLACE FUNCTION lease.unlisten(key text)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -1560,7 +1650,9 @@ BEGIN
     PERFORM lease._raise_read_only('lease.unlisten');
   END IF;
   DELETE FROM lease.listeners w
-   WHERE w.pid = pg_backend_pid() AND (v_key = '*' OR w.key = v_key);
+   WHERE w.ctid = ANY (ARRAY(SELECT g.ctid FROM lease.listeners g
+                              WHERE g.pid = pg_backend_pid() AND (v_key = '*' OR g.key = v_key)
+                                FOR UPDATE SKIP LOCKED));
   GET DIAGNOSTICS v_n = ROW_COUNT;
   RETURN v_n;
 END
@@ -1588,6 +1680,8 @@ $$;
 -- Every role that may inspect: the last max_rows events of key, oldest
 -- first. owner, holder_role and epoch are the grant the event concerns (the
 -- new one, or the one that ended); actor is the role whose call made it.
+-- holder_role and actor are shown only to that role and its members (NULL
+-- to others), as inspect shows no role.
 CREATE OR REPLACE FUNCTION lease.history(key text, max_rows integer DEFAULT 100)
 RETURNS TABLE (seq bigint, at timestamptz, event text, owner text, holder_role text, epoch bigint,
                actor text, previous_owner text, previous_epoch bigint, vacant_since timestamptz,
@@ -1605,8 +1699,8 @@ BEGIN
     CASE WHEN v_rows IS NULL THEN 'max_rows must not be NULL'
          WHEN v_rows < 1 OR v_rows > 10000 THEN 'max_rows must be between 1 and 10000' END]);
   RETURN QUERY
-    SELECT x.seq, x.at, x.event, x.owner, x.holder_role, x.epoch, x.actor, x.previous_owner,
-           x.previous_epoch, x.vacant_since, x.ttl, x.detail
+    SELECT x.seq, x.at, x.event, x.owner, lease._shown_role(x.holder_role), x.epoch,
+           lease._shown_role(x.actor), x.previous_owner, x.previous_epoch, x.vacant_since, x.ttl, x.detail
       FROM (SELECT h.* FROM lease.history h WHERE h.key = v_key ORDER BY h.seq DESC LIMIT v_rows) x
      ORDER BY x.seq;
 END
@@ -1618,9 +1712,12 @@ $$;
 -- grants (a counter of the terms recorded since its history began), the
 -- terms begun within the period (transitions), the seconds within the
 -- period with no holder (leaderless_seconds: the gaps before each grant in
--- the period, and the current one), and the oldest event kept
--- (history_since: transitions and leaderless_seconds see no further back).
--- A key's first grant has no gap before it. Reads only: no lock.
+-- the period, and the current one), and since when the key's history is
+-- complete (history_since: its oldest event kept, or the newest event that
+-- retention removed when that is later; transitions and leaderless_seconds
+-- see no further back). A key's first grant has no gap before it.
+-- holder_role is shown only to that role and its members (NULL to others).
+-- Reads only: no lock.
 CREATE OR REPLACE FUNCTION lease.health(period interval DEFAULT '1 hour')
 RETURNS TABLE (key text, held boolean, owner text, holder_role text, epoch bigint,
                term_started timestamptz, expires_at timestamptz, vacant_since timestamptz,
@@ -1641,17 +1738,18 @@ BEGIN
          THEN 'period must be at most 100 years' END]);
   v_from := v_now - lease._seconds(period);
   RETURN QUERY
-    SELECT l.key, s.h, CASE WHEN s.h THEN l.owner END, CASE WHEN s.h THEN l.holder_role END, l.epoch,
+    SELECT l.key, s.h, CASE WHEN s.h THEN l.owner END, CASE WHEN s.h THEN lease._shown_role(l.holder_role) END,
+           l.epoch,
            CASE WHEN s.h THEN l.acquired_at END, CASE WHEN s.h THEN l.expires_at END,
            CASE WHEN NOT s.h THEN l.expires_at END,
            g.ttl, last.grants, coalesce(w.n, 0),
            coalesce(w.gaps, 0)
              + CASE WHEN s.h THEN 0
                     ELSE greatest(0, extract(epoch FROM v_now - greatest(l.expires_at, v_from))::float8) END,
-           first.at, v_now
+           greatest(first.at, last.trimmed_at), v_now
       FROM lease.leases l
      CROSS JOIN LATERAL (SELECT l.owner IS NOT NULL AND l.expires_at > v_now AS h) s
-      LEFT JOIN LATERAL (SELECT h.grants FROM lease.history h
+      LEFT JOIN LATERAL (SELECT h.grants, h.trimmed_at FROM lease.history h
                           WHERE h.key = l.key ORDER BY h.seq DESC LIMIT 1) last ON true
       LEFT JOIN LATERAL (SELECT h.at FROM lease.history h
                           WHERE h.key = l.key ORDER BY h.seq LIMIT 1) first ON true
@@ -1678,9 +1776,11 @@ AS $$ SELECT '0.5.0'::text $$;
 -- registration lasts ttl unless refreshed and ends with this backend's
 -- connection; a handover grants the key for ttl. version (NULL: none, which
 -- the version strategies never choose), priority (higher first) and ready
--- (only ready candidates are chosen) replace the registered ones. status:
--- ok, or not_owner when another role registered owner for key. At most
--- lease._max_candidates() registrations per role (54000 beyond).
+-- (only ready candidates are chosen) replace the registered ones. The
+-- registration is the caller's role's own: another role's registration of
+-- the same owner string is another row, which neither refuses nor replaces
+-- it. status: ok. At most lease._max_candidates() registrations per role
+-- (54000 beyond, nothing added).
 CREATE OR REPLACE FUNCTION lease.candidate(key text, owner text, ttl interval,
                                 version text DEFAULT NULL, priority integer DEFAULT 0,
                                 ready boolean DEFAULT true,
@@ -1696,7 +1796,6 @@ DECLARE
   v_now   timestamptz;
   v_num   numeric[];
   v_pre   text;
-  r_role  text;
   v_n     bigint;
 BEGIN
   PERFORM lease._raise_invalid(ARRAY[
@@ -1727,21 +1826,11 @@ BEGIN
     RETURN;
   END IF;
 
-  SELECT c.role INTO r_role FROM lease.candidates c WHERE c.key = v_key AND c.owner = v_owner;
-  IF FOUND AND NOT lease._may_act(r_role) THEN
-    -- Another role's registration of this owner string, live or not: the
-    -- owner string stays bound to that role until it withdraws.
-    IF EXISTS (SELECT 1 FROM lease._ranked(v_key, v_now) r WHERE r.owner = v_owner AND r.live) THEN
-      status := 'not_owner';
-      RETURN;
-    END IF;
-  END IF;
-
   -- A new registration: first drop this role's registrations of the key
   -- that are gone (never another role's rows, whose locks we would keep).
   DELETE FROM lease.candidates c
    WHERE c.key = v_key AND c.role = v_role
-     AND c.owner IN (SELECT r.owner FROM lease._ranked(v_key, v_now) r WHERE NOT r.live);
+     AND c.owner IN (SELECT r.owner FROM lease._ranked(v_key, v_now) r WHERE r.role = v_role AND NOT r.live);
   SELECT count(*) INTO v_n FROM lease.candidates c WHERE c.role = v_role;
   IF v_n >= lease._max_candidates() THEN
     RAISE EXCEPTION 'too_many_candidates'
@@ -1755,7 +1844,7 @@ BEGIN
     VALUES (v_key, v_owner, v_role, pg_backend_pid(), version, v_num, v_pre,
             priority, ready, v_ttl, v_now, v_now + v_ttl)
     ON CONFLICT ON CONSTRAINT candidates_pkey DO UPDATE
-      SET role = excluded.role, pid = excluded.pid, version = excluded.version,
+      SET pid = excluded.pid, version = excluded.version,
           version_num = excluded.version_num, version_pre = excluded.version_pre,
           priority = excluded.priority, ready = excluded.ready, ttl = excluded.ttl,
           registered_at = excluded.registered_at, expires_at = excluded.expires_at
@@ -1764,8 +1853,9 @@ BEGIN
 END
 $$;
 
--- lease.withdraw: ends owner's registration for key. Only its role (or a
--- member) may; returns whether a registration was removed.
+-- lease.withdraw: ends the registrations of owner for key made by the
+-- caller's role or by roles it is a member of (never another role's);
+-- returns whether a registration was removed.
 CREATE OR REPLACE FUNCTION lease.withdraw(key text, owner text)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -1774,7 +1864,7 @@ AS $$
 DECLARE
   v_key   text := key;
   v_owner text := owner;
-  r_role  text;
+  v_roles text[];
 BEGIN
   PERFORM lease._raise_invalid(ARRAY[
     lease._text_violation('key', v_key),
@@ -1783,20 +1873,25 @@ BEGIN
     PERFORM lease._raise_read_only('lease.withdraw');
   END IF;
   -- Unlocked read first: another role's row is never locked.
-  SELECT c.role INTO r_role FROM lease.candidates c WHERE c.key = v_key AND c.owner = v_owner;
-  IF NOT FOUND OR NOT lease._may_act(r_role) THEN
+  v_roles := ARRAY(SELECT c.role FROM lease.candidates c
+                    WHERE c.key = v_key AND c.owner = v_owner
+                      AND (c.role = session_user::text OR lease._may_act(c.role)));
+  IF cardinality(v_roles) = 0 THEN
     RETURN false;
   END IF;
-  DELETE FROM lease.candidates c WHERE c.key = v_key AND c.owner = v_owner AND c.role = r_role;
+  DELETE FROM lease.candidates c WHERE c.key = v_key AND c.owner = v_owner AND c.role = ANY (v_roles);
   RETURN FOUND;
 END
 $$;
 
--- lease.set_strategy: who a release hands key to: any (no handover: the key
--- is freed and the waiters race), priority, newest_version or
--- oldest_version. The strategy is bound to the role that set it: another
--- role (not a member) gets 42501. Returns the strategy before the call.
--- At most lease._max_candidates() keys with a strategy per role.
+-- lease.set_strategy: who a release of key by the caller's role
+-- (session_user) hands it to: any (no handover: the key is freed and the
+-- waiters race), priority, newest_version or oldest_version. Each role has
+-- its own strategy per key, which governs only its own releases: no role
+-- reads, changes or is refused by another's. Returns the caller's role's
+-- strategy before the call. At most lease._max_candidates() keys with a
+-- strategy per role (54000 beyond, nothing added). Locks only the caller's
+-- role's row of the key.
 CREATE OR REPLACE FUNCTION lease.set_strategy(key text, strategy text, OUT previous text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -1804,7 +1899,7 @@ AS $$
 DECLARE
   v_key      text := key;
   v_strategy text := strategy;
-  r_role     text;
+  v_role     text := session_user;
   v_n        bigint;
 BEGIN
   PERFORM lease._raise_invalid(ARRAY[
@@ -1813,42 +1908,37 @@ BEGIN
   IF current_setting('transaction_read_only') = 'on' THEN
     PERFORM lease._raise_read_only('lease.set_strategy');
   END IF;
-  SELECT s.strategy, s.role INTO previous, r_role FROM lease.strategies s WHERE s.key = v_key;
-  IF NOT FOUND THEN
-    previous := 'any';
+  SELECT s.strategy INTO previous FROM lease.strategies s
+   WHERE s.key = v_key AND s.role = v_role FOR UPDATE;
+  IF FOUND THEN
     IF v_strategy = 'any' THEN
-      RETURN;
-    END IF;
-    SELECT count(*) INTO v_n FROM lease.strategies s WHERE s.role = session_user::text;
-    IF v_n >= lease._max_candidates() THEN
-      RAISE EXCEPTION 'too_many_strategies'
-        USING ERRCODE = '54000',
-              DETAIL = format('role %s already set a strategy on %s keys, the most a role may set', session_user, v_n),
-              HINT = 'Set strategy any on keys that no longer need one.';
-    END IF;
-    INSERT INTO lease.strategies AS s (key, strategy, role, set_at)
-      VALUES (v_key, v_strategy, session_user, clock_timestamp())
-      ON CONFLICT ON CONSTRAINT strategies_pkey DO NOTHING;
-    IF NOT FOUND THEN
-      RAISE EXCEPTION '%', format('could not set the strategy: key %L got one from another transaction', v_key)
-        USING ERRCODE = '40001', HINT = 'Retry the transaction.';
+      DELETE FROM lease.strategies s WHERE s.key = v_key AND s.role = v_role;
+    ELSE
+      UPDATE lease.strategies s SET strategy = v_strategy, set_at = clock_timestamp()
+       WHERE s.key = v_key AND s.role = v_role;
     END IF;
     RETURN;
   END IF;
-  IF NOT lease._may_act(r_role) THEN
-    RAISE EXCEPTION '%', format('permission denied for the strategy of key %L', v_key)
-      USING ERRCODE = '42501',
-            DETAIL = 'another role set it; only that role (or a member of it) may change it';
-  END IF;
+  previous := 'any';
   IF v_strategy = 'any' THEN
-    DELETE FROM lease.strategies s WHERE s.key = v_key;
-  ELSE
-    UPDATE lease.strategies s SET strategy = v_strategy, set_at = clock_timestamp() WHERE s.key = v_key;
+    RETURN;
   END IF;
+  SELECT count(*) INTO v_n FROM lease.strategies s WHERE s.role = v_role;
+  IF v_n >= lease._max_candidates() THEN
+    RAISE EXCEPTION 'too_many_strategies'
+      USING ERRCODE = '54000',
+            DETAIL = format('role %s already set a strategy on %s keys, the most a role may set', v_role, v_n),
+            HINT = 'Set strategy any on keys that no longer need one.';
+  END IF;
+  INSERT INTO lease.strategies AS s (key, strategy, role, set_at)
+    VALUES (v_key, v_strategy, v_role, clock_timestamp())
+    ON CONFLICT ON CONSTRAINT strategies_pkey DO UPDATE
+      SET strategy = excluded.strategy, set_at = excluded.set_at;
 END
 $$;
 
--- lease.strategy(key): the key's strategy (any when none was set).
+-- lease.strategy(key): the strategy the caller's role set on key (any when
+-- none).
 CREATE OR REPLACE FUNCTION lease.strategy(key text)
 RETURNS text
 LANGUAGE plpgsql STABLE SECURITY DEFINER
@@ -1858,13 +1948,16 @@ DECLARE
   v_key text := key;
 BEGIN
   PERFORM lease._raise_invalid(ARRAY[lease._text_violation('key', v_key)]);
-  RETURN coalesce((SELECT s.strategy FROM lease.strategies s WHERE s.key = v_key), 'any');
+  RETURN coalesce((SELECT s.strategy FROM lease.strategies s
+                    WHERE s.key = v_key AND s.role = session_user::text), 'any');
 END
 $$;
 
--- lease.candidates(key): the key's strategy and candidates, in the order the
--- strategy would choose them (rank 1 first; NULL: not choosable now). The
--- role is not shown, as in inspect. Never writes, never locks.
+-- lease.candidates(key): the strategy the caller's role set on key, and the
+-- key's candidates in the order a release by the caller would choose them
+-- (rank 1 first; NULL: not choosable by it now, including every candidate
+-- of a role it may not act as). The role is not shown, as in inspect. Never
+-- writes, never locks.
 CREATE OR REPLACE FUNCTION lease.candidates(key text)
 RETURNS TABLE (strategy text, owner text, version text, priority integer, ready boolean,
                live boolean, rank bigint, registered_at timestamptz, expires_at timestamptz)
@@ -1876,7 +1969,8 @@ DECLARE
   v_strategy text;
 BEGIN
   PERFORM lease._raise_invalid(ARRAY[lease._text_violation('key', v_key)]);
-  v_strategy := coalesce((SELECT s.strategy FROM lease.strategies s WHERE s.key = v_key), 'any');
+  v_strategy := coalesce((SELECT s.strategy FROM lease.strategies s
+                           WHERE s.key = v_key AND s.role = session_user::text), 'any');
   RETURN QUERY
   SELECT v_strategy, r.owner, r.version, r.priority, r.ready, r.live, r.rank, r.registered_at, r.expires_at
     FROM lease._ranked(v_key, clock_timestamp()) r;
@@ -2064,9 +2158,10 @@ END
 $$;
 
 -- Operators only (EXECUTE revoked from PUBLIC): how many events each key
--- keeps (0 to 100000; 0 records nothing; NULL: leave it). Lowering it trims
--- every key's history at once, which locks the rows it deletes: run it in a
--- transaction of its own.
+-- keeps of each role that made events of it (0 to 100000; 0 records nothing;
+-- NULL: leave it). Lowering it trims every key's history at once, which locks
+-- the rows it deletes (and each trimmed key's newest row, which records the
+-- trim): run it in a transaction of its own.
 CREATE OR REPLACE FUNCTION lease.configure_history(keep_rows integer DEFAULT NULL, OUT history_rows integer)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -2074,6 +2169,8 @@ AS $$
 #variable_conflict use_column
 DECLARE
   v_keep integer := configure_history.keep_rows;
+  v_keys text[];
+  v_cuts timestamptz[];
 BEGIN
   PERFORM lease._raise_invalid(ARRAY[
     CASE WHEN v_keep < 0 OR v_keep > 100000 THEN 'keep_rows must be between 0 and 100000' END]);
@@ -2083,9 +2180,23 @@ BEGIN
   IF v_keep IS NOT NULL THEN
     INSERT INTO lease.history_settings AS s (keep_rows) VALUES (v_keep)
       ON CONFLICT (singleton) DO UPDATE SET keep_rows = excluded.keep_rows;
-    DELETE FROM lease.history h
-     USING (SELECT x.key, max(x.seq) AS last FROM lease.history x GROUP BY x.key) m
-     WHERE h.key = m.key AND h.seq <= m.last - v_keep;
+    IF v_keep = 0 THEN
+      DELETE FROM lease.history;
+    ELSE
+      -- Each key's newest row (never trimmed: it is its actor's newest)
+      -- records the newest event trimmed.
+      WITH d AS (
+        DELETE FROM lease.history h
+         USING (SELECT x.key, x.actor, max(x.actor_seq) AS last FROM lease.history x
+                 GROUP BY x.key, x.actor) m
+         WHERE h.key = m.key AND h.actor = m.actor AND h.actor_seq <= m.last - v_keep
+        RETURNING h.key, h.at)
+      SELECT array_agg(c.key), array_agg(c.cut) INTO v_keys, v_cuts
+        FROM (SELECT d.key, max(d.at) AS cut FROM d GROUP BY d.key) c;
+      UPDATE lease.history h SET trimmed_at = greatest(h.trimmed_at, c.cut)
+        FROM unnest(v_keys, v_cuts) c(key, cut)
+       WHERE h.key = c.key AND h.seq = (SELECT max(x.seq) FROM lease.history x WHERE x.key = c.key);
+    END IF;
   END IF;
   history_rows := coalesce((SELECT s.keep_rows FROM lease.history_settings s), 100);
 END

@@ -1,1 +1,41 @@
 -- State 0.4.0 -> 0.5.0.
+
+-- ---------------------------------------------------------------------------
+-- Handover: registrations and strategies belong to the role that made them.
+-- The same owner string registered by two roles is two registrations, and a
+-- strategy is kept per key and role (a role's strategy governs only its own
+-- releases). The rows of 0.4.0 stay, each under the role that made it.
+-- ---------------------------------------------------------------------------
+
+ALTER TABLE lease.candidates DROP CONSTRAINT candidates_pkey;
+ALTER TABLE lease.candidates ADD CONSTRAINT candidates_pkey PRIMARY KEY (key, owner, role);
+ALTER TABLE lease.strategies DROP CONSTRAINT strategies_pkey;
+ALTER TABLE lease.strategies ADD CONSTRAINT strategies_pkey PRIMARY KEY (key, role);
+COMMENT ON TABLE lease.strategies IS
+  'pg_lease internal: who a release by role hands a key to (lease.set_strategy); no row means any';
+
+-- ---------------------------------------------------------------------------
+-- History: retention per key and role (the actor that made each event), so
+-- one role's events never push another's out. actor_seq numbers each actor's
+-- events of a key from its oldest kept; trimmed_at, the newest event removed
+-- before (none is known for the events kept by 0.4.0).
+-- ---------------------------------------------------------------------------
+
+ALTER TABLE lease.history ADD COLUMN actor_seq bigint;
+ALTER TABLE lease.history ADD COLUMN trimmed_at timestamptz;
+UPDATE lease.history h
+   SET actor_seq = n.rn
+  FROM (SELECT x.key, x.seq,
+               pg_catalog.row_number() OVER (PARTITION BY x.key, x.actor ORDER BY x.seq) AS rn
+          FROM lease.history x) n
+ WHERE h.key OPERATOR(pg_catalog.=) n.key AND h.seq OPERATOR(pg_catalog.=) n.seq;
+ALTER TABLE lease.history ALTER COLUMN actor_seq SET NOT NULL;
+COMMENT ON TABLE lease.history IS
+  'pg_lease internal: the last events of each key and role (lease.history, lease.health; retention: lease.configure_history)';
+COMMENT ON COLUMN lease.history.actor_seq IS
+  'pg_lease internal: numbers the events of this key made by this actor (the retention trims by it)';
+COMMENT ON COLUMN lease.history.trimmed_at IS
+  'pg_lease internal: the time of the newest event of this key that retention removed before this one (NULL: none)';
+CREATE INDEX history_actor ON lease.history (key, actor, actor_seq);
+COMMENT ON TABLE lease.history_settings IS
+  'pg_lease internal: history retention (lease.configure_history); no row means 100 events per key and role';

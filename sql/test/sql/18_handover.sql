@@ -131,10 +131,14 @@ CREATE FUNCTION pg_temp.cands(k text) RETURNS TABLE (strategy text, owner text, 
     priority integer, ready boolean, live boolean, rank bigint)
 LANGUAGE sql AS $$ SELECT strategy, owner, version, priority, ready, live, rank FROM lease.candidates(k) $$;
 
--- Roles: a registration, like a grant, is bound to session_user. Another
--- role cannot register the same owner string while it is live, nor
--- withdraw it, nor change the strategy another role set; the candidate's
--- grant is bound to the candidate's role.
+-- Roles: a registration, like a grant, is bound to session_user, and so is
+-- a strategy (0.5.0: each role's registrations and strategy are its own
+-- rows). Another role registering the same owner string makes a
+-- registration of its own, and its withdraw and set_strategy touch only its
+-- own. A release chooses among the candidates of roles the releasing role
+-- may act as, under the strategy that role set; the candidate's grant is
+-- bound to the candidate's role. (30_hostile_handover: what another role can
+-- no longer do.)
 CREATE ROLE regress_pglease_ho_alice;
 CREATE ROLE regress_pglease_ho_mallory;
 SET SESSION AUTHORIZATION regress_pglease_ho_alice;
@@ -142,12 +146,16 @@ SELECT previous FROM lease.set_strategy('ho-role', 'priority');
 SELECT acquired FROM lease.acquire('ho-role', 'a1', interval '30s');
 SELECT status FROM lease.candidate('ho-role', 'a2', interval '30s', priority => 1);
 SET SESSION AUTHORIZATION regress_pglease_ho_mallory;
-SELECT status, expires_at FROM lease.candidate('ho-role', 'a2', interval '30s', priority => 9);
+-- mallory's a2 is her own registration; withdrawing it leaves alice's
+SELECT status FROM lease.candidate('ho-role', 'a2', interval '30s', priority => 9);
 SELECT lease.withdraw('ho-role', 'a2') AS withdrawn;
+SELECT lease.withdraw('ho-role', 'a2') AS withdrawn_again;
+-- her strategy of the key is her own: none, and setting any leaves alice's
+SELECT lease.strategy('ho-role');
 SELECT previous FROM lease.set_strategy('ho-role', 'any');
-\echo :LAST_ERROR_SQLSTATE
--- mallory may register an owner string of her own (the key is no one's)
 SELECT status FROM lease.candidate('ho-role', 'm1', interval '30s', priority => 0);
+-- she sees both candidates, but her strategy is any: her release would
+-- choose neither
 SELECT * FROM pg_temp.cands('ho-role');
 -- the tables are closed to her
 SELECT * FROM lease.candidates;
@@ -155,6 +163,8 @@ SELECT * FROM lease.candidates;
 UPDATE lease.strategies SET strategy = 'priority';
 \echo :LAST_ERROR_SQLSTATE
 SET SESSION AUTHORIZATION regress_pglease_ho_alice;
+-- alice's view: her strategy, her candidate first, mallory's not choosable
+SELECT * FROM pg_temp.cands('ho-role');
 SELECT status FROM lease.release('ho-role', 'a1', 1);
 SELECT held, owner, epoch FROM lease.inspect('ho-role');
 RESET SESSION AUTHORIZATION;
@@ -162,10 +172,17 @@ SELECT holder_role FROM lease.leases WHERE key = 'ho-role';
 -- a2's grant is alice's: mallory presenting it is told not_owner
 SET SESSION AUTHORIZATION regress_pglease_ho_mallory;
 SELECT status FROM lease.renew('ho-role', 'a2', 2, interval '30s');
--- a release by alice hands it to mallory's candidate, bound to mallory
+-- a release by alice never hands it to mallory's candidate: the key is free
 SET SESSION AUTHORIZATION regress_pglease_ho_alice;
 SELECT status FROM lease.release('ho-role', 'a2', 2);
 RESET SESSION AUTHORIZATION;
+SELECT owner, epoch, holder_role FROM lease.leases WHERE key = 'ho-role';
+-- a superuser (a member of every role) chooses among every role's
+-- candidates, under its own strategy: alice's a2 (priority 1) before
+-- mallory's m1 (0)
+SELECT previous FROM lease.set_strategy('ho-role', 'priority');
+SELECT acquired FROM lease.acquire('ho-role', 'root', interval '30s');
+SELECT status FROM lease.release('ho-role', 'root', 4);
 SELECT owner, epoch, holder_role FROM lease.leases WHERE key = 'ho-role';
 -- a candidate whose role was dropped is never chosen
 SET SESSION AUTHORIZATION regress_pglease_ho_alice;
