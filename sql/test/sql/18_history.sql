@@ -1,8 +1,10 @@
 -- 18_history (0.4.0): every grant, takeover, release, forced release and
 -- promotion grace of a key is recorded, with who (owner, role, the role that
 -- made the call), the epoch, when and why; calls that change nothing record
--- nothing; each key keeps the last history_rows events; lease.history and
--- lease.health are open to every role, the table and the settings are not.
+-- nothing; each key keeps the last history_rows events of each role that
+-- made events of it; lease.history and lease.health are open to every role
+-- (which sees the roles it is a member of: 31_hostile_history), the table
+-- and the settings are not.
 -- Times are projected to booleans.
 \set VERBOSITY default
 \set SHOW_CONTEXT never
@@ -32,10 +34,12 @@ SET SESSION AUTHORIZATION regress_pglease_hist_op;
 SELECT released, previous_owner, epoch FROM lease.force_release('hist-1');
 SET SESSION AUTHORIZATION regress_pglease_hist_app;
 SELECT acquired, epoch FROM lease.acquire('hist-1', 'b2', interval '30s');
+RESET SESSION AUTHORIZATION;
 SELECT * FROM pg_temp.hist('hist-1');
 -- events are in order on the server's clock
 SELECT bool_and(h.at >= p.at) AS ordered
   FROM lease.history('hist-1') h JOIN lease.history('hist-1') p ON p.seq = h.seq - 1;
+SET SESSION AUTHORIZATION regress_pglease_hist_app;
 
 -- Calls that change nothing record nothing: an idempotent re-acquire, a
 -- denied acquire, a renewal, failed renewals and releases, a forced release
@@ -86,7 +90,9 @@ INSERT INTO lease.leases (key, owner, epoch, expires_at, acquired_at, holder_rol
 SELECT key, held, grants, transitions, leaderless_seconds, history_since, ttl FROM lease.health() WHERE key = 'hist-old';
 DELETE FROM lease.leases WHERE key = 'hist-old';
 
--- Retention: the last keep_rows events of each key; numbering goes on.
+-- Retention: the last keep_rows events of each key and role (0.5.0): hist-1's
+-- events were made by app (seqs 1-4, 6), op (5) and the superuser (7); with
+-- 3 kept, app's oldest two go. Numbering goes on.
 SELECT * FROM lease.configure_history();
 SELECT * FROM lease.configure_history(3);
 SELECT seq, event FROM lease.history('hist-1');
