@@ -22,11 +22,13 @@ func (a *app) candidatesCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "candidates KEY",
 		Short: "Show a key's handover strategy and its candidates",
-		Long: `Show KEY's handover strategy and the candidates registered for it, in the order
-the strategy would choose them on the holder's release (RANK 1 first). A candidate
-without a rank cannot be chosen now: not live (its registration lapsed or its
-connection ended), not ready, without a version under a version strategy, or
-the strategy is any (a release frees the key and the waiters race).`,
+		Long: `Show the handover strategy that the connecting database role set on KEY and
+the candidates registered for it, in the order a release by that role would
+choose them (RANK 1 first). A candidate without a rank cannot be chosen now:
+not live (its registration lapsed or its connection ended), not ready, without
+a version under a version strategy, registered by a role the connecting role
+is not a member of, or the strategy is any (a release frees the key and the
+waiters race).`,
 		Args: args(1, 1, "exactly one KEY"),
 		RunE: a.runE("candidates", func(cmd *cobra.Command, keys []string) error {
 			key := keys[0]

@@ -14,8 +14,10 @@ import (
 )
 
 // Strategy says which registered candidate a release hands a key to
-// (lease.set_strategy). The release grants the key to the chosen ready
-// candidate, epoch + 1, in its own transaction.
+// (lease.set_strategy). Each database role sets its own strategy of a key,
+// which governs only that role's releases: the release grants the key to the
+// chosen ready candidate of a role the releasing role may act as (itself, or
+// a role it is a member of), epoch + 1, in its own transaction.
 type Strategy string
 
 // The strategies. Under StrategyAny (the default) a release frees the key and
@@ -74,8 +76,11 @@ type CandidateState struct {
 	Ready    bool
 	// Live: registered within its TTL, its connection open, its role existing.
 	Live bool
-	// Rank is the order in which the key's strategy would choose it (1
-	// first); 0 when it cannot be chosen now (or the strategy is any).
+	// Rank is the order in which a release by the caller's role would
+	// choose it under that role's strategy (1 first); 0 when such a
+	// release cannot choose it now (the strategy is any, or the candidate
+	// is not live or not ready, or belongs to a role the caller may not
+	// act as).
 	Rank         int64
 	RegisteredAt time.Time
 	ExpiresAt    time.Time
@@ -93,8 +98,10 @@ func candidateError(op, key, owner string, err error) error {
 
 // Register registers (or renews) cand as a candidate of key until the server
 // time it returns. The registration also ends when the connection that made
-// it closes. It fails with lease.ErrNotOwner when another database role
-// registered the same owner for key and that registration is live.
+// it closes. It is the registration of the connection's database role:
+// from pg_lease 0.5.0 another role's registration of the same owner is
+// another registration, which neither refuses nor replaces it (0.4.0 failed
+// with lease.ErrNotOwner while that one was live).
 func Register(ctx context.Context, c *lease.Client, key string, cand Candidate) (time.Time, error) {
 	if err := leasecore.CheckTTL("register", key, "ttl", cand.TTL, false); err != nil {
 		return time.Time{}, err
@@ -120,8 +127,9 @@ func Register(ctx context.Context, c *lease.Client, key string, cand Candidate) 
 	return *expiresAt, nil
 }
 
-// Withdraw ends owner's registration for key; false when there was none
-// (or another role's).
+// Withdraw ends owner's registrations for key made by the connection's
+// database role (or a role it is a member of); false when there was none.
+// Another role's registration of the same owner stays.
 func Withdraw(ctx context.Context, c *lease.Client, key, owner string) (bool, error) {
 	var ok bool
 	err := leasecore.RetryOnce(ctx, func() error {
@@ -133,8 +141,11 @@ func Withdraw(ctx context.Context, c *lease.Client, key, owner string) (bool, er
 	return ok, nil
 }
 
-// SetStrategy sets key's strategy and returns the one before. A strategy is
-// bound to the database role that set it: another role gets lease.ErrPermission.
+// SetStrategy sets the strategy of the connection's database role for key
+// and returns that role's strategy before. It governs only the releases
+// made by that role; another role's strategy of the key neither refuses
+// nor overrides it (pg_lease 0.4.0 kept one strategy per key, and another
+// role than the one that set it got lease.ErrPermission).
 func SetStrategy(ctx context.Context, c *lease.Client, key string, s Strategy) (Strategy, error) {
 	var prev string
 	err := leasecore.RetryOnce(ctx, func() error {
@@ -146,8 +157,9 @@ func SetStrategy(ctx context.Context, c *lease.Client, key string, s Strategy) (
 	return Strategy(prev), nil
 }
 
-// Candidates returns key's strategy and its registrations, in the order the
-// strategy would choose them.
+// Candidates returns the strategy of the connection's database role for
+// key and the key's registrations (every role's: owners are public, roles
+// are not shown), in the order a release by that role would choose them.
 func Candidates(ctx context.Context, c *lease.Client, key string) (Strategy, []CandidateState, error) {
 	db := leasecore.DB(c)
 	rows, err := db.Query(ctx,
@@ -199,7 +211,9 @@ func Candidates(ctx context.Context, c *lease.Client, key string) (Strategy, []C
 // leader may grant it the key directly.
 type Candidacy struct {
 	// Strategy, when set, is set on the key at the first registration
-	// (lease.set_strategy); empty leaves the key's strategy as it is.
+	// (lease.set_strategy): the strategy of the database role, which
+	// governs the releases of every process of that role. Empty leaves it
+	// as it is.
 	Strategy Strategy
 	// Version is this candidate's semantic version (empty: none).
 	Version string
@@ -250,8 +264,9 @@ func (c Candidacy) Check() error {
 // RegisterMany registers (or renews) owner as a candidate of every key of
 // keys in one statement, key i with priorities[i]; the TTL, version and
 // readiness are cand's (cand.Priority is not used). At most lease.MaxBatch
-// keys. It returns the keys whose registration the server refused
-// (another role registered owner for them); an error is for the whole call.
+// keys. It returns the keys whose registration the server refused (pg_lease
+// 0.4.0 only: another role registered owner for them); an error is for the
+// whole call.
 func RegisterMany(ctx context.Context, c *lease.Client, keys []string, priorities []int32, cand Candidate) ([]string, error) {
 	if len(keys) != len(priorities) || len(keys) > lease.MaxBatch {
 		return nil, fmt.Errorf("handover: register_many: %w: %d keys and %d priorities (at most %d keys)",
@@ -308,9 +323,10 @@ func WithdrawMany(ctx context.Context, c *lease.Client, keys []string, owner str
 	return nil
 }
 
-// SetStrategyMany sets s as the strategy of every key of keys in one
-// statement. It fails as a whole, setting nothing, when one key's strategy
-// cannot be set (lease.ErrPermission: another role set it).
+// SetStrategyMany sets s as the connection's database role's strategy of
+// every key of keys in one statement. It fails as a whole, setting nothing,
+// when one key's strategy cannot be set (ErrTooMany; with pg_lease 0.4.0
+// also lease.ErrPermission: another role set it).
 func SetStrategyMany(ctx context.Context, c *lease.Client, keys []string, s Strategy) error {
 	if len(keys) == 0 {
 		return nil

@@ -31,8 +31,9 @@ const (
 // HistoryEvent is one recorded change of a key's leadership (lease.history).
 type HistoryEvent struct {
 	Key string
-	// Seq numbers the key's events from 1, without gaps; retention removes
-	// the oldest.
+	// Seq numbers the key's events from 1 in order. Retention removes each
+	// role's oldest events of the key (pg_lease 0.5.0: per role that made
+	// them), so the kept ones may have gaps.
 	Seq int64
 	// At is the server's clock when the change was made.
 	At   time.Time
@@ -40,6 +41,8 @@ type HistoryEvent struct {
 	// Owner, Role and Epoch are the grant the event concerns: the new
 	// grant (acquired, taken_over) or the one that ended (released,
 	// force_released). Role is the database role bound to the grant.
+	// From pg_lease 0.5.0 Role and Actor are empty unless the caller's
+	// role is that role or a member of it.
 	Owner string
 	Role  string
 	Epoch int64
@@ -57,8 +60,9 @@ type HistoryEvent struct {
 }
 
 // History returns the last (at most limit, 1 to 10000) recorded events of
-// key through c, oldest first. A key without history gives none. Every role
-// that may call lease.inspect may read it.
+// key through c, oldest first, whichever roles made them. A key without
+// history gives none. Every role that may call lease.inspect may read it;
+// role names are shown only to their roles and members.
 func History(ctx context.Context, c *lease.Client, key string, limit int) ([]HistoryEvent, error) {
 	if limit < 1 || limit > 10000 {
 		return nil, fmt.Errorf("history %q: %w: limit %d must be between 1 and 10000", key, lease.ErrInvalidInput, limit)
@@ -103,7 +107,9 @@ type KeyHealth struct {
 	Key  string
 	Held bool
 	// Owner, Role, TermStarted and ExpiresAt describe the current grant
-	// (zero when not held); TermAge is how long it has lasted.
+	// (zero when not held); TermAge is how long it has lasted. From
+	// pg_lease 0.5.0 Role is empty unless the caller's role is the grant's
+	// role or a member of it.
 	Owner       string
 	Role        string
 	Epoch       int64
@@ -124,7 +130,8 @@ type KeyHealth struct {
 	HasHistory bool
 	// Transitions counts the grants in the period; Leaderless is how long
 	// within the period the key had no holder. Both see only the history
-	// kept: HistorySince is the oldest event kept (zero: none).
+	// kept: HistorySince is since when it is complete, the oldest event
+	// kept or, when later, the newest event retention removed (zero: none).
 	Transitions  int64
 	Leaderless   time.Duration
 	HistorySince time.Time

@@ -23,8 +23,8 @@ func (r *Sharder) candidacies(ctx context.Context, want map[int]int32, refresh b
 	if !changed && !(refresh && len(want) > 0) {
 		return nil
 	}
-	// A release hands a key over only under a strategy: priority, set once
-	// per key by this process (another role's strategy stays).
+	// A release hands a key over only under the releasing role's strategy:
+	// priority, set once per key by this process for its role.
 	var errs []error
 	var unset []string
 	for s := range want {
@@ -33,7 +33,8 @@ func (r *Sharder) candidacies(ctx context.Context, want map[int]int32, refresh b
 		}
 	}
 	if err := handover.SetStrategyMany(ctx, r.c, unset, handover.StrategyPriority); err != nil {
-		// One key refused (another role's strategy stays): key by key.
+		// One key refused (pg_lease 0.4.0: another role's strategy stays;
+		// or the role's bound): key by key.
 		var set []string
 		for _, k := range unset {
 			if _, err := handover.SetStrategy(ctx, r.c, k, handover.StrategyPriority); err != nil && !errors.Is(err, lease.ErrPermission) {

@@ -55,7 +55,8 @@ func (r *Registrar) Refresh(ctx context.Context) error {
 		if _, err := handover.SetStrategy(ctx, r.c, r.key, r.cand.Strategy); err != nil && !errors.Is(err, lease.ErrPermission) {
 			return err
 		}
-		// ErrPermission: another role set the key's strategy; it stays.
+		// ErrPermission (pg_lease 0.4.0 only): another role set the key's
+		// strategy; it stays.
 		r.strategySet = true
 	}
 	ready := r.Ready()
