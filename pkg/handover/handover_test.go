@@ -188,3 +188,75 @@ func deref(s *string) string {
 	}
 	return *s
 }
+
+// Another database role's candidates and strategies never decide where a
+// role's release goes: eve sets the key's strategy first, registers a
+// candidate at the highest priority and takes the owner string of alice's
+// follower first; alice sets her own strategy, registers that follower all
+// the same, and her release hands the key to it, bound to her role. Eve's
+// candidate may acquire the key once a release frees it, like anyone.
+func TestAnotherRoleDecidesNoHandover(t *testing.T) {
+	forEachMode(t, func(t *testing.T, db *testDB) {
+		ctx := testCtx(t)
+		_, aliceDSN := pgtest.NewRole(t, db.dsn, "regress_pglease_alice")
+		_, eveDSN := pgtest.NewRole(t, db.dsn, "regress_pglease_eve")
+		alice := lease.New(pgtest.NewPool(t, aliceDSN))
+		eve := lease.New(pgtest.NewPool(t, eveDSN))
+
+		if _, err := handover.SetStrategy(ctx, eve, "leader", handover.StrategyNewestVersion); err != nil {
+			t.Fatal(err)
+		}
+		for _, cand := range []handover.Candidate{
+			{Owner: "eve", Version: "99.0.0", Priority: 1<<31 - 1, Ready: true, TTL: time.Minute},
+			{Owner: "alice-next", Version: "99.0.0", Priority: 1<<31 - 1, Ready: true, TTL: time.Minute},
+		} {
+			if _, err := handover.Register(ctx, eve, "leader", cand); err != nil {
+				t.Fatal(err)
+			}
+		}
+		prev, err := handover.SetStrategy(ctx, alice, "leader", handover.StrategyPriority)
+		if err != nil || prev != handover.StrategyAny {
+			t.Fatalf("alice's SetStrategy after eve's: %v %v, want any and no error", prev, err)
+		}
+		g, ok, err := alice.Acquire(ctx, "leader", "alice", time.Minute)
+		if err != nil || !ok {
+			t.Fatalf("acquire: %v %v", ok, err)
+		}
+		if _, err := handover.Register(ctx, alice, "leader", handover.Candidate{Owner: "alice-next", Priority: 10, Ready: true, TTL: time.Minute}); err != nil {
+			t.Fatalf("alice's registration of an owner string eve registered first: %v", err)
+		}
+		st, cs, err := handover.Candidates(ctx, alice, "leader")
+		if err != nil || st != handover.StrategyPriority || len(cs) != 3 || cs[0].Owner != "alice-next" || cs[0].Rank != 1 ||
+			cs[1].Rank != 0 || cs[2].Rank != 0 {
+			t.Fatalf("alice's Candidates: %v %+v %v, want her strategy and only her candidate ranked", st, cs, err)
+		}
+		if st, _, err := handover.Candidates(ctx, eve, "leader"); err != nil || st != handover.StrategyNewestVersion {
+			t.Fatalf("eve's strategy: %v %v, want hers unchanged", st, err)
+		}
+		if err := alice.Release(ctx, g.Token); err != nil {
+			t.Fatal(err)
+		}
+		s, err := alice.Inspect(ctx, "leader")
+		if err != nil || !s.Held || s.Owner != "alice-next" || s.Epoch != g.Epoch+1 {
+			t.Fatalf("after alice's release: %+v %v, want alice-next at epoch %d", s, err, g.Epoch+1)
+		}
+		h, ok, err := alice.Acquire(ctx, "leader", "alice-next", time.Minute)
+		if err != nil || !ok || h.Epoch != s.Epoch {
+			t.Fatalf("alice-next takes up the grant: %+v %v %v", h, ok, err)
+		}
+		// Without a candidate of hers, alice's release frees the key, and
+		// eve's candidate acquires it like anyone.
+		if ok, err := handover.Withdraw(ctx, alice, "leader", "alice-next"); err != nil || !ok {
+			t.Fatalf("Withdraw: %v %v", ok, err)
+		}
+		if err := alice.Release(ctx, h.Token); err != nil {
+			t.Fatal(err)
+		}
+		if s, err := alice.Inspect(ctx, "leader"); err != nil || s.Held {
+			t.Fatalf("after alice's second release: %+v %v, want free", s, err)
+		}
+		if _, ok, err := eve.Acquire(ctx, "leader", "eve", time.Minute); err != nil || !ok {
+			t.Fatalf("eve's acquire of the free key: %v %v", ok, err)
+		}
+	})
+}

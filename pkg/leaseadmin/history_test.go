@@ -131,3 +131,88 @@ func TestCleanupRemovesHistory(t *testing.T) {
 		t.Fatalf("history of the key after it came back: %+v %v", evs, err)
 	}
 }
+
+// History and Health across database roles: a role reads another role's
+// events and grants without their role names (Role and Actor empty), its
+// own with them; and another role's 51 grant and release cycles of a free
+// key (102 events, more than the 100 kept) leave the first role's events
+// of that key in place, the other role keeping its own last 100.
+func TestHistoryAcrossRoles(t *testing.T) {
+	forEachMode(t, func(t *testing.T, db *testDB) {
+		ctx := testCtx(t)
+		aliceRole, aliceDSN := pgtest.NewRole(t, db.dsn, "regress_pglease_alice")
+		eveRole, eveDSN := pgtest.NewRole(t, db.dsn, "regress_pglease_eve")
+		alice := lease.New(newPool(t, aliceDSN))
+		eve := lease.New(newPool(t, eveDSN))
+
+		g, _, err := alice.Acquire(ctx, "k", "alice", time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := alice.Release(ctx, g.Token); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := alice.Acquire(ctx, "held", "alice", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		for range 51 {
+			g, ok, err := eve.Acquire(ctx, "k", "eve", time.Minute)
+			if err != nil || !ok {
+				t.Fatalf("eve's acquire: %v %v", ok, err)
+			}
+			if err := eve.Release(ctx, g.Token); err != nil {
+				t.Fatal(err)
+			}
+		}
+		byOwner := func(c *lease.Client, who string) (own, others []leaseadmin.HistoryEvent) {
+			t.Helper()
+			h, err := leaseadmin.History(ctx, c, "k", 10000)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range h {
+				if e.Owner == who {
+					own = append(own, e)
+				} else {
+					others = append(others, e)
+				}
+			}
+			return own, others
+		}
+		own, others := byOwner(alice, "alice")
+		if len(own) != 2 || own[0].Kind != leaseadmin.HistoryAcquired || own[1].Kind != leaseadmin.HistoryReleased {
+			t.Fatalf("alice's events after eve's 51 cycles: %+v, want her acquired and released", own)
+		}
+		for _, e := range own {
+			if e.Role != aliceRole || e.Actor != aliceRole {
+				t.Errorf("alice reads her own event %d with role %q, actor %q", e.Seq, e.Role, e.Actor)
+			}
+		}
+		if len(others) != 100 {
+			t.Errorf("alice reads %d of eve's events, want the 100 kept", len(others))
+		}
+		for _, e := range others {
+			if e.Role != "" || e.Actor != "" {
+				t.Fatalf("alice reads eve's event %d with role %q, actor %q, want none", e.Seq, e.Role, e.Actor)
+			}
+		}
+		own, others = byOwner(eve, "eve")
+		if len(own) != 100 || own[0].Role != eveRole || len(others) != 2 || others[0].Role != "" || others[0].Actor != "" {
+			t.Fatalf("eve's view: %d own (first %+v), alice's %+v", len(own), own[0], others)
+		}
+		for _, c := range []struct {
+			c    *lease.Client
+			role string
+		}{{alice, aliceRole}, {eve, ""}} {
+			hs, err := leaseadmin.Health(ctx, c.c, time.Hour)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, h := range hs {
+				if h.Key == "held" && (!h.Held || h.Owner != "alice" || h.Role != c.role) {
+					t.Errorf("Health of held: %+v, want alice's grant with role %q", h, c.role)
+				}
+			}
+		}
+	})
+}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/leaseadmin"
 	"github.com/pglease/pg_lease/pkg/listen"
@@ -247,6 +248,60 @@ func TestAwaitSharesReads(t *testing.T) {
 		}
 		if extra := len(counted); extra != 1 {
 			t.Fatalf("%d reads after the grant for %d Awaits, want 1 shared", extra, n)
+		}
+	})
+}
+
+// TestWatchBesideAnOpenCleanup: another role calls lease.listen, whose
+// clean-up deletes registrations of backends that are gone, and keeps its
+// transaction open with those rows locked. The waiter's own listen skips
+// them: Watch registers without hitting its lock_timeout (no
+// listen_locked), and the key's change is notified.
+func TestWatchBesideAnOpenCleanup(t *testing.T) {
+	forEachMode(t, func(t *testing.T, db *testDB) {
+		ctx := testCtx(t)
+		// Registrations of two backends that are gone (pids no backend has).
+		if _, err := db.pool.Exec(ctx, `INSERT INTO lease.listeners (pid, key, since)
+			SELECT g.p, 'gone-' || i, clock_timestamp() FROM (VALUES (-1), (-2)) g(p), generate_series(1, 60) i`); err != nil {
+			t.Fatal(err)
+		}
+		_, eveDSN := pgtest.NewRole(t, db.dsn, "regress_pglease_eve")
+		eve := connect(t, eveDSN)
+		if _, err := eve.Exec(ctx, `BEGIN`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := eve.Exec(ctx, `SELECT lease.listen('eve')`); err != nil {
+			t.Fatal(err)
+		}
+		var locked int
+		if err := db.pool.QueryRow(ctx, `SELECT count(*) FROM lease.listeners WHERE pid < 0
+			AND ctid NOT IN (SELECT ctid FROM lease.listeners WHERE pid < 0 FOR UPDATE SKIP LOCKED)`).Scan(&locked); err != nil {
+			t.Fatal(err)
+		}
+		if locked == 0 {
+			t.Fatal("eve's listen locked no registration of the gone backends")
+		}
+		w, rec := newWaiter(t, db, listen.Options{})
+		rec.next(t, "listening")
+		watched := make(chan (<-chan listen.Event), 1)
+		go func() { watched <- w.Watch(ctx, "k") }()
+		rec.await(t, `listen "k"`, func(ev hookEvent) bool {
+			if ev.kind == "listen_locked" {
+				t.Fatalf("the waiter's listen of %s waited for eve's locks (listen_locked)", ev.detail)
+			}
+			return ev.kind == "listen" && ev.detail == "k"
+		})
+		events := <-watched
+		if _, _, err := db.c.Acquire(ctx, "k", "holder", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		for ev := range events {
+			if ev.Type == "acquired" && ev.Key == "k" {
+				break
+			}
+		}
+		if _, err := eve.Exec(ctx, `COMMIT`); err != nil {
+			t.Fatal(err)
 		}
 	})
 }

@@ -272,7 +272,36 @@ func TestFormerOwnerRejectedPerShard(t *testing.T) {
 // by handover, each in the release's transaction, so no shard is ever
 // free; the work under each ended before its grant moved (no overlap).
 func TestLeaveHandsOver(t *testing.T) {
+	leaveHandsOver(t, newCluster(t, 16, 3*time.Second))
+}
+
+// TestLeaveHandsOverBesideAnotherRole: the replicas run as a database role
+// of their own, and another role set the priority strategy on every shard
+// key before them and registers a candidate of its own at the highest
+// priority on each: a leaving replica's shards still go to their
+// runner-ups, and nothing of the other role changes that.
+func TestLeaveHandsOverBesideAnotherRole(t *testing.T) {
 	c := newCluster(t, 16, 3*time.Second)
+	ctx := pgtest.Context(t, 0)
+	_, appDSN := pgtest.NewRole(t, c.dsn, "regress_pglease_app")
+	_, eveDSN := pgtest.NewRole(t, c.dsn, "regress_pglease_eve")
+	eve := lease.New(pgtest.NewPool(t, eveDSN))
+	keys := make([]string, c.n)
+	prios := make([]int32, c.n)
+	for s := range c.n {
+		keys[s], prios[s] = shard.Key("ctl", s), 1<<31-1
+	}
+	if err := handover.SetStrategyMany(ctx, eve, keys, handover.StrategyPriority); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := handover.RegisterMany(ctx, eve, keys, prios, handover.Candidate{Owner: "eve", Ready: true, TTL: 10 * time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	c.dsn, c.pool = appDSN, pgtest.NewPool(t, appDSN)
+	leaveHandsOver(t, c)
+}
+
+func leaveHandsOver(t *testing.T, c *cluster) {
 	ctx := pgtest.Context(t, 0)
 	lc := lease.New(c.pool)
 	for _, id := range []string{"a", "b", "c"} {
