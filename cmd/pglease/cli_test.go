@@ -93,6 +93,8 @@ func TestUsageErrorsExitTwoWithoutConnecting(t *testing.T) {
 		{"serve-metrics", "--max-keys", "many"},
 		{"serve-metrics", "--key-prefix", ""},
 		{"serve-metrics", "--listen", "9188"},
+		{"serve-metrics", "--listen", "localhost:"},
+		{"serve-metrics", "--listen", "localhost:65536"},
 		{"serve-metrics", "--show-owners=maybe"},
 		{"serve-metrics", "--bearer-token-file", "/nonexistent/pglease-token"},
 	} {

@@ -9,8 +9,10 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -58,8 +60,8 @@ left out unless asked for.
 
 Authentication: with a token from --bearer-token-file, $PGLEASE_METRICS_TOKEN_FILE or
 $PGLEASE_METRICS_TOKEN (at least 16 bytes; never printed), /metrics answers only
-requests carrying "Authorization: Bearer TOKEN" (Prometheus: authorization.credentials_file).
-For TLS, serve it behind a proxy.`,
+requests carrying "Authorization: Bearer TOKEN" (in Prometheus's scrape config:
+authorization.credentials_file). For TLS, serve it behind a proxy.`,
 		Example: `  pglease serve-metrics
   pglease serve-metrics --key-prefix billing/ --show-owners
   PGLEASE_METRICS_TOKEN_FILE=/run/secrets/metrics-token pglease serve-metrics --listen :9188`,
@@ -79,9 +81,17 @@ For TLS, serve it behind a proxy.`,
 			if err != nil {
 				return err
 			}
-			host, _, err := net.SplitHostPort(listen)
-			if err != nil {
-				return usagef("--listen %q: want host:port (%v)", listen, err)
+			host, port, err := net.SplitHostPort(listen)
+			if n, perr := strconv.ParseUint(port, 10, 16); err != nil || perr != nil || (n == 0 && port != "0") {
+				return usagef("--listen %q: want host:port, the port a number from 0 to 65535", listen)
+			}
+			if len(mc.KeyPrefixes) > 100 {
+				return usagef("--key-prefix: %d prefixes, want at most 100", len(mc.KeyPrefixes))
+			}
+			for _, p := range mc.KeyPrefixes {
+				if p == "" || len(p) > 1024 || !utf8.ValidString(p) || strings.ContainsRune(p, 0) {
+					return usagef("--key-prefix %q: want 1 to 1024 bytes of UTF-8 without NUL", leasemetrics.Label(p))
+				}
 			}
 			mc.Period, mc.Timeout = period, timeout
 			mc.OnError = func(err error) { a.warnf("scrape: %v", err) }
