@@ -59,7 +59,7 @@ holders' database roles (--show-roles) and the database name (--show-database) a
 left out unless asked for.
 
 Authentication: with a token from --bearer-token-file, $PGLEASE_METRICS_TOKEN_FILE or
-$PGLEASE_METRICS_TOKEN (at least 16 bytes; never printed), /metrics answers only
+$PGLEASE_METRICS_TOKEN (at least 16 bytes; read at start; never printed), /metrics answers only
 requests carrying "Authorization: Bearer TOKEN" (in Prometheus's scrape config:
 authorization.credentials_file). For TLS, serve it behind a proxy.`,
 		Example: `  pglease serve-metrics
