@@ -315,9 +315,9 @@ func (e *Elector) identityTaken(log logr.Logger, epoch int64) {
 const identityLogEvery = time.Minute
 
 // follow waits, after an acquire was refused, until the key is free or
-// held by this elector (a leader's release handed it over). A grant under
-// this elector's identity whose epoch the server already refused to it
-// (notMine) is another holder's. follow returns the state it ended on. A key that
+// held by this elector (a leader's release handed it over), and returns
+// the state it ended on. A grant under this elector's identity whose epoch
+// the server already refused to it (notMine) is another holder's. A key that
 // reads free right after the refusal has a change in flight. Another
 // transaction holds its row: a grant or renewal whose commit waits for the
 // synchronous standbys, say. follow then pauses min(RetryInterval,
