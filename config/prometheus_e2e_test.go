@@ -229,7 +229,8 @@ func TestDashboardShowsFailoverAndRollout(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	coll, err := leasemetrics.New(pool, leasemetrics.Config{Period: 5 * time.Minute, Timeout: 5 * time.Second})
+	coll, err := leasemetrics.New(pool, leasemetrics.Config{Period: 5 * time.Minute, Timeout: 5 * time.Second,
+		ShowOwners: true, ShowRoles: true, ShowDatabase: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -142,7 +142,7 @@ func TestAlertRules(t *testing.T) {
 			checkMetrics(t, "alert "+r.Alert, r.Expr)
 		}
 	}
-	for _, want := range []string{"PgLeaseNoLeader", "PgLeaseLeadershipFlapping", "PgLeaseKeyOwnedByNobody", "PgLeasePromotionGrace", "PgLeaseMetricsDown", "PgLeaseShardsUnowned"} {
+	for _, want := range []string{"PgLeaseNoLeader", "PgLeaseLeadershipFlapping", "PgLeaseKeyOwnedByNobody", "PgLeasePromotionGrace", "PgLeaseMetricsDown", "PgLeaseShardsUnowned", "PgLeaseMetricsKeysOmitted"} {
 		if !slices.Contains(alerts, want) {
 			t.Errorf("alerts.yaml has no alert %s (it has %v)", want, alerts)
 		}

@@ -88,6 +88,15 @@ func TestUsageErrorsExitTwoWithoutConnecting(t *testing.T) {
 		{"serve-metrics", "extra"},
 		{"serve-metrics", "--period", "0s"},
 		{"serve-metrics", "--timeout", "-1s"},
+		{"serve-metrics", "--max-keys", "0"},
+		{"serve-metrics", "--max-keys", "100001"},
+		{"serve-metrics", "--max-keys", "many"},
+		{"serve-metrics", "--key-prefix", ""},
+		{"serve-metrics", "--listen", "9188"},
+		{"serve-metrics", "--listen", "localhost:"},
+		{"serve-metrics", "--listen", "localhost:65536"},
+		{"serve-metrics", "--show-owners=maybe"},
+		{"serve-metrics", "--bearer-token-file", "/nonexistent/pglease-token"},
 	} {
 		_, errs := wantExit(t, ctx, bad, exitUsage, args...)
 		if strings.Contains(errs, "cannot connect") {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
 )
 
@@ -102,12 +103,13 @@ func TestHealthCommand(t *testing.T) {
 	wantExit(t, ctx, e, exitUsage, "health", "--period", "0s")
 }
 
-// serve-metrics serves every key's metrics until interrupted; the
-// exposition passes promtool's lint.
+// serve-metrics serves every key's metrics until interrupted; asked to, it
+// shows owners, roles and the database; the exposition passes promtool's
+// lint.
 func TestServeMetrics(t *testing.T) {
 	ctx, dsn, c := leaseSetup(t)
 	acquire(t, ctx, c, "controller", "pod-a", time.Minute)
-	p := start(t, ctx, dsnEnv(dsn), "serve-metrics", "--listen", "127.0.0.1:0")
+	p := start(t, ctx, dsnEnv(dsn), "serve-metrics", "--listen", "127.0.0.1:0", "--show-owners", "--show-roles", "--show-database")
 	p.waitFor(t, "/metrics\n", false)
 	url := regexp.MustCompile(`http://\S+/metrics`).FindString(p.out.String())
 	resp, err := http.Get(url)
@@ -130,6 +132,9 @@ func TestServeMetrics(t *testing.T) {
 			t.Errorf("metrics lack %q:\n%s", want, body)
 		}
 	}
+	if !regexp.MustCompile(`pg_lease_key_holder_info\{database="[^"]+",holder="pod-a",key="controller",role="[^"]+"\} 1`).Match(body) {
+		t.Errorf("no holder_info naming the database, owner and role:\n%s", body)
+	}
 	if pt, err := exec.LookPath("promtool"); err != nil {
 		t.Error("promtool not found: install Debian's prometheus package (hack/install-deps.sh does)")
 	} else {
@@ -146,4 +151,72 @@ func TestServeMetrics(t *testing.T) {
 		}
 	}
 	p.stopOK(t, "serve-metrics")
+}
+
+// serve-metrics' defaults: loopback, no owner, role or database name in the
+// output; a bearer token, when set, guards /metrics and is never printed.
+func TestServeMetricsDefaults(t *testing.T) {
+	ctx, dsn, c := leaseSetup(t)
+	acquire(t, ctx, c, "controller", "pod-a", time.Minute)
+
+	out := mustRun(t, ctx, env{}, "serve-metrics", "--help")
+	if !strings.Contains(out, `(default "127.0.0.1:9188")`) {
+		t.Errorf("serve-metrics --help does not give loopback as --listen's default:\n%s", out)
+	}
+
+	const token = "tok-0123456789abcdef-secret"
+	e := dsnEnv(dsn)
+	e["PGLEASE_METRICS_TOKEN"] = token
+	p := start(t, ctx, e, "-v", "serve-metrics", "--listen", "127.0.0.1:0")
+	p.waitFor(t, "/metrics\n", false)
+	url := regexp.MustCompile(`http://\S+/metrics`).FindString(p.out.String())
+	get := func(auth string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, string(body)
+	}
+	for _, auth := range []string{"", "Bearer wrong-token-0123456789", "Basic " + token, token} {
+		if code, _ := get(auth); code != http.StatusUnauthorized {
+			t.Errorf("GET /metrics with Authorization %q: %d, want 401", auth, code)
+		}
+	}
+	code, body := get("Bearer " + token)
+	if code != http.StatusOK || !strings.Contains(body, `pg_lease_key_held{database="",key="controller"} 1`) {
+		t.Fatalf("GET /metrics with the token: %d\n%s", code, body)
+	}
+	var db, role string
+	if err := pgtest.Connect(t, dsn).QueryRow(ctx, "SELECT current_database(), session_user").Scan(&db, &role); err != nil {
+		t.Fatal(err)
+	}
+	for _, secret := range []string{"pod-a", "holder_info", `database="` + db, `role="` + role} {
+		if strings.Contains(body, secret) {
+			t.Errorf("the default metrics reveal %q:\n%s", secret, body)
+		}
+	}
+	p.stopOK(t, "serve-metrics")
+	if strings.Contains(p.out.String()+p.err.String(), token) {
+		t.Errorf("the token was printed:\n%s\n%s", p.out.String(), p.err.String())
+	}
+
+	// A token that is too short is refused, without being printed.
+	e["PGLEASE_METRICS_TOKEN"] = "short-secret"
+	outs, errs := wantExit(t, ctx, e, exitUsage, "-v", "serve-metrics", "--listen", "127.0.0.1:0")
+	if !strings.Contains(errs, "$PGLEASE_METRICS_TOKEN") || strings.Contains(outs+errs, "short-secret") {
+		t.Errorf("short token: stdout %q stderr %q", outs, errs)
+	}
 }

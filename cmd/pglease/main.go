@@ -11,7 +11,7 @@
 //	pglease cleanup --free-for DURATION    delete keys free for at least DURATION (operators)
 //	pglease history KEY [-o FORMAT]        a key's last grants, releases, takeovers and their reasons
 //	pglease health [KEY...] [-o FORMAT]    every key's leader, term and time without a leader
-//	pglease serve-metrics [--listen ADDR]  every key's leadership as Prometheus metrics
+//	pglease serve-metrics [--listen ADDR]  keys' leadership as Prometheus metrics (loopback by default)
 //
 // Every command takes --help; flags go anywhere on the line. The connection
 // comes from --dsn-file, $PGLEASE_DSN_FILE, $PGLEASE_DSN, else the libpq

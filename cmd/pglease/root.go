@@ -91,6 +91,7 @@ type app struct {
 
 	cfg       *pgx.ConnConfig // set by config()
 	password  string          // redacted from everything printed
+	token     string          // serve-metrics' bearer token, redacted too
 	dsnSource string          // where the DSN came from, for messages
 
 	// connectFn opens a connection; tests and fuzzers may replace it (a
@@ -268,6 +269,9 @@ func (a *app) warnf(format string, args ...any) {
 func (a *app) redact(s string) string {
 	if a.password != "" {
 		s = strings.ReplaceAll(s, a.password, "xxxxx")
+	}
+	if a.token != "" {
+		s = strings.ReplaceAll(s, a.token, "xxxxx")
 	}
 	return s
 }

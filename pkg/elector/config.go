@@ -47,8 +47,11 @@ type Callbacks struct {
 
 	// OnNewLeader is called, on Run's goroutine, whenever the observed
 	// holder of the key changes (another identity, or another epoch of the
-	// same one), this elector included. It must not block: it delays
-	// campaigning and the start of a term. Optional.
+	// same one), this elector included. identity is the holder's owner
+	// string, which is not authenticated: it may be this elector's own
+	// while another session holds the key (Status.IdentityTaken). Only
+	// OnStartedLeading means this elector leads. It must not block: it
+	// delays campaigning and the start of a term. Optional.
 	OnNewLeader func(identity string, epoch int64)
 }
 
@@ -60,8 +63,13 @@ type Config struct {
 
 	// Identity is this candidate's owner name in the lease. It must be
 	// unique per process incarnation: two live processes with the same
-	// identity share a grant (lease.acquire is idempotent for its holder).
-	// Default: "<hostname>-<pid>-<8 random hex digits>".
+	// identity under the same database role share a grant (lease.acquire
+	// is idempotent for its holder). Owner strings are public and not
+	// authenticated: a grant under this identity taken by another role is
+	// refused to this elector, which then follows it as another holder's
+	// (Status.IdentityTaken, the identity_taken error kind, a log line at
+	// most once a minute). Default: "<hostname>-<pid>-<8 random hex
+	// digits>".
 	Identity string
 
 	// TTL is the lease duration requested on every acquire and renewal.
@@ -118,7 +126,7 @@ type Config struct {
 	//	pg_lease_elector_renew_duration_seconds{key}       latency of every renew call, successful or not
 	//	pg_lease_elector_transitions_total{key,transition} "started" and "stopped" terms
 	//	pg_lease_elector_errors_total{key,kind}            failures by kind (acquire, inspect, renew, release, register,
-	//	                                                   lapsed, not_owner, epoch_mismatch, deadline)
+	//	                                                   lapsed, not_owner, epoch_mismatch, deadline, identity_taken)
 	//
 	// Several electors may share one Registerer: the collectors one
 	// registered are reused by the next. Electors sharing one must have

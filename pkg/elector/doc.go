@@ -106,6 +106,13 @@
 //   - Acquire or inspect fail: retry after RetryInterval. pg_lease not
 //     installed, or a version or input the server refuses, end Run with the
 //     error.
+//   - The key is held under this elector's identity by a grant the server
+//     refuses to it (owner strings are not authenticated; grants are bound
+//     to the database role that took them): after one more acquire to rule
+//     out a handover in flight, the elector follows that grant as another
+//     holder's, at the follower's cadence, until the key changes hands.
+//     It counts identity_taken and logs it at most once a minute;
+//     Status.IdentityTaken is true meanwhile.
 //
 // Followers wait with listen.Waiter.Await: woken by the release's
 // notification when Config.Waiter is set (the process's one listener on
@@ -125,7 +132,7 @@
 // on Config.Registerer (controller-runtime's metrics.Registry to serve them
 // beside a manager's, or any prometheus.Registerer; the series are listed
 // there), export the leader status, the epoch led under, renew latency,
-// transitions and errors by kind (acquire, inspect, renew, release, lapsed,
-// not_owner, epoch_mismatch, deadline). The leader context's cause
-// (context.Cause) says why a term ended.
+// transitions and errors by kind (acquire, inspect, renew, release,
+// register, lapsed, not_owner, epoch_mismatch, deadline, identity_taken).
+// The leader context's cause (context.Cause) says why a term ended.
 package elector

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/go-logr/logr"
+
 	"github.com/pglease/pg_lease/pkg/internal/candidacy"
 	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/leaseadmin"
@@ -41,12 +43,23 @@ type Elector struct {
 	// is never started again under it or a lower one. Run's goroutine only.
 	lastEpoch int64
 
+	// takenLogged is when the elector last logged that its identity is
+	// held by another session, and takenQuiet how many such findings it
+	// has not logged since. Run's goroutine only.
+	takenLogged time.Time
+	takenQuiet  int
+
 	mu       sync.Mutex
 	term     *lease.Term     // the current term, from its start until OnStoppedLeading returned
 	lctx     context.Context // its leader context
 	lastTerm lease.Grant
 	leader   string
 	epoch    int64
+	// notMine is the epoch of a grant held under this elector's identity
+	// that the server refused to it: another database role's grant (owner
+	// strings are not authenticated), or another process's. The elector
+	// follows it as another holder's.
+	notMine int64
 }
 
 // New validates cfg (naming the field in each error, which matches
@@ -87,6 +100,11 @@ type Status struct {
 	// elector included).
 	Leader string
 	Epoch  int64
+	// IdentityTaken is true while the observed holder carries this
+	// elector's identity under a grant the server refused to it: another
+	// database role (or another process) holds the key under the same
+	// owner string. The elector follows it as another holder's.
+	IdentityTaken bool
 }
 
 // Status returns the elector's current view.
@@ -94,6 +112,7 @@ func (e *Elector) Status() Status {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	s := Status{Grant: e.lastTerm, Leader: e.leader, Epoch: e.epoch}
+	s.IdentityTaken = e.term == nil && e.leader == e.cfg.Identity && e.epoch != 0 && e.epoch == e.notMine
 	if t := e.term; t != nil {
 		s.Leading = e.lctx.Err() == nil
 		s.Grant = t.Grant()
@@ -182,6 +201,10 @@ func fatal(err error) bool {
 func (e *Elector) campaign(ctx context.Context) (lease.Grant, error) {
 	c := &e.cfg
 	log := c.Logger.WithValues("key", c.Key, "identity", c.Identity)
+	// self is the epoch of the grant under this elector's identity that
+	// follow last returned on (0: none): the next acquire's refusal proves
+	// that grant is not this elector's.
+	var self int64
 	for {
 		if err := ctx.Err(); err != nil {
 			return lease.Grant{}, err
@@ -237,9 +260,22 @@ func (e *Elector) campaign(ctx context.Context) (lease.Grant, error) {
 			return g, nil
 		}
 
+		// Refused. When follow had just read the key held under this
+		// elector's identity, that grant is another session's: the server
+		// gives a holder's own grant back to it. Follow it as another
+		// holder's instead of asking again at once.
+		if self != 0 {
+			e.identityTaken(log, self)
+		}
+
 		// Held by another owner: wait (lease's one wake policy) until it is
 		// free, or handed to this elector.
-		err = e.follow(ctx)
+		var st lease.State
+		st, err = e.follow(ctx)
+		self = 0
+		if err == nil && st.Held && st.Owner == c.Identity {
+			self = st.Epoch
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return lease.Grant{}, ctx.Err()
@@ -256,8 +292,32 @@ func (e *Elector) campaign(ctx context.Context) (lease.Grant, error) {
 // server's own blocking acquire polls.
 const inFlightPause = 50 * time.Millisecond
 
+// identityTaken records that the grant of epoch under this elector's
+// identity is not its own, counts it, and logs it at most once a minute.
+func (e *Elector) identityTaken(log logr.Logger, epoch int64) {
+	e.mu.Lock()
+	e.notMine = epoch
+	e.mu.Unlock()
+	e.countError(errorKindIdentityTaken)
+	now := e.clock.Now()
+	if !e.takenLogged.IsZero() && now.Sub(e.takenLogged) < identityLogEvery {
+		e.takenQuiet++
+		return
+	}
+	log.Info("the key is held under this elector's identity by another session (another database role, "+
+		"or a process sharing the identity); following it as another holder", "epoch", epoch,
+		"notLoggedSince", e.takenQuiet)
+	e.takenLogged, e.takenQuiet = now, 0
+}
+
+// identityLogEvery is how often at most the elector logs that its identity
+// is held by another session.
+const identityLogEvery = time.Minute
+
 // follow waits, after an acquire was refused, until the key is free or
-// held by this elector (a leader's release handed it over). A key that
+// held by this elector (a leader's release handed it over), and returns
+// the state it ended on. A grant under this elector's identity whose epoch
+// the server already refused to it (notMine) is another holder's. A key that
 // reads free right after the refusal has a change in flight. Another
 // transaction holds its row: a grant or renewal whose commit waits for the
 // synchronous standbys, say. follow then pauses min(RetryInterval,
@@ -266,15 +326,18 @@ const inFlightPause = 50 * time.Millisecond
 // promotion in strict synchronous mode. With a Candidacy it keeps the
 // registration fresh: each wait lasts at most the registration's Interval,
 // and ends at once when the candidate becomes ready.
-func (e *Elector) follow(ctx context.Context) error {
+func (e *Elector) follow(ctx context.Context) (lease.State, error) {
 	c := &e.cfg
+	e.mu.Lock()
+	notMine := e.notMine
+	e.mu.Unlock()
 	first, inFlight := true, false // the first read since the refusal; it found the key free
 	for {
 		wctx, cancel := ctx, context.CancelFunc(func() {})
 		if e.reg != nil {
 			if err := e.reg.Refresh(ctx); err != nil {
 				if ctx.Err() != nil {
-					return ctx.Err()
+					return lease.State{}, ctx.Err()
 				}
 				e.countError(errorKindRegister)
 				c.Logger.Error(err, "candidate registration failed; retrying", "key", c.Key, "identity", c.Identity)
@@ -285,13 +348,13 @@ func (e *Elector) follow(ctx context.Context) error {
 			prev := cancel
 			cancel = func() { tcancel(); prev() }
 		}
-		_, err := c.Waiter.Await(wctx, e.client, c.Key, c.RetryInterval, func(st lease.State) bool {
+		st, err := c.Waiter.Await(wctx, e.client, c.Key, c.RetryInterval, func(st lease.State) bool {
 			if st.Held {
 				e.observe(st.Owner, st.Epoch)
 			}
 			inFlight = inFlight || first && !st.Held
 			first = false
-			return !st.Held || st.Owner == c.Identity
+			return !st.Held || st.Owner == c.Identity && st.Epoch != notMine
 		})
 		cancel()
 		if err == nil && inFlight {
@@ -300,7 +363,7 @@ func (e *Elector) follow(ctx context.Context) error {
 		if err != nil && ctx.Err() == nil && wctx.Err() != nil {
 			continue // time to renew the registration
 		}
-		return err
+		return st, err
 	}
 }
 
@@ -315,7 +378,10 @@ func (e *Elector) releaseAfterCancel(ctx context.Context, g lease.Grant) {
 	tok := g.Token
 	if tok.Epoch == 0 {
 		st, err := e.client.Inspect(rctx, e.cfg.Key)
-		if err != nil || !st.Held || st.Owner != e.cfg.Identity {
+		e.mu.Lock()
+		notMine := e.notMine
+		e.mu.Unlock()
+		if err != nil || !st.Held || st.Owner != e.cfg.Identity || st.Epoch == notMine {
 			return
 		}
 		tok = lease.Token{Key: e.cfg.Key, Owner: st.Owner, Epoch: st.Epoch}

@@ -19,6 +19,7 @@ const (
 	errorKindEpochMismatch = "epoch_mismatch" // a renewal was answered epoch_mismatch
 	errorKindDeadline      = "deadline"       // renewals failed until the local deadline
 	errorKindRegister      = "register"       // a candidate registration failed
+	errorKindIdentityTaken = "identity_taken" // the key is held under this identity by another session
 )
 
 // metrics are an elector's Prometheus metrics, labelled by lease key (the
@@ -55,7 +56,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"key", "transition"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pg_lease_elector_errors_total",
-			Help: "Elector failures by kind (acquire, inspect, renew, release, lapsed, not_owner, epoch_mismatch, deadline).",
+			Help: "Elector failures by kind (acquire, inspect, renew, release, register, lapsed, not_owner, epoch_mismatch, deadline, identity_taken).",
 		}, []string{"key", "kind"}),
 	}
 	var err error

@@ -85,7 +85,8 @@ func TestCollector(t *testing.T) {
 		t.Fatal(err)
 	}
 	var errs []error
-	c, err := leasemetrics.New(pool, leasemetrics.Config{Period: 10 * time.Minute, OnError: func(err error) { errs = append(errs, err) }})
+	c, err := leasemetrics.New(pool, leasemetrics.Config{Period: 10 * time.Minute, OnError: func(err error) { errs = append(errs, err) },
+		ShowOwners: true, ShowRoles: true, ShowDatabase: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,6 +110,7 @@ func TestCollector(t *testing.T) {
 		want        float64
 	}{
 		{"pg_lease_keys", "", 2},
+		{"pg_lease_keys_omitted", "", 0},
 		{"pg_lease_max_ttl_seconds", "", 3600},
 		{"pg_lease_promotion_grace_remaining_seconds", "", 0},
 		{"pg_lease_timeline", "", 1},
@@ -161,7 +163,7 @@ func TestCollectorDown(t *testing.T) {
 	ctx := pgtest.Context(t, 2*time.Minute)
 	pool := pgtest.NewLeasePool(t)
 	var errs []error
-	c, err := leasemetrics.New(pool, leasemetrics.Config{OnError: func(err error) { errs = append(errs, err) }})
+	c, err := leasemetrics.New(pool, leasemetrics.Config{OnError: func(err error) { errs = append(errs, err) }, ShowDatabase: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +185,9 @@ func TestCollectorDown(t *testing.T) {
 
 func TestConfigValidation(t *testing.T) {
 	pool := &pgxpool.Pool{}
-	for _, cfg := range []leasemetrics.Config{{Period: time.Millisecond}, {Period: 367 * 24 * time.Hour}, {Timeout: -time.Second}} {
+	for _, cfg := range []leasemetrics.Config{{Period: time.Millisecond}, {Period: 367 * 24 * time.Hour}, {Timeout: -time.Second},
+		{MaxKeys: -1}, {MaxKeys: leasemetrics.MaxMaxKeys + 1}, {KeyPrefixes: []string{""}}, {KeyPrefixes: []string{"a\x00"}},
+		{KeyPrefixes: []string{"\xff"}}, {KeyPrefixes: make([]string, 101)}} {
 		_, err := leasemetrics.New(pool, cfg)
 		if !errors.Is(err, lease.ErrInvalidInput) || !strings.Contains(err.Error(), "Config.") {
 			t.Errorf("New(%+v): %v, want an error naming the field and matching lease.ErrInvalidInput", cfg, err)

@@ -23,6 +23,8 @@
 //
 //	record field          from the lease                      written by Update/Create
 //	HolderIdentity        owner while held, "" when free      own identity (acquire/renew) or "" (release)
+//	                      (own identity + TakenSuffix: held
+//	                      under it by another session)
 //	LeaseDurationSeconds  the lock's lease duration, rounded up   ignored: the TTL sent is the lock's
 //	LeaderTransitions     the key's epoch counter             ignored: the server counts
 //	AcquireTime/RenewTime zero (pg_lease keeps server times)  ignored: only the server's clock counts
@@ -42,7 +44,9 @@
 //
 //	Get     lease.inspect. A key never leased (or removed by lease.cleanup
 //	        once free): apierrors.IsNotFound. A follower's Get waits for
-//	        news (below).
+//	        news (below). A key held under this lock's identity by a
+//	        grant that is not one of its terms: also lease.fence, once per
+//	        epoch (see Identity). Get changes nothing on the server.
 //	Create  lease.acquire of a key that does not exist (epoch 1, or above
 //	        the epoch floor lease.cleanup keeps). An existing key, held or
 //	        free: apierrors.IsAlreadyExists, nothing changes.
@@ -172,10 +176,24 @@
 // # Identity
 //
 // Identities must be unique per candidate: pg_lease's acquire is idempotent
-// for the holder, so two processes sharing an identity would share a grant.
-// A Lock whose identity already holds the key (for example after a crash
-// and restart within the TTL) adopts that grant on its next acquire: the
-// server returns the current epoch, and no term of this Lock saw it before.
+// for the holder, so two processes sharing an identity under one database
+// role would share a grant. A Lock whose identity already holds the key
+// (for example after a crash and restart within the TTL, or a handover to
+// its candidate) adopts that grant on its next acquire: the server returns
+// the current epoch, and no term of this Lock saw it before.
+//
+// Owner strings are public and not authenticated; a grant is bound to the
+// database role that took it, and pg_lease refuses it to any other role.
+// client-go believes it leads whenever the record's HolderIdentity is its
+// identity (LeaderElector.IsLeader), so a Get that finds the key held under
+// this lock's identity by a grant that is not one of its terms asks the
+// server whose it is (lease.fence as this role, once per epoch). When the
+// grant is another session's, the record names the holder as the identity
+// followed by TakenSuffix: client-go sees another leader, neither reports
+// itself leader nor starts leading, and follows until the key changes
+// hands; a waiting Get treats that record as any other holder's. The fence
+// read waits for a row lock another transaction holds on the key, at most
+// max(LeaseDuration, 1s); Get then returns the error.
 //
 // The lease.Client should run on a pool (autocommit), not in a caller's
 // transaction: a grant must be committed when Update returns.

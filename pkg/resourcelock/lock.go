@@ -9,6 +9,7 @@ import (
 
 	"github.com/pglease/pg_lease/pkg/handover"
 	"github.com/pglease/pg_lease/pkg/internal/candidacy"
+	"github.com/pglease/pg_lease/pkg/internal/leasecore"
 	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/listen"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -115,6 +116,11 @@ type Lock struct {
 	seen     bool        // a Get or Create ran: Update may act
 	returned bool        // a Get returned a record (or NotFound): the next may wait
 	graceEnd time.Time   // an acquire met a promotion's grace: the next Get sleeps until it ends
+	// mine and notMine are the last epochs of a grant under this identity,
+	// not one of this lock's terms, that the server said is this role's
+	// (a handover, an earlier incarnation's grant) or is not (another
+	// session's: owner strings are not authenticated).
+	mine, notMine int64
 
 	lastCall time.Time // last Get, Create or Update (Check)
 
@@ -250,6 +256,11 @@ func (l *Lock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error
 		}
 	}
 
+	if s.Held && s.Owner == l.identity && (t == nil || t.Grant().Epoch != s.Epoch) {
+		if err := l.checkOwn(ctx, s.Epoch); err != nil {
+			return nil, nil, err
+		}
+	}
 	r := l.recordOf(s)
 	l.mu.Lock()
 	l.obs = r
@@ -258,6 +269,40 @@ func (l *Lock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error
 		return nil, nil, apierrors.NewNotFound(groupResource, l.key)
 	}
 	return l.record(r)
+}
+
+// checkOwn asks the server, once per epoch, whether the grant of epoch held
+// under this lock's identity, which is not one of the lock's terms, is this
+// database role's: lease.fence in a statement of its own, a read whose row
+// lock ends with the statement. A grant that is not (another role holds
+// the key under this identity) is shown to client-go under another holder
+// name (recordOf), so that it neither reports itself leader nor starts
+// leading.
+func (l *Lock) checkOwn(ctx context.Context, epoch int64) error {
+	l.mu.Lock()
+	known := epoch == l.mine || epoch == l.notMine
+	l.mu.Unlock()
+	if known {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, l.followerTimeout())
+	defer cancel()
+	tok := lease.Token{Key: l.key, Owner: l.identity, Epoch: epoch}
+	err := leasecore.RetryOnce(ctx, func() error {
+		_, err := lease.Fence(ctx, leasecore.DB(l.client), tok)
+		return err
+	})
+	if err != nil && !errors.Is(err, lease.ErrLost) {
+		return err
+	}
+	l.mu.Lock()
+	if err == nil {
+		l.mine = epoch
+	} else {
+		l.notMine = epoch
+	}
+	l.mu.Unlock()
+	return nil
 }
 
 // refresh renews a candidate's registration when due. A failed

@@ -39,20 +39,35 @@ func (l *Lock) record(r rawRecord) (*rl.LeaderElectionRecord, []byte, error) {
 	}, raw, nil
 }
 
+// TakenSuffix is appended to the lock's identity in the record of a key
+// held under that identity by another session (another database role):
+// the HolderIdentity client-go sees is then not its own.
+const TakenSuffix = " (held by another session)"
+
 // recordOf is the record of state s. A held key names its holder, epoch and
-// server expiry. A free key names only its epoch, whether it was released or
-// lapsed: a lapse the server decided is a change like a release. A key that
-// does not exist is the zero record.
+// server expiry; a grant under this lock's identity that the server said is
+// another session's names the identity with TakenSuffix. A free key names
+// only its epoch, whether it was released or lapsed: a lapse the server
+// decided is a change like a release. A key that does not exist is the zero
+// record.
 func (l *Lock) recordOf(s lease.State) rawRecord {
+	holder := s.Owner
+	if s.Held && s.Owner == l.identity {
+		l.mu.Lock()
+		if s.Epoch == l.notMine {
+			holder += TakenSuffix
+		}
+		l.mu.Unlock()
+	}
 	switch {
 	case !s.Exists:
 		return rawRecord{}
 	case s.Held && s.ExpiresAt.IsZero():
 		// Taken from a notification of the grant: the expiry is not known.
-		return rawRecord{Key: l.key, Epoch: s.Epoch, Holder: s.Owner}
+		return rawRecord{Key: l.key, Epoch: s.Epoch, Holder: holder}
 	case s.Held:
 		exp := s.ExpiresAt.UTC()
-		return rawRecord{Key: l.key, Epoch: s.Epoch, Holder: s.Owner, ExpiresAt: &exp}
+		return rawRecord{Key: l.key, Epoch: s.Epoch, Holder: holder, ExpiresAt: &exp}
 	default:
 		return rawRecord{Key: l.key, Epoch: s.Epoch}
 	}

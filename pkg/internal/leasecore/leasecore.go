@@ -1,5 +1,6 @@
 // Package leasecore lends the packages built beside pkg/lease (handover,
-// leaseadmin) the parts of a lease.Client they share with it: the Querier
+// leaseadmin, leasemetrics, resourcelock) the parts of a lease.Client they
+// share with it: the Querier
 // it runs on and its error mapping. Package lease sets these when it is
 // initialised; nothing else sets them. They exist so that each feature
 // area has a package of its own without widening lease's public API.
