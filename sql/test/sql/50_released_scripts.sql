@@ -63,7 +63,7 @@ RESET ROLE;
 -- The planted objects do win where pg_catalog has no exact match: an
 -- unpinned call would run them (rolled back, so nothing is recorded).
 BEGIN;
-SELECT format('%s', 'x') AS planted_format, 0::oid <> 1 AS planted_operator;
+SELECT format('%s', 'x'::text) AS planted_format, 0::oid <> 1 AS planted_operator;
 SELECT what FROM public.shadow_ran ORDER BY what;
 ROLLBACK;
 

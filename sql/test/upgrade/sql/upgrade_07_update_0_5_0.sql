@@ -85,7 +85,6 @@ EXCEPT SELECT t, count(*) FROM upgrade_before_050 GROUP BY t;
 SELECT config_table AS no_longer_dumped FROM upgrade_config_040
 EXCEPT SELECT unnest(extconfig)::regclass::text FROM pg_extension WHERE extname = 'pg_lease';
 SELECT configured_max_ttl, configured_promotion FROM lease.configure();
-SELECT history_rows FROM lease.configure_history();
 
 -- 0.4.0 grants: the holder's role renews, fences and releases; another role
 -- presenting the same owner and epoch is refused; a lapsed holder is told so.

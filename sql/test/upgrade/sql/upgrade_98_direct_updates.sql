@@ -210,7 +210,6 @@ SELECT b.t, count(*) AS rows_changed_or_lost FROM d4_before b
 SELECT t, count(*) AS rows_after FROM upgrade_state_rows() GROUP BY t
 EXCEPT SELECT t, count(*) FROM d4_before GROUP BY t;
 SELECT configured_max_ttl, configured_promotion FROM lease.configure();
-SELECT history_rows FROM lease.configure_history();
 SELECT 'only after update from 0.4.0' AS side, object FROM (
   SELECT * FROM upgrade_catalog() EXCEPT SELECT * FROM upgrade_catalog_updated) u
 UNION ALL
