@@ -7,9 +7,9 @@
 
 Every mutant is ONE small change to the SQL that CREATE EXTENSION pg_lease runs:
 the shortest install path to the control file's default_version. From 0.4.0
-on that is one full script (sql/pg_lease--0.4.0.sql). A mutant inside its
+on that is one full script (sql/pg_lease--0.5.0.sql today). A mutant inside its
 shared part (between the @shared-begin and @shared-end lines) is made in the
-direct update scripts too (pg_lease--X--0.4.0.sql carry that part verbatim,
+direct update scripts too (pg_lease--X--0.5.0.sql carry that part verbatim,
 hack/gensql), so every install and update path runs it. On an older chain, a
 function is mutated only in its final definition, the last script on that path
 that creates it; top-level ACL and ownership statements and DO blocks are

@@ -14,8 +14,8 @@
 #                 major, Debian's psql as the client, --load-extension=pg_lease)
 #      isolation  the isolation suite, sql/test/specs/*.spec (that major's
 #                 pg_isolation_regress and isolationtester)
-#      upgrade    the extension updates from 0.1.0, 0.2.0 and 0.3.0 to the
-#                 default version (see below)
+#      upgrade    the extension updates from every released version (0.1.0
+#                 to 0.4.0) to the default version (see below)
 #      ctlpath    18 only: the same cluster restarted with
 #                 extension_control_path set to a private directory (without
 #                 $system): pg_lease is not available before its files are put
@@ -66,11 +66,18 @@
 #        upgrade_05_install_0_2_0  CREATE EXTENSION VERSION '0.2.0' with a floor
 #                                  and leaking default privileges; the update
 #                                  keeps rows and floor and resets every ACL
-#        upgrade_06_update_0_4_0   ALTER EXTENSION pg_lease UPDATE from 0.3.0:
-#                                  every state row kept; the catalog snapshot
-#        01_acquire .. 17_listen   the regression suite in that same database
-#        upgrade_98_direct_updates the direct updates from 0.1.0 and 0.2.0:
-#                                  rows kept, catalog equal to the snapshot
+#        upgrade_06_update_0_4_0   ALTER EXTENSION pg_lease UPDATE TO '0.4.0'
+#                                  from 0.3.0: every state row kept
+#        upgrade_07_update_0_5_0   states made by 0.4.0 (history, candidates,
+#                                  strategies, registrations, settings);
+#                                  ALTER EXTENSION pg_lease UPDATE: every row
+#                                  kept in its 0.4.0 columns; the catalog
+#                                  snapshot
+#        01_acquire ...            the regression suite (every file of
+#                                  sql/test/sql) in that same database
+#        upgrade_98_direct_updates the direct updates from 0.1.0, 0.2.0, 0.3.0
+#                                  and 0.4.0: rows kept, catalog equal to the
+#                                  snapshot
 #        upgrade_99_catalog        a fresh CREATE EXTENSION's catalog entries
 #                                  equal the snapshot
 #      (sql/test/upgrade/{sql,expected}; inputs are merged with sql/test's
@@ -87,7 +94,8 @@
 # (for iterating on the SQL suites).
 #
 # Needs root for 15 (install-extension.sh writes /usr/share/postgresql/15/
-# extension, as `make -C sql install` does, with the repository's files) and
+# extension, as `make -C sql install` does, with the repository's files),
+# unless a private copy of a major's installation is named (below), and
 # to run the servers as nobody; PGLEASE_CACHE must then be outside /root
 # (default here: /var/cache/pg_lease for root). See hack/POSTGRES-VERSIONS.md.
 set -uo pipefail
@@ -120,6 +128,9 @@ for a in "$@"; do
 	esac
 done
 [[ ${#majors[@]} -gt 0 ]] || majors=(14 15 16 17 18)
+
+# The caller's binaries (PGLEASE_PG_BINDIR), before any major's environment.
+caller_bindir=${PGLEASE_PG_BINDIR:-}
 
 # The binaries make test runs its suites on.
 make_test_bindir=
@@ -375,12 +386,15 @@ use_major() {
 	cdir=$mdir/cluster
 	conn=("--host=$cdir/sock" --port=5432 --user=postgres) # for pg_regress and pg_isolation_regress
 	eval "$(cat "$mdir/env.sh")"
-	# PGLEASE_MATRIX_PG<MAJOR>_BINDIR: a private copy of that major's
-	# installation (its own extension dir), so that this run installs into no
-	# directory that other runs on the machine use.
+	# PGLEASE_MATRIX_PG<MAJOR>_BINDIR, or the caller's PGLEASE_PG_BINDIR when
+	# its server is of that major: a private copy of that major's installation
+	# (its own extension dir), so that this run installs into no directory
+	# that other runs on the machine use.
 	local override=PGLEASE_MATRIX_PG${major}_BINDIR
 	if [[ -n ${!override:-} ]]; then
 		export PGLEASE_PG_BINDIR=${!override}
+	elif [[ -n $caller_bindir && $("$caller_bindir/postgres" --version 2>/dev/null) =~ \(PostgreSQL\)\ $major\. ]]; then
+		export PGLEASE_PG_BINDIR=$caller_bindir
 	fi
 }
 

@@ -49,17 +49,22 @@ func TestSchemaScript(t *testing.T) {
 	}
 }
 
-// TestScriptsPinSearchPath: every install and update script that an install
-// path runs (the full script and the direct updates) pins search_path as its
-// first statement, before anything that could call a planted function.
+// TestScriptsPinSearchPath: every script shipped pins search_path as its
+// first statement, before anything that could call a planted function: the
+// full scripts and direct updates that an install path runs, and the
+// released scripts that CREATE EXTENSION ... VERSION and ALTER EXTENSION
+// ... UPDATE TO run when a version is named.
 func TestScriptsPinSearchPath(t *testing.T) {
 	const pin = "SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);"
-	n := 0
+	n, current := 0, 0
 	for name, b := range pgleasesql.Files() {
-		if !strings.HasSuffix(name, "--"+pgleasesql.Version+".sql") {
+		if !strings.HasSuffix(name, ".sql") {
 			continue
 		}
 		n++
+		if strings.HasSuffix(name, "--"+pgleasesql.Version+".sql") {
+			current++
+		}
 		var first string
 		for _, l := range strings.Split(string(b), "\n") {
 			l = strings.TrimSpace(l)
@@ -73,8 +78,13 @@ func TestScriptsPinSearchPath(t *testing.T) {
 			t.Errorf("%s: first statement %q, want the search_path pin", name, first)
 		}
 	}
-	if n != 5 {
-		t.Errorf("%d scripts to %s, want 5 (the full script and four direct updates)", n, pgleasesql.Version)
+	if current != 5 {
+		t.Errorf("%d scripts to %s, want 5 (the full script and four direct updates)", current, pgleasesql.Version)
+	}
+	// The released ones: 0.1.0, its updates to 0.2.0 and 0.3.0, 0.4.0 and
+	// its three direct updates.
+	if n != 12 {
+		t.Errorf("%d scripts, want 12 (7 released, 5 to %s)", n, pgleasesql.Version)
 	}
 }
 

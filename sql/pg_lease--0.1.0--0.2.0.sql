@@ -16,6 +16,11 @@
 
 \echo Use "ALTER EXTENSION pg_lease UPDATE TO '0.2.0'" to load this file. \quit
 
+-- Added after the release, the only change to this script: search_path
+-- pinned first, so that no statement below resolves a name in a schema
+-- another role can create in. The extension command restores it afterwards.
+SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+
 CREATE TABLE lease.epoch_floor (
     singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     floor     bigint  NOT NULL DEFAULT 0 CHECK (floor >= 0)

@@ -23,6 +23,11 @@
 
 \echo Use "CREATE EXTENSION pg_lease" to load this file. \quit
 
+-- Added after the release, the only change to this script: search_path
+-- pinned first, so that no statement below resolves a name in a schema
+-- another role can create in. The extension command restores it afterwards.
+SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+
 -- The schema is created here, not by the control file, so that it belongs to
 -- the extension and DROP EXTENSION removes it with every lease row.
 CREATE SCHEMA lease;

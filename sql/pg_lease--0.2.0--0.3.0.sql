@@ -50,6 +50,11 @@
 
 \echo Use "ALTER EXTENSION pg_lease UPDATE TO '0.3.0'" to load this file. \quit
 
+-- Added after the release, the only change to this script: search_path
+-- pinned first, so that no statement below resolves a name in a schema
+-- another role can create in. The extension command restores it afterwards.
+SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+
 -- ---------------------------------------------------------------------------
 -- State
 -- ---------------------------------------------------------------------------

@@ -103,6 +103,10 @@ ALTER TABLE lease.settings ADD COLUMN promotion text
 -- ---- sql/update/0.4.0--0.5.0.sql
 -- State 0.4.0 -> 0.5.0.
 
+-- The shared part creates lease.configure(interval, text) anew (it drops
+-- only 0.3.0's configure(interval) itself): drop 0.4.0's first.
+DROP FUNCTION IF EXISTS lease.configure(interval, text);
+
 -- ---------------------------------------------------------------------------
 -- Handover: registrations and strategies belong to the role that made them.
 -- The same owner string registered by two roles is two registrations, and a

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Proves that the suites catch each safety point being broken: for every break
 # below, installs a deliberately broken copy of the SQL that CREATE EXTENSION
-# runs (the default version's full script, sql/pg_lease--0.4.0.sql, and the
+# runs (the default version's full script, sql/pg_lease--0.5.0.sql, and the
 # same shared part of the direct update scripts), runs the dump check and the
 # regression and isolation suites against a throwaway cluster, and records
 # which tests failed. Every substitution asserts how often its text occurs, so a break

@@ -19,8 +19,8 @@ func installScripts(t *testing.T) map[string]string {
 			out[name] = string(b)
 		}
 	}
-	if len(out) != 4 {
-		t.Fatalf("%d scripts to %s, want 4 (the full script and three direct updates)", len(out), pgleasesql.Version)
+	if len(out) != 5 {
+		t.Fatalf("%d scripts to %s, want 5 (the full script and four direct updates)", len(out), pgleasesql.Version)
 	}
 	return out
 }

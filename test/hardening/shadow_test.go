@@ -163,7 +163,11 @@ func installPaths() []installPath {
 				}
 			}},
 	)
-	for _, v := range []string{"0.1.0", "0.2.0", "0.3.0"} {
+	paths = append(paths, installPath{name: "every version named, every update path", ext: true,
+		run: func(ctx context.Context, t *testing.T, su *pgx.Conn, _ string) {
+			everyVersionAndUpdate(ctx, t, su)
+		}})
+	for _, v := range []string{"0.1.0", "0.2.0", "0.3.0", "0.4.0"} {
 		paths = append(paths,
 			installPath{name: "ALTER EXTENSION UPDATE from " + v, ext: true,
 				before: func(ctx context.Context, t *testing.T, su *pgx.Conn) {
@@ -195,10 +199,56 @@ func installPaths() []installPath {
 	return paths
 }
 
+// everyVersionAndUpdate runs, as the superuser su, what naming a version
+// runs: CREATE EXTENSION of every version the server offers, and every
+// update pg_extension_update_paths offers, each from a fresh install of its
+// source (the released scripts among them). It leaves the current version
+// installed. Its own queries name pg_catalog's objects in full: su's
+// search_path puts public first.
+func everyVersionAndUpdate(ctx context.Context, t *testing.T, su *pgx.Conn) {
+	t.Helper()
+	rows, err := su.Query(ctx, `SELECT version FROM pg_catalog.pg_available_extension_versions
+		WHERE name OPERATOR(pg_catalog.=) 'pg_lease' ORDER BY version`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	versions, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err = su.Query(ctx, `SELECT ARRAY[source, target] FROM pg_catalog.pg_extension_update_paths('pg_lease')
+		WHERE path IS NOT NULL ORDER BY source, target`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	updates, err := pgx.CollectRows(rows, pgx.RowTo[[]string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(versions) < 5 || len(updates) < 10 {
+		t.Fatalf("versions %v, updates %v: fewer than the releases make", versions, updates)
+	}
+	for _, v := range versions {
+		exec(ctx, t, su, `CREATE EXTENSION pg_lease VERSION `+quoteLit(v))
+		exec(ctx, t, su, `DROP EXTENSION pg_lease`)
+	}
+	for _, u := range updates {
+		exec(ctx, t, su, `CREATE EXTENSION pg_lease VERSION `+quoteLit(u[0]))
+		exec(ctx, t, su, `ALTER EXTENSION pg_lease UPDATE TO `+quoteLit(u[1]))
+		exec(ctx, t, su, `DROP EXTENSION pg_lease`)
+	}
+	exec(ctx, t, su, `CREATE EXTENSION pg_lease`)
+}
+
 // installReleasedSchema installs released version v as a plain schema with
 // the released scripts, as an older module's InstallSchema did.
 func installReleasedSchema(ctx context.Context, t *testing.T, c *pgx.Conn, v string) {
 	t.Helper()
+	if v == "0.4.0" { // a full script of its own
+		src := strings.ReplaceAll(string(pgleasesql.Files()["pg_lease--0.4.0.sql"]), "@extowner@", "CURRENT_USER")
+		exec(ctx, t, c, src[strings.Index(src, `\quit`)+len(`\quit`):])
+		return
+	}
 	chain := []struct{ version, file string }{
 		{"0.1.0", "pg_lease--0.1.0.sql"}, {"0.2.0", "pg_lease--0.1.0--0.2.0.sql"}, {"0.3.0", "pg_lease--0.2.0--0.3.0.sql"},
 	}
@@ -218,8 +268,9 @@ func installReleasedSchema(ctx context.Context, t *testing.T, c *pgx.Conn, v str
 // for every name and an operator for every symbol the install and update
 // scripts use, each trying to make it superuser. Then a superuser (or a
 // database owner, for a trusted install) runs every install path and every
-// update path from every released version, with public first in its
-// search_path, before pg_catalog. No planted function or operator runs, the
+// update path from every released version, and creates every version by
+// name and runs every update path PostgreSQL offers (the released scripts
+// among them), with public first in its search_path, before pg_catalog. No planted function or operator runs, the
 // role gains nothing, and the installer's search_path is as it was.
 func TestNoEscalationThroughInstall(t *testing.T) {
 	names, ops := plantedNames(t)

@@ -1,17 +1,17 @@
 -- upgrade_98_direct_updates: runs after the regression suite. From each
--- released version before 0.3.0, a fresh CREATE EXTENSION of that version,
--- keys in every state, then ALTER EXTENSION pg_lease UPDATE: PostgreSQL takes
--- the direct update script (pg_lease--0.1.0--0.4.0.sql, pg_lease--0.2.0--
--- 0.4.0.sql), never the released ones. Every row survives, grants keep
--- working, and the catalog equals the one upgrade_06 saved after the update
--- from 0.3.0.
+-- released version, a fresh CREATE EXTENSION of that version, keys in every
+-- state, then ALTER EXTENSION pg_lease UPDATE: PostgreSQL takes the direct
+-- update script to the current version (pg_lease--0.1.0--0.5.0.sql ...
+-- pg_lease--0.4.0--0.5.0.sql), never a released one. Every row survives,
+-- grants keep working, and the catalog equals the one upgrade_07 saved after
+-- the chain 0.1.0 -> 0.2.0 -> 0.3.0 -> 0.4.0 -> current.
 \set VERBOSITY default
 \set SHOW_CONTEXT never
 
 -- The update path each version takes to the default version: one step.
 SELECT source, path FROM pg_extension_update_paths('pg_lease')
  WHERE target = (SELECT default_version FROM pg_available_extensions WHERE name = 'pg_lease')
-   AND source IN ('0.1.0', '0.2.0', '0.3.0')
+   AND source IN ('0.1.0', '0.2.0', '0.3.0', '0.4.0')
  ORDER BY source;
 
 -- From 0.1.0.
@@ -43,7 +43,7 @@ SELECT promotion_grace > interval '1 hour 59 min' AS grace_covers_the_2h_grant F
 SELECT 'only after update from 0.1.0' AS side, object FROM (
   SELECT * FROM upgrade_catalog() EXCEPT SELECT * FROM upgrade_catalog_updated) u
 UNION ALL
-SELECT 'only after update from 0.3.0', object FROM (
+SELECT 'only after the chain', object FROM (
   SELECT * FROM upgrade_catalog_updated EXCEPT SELECT * FROM upgrade_catalog()) f
 ORDER BY 1, 2;
 SELECT status FROM lease.renew('d1-held', 'h', 1, interval '1h');
@@ -92,7 +92,7 @@ SELECT promotion_grace > interval '1 hour 59 min' AS grace_covers_the_2h_grant F
 SELECT 'only after update from 0.2.0' AS side, object FROM (
   SELECT * FROM upgrade_catalog() EXCEPT SELECT * FROM upgrade_catalog_updated) u
 UNION ALL
-SELECT 'only after update from 0.3.0', object FROM (
+SELECT 'only after the chain', object FROM (
   SELECT * FROM upgrade_catalog_updated EXCEPT SELECT * FROM upgrade_catalog()) f
 ORDER BY 1, 2;
 SELECT status FROM lease.renew('d2-held', 'h', 5, interval '1h');
@@ -105,3 +105,135 @@ SELECT acquired, epoch FROM lease.acquire('d2-free', 'n', interval '1h');
 SELECT acquired, epoch FROM lease.acquire('d2-gone', 'n', interval '1h');
 SELECT acquired, epoch FROM lease.acquire('d2-new', 'n', interval '1h');
 DROP TABLE d2_before;
+
+-- From 0.3.0 (created by name: 0.1.0 and the released updates), with a
+-- grant bound to a role, a registration and a raised max_ttl.
+DROP EXTENSION pg_lease;
+CREATE EXTENSION pg_lease VERSION '0.3.0';
+CREATE ROLE regress_pglease_d3;
+CREATE ROLE regress_pglease_d3_other;
+SELECT * FROM lease.configure(interval '2 hours');
+SET SESSION AUTHORIZATION regress_pglease_d3;
+SELECT acquired, epoch FROM lease.acquire('d3-held', 'h', interval '90 min');
+RESET SESSION AUTHORIZATION;
+SELECT acquired, epoch FROM lease.acquire('d3-lapsed', 'l', interval '200ms');
+SELECT acquired, epoch FROM lease.acquire('d3-taken', 'l', interval '200ms');
+SELECT acquired, epoch FROM lease.acquire('d3-forced', 'x', interval '1h');
+SELECT released, epoch FROM lease.force_release('d3-forced');
+SELECT acquired, epoch FROM lease.acquire('d3-free', 'f', interval '1h');
+SELECT status FROM lease.release('d3-free', 'f', 1);
+SELECT lease.listen('d3-held');
+SELECT pg_sleep(0.3);
+SELECT acquired, epoch FROM lease.acquire('d3-taken', 't', interval '1h');
+CREATE TABLE d3_before AS
+  SELECT key, owner, epoch, expires_at, acquired_at, lapsed_owner, lapsed_epoch, holder_role FROM lease.leases;
+CREATE TABLE d3_state AS
+  SELECT 'floor' AS t, row(f.*)::text AS r FROM lease.epoch_floor f
+  UNION ALL SELECT 'timeline', row(s.*)::text FROM lease.timeline_state s
+  UNION ALL SELECT 'settings', row(s.singleton, s.max_ttl, s.prev_max_ttl, s.prev_until)::text FROM lease.settings s
+  UNION ALL SELECT 'listeners', row(w.pid, w.key, w.since)::text FROM lease.listeners w;
+ALTER EXTENSION pg_lease UPDATE;
+SELECT extversion FROM pg_extension WHERE extname = 'pg_lease';
+SELECT count(*) AS changed_rows FROM (
+  (SELECT key, owner, epoch, expires_at, acquired_at, lapsed_owner, lapsed_epoch, holder_role FROM lease.leases
+   EXCEPT ALL SELECT * FROM d3_before)
+  UNION ALL
+  (SELECT * FROM d3_before EXCEPT ALL
+   SELECT key, owner, epoch, expires_at, acquired_at, lapsed_owner, lapsed_epoch, holder_role FROM lease.leases)) d;
+SELECT count(*) AS changed_state_rows FROM (
+  (SELECT * FROM d3_state EXCEPT ALL (
+     SELECT 'floor' AS t, row(f.*)::text AS r FROM lease.epoch_floor f
+     UNION ALL SELECT 'timeline', row(s.*)::text FROM lease.timeline_state s
+     UNION ALL SELECT 'settings', row(s.singleton, s.max_ttl, s.prev_max_ttl, s.prev_until)::text FROM lease.settings s
+     UNION ALL SELECT 'listeners', row(w.pid, w.key, w.since)::text FROM lease.listeners w))) d;
+SELECT configured_max_ttl FROM lease.configure();
+SELECT 'only after update from 0.3.0' AS side, object FROM (
+  SELECT * FROM upgrade_catalog() EXCEPT SELECT * FROM upgrade_catalog_updated) u
+UNION ALL
+SELECT 'only after the chain', object FROM (
+  SELECT * FROM upgrade_catalog_updated EXCEPT SELECT * FROM upgrade_catalog()) f
+ORDER BY 1, 2;
+SET SESSION AUTHORIZATION regress_pglease_d3_other;
+SELECT status FROM lease.renew('d3-held', 'h', 1, interval '1h');
+RESET SESSION AUTHORIZATION;
+SET SESSION AUTHORIZATION regress_pglease_d3;
+SELECT status FROM lease.renew('d3-held', 'h', 1, interval '1h');
+SELECT status FROM lease.release('d3-held', 'h', 1);
+RESET SESSION AUTHORIZATION;
+SELECT status FROM lease.renew('d3-lapsed', 'l', 1, interval '1h');
+SELECT status FROM lease.renew('d3-taken', 'l', 1, interval '1h');
+SELECT status FROM lease.release('d3-taken', 't', 2);
+SELECT acquired, epoch FROM lease.acquire('d3-held', 'n', interval '1h');
+SELECT acquired, epoch FROM lease.acquire('d3-lapsed', 'n', interval '1h');
+SELECT acquired, epoch FROM lease.acquire('d3-taken', 'n', interval '1h');
+SELECT acquired, epoch FROM lease.acquire('d3-forced', 'n', interval '1h');
+SELECT acquired, epoch FROM lease.acquire('d3-free', 'n', interval '1h');
+SELECT acquired, epoch FROM lease.acquire('d3-new', 'n', interval '1h');
+SELECT lease.unlisten('*');
+DROP TABLE d3_before, d3_state;
+
+-- From 0.4.0 (its full script), with its history, candidates, a strategy,
+-- a registration and settings: the rows compared column by column as 0.4.0
+-- has them (upgrade_state_rows(), from upgrade_07).
+DROP EXTENSION pg_lease;
+CREATE EXTENSION pg_lease VERSION '0.4.0';
+SELECT configured_max_ttl, configured_promotion FROM lease.configure(max_ttl => interval '2 hours', promotion => 'synchronous');
+SELECT history_rows FROM lease.configure_history(50);
+SET SESSION AUTHORIZATION regress_pglease_d3;
+SELECT acquired, epoch FROM lease.acquire('d4-held', 'h', interval '90 min');
+SELECT status FROM lease.candidate('d4-held', 'c', interval '1h', version => '2.0.0');
+SELECT previous FROM lease.set_strategy('d4-held', 'newest_version');
+SELECT lease.listen('d4-held');
+RESET SESSION AUTHORIZATION;
+SELECT acquired, epoch FROM lease.acquire('d4-lapsed', 'l', interval '200ms');
+SELECT acquired, epoch FROM lease.acquire('d4-taken', 'l', interval '200ms');
+SELECT acquired, epoch FROM lease.acquire('d4-forced', 'x', interval '1h');
+SELECT released, epoch FROM lease.force_release('d4-forced');
+SELECT acquired, epoch FROM lease.acquire('d4-free', 'f', interval '1h');
+SELECT status FROM lease.release('d4-free', 'f', 1);
+SELECT acquired, epoch FROM lease.acquire('d4-handed', 'a', interval '1h');
+SELECT previous FROM lease.set_strategy('d4-handed', 'priority');
+SELECT status FROM lease.candidate('d4-handed', 'b', interval '1h');
+SELECT status FROM lease.release('d4-handed', 'a', 1);
+SELECT pg_sleep(0.3);
+SELECT acquired, epoch FROM lease.acquire('d4-taken', 't', interval '1h');
+CREATE TABLE d4_before AS SELECT * FROM upgrade_state_rows();
+SELECT t, count(*) AS rows_before FROM d4_before GROUP BY t ORDER BY t;
+ALTER EXTENSION pg_lease UPDATE;
+SELECT extversion FROM pg_extension WHERE extname = 'pg_lease';
+SELECT b.t, count(*) AS rows_changed_or_lost FROM d4_before b
+ WHERE NOT EXISTS (
+   SELECT 1 FROM upgrade_state_rows() a
+    WHERE a.t = b.t
+      AND NOT EXISTS (SELECT 1 FROM jsonb_each(b.r) c WHERE a.r -> c.key IS DISTINCT FROM c.value))
+ GROUP BY b.t ORDER BY b.t;
+SELECT t, count(*) AS rows_after FROM upgrade_state_rows() GROUP BY t
+EXCEPT SELECT t, count(*) FROM d4_before GROUP BY t;
+SELECT configured_max_ttl, configured_promotion FROM lease.configure();
+SELECT 'only after update from 0.4.0' AS side, object FROM (
+  SELECT * FROM upgrade_catalog() EXCEPT SELECT * FROM upgrade_catalog_updated) u
+UNION ALL
+SELECT 'only after the chain', object FROM (
+  SELECT * FROM upgrade_catalog_updated EXCEPT SELECT * FROM upgrade_catalog()) f
+ORDER BY 1, 2;
+SET SESSION AUTHORIZATION regress_pglease_d3_other;
+SELECT status FROM lease.renew('d4-held', 'h', 1, interval '1h');
+RESET SESSION AUTHORIZATION;
+SET SESSION AUTHORIZATION regress_pglease_d3;
+SELECT status FROM lease.renew('d4-held', 'h', 1, interval '1h');
+SELECT lease.withdraw('d4-held', 'c');
+SELECT status FROM lease.release('d4-held', 'h', 1);
+SELECT lease.unlisten('*');
+RESET SESSION AUTHORIZATION;
+SELECT status FROM lease.renew('d4-lapsed', 'l', 1, interval '1h');
+SELECT status FROM lease.renew('d4-taken', 'l', 1, interval '1h');
+SELECT status FROM lease.renew('d4-handed', 'b', 2, interval '1h');
+SELECT acquired, epoch FROM lease.acquire('d4-held', 'n', interval '1h');
+SELECT acquired, epoch FROM lease.acquire('d4-lapsed', 'n', interval '1h');
+SELECT acquired, epoch FROM lease.acquire('d4-forced', 'n', interval '1h');
+SELECT acquired, epoch FROM lease.acquire('d4-free', 'n', interval '1h');
+SELECT acquired, epoch FROM lease.acquire('d4-new', 'n', interval '1h');
+SELECT lease.withdraw('d4-handed', 'b');
+DROP TABLE d4_before;
+DROP FUNCTION upgrade_state_rows();
+DROP ROLE regress_pglease_d3, regress_pglease_d3_other;
