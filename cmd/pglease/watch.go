@@ -301,7 +301,9 @@ func (a *app) watch(ctx context.Context, keys []string, format string, poll time
 	resync, first := true, true
 	for {
 		if resync {
-			if err := wt.step(ctx, func(conn *pgx.Conn) error { return wt.resync(ctx, conn) }); err != nil {
+			if err := wt.step(ctx, func(conn *pgx.Conn) error {
+				return whole(ctx, func(ctx context.Context) error { return wt.resync(ctx, conn) })
+			}); err != nil {
 				return err
 			}
 			wt.started = true
@@ -337,11 +339,23 @@ func (a *app) watch(ctx context.Context, keys []string, format string, poll time
 				resync = true
 				continue
 			}
-			if err := wt.step(ctx, func(conn *pgx.Conn) error { return wt.notified(ctx, conn, ev) }); err != nil {
+			if err := wt.step(ctx, func(conn *pgx.Conn) error {
+				return whole(ctx, func(ctx context.Context) error { return wt.notified(ctx, conn, ev) })
+			}); err != nil {
 				return err
 			}
 		}
 	}
+}
+
+// whole runs f's reads to their end (bounded by a minute) even when ctx
+// ends meanwhile: an interrupt then waits for a read in flight instead of
+// cutting it with a cancel request (which a PgBouncer in front may not
+// survive), and watch stops after it.
+func whole(ctx context.Context, f func(context.Context) error) error {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	return f(rctx)
 }
 
 // step runs f on the session's connection; when the connection is lost it
