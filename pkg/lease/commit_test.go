@@ -3,6 +3,7 @@ package lease_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -263,5 +264,59 @@ func TestCommitOfCallersTransaction(t *testing.T) {
 				t.Fatalf("inspect after the unknown commit: %+v %v; want held on the primary", s, err)
 			}
 		})
+	}
+}
+
+// sqlLog records the statements pgx sends through a pool.
+type sqlLog struct {
+	mu  sync.Mutex
+	sql []string
+}
+
+func (l *sqlLog) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.sql = append(l.sql, d.SQL)
+	return ctx
+}
+
+func (l *sqlLog) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (l *sqlLog) began() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, s := range l.sql {
+		if s == "BEGIN" {
+			return true
+		}
+	}
+	return false
+}
+
+// TestObservedConnectionsCommitInOneStatement: on a pool with
+// ObserveCommits a change is one statement; on any other pool the client
+// wraps it in a transaction of its own (to read its COMMIT's reply).
+func TestObservedConnectionsCommitInOneStatement(t *testing.T) {
+	db := newDB(t, installModes[0])
+	ctx := testCtx(t)
+	for _, observe := range []bool{true, false} {
+		log := &sqlLog{}
+		pool := pgtest.NewPool(t, db.dsn, func(c *pgxpool.Config) {
+			c.ConnConfig.Tracer = log
+			if observe {
+				lease.ObserveCommits(&c.ConnConfig.Config)
+			}
+		})
+		key := fmt.Sprintf("observed-%v", observe)
+		g, ok, err := lease.New(pool).Acquire(ctx, key, "o", time.Minute)
+		if err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		if log.began() == observe {
+			t.Fatalf("ObserveCommits %v: statements %q", observe, log.sql)
+		}
+		if err := lease.New(pool).Release(ctx, g.Token); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
