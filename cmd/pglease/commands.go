@@ -87,22 +87,31 @@ func (a *app) versionCmd() *cobra.Command {
 				if err := conn.QueryRow(ctx, "SHOW server_version").Scan(&server); err != nil {
 					return err
 				}
-				sqlv, ext, err := leaseadmin.Installed(ctx, conn)
-				if err != nil && !errors.Is(err, lease.ErrNotInstalled) {
-					return err
-				}
-				note := ""
+				// The catalogs only: nothing in schema lease is called.
+				in, err := leaseadmin.Describe(ctx, conn)
+				sqlv, note := "", ""
 				switch {
-				case sqlv == "":
-					sqlv = "not installed"
-				case sqlv != leaseadmin.Version:
-					note = fmt.Sprintf("  (differs from the %s this pglease ships)", leaseadmin.Version)
-					sqlv += " (" + installMode(ext) + ")"
+				case errors.Is(err, lease.ErrNotInstalled):
+					sqlv, err = "not installed", nil
+				case errors.Is(err, leaseadmin.ErrSquatted):
+					sqlv = "not trusted: schema lease is not pg_lease's"
+				case err != nil:
+					return err
+				case !in.Trusted && !in.Extension:
+					// A plain schema another role owns is not reported as installed.
+					sqlv, err = "not trusted: a plain schema owned by role "+quoteField(in.Owner), in.TrustError()
 				default:
-					sqlv += " (" + installMode(ext) + ")"
+					sqlv = in.Version + " (" + installMode(in.Extension) + ")"
+					if in.Version != leaseadmin.Version {
+						note = fmt.Sprintf("  (differs from the %s this pglease ships)", leaseadmin.Version)
+					}
+					if !in.Trusted {
+						note += fmt.Sprintf("\nowner:   role %s, which %s does not trust: install, cleanup and release --force refuse to run its functions",
+							quoteField(in.Owner), a.user())
+					}
 				}
 				fmt.Fprintf(a.stdout, "sql:     %s%s\nserver:  PostgreSQL %s\n", sqlv, note, server)
-				return nil
+				return err
 			})
 		}),
 	}
@@ -276,8 +285,17 @@ EXECUTE on lease.cleanup(interval, integer), which is revoked from PUBLIC.`,
 }
 
 // cleanupKeys runs lease.cleanup itself, not through leaseadmin.Cleanup, so
-// that it can name an install without lease.cleanup (before 0.2.0) and its fix.
+// that it can name an install without lease.cleanup (before 0.2.0) and its
+// fix. It reads the install from the catalogs first and calls nothing unless
+// this role can trust it.
 func cleanupKeys(ctx context.Context, conn *pgx.Conn, freeFor time.Duration, maxRows int) (removed, floor int64, err error) {
+	in, err := leaseadmin.Describe(ctx, conn)
+	if err != nil {
+		return 0, 0, fmt.Errorf("cleanup: %w", err)
+	}
+	if err := in.TrustError(); err != nil {
+		return 0, 0, fmt.Errorf("cleanup: %w", err)
+	}
 	err = conn.QueryRow(ctx, `SELECT c.removed, c.epoch_floor FROM lease.cleanup($1, $2) c`, freeFor, maxRows).Scan(&removed, &floor)
 	if err == nil {
 		return removed, floor, nil
@@ -288,12 +306,8 @@ func cleanupKeys(ctx context.Context, conn *pgx.Conn, freeFor time.Duration, max
 	case "3F000":
 		return 0, 0, fmt.Errorf("cleanup: %w", lease.ErrNotInstalled)
 	case "42883":
-		v, _, ierr := leaseadmin.Installed(ctx, conn)
-		if ierr != nil {
-			return 0, 0, fmt.Errorf("cleanup: %w", ierr)
-		}
 		return 0, 0, &incompatibleError{
-			msg:  fmt.Sprintf("cleanup: the installed pg_lease %s has no lease.cleanup (added in 0.2.0)", v),
+			msg:  fmt.Sprintf("cleanup: the installed pg_lease %s has no lease.cleanup (added in 0.2.0)", in.Version),
 			hint: fmt.Sprintf("update it with `pglease install` (this pglease ships %s)", leaseadmin.Version),
 		}
 	}

@@ -33,6 +33,7 @@ const (
 	exitHeld         = 8  // lock: the key stayed held by another owner for the whole --timeout
 	exitUnknown      = 9  // a change's commit was not confirmed by the synchronous standbys (lease.ErrCommitUnknown)
 	exitGrace        = 10 // lock: the grace after a promotion outlasted --timeout (lease.ErrGrace)
+	exitUntrusted    = 11 // schema lease is not a pg_lease install this role can trust (leaseadmin.ErrSquatted)
 	exitCannotExec   = 126
 	exitNoCommand    = 127
 )
@@ -52,6 +53,9 @@ const exitCodesHelp = `Exit codes (every command):
        the grant was not used, it lapses; release --force: run it again)
   10   lock: no grant during the grace after a promotion, which outlasted
        --timeout (pglease status shows when it ends)
+  11   schema lease is not a pg_lease install this role can trust: not
+       pg_lease's, or another role's that cannot act as this one (install,
+       version, cleanup, release --force); nothing in it was run
   126  lock: the command could not be run
   127  lock: the command was not found
   else lock: the command's own exit status (128+N when killed by signal N)`
@@ -343,6 +347,8 @@ func (a *app) classify(err error) (code int, msg, hint string) {
 		return exitGrace, msg, "no new grant before the grace after a promotion ends: `pglease status` shows when"
 	case errors.Is(err, errUsage), errors.Is(err, lease.ErrInvalidInput):
 		return exitUsage, msg, ""
+	case errors.Is(err, leaseadmin.ErrSquatted):
+		return exitUntrusted, msg, "if that role installed pg_lease, run this as that role; otherwise schema lease is not yours to use: have its owner or a superuser drop it (DROP SCHEMA lease CASCADE) and install again"
 	case errors.As(err, &ie):
 		return exitIncompatible, msg, ie.hint
 	case errors.Is(err, leaseadmin.ErrVersionMismatch), errors.Is(err, leaseadmin.ErrModeMismatch):

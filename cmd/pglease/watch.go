@@ -33,10 +33,12 @@ func (a *app) watchCmd() *cobra.Command {
 per change until interrupted: acquired, takeover (a grant after a lapse), renewed,
 released, force_released, lapsed.
 
-Grants and releases come from pg_lease's notifications (channel pg_lease) as they
-commit. Renewals and lapses send none: watch re-reads the keys every --poll (one
-query) and at each known expiry, so a renewal shows within --poll and a lapse at
-its expiry. When the server goes away (restart, failover) watch says so on
+Grants and releases show as they commit: a notification on channel pg_lease makes
+watch read the key, and it prints what the key's state (and, from pg_lease 0.4.0,
+its history) shows, never what the notification says: any role may send one.
+Renewals and lapses send none: watch re-reads the keys every --poll (one query)
+and at each known expiry, so a renewal shows within --poll and a lapse at its
+expiry. When the server goes away (restart, failover) watch says so on
 stderr, reconnects with backoff, says so again, and shows what changed meanwhile.
 
 -o json prints one JSON object per line, -o yaml one document per event.`,
@@ -271,6 +273,9 @@ type watcher struct {
 	keys   []string // nil: every key
 	known  map[string]keyState
 	sess   *session
+	// started: the first state was printed; a key seen first after it is a
+	// change (printed as events), not part of that state.
+	started bool
 }
 
 func (a *app) watch(ctx context.Context, keys []string, format string, poll time.Duration) error {
@@ -296,9 +301,12 @@ func (a *app) watch(ctx context.Context, keys []string, format string, poll time
 	resync, first := true, true
 	for {
 		if resync {
-			if err := wt.step(ctx, func(conn *pgx.Conn) error { return wt.resync(ctx, conn) }); err != nil {
+			if err := wt.step(ctx, func(conn *pgx.Conn) error {
+				return whole(ctx, func(ctx context.Context) error { return wt.resync(ctx, conn) })
+			}); err != nil {
 				return err
 			}
+			wt.started = true
 			if first {
 				a.logf("watch: subscribed to notifications; state read")
 				first = false
@@ -331,11 +339,23 @@ func (a *app) watch(ctx context.Context, keys []string, format string, poll time
 				resync = true
 				continue
 			}
-			if err := wt.step(ctx, func(conn *pgx.Conn) error { return wt.notified(ctx, conn, ev) }); err != nil {
+			if err := wt.step(ctx, func(conn *pgx.Conn) error {
+				return whole(ctx, func(ctx context.Context) error { return wt.notified(ctx, conn, ev) })
+			}); err != nil {
 				return err
 			}
 		}
 	}
+}
+
+// whole runs f's reads to their end (bounded by a minute) even when ctx
+// ends meanwhile: an interrupt then waits for a read in flight instead of
+// cutting it with a cancel request (which a PgBouncer in front may not
+// survive), and watch stops after it.
+func whole(ctx context.Context, f func(context.Context) error) error {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	return f(rctx)
 }
 
 // step runs f on the session's connection; when the connection is lost it
@@ -388,14 +408,27 @@ func (wt *watcher) resync(ctx context.Context, conn *pgx.Conn) error {
 		return err
 	}
 	for _, n := range states {
-		o, seen := wt.known[n.Key]
-		wt.known[n.Key] = wt.diff(o, seen, n)
+		wt.update(ctx, conn, n)
 	}
 	return nil
 }
 
-// diff prints the change from o to n and returns what to remember.
-func (wt *watcher) diff(o keyState, seen bool, n keyState) keyState {
+// update prints the change from what watch knew of n's key to n and
+// remembers what to know next.
+func (wt *watcher) update(ctx context.Context, q lease.Querier, n keyState) {
+	o, seen := wt.known[n.Key]
+	if !seen && wt.started {
+		// First seen after the first state: it was never leased before
+		// (or was removed by clean-up).
+		o, seen = keyState{State: lease.State{Key: n.Key}, Status: statusFree}, true
+	}
+	wt.known[n.Key] = wt.diff(ctx, q, o, seen, n)
+}
+
+// diff prints the change from o to n and returns what to remember. It reads
+// the key's history (q) only to tell a release from a forced one, and to
+// name the holder of a grant that came and went between two reads.
+func (wt *watcher) diff(ctx context.Context, q lease.Querier, o keyState, seen bool, n keyState) keyState {
 	switch {
 	case !seen:
 		wt.print(n.Status, n, n.Holder)
@@ -418,14 +451,33 @@ func (wt *watcher) diff(o keyState, seen bool, n keyState) keyState {
 		}
 		wt.print("lapsed", n, o.Holder)
 	case o.Held:
-		// Released while no notification reached watch.
+		// Released while no read saw it.
 		if n.Status == statusFree {
 			n.Status = statusReleased
 		}
-		// Print the released grant's epoch, as a notification names it.
+		// Print the released grant's epoch, as its holder knew it.
 		r := n
 		r.Epoch = o.Epoch
-		wt.print("released", r, o.Holder)
+		kind, _ := releaseOf(ctx, q, n.Key, o.Epoch)
+		wt.print(kind, r, o.Holder)
+	case n.Epoch > o.Epoch && n.Status == statusLapsed:
+		// A grant watch never saw held, already lapsed.
+		g := n
+		g.Held, g.Status = true, statusHeld
+		wt.print("acquired", g, n.Holder)
+		wt.print("lapsed", n, n.Holder)
+	case n.Epoch > o.Epoch && n.Status == statusReleased:
+		// A grant watch never saw held, already released: its epoch is
+		// one below the key's counter; the history names its holder.
+		r := n
+		r.Epoch = n.Epoch - 1
+		kind, holder := releaseOf(ctx, q, n.Key, r.Epoch)
+		if holder != "" {
+			g := r
+			g.Held, g.Status = true, statusHeld
+			wt.print("acquired", g, holder)
+		}
+		wt.print(kind, r, holder)
 	case n.Epoch == o.Epoch && n.Status == statusFree:
 		// Nothing changed; keep what watch derived (lapsed, its holder).
 		o.ServerNow = n.ServerNow
@@ -434,43 +486,52 @@ func (wt *watcher) diff(o keyState, seen bool, n keyState) keyState {
 	return n
 }
 
-// notified handles one notification: acquired or handover (read the grant's expiry),
-// released or force_released (the notification names the holder).
-func (wt *watcher) notified(ctx context.Context, conn *pgx.Conn, ev listen.Event) error {
-	o, seen := wt.known[ev.Key]
-	if seen && o.Epoch > ev.Epoch {
-		return nil // older than what watch has already read
+// releaseOf reads, from the key's history (pg_lease 0.4.0), how the grant
+// of epoch ended: "released" or "force_released", and its holder. Without
+// a history that says (an older server, or the event no longer kept) it
+// returns "released" and no holder.
+func releaseOf(ctx context.Context, q lease.Querier, key string, epoch int64) (kind, holder string) {
+	rows, err := q.Query(ctx, `SELECT h.event, h.owner, h.epoch FROM lease.history($1, 100) h`, key)
+	if err != nil {
+		return "released", ""
 	}
-	switch ev.Type {
-	case listen.EventAcquired, listen.EventHandover:
-		if seen && o.Held && o.Epoch == ev.Epoch {
-			return nil // already read by a poll
+	defer rows.Close()
+	kind = "released"
+	for rows.Next() {
+		var (
+			ev    string
+			owner *string
+			ep    *int64
+		)
+		if rows.Scan(&ev, &owner, &ep) != nil {
+			return "released", ""
 		}
-		states, err := readStates(ctx, conn, []string{ev.Key})
-		if err != nil {
-			return err
+		if ep != nil && *ep == epoch && (ev == "released" || ev == "force_released") {
+			kind, holder = ev, ""
+			if owner != nil {
+				holder = *owner
+			}
 		}
-		if len(states) == 1 && states[0].Held && states[0].Epoch == ev.Epoch {
-			wt.known[ev.Key] = wt.diff(o, true, states[0])
-			return nil
-		}
-		// Already gone again: print the grant from the notification, and
-		// the state found.
-		s := keyState{State: lease.State{Key: ev.Key, Exists: true, Epoch: ev.Epoch}, Status: "acquired"}
-		wt.print("acquired", s, ev.Owner)
-		if len(states) == 1 {
-			// Then what became of that grant (lapsed, released, taken over).
-			s.Held, s.Holder, s.Status = true, ev.Owner, statusHeld
-			wt.known[ev.Key] = wt.diff(s, true, states[0])
-		}
-	case listen.EventReleased, listen.EventForceReleased:
-		if seen && !o.Held && o.Epoch == ev.Epoch+1 {
-			return nil // a poll already saw the release
-		}
-		s := keyState{State: lease.State{Key: ev.Key, Exists: true, Epoch: ev.Epoch}, Status: statusReleased}
-		wt.print(string(ev.Type), s, ev.Owner)
-		s.Epoch = ev.Epoch + 1 // the release moved the counter past the grant
-		wt.known[ev.Key] = s
+	}
+	if rows.Err() != nil {
+		return "released", ""
+	}
+	return kind, holder
+}
+
+// notified handles one notification. Any role may NOTIFY pg_lease, so its
+// payload is only a hint that the key may have changed: watch reads the
+// key and prints what its state shows, nothing the payload says.
+func (wt *watcher) notified(ctx context.Context, conn *pgx.Conn, ev listen.Event) error {
+	if lease.CheckKey(ev.Key) != nil {
+		return nil // no key's: the server would refuse to read it
+	}
+	states, err := readStates(ctx, conn, []string{ev.Key})
+	if err != nil {
+		return err
+	}
+	for _, n := range states {
+		wt.update(ctx, conn, n)
 	}
 	return nil
 }
@@ -508,7 +569,7 @@ func (wt *watcher) print(kind string, s keyState, holder string) {
 	switch {
 	case holder != "":
 		h = quoteField(holder)
-	case s.Status == statusFree:
+	case s.Status == statusFree, kind == "released", kind == "force_released":
 		h = "<unknown>"
 	}
 	line := fmt.Sprintf("%s  %-14s %s  holder=%s epoch=%d", now.Format("15:04:05.000"), kind, quoteField(s.Key), h, s.Epoch)

@@ -158,3 +158,41 @@ func TestWatchShowsAKeyLapsedBeforeItStarted(t *testing.T) {
 		t.Fatalf("job-42's lapse printed %d times:\n%s", n, p.out.String())
 	}
 }
+
+// Any role may NOTIFY pg_lease. A role with no grant at all sends a forged
+// release and a forced release of a held key, a grant of a key nobody
+// holds, and a payload naming a key the server refuses: watch reads each
+// key and prints none of it (the key stays held), and goes on to show a
+// real grant made after them.
+func TestWatchIgnoresForgedNotifications(t *testing.T) {
+	ctx, dsn, c := leaseSetup(t)
+	acquire(t, ctx, c, "job-42", "worker-a1", time.Minute)
+	p := start(t, ctx, dsnEnv(dsn), "watch")
+	p.waitFor(t, "held           job-42  holder=worker-a1 epoch=1", false)
+
+	forger := role(t, ctx, "pglease_forger")
+	fc, _ := connect(t, ctx, pgtest.WithUser(dsn, forger))
+	for _, payload := range []string{
+		`{"event":"released","key":"job-42","owner":"worker-a1","epoch":1}`,
+		`{"event":"force_released","key":"job-42","owner":"worker-a1","epoch":1}`,
+		`{"event":"acquired","key":"job-43","owner":"eve","epoch":7}`,
+		`{"event":"handover","key":"job-42","owner":"eve","epoch":2}`,
+		`{"event":"released","key":"` + strings.Repeat("k", 2000) + `","owner":"x","epoch":1}`,
+	} {
+		if _, err := fc.Exec(ctx, `SELECT pg_notify('pg_lease', $1)`, payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Notifications arrive in commit order: once the real grant shows, watch
+	// has handled the forged ones.
+	acquire(t, ctx, c, "job-44", "worker-b2", time.Minute)
+	p.waitFor(t, "acquired       job-44  holder=worker-b2 epoch=1", false)
+	p.stopOK(t, "watch")
+	out := p.out.String()
+	if strings.Count(out, "job-42") != 1 || strings.Contains(out, "job-43") || strings.Contains(out, "eve") {
+		t.Fatalf("watch printed forged events:\n%s", out)
+	}
+	if s, err := c.Inspect(ctx, "job-42"); err != nil || !s.Held || s.Owner != "worker-a1" {
+		t.Fatalf("job-42: %+v %v", s, err)
+	}
+}

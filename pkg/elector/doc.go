@@ -117,8 +117,8 @@
 // Followers wait with listen.Waiter.Await: woken by the release's
 // notification when Config.Waiter is set (the process's one listener on
 // channel pg_lease, which pg_lease notifies on grants, releases, handovers
-// and force-releases), with no read when the notification says the key is
-// free or handed to this elector (its next call is the acquire), at the
+// and force-releases; the wake reads the key, since any role may send a
+// notification), at the
 // observed grant's expiry on the local clock
 // (lease.State.ExpiresLocal: a lapse sends nothing), and otherwise every
 // RetryInterval. Without a Waiter, a release is seen within RetryInterval;

@@ -52,11 +52,12 @@
 // ErrReadOnly (a standby or read-only session) or ErrPermission, and
 // errors.As reaches the *pgconn.PgError with the server's DETAIL.
 //
-// Acknowledged means replicated: with ObserveCommits on the connections'
-// configuration, acquire, renew and release never report a change whose
-// commit's wait for the synchronous standbys was cancelled (PostgreSQL
-// reports it as success, with a warning); they return ErrCommitUnknown
-// instead, and do not retry it (commit.go says why and how).
+// Acknowledged means replicated: acquire, renew and release never report a
+// change whose commit's wait for the synchronous standbys was cancelled
+// (PostgreSQL reports it as success, with a warning); they return
+// ErrCommitUnknown instead, and do not retry it. That holds on any pool or
+// connection; ObserveCommits on the connections' configuration saves two
+// round trips per change (commit.go says why and how).
 //
 // During the grace after a promotion (no new grant of any key until it
 // ends) Acquire returns a *GraceError (ErrGrace) that says when it ends, and

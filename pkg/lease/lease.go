@@ -81,9 +81,7 @@ type State struct {
 	// Since is when the key entered its state, on the server's clock: the
 	// grant, the expiry or the release. Zero before 0.4.0.
 	Since time.Time
-	// ServerNow is the server's clock when the state was read. A State
-	// that listen.Waiter.Await took from a notification has no ServerNow, no
-	// ExpiresAt, no AcquiredAt and no Since.
+	// ServerNow is the server's clock when the state was read.
 	ServerNow time.Time
 
 	rt roundTrip // the read's round trip (ExpiresLocal)

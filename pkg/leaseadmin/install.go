@@ -28,35 +28,23 @@ const Version = pgleasesql.Version
 // Installed reports which pg_lease version is installed in the database q is
 // connected to, and how: extension is true when it was installed by CREATE
 // EXTENSION (InstallExtension), false when as a plain schema (InstallSchema).
+// It reads the catalogs only (Describe) and calls nothing in schema lease.
 // With neither present it returns an error matching lease.ErrNotInstalled.
+// It returns an error matching ErrSquatted when schema lease is not
+// pg_lease's, or, for a schema-only install, when the schema or an object in
+// it belongs to a role that cannot act as the current role: such an install
+// is someone else's, not one this role made (Describe reports it).
 func Installed(ctx context.Context, q lease.Querier) (version string, extension bool, err error) {
-	var (
-		extVersion *string
-		hasVersion bool
-		hasSchema  bool
-	)
-	// Every operator is pg_catalog's, named in full: the caller's
-	// search_path may hold another role's operators.
-	err = q.QueryRow(ctx, `SELECT
-		  (SELECT e.extversion FROM pg_catalog.pg_extension e WHERE e.extname OPERATOR(pg_catalog.=) 'pg_lease'),
-		  pg_catalog.to_regprocedure('lease.version()') IS NOT NULL,
-		  EXISTS (SELECT 1 FROM pg_catalog.pg_namespace n WHERE n.nspname OPERATOR(pg_catalog.=) 'lease')`).
-		Scan(&extVersion, &hasVersion, &hasSchema)
+	in, err := Describe(ctx, q)
 	if err != nil {
-		return "", false, fmt.Errorf("lease: reading the installed version: %w", err)
+		return "", false, err
 	}
-	switch {
-	case extVersion != nil:
-		return *extVersion, true, nil
-	case !hasVersion && hasSchema:
-		return "", false, fmt.Errorf("%w: a schema named lease exists but has no lease.version(): it is not pg_lease's", lease.ErrNotInstalled)
-	case !hasVersion:
-		return "", false, lease.ErrNotInstalled
+	if !in.Extension {
+		if err := in.trust(""); err != nil {
+			return "", false, err
+		}
 	}
-	if err := q.QueryRow(ctx, `SELECT lease.version()`).Scan(&version); err != nil {
-		return "", false, fmt.Errorf("lease: reading the installed version: %w", err)
-	}
-	return version, false, nil
+	return in.Version, in.Extension, nil
 }
 
 // InstallExtension makes sure the pg_lease extension is installed, at
@@ -79,7 +67,11 @@ func InstallExtension(
 	},
 ) error {
 	return inTx(ctx, db, func(tx pgx.Tx) error {
-		v, ext, err := Installed(ctx, tx)
+		in, err := Describe(ctx, tx)
+		if err == nil {
+			err = in.trust("lease: InstallExtension")
+		}
+		v, ext := in.Version, in.Extension
 		switch {
 		case err == nil && !ext:
 			return fmt.Errorf("lease: InstallExtension: %w: pg_lease %s is installed as a plain schema (InstallSchema); drop schema lease first to convert",
@@ -100,11 +92,11 @@ func InstallExtension(
 				return fmt.Errorf("lease: InstallExtension: %w", err)
 			}
 		}
-		v, ext, err = Installed(ctx, tx)
+		in, err = trusted(ctx, tx, "lease: InstallExtension: after CREATE EXTENSION")
 		if err != nil {
-			return fmt.Errorf("lease: InstallExtension: after CREATE EXTENSION: %w", err)
+			return err
 		}
-		return checkVersion("InstallExtension", v, ext)
+		return checkVersion("InstallExtension", in.Version, in.Extension)
 	})
 }
 
@@ -132,7 +124,11 @@ func InstallSchema(
 	},
 ) error {
 	return inTx(ctx, db, func(tx pgx.Tx) error {
-		v, ext, err := Installed(ctx, tx)
+		in, err := Describe(ctx, tx)
+		if err == nil {
+			err = in.trust("lease: InstallSchema")
+		}
+		v, ext := in.Version, in.Extension
 		var from string
 		switch {
 		case err == nil && (v == Version || ext):
@@ -143,7 +139,7 @@ func InstallSchema(
 			return err
 		}
 		var role string
-		if err := tx.QueryRow(ctx, `SELECT current_user`).Scan(&role); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT CURRENT_USER::pg_catalog.text`).Scan(&role); err != nil {
 			return fmt.Errorf("lease: InstallSchema: %w", err)
 		}
 		script, err := pgleasesql.SchemaScript(role, from)
@@ -156,11 +152,11 @@ func InstallSchema(
 		if _, err := tx.Exec(ctx, script); err != nil {
 			return fmt.Errorf("lease: InstallSchema: running the install script: %w", err)
 		}
-		v, ext, err = Installed(ctx, tx)
+		in, err = trusted(ctx, tx, "lease: InstallSchema: after the install script")
 		if err != nil {
-			return fmt.Errorf("lease: InstallSchema: after the install script: %w", err)
+			return err
 		}
-		return checkVersion("InstallSchema", v, ext)
+		return checkVersion("InstallSchema", in.Version, in.Extension)
 	})
 }
 

@@ -230,19 +230,25 @@ func TestSchemaInstallByOrdinaryRole(t *testing.T) {
 	}
 }
 
-// TestForeignLeaseSchema: a schema named lease that is not pg_lease's is
-// not taken for an install, and the schema install refuses to overwrite it.
+// TestForeignLeaseSchema: a schema named lease that is not pg_lease's, even
+// the installer's own, is not taken for an install, and neither installer
+// overwrites it.
 func TestForeignLeaseSchema(t *testing.T) {
+	pgtest.SharedExtensionFiles(t)
 	ctx := testCtx(t)
 	pool := newPool(t, pgtest.NewDatabase(t))
 	if _, err := pool.Exec(ctx, `CREATE SCHEMA lease`); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := leaseadmin.Installed(ctx, pool); !errors.Is(err, lease.ErrNotInstalled) {
-		t.Fatalf("Installed: %v, want ErrNotInstalled", err)
+	if _, _, err := leaseadmin.Installed(ctx, pool); !errors.Is(err, leaseadmin.ErrSquatted) {
+		t.Fatalf("Installed: %v, want ErrSquatted", err)
 	}
-	if err := leaseadmin.InstallSchema(ctx, pool); err == nil || !strings.Contains(err.Error(), "already exists") {
-		t.Fatalf("InstallSchema over a foreign schema: %v", err)
+	for name, install := range map[string]func(context.Context, interface {
+		Begin(context.Context) (pgx.Tx, error)
+	}) error{"InstallSchema": leaseadmin.InstallSchema, "InstallExtension": leaseadmin.InstallExtension} {
+		if err := install(ctx, pool); !errors.Is(err, leaseadmin.ErrSquatted) || !strings.Contains(err.Error(), "not pg_lease's") {
+			t.Fatalf("%s over a foreign schema: %v, want ErrSquatted", name, err)
+		}
 	}
 }
 

@@ -26,13 +26,8 @@ import (
 //     notification can arrive: w nil or closed, the listen connection down,
 //     pg_lease.notify = off on the writer, a transaction-pooling proxy.
 //
-// A notification that names the key's whole state needs no read: a release
-// or force-release (the key free, its counter past the ended epoch), a grant
-// or a handover (held by the named owner under the named epoch). Await hands
-// that state to done first and returns it when done is true. Such a lease.State
-// was true when its change committed; it has no ExpiresAt, ServerNow or
-// ExpiresLocal, so a done that needs them reads. A notification older than
-// the last read, or one behind a resync, is read over.
+// A notification only wakes it: any role may NOTIFY pg_lease, so what its
+// payload says is never handed to done. Every state done sees was read.
 //
 // It subscribes (Watch, which registers key with lease.listen) before the
 // first read. So a change committed after that read always wakes it, unless
@@ -55,9 +50,8 @@ func (w *Waiter) Await(ctx context.Context, c *lease.Client, key string, poll ti
 		callTimeout = w.opts.QueryTimeout
 	}
 	clk := c.Clock()
-	var after uint64     // the events dispatched when this Await woke
-	shared := false      // woken by an event: a read begun since then will do
-	var last lease.State // the last state read
+	var after uint64 // the events dispatched when this Await woke
+	shared := false  // woken by an event: a read begun since then will do
 	for {
 		var (
 			st  lease.State
@@ -83,7 +77,6 @@ func (w *Waiter) Await(ctx context.Context, c *lease.Client, key string, poll ti
 		if done(st) {
 			return st, nil
 		}
-		last = st
 		wake := poll
 		if at := st.ExpiresLocal(); !at.IsZero() {
 			wake = min(wake, max(at.Sub(clk.Now()), 0))
@@ -93,16 +86,12 @@ func (w *Waiter) Await(ctx context.Context, c *lease.Client, key string, poll ti
 		case <-ctx.Done():
 			timer.Stop()
 			return lease.State{}, fmt.Errorf("listen: await %q: %w", key, context.Cause(ctx))
-		case ev, ok := <-events:
+		case _, ok := <-events:
 			if !ok {
 				events = nil // the Waiter was closed: poll from now on
 				break
 			}
-			ev = latest(ev, events)
-			if ns, ok := notifiedState(ev, last); ok && done(ns) {
-				timer.Stop()
-				return ns, nil
-			}
+			latest(events)
 			after, shared = w.dispatched(), true
 		case <-timer.C():
 		}
@@ -110,45 +99,18 @@ func (w *Waiter) Await(ctx context.Context, c *lease.Client, key string, poll ti
 	}
 }
 
-// latest returns the last of ev and the events already queued behind it, or
-// a resync if any of them is one: the newest news, read in one go.
-func latest(ev Event, events <-chan Event) Event {
+// latest drains the events already queued: one read covers them all.
+func latest(events <-chan Event) {
 	for {
 		select {
-		case next, ok := <-events:
+		case _, ok := <-events:
 			if !ok {
-				return ev
-			}
-			if ev.Type != EventResync {
-				ev = next
+				return
 			}
 		default:
-			return ev
+			return
 		}
 	}
-}
-
-// notifiedState is the key's state that ev announces, when ev names the
-// whole of it and is newer than last (the last state read): a release or
-// force-release of an epoch at least last's (the key's counter is then one
-// past it), a grant or handover of an epoch above last's.
-func notifiedState(ev Event, last lease.State) (lease.State, bool) {
-	st := lease.State{Key: ev.Key, Exists: true}
-	switch ev.Type {
-	case EventReleased, EventForceReleased:
-		if ev.Epoch < last.Epoch {
-			return lease.State{}, false
-		}
-		st.Epoch, st.Released = ev.Epoch+1, true
-	case EventAcquired, EventHandover:
-		if ev.Epoch <= last.Epoch {
-			return lease.State{}, false
-		}
-		st.Held, st.Owner, st.LastOwner, st.Epoch = true, ev.Owner, ev.Owner, ev.Epoch
-	default:
-		return lease.State{}, false
-	}
-	return st, true
 }
 
 // readKey names the reads Awaits of one Waiter may share.

@@ -68,7 +68,10 @@ func (o Options) withDefaults() (Options, error) {
 	return o, nil
 }
 
-// Event is a pg_lease notification (channel pg_lease), or a resync.
+// Event is a pg_lease notification (channel pg_lease), or a resync. Any
+// role may NOTIFY pg_lease: Type, Owner and Epoch are what the payload
+// says, not what happened. Take an event as a sign that Key may have
+// changed, and read the key (Inspect, List, Await) before acting on it.
 type Event struct {
 	Type  EventType
 	Key   string

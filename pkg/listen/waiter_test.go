@@ -3,6 +3,7 @@ package listen_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/handover"
 	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/leaseadmin"
@@ -173,11 +175,10 @@ func TestAwaitWakesOnNotification(t *testing.T) {
 	})
 }
 
-// TestAwaitTakesNotifiedState: a release, a force-release and a handover
-// name the key's whole state, so the Await they wake returns that state
-// without reading the key again (a successor's first call is then its
-// acquire). The state is the one a read would have returned.
-func TestAwaitTakesNotifiedState(t *testing.T) {
+// TestAwaitReadsAfterANotification: a release, a force-release and a
+// handover wake the Await, which reads the key and returns the state read
+// (with the server's clock), not the one the notification names.
+func TestAwaitReadsAfterANotification(t *testing.T) {
 	forEachMode(t, func(t *testing.T, db *testDB) {
 		ctx := testCtx(t)
 		w, _ := newWaiter(t, db, listen.Options{})
@@ -223,8 +224,8 @@ func TestAwaitTakesNotifiedState(t *testing.T) {
 			case <-time.After(time.Minute):
 				t.Fatalf("%s: Await did not return", how)
 			}
-			if n := len(reads); n != 0 {
-				t.Fatalf("%s: %d reads after the notification, want none", how, n)
+			if n := len(reads); n < 1 {
+				t.Fatalf("%s: %d reads after the notification, want the state read", how, n)
 			}
 			read, err := db.c.Inspect(ctx, key)
 			if err != nil {
@@ -233,11 +234,61 @@ func TestAwaitTakesNotifiedState(t *testing.T) {
 			if got.Key != key || got.Exists != read.Exists || got.Held != read.Held || got.Owner != read.Owner || got.Epoch != read.Epoch {
 				t.Fatalf("%s: Await returned %+v, a read says %+v", how, got, read)
 			}
-			if !got.ServerNow.IsZero() || !got.ExpiresAt.IsZero() || !got.ExpiresLocal().IsZero() {
-				t.Fatalf("%s: a state from a notification claims times it cannot know: %+v", how, got)
+			if got.ServerNow.IsZero() {
+				t.Fatalf("%s: Await returned a state that no read returned: %+v", how, got)
 			}
 		}
 	})
+}
+
+// TestAwaitIgnoresForgedNotifications: any role may NOTIFY pg_lease. A
+// role with no grant sends a release of a held key and a handover of it to
+// the waiting owner: the Await reads the key, finds it held as before, and
+// waits on; the real release that follows ends it with the state read.
+func TestAwaitIgnoresForgedNotifications(t *testing.T) {
+	db := newDB(t, installModes[0])
+	ctx := testCtx(t)
+	admin := connect(t, db.dsn)
+	forger := fmt.Sprintf("listen_forger_%d", time.Now().UnixNano())
+	if _, err := admin.Exec(ctx, `CREATE ROLE `+forger+` LOGIN`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), `DROP ROLE IF EXISTS `+forger) })
+	fc := connect(t, pgtest.WithUser(db.dsn, forger))
+
+	w, rec := newWaiter(t, db, listen.Options{})
+	h, ok, err := db.c.Acquire(ctx, "forged", "holder", never)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	c, reads := watched(db)
+	res := make(chan awaited, 1)
+	go func() {
+		// Free, or handed to "follower": what the forged payloads claim.
+		st, err := w.Await(ctx, c, "forged", never, func(s lease.State) bool { return !s.Held || s.Owner == "follower" })
+		res <- awaited{st, err}
+	}()
+	<-reads // the first read saw the key held
+	for _, payload := range []string{
+		`{"event":"released","key":"forged","owner":"holder","epoch":41}`,
+		`{"event":"handover","key":"forged","owner":"follower","epoch":42}`,
+	} {
+		if _, err := fc.Exec(ctx, `SELECT pg_notify('pg_lease', $1)`, payload); err != nil {
+			t.Fatal(err)
+		}
+		rec.await(t, "notified forged", func(ev hookEvent) bool { return ev.kind == "notified" && ev.detail == "forged" })
+	}
+	if err := db.c.Release(ctx, h.Token); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-res:
+		if r.err != nil || r.st.Held || r.st.Epoch != h.Epoch+1 || !r.st.Released || r.st.ServerNow.IsZero() {
+			t.Fatalf("Await: %+v %v, want the released state read after the real release (epoch %d)", r.st, r.err, h.Epoch+1)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Await did not return after the real release")
+	}
 }
 
 // TestAwaitWakesAtExpiry: a holder that stops renewing sends nothing; with

@@ -70,8 +70,8 @@
 // from the last one it returned in what matters to an election: the holder
 // or the epoch (a grant, a release, a takeover, the server-side lapse of the
 // grant; a renewal is not news). It is woken by the release's notification
-// (which names the new record: the Get then returns it without a read, and
-// client-go's next call is the acquire), by the observed grant's expiry on
+// (then it reads the record: any role may send a notification, so what one
+// says is never returned), by the observed grant's expiry on
 // the local clock, and by a poll of
 // min(LeaseDuration/2, 1s) (which covers a lost listen connection or
 // pg_lease.notify = off without missing a release); it returns at the

@@ -63,7 +63,7 @@ func (l *Lock) recordOf(s lease.State) rawRecord {
 	case !s.Exists:
 		return rawRecord{}
 	case s.Held && s.ExpiresAt.IsZero():
-		// Taken from a notification of the grant: the expiry is not known.
+		// No expiry read: none is named.
 		return rawRecord{Key: l.key, Epoch: s.Epoch, Holder: holder}
 	case s.Held:
 		exp := s.ExpiresAt.UTC()
