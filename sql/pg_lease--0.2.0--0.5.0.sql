@@ -173,6 +173,16 @@ ALTER TABLE lease.strategies ADD CONSTRAINT strategies_pkey PRIMARY KEY (key, ro
 COMMENT ON TABLE lease.strategies IS
   'pg_lease internal: who a release by role hands a key to (lease.set_strategy); no row means any';
 
+-- The bound of a role's registrations and strategies holds across its
+-- concurrent transactions: each new one locks its role's row first.
+CREATE UNLOGGED TABLE lease.registrars (
+    role text        NOT NULL,
+    at   timestamptz NOT NULL,
+    CONSTRAINT registrars_pkey PRIMARY KEY (role)
+);
+COMMENT ON TABLE lease.registrars IS
+  'pg_lease internal: a row per role, locked by its new candidate registrations and strategies (their bound)';
+
 -- ---------------------------------------------------------------------------
 -- History: retention per key and role (the actor that made each event), so
 -- one role's events never push another's out. actor_seq numbers each actor's
@@ -760,13 +770,40 @@ CREATE OR REPLACE FUNCTION lease._max_candidates()
 RETURNS integer LANGUAGE sql IMMUTABLE
 AS $$ SELECT 1024 $$;
 
+-- Takes session_user's row of lease.registrars, until the transaction ends:
+-- the count of its registrations (or strategies) that follows sees every
+-- other transaction of the role that added one. Under REPEATABLE READ a
+-- concurrent one that committed first makes this 40001.
+CREATE OR REPLACE FUNCTION lease._lock_registrar()
+RETURNS void LANGUAGE sql VOLATILE
+AS $$
+  INSERT INTO lease.registrars AS q (role, at) VALUES (session_user, clock_timestamp())
+    ON CONFLICT ON CONSTRAINT registrars_pkey DO UPDATE SET at = excluded.at
+$$;
+
+-- Whether a release by session_user may hand a key to a candidate of role
+-- r: r is session_user or a role it was granted, directly or through other
+-- grants (pg_auth_members). Not pg_has_role: a superuser is a member of
+-- every role without any grant, and its releases must not choose among
+-- every role's candidates.
+CREATE OR REPLACE FUNCTION lease._granted(r text)
+RETURNS boolean LANGUAGE sql STABLE
+AS $$
+  WITH RECURSIVE m(oid) AS (
+    SELECT a.oid FROM pg_catalog.pg_roles a WHERE a.rolname = session_user
+    UNION
+    SELECT g.roleid FROM pg_catalog.pg_auth_members g JOIN m ON g.member = m.oid
+  )
+  SELECT EXISTS (SELECT 1 FROM m JOIN pg_catalog.pg_roles x ON x.oid = m.oid WHERE x.rolname = r)
+$$;
+
 -- The candidates of key in the order a release by session_user would choose
 -- them (rank 1 first) under the strategy session_user set on the key, each
 -- with whether it is live (registered within its ttl, its backend still
 -- connected, its role still existing). rank is NULL for a candidate such a
 -- release cannot choose (not live, not ready, no version under a version
--- strategy, or a role session_user may not act as), and for every candidate
--- under any. The backend list is read afresh: pg_stat_activity is otherwise
+-- strategy, or a role other than session_user and the roles it was granted:
+-- lease._granted), and for every candidate under any. The backend list is read afresh: pg_stat_activity is otherwise
 -- cached for the whole transaction, and a backend gone since would look
 -- connected.
 CREATE OR REPLACE FUNCTION lease._ranked(key text, now timestamptz)
@@ -784,7 +821,7 @@ BEGIN
   -- The roles whose candidates the caller's release may choose, each
   -- checked once however many registrations it has.
   v_roles := ARRAY(SELECT d.role FROM (SELECT DISTINCT c.role FROM lease.candidates c WHERE c.key = v_key) d
-                    WHERE d.role = session_user::text OR lease._may_act(d.role));
+                    WHERE d.role = session_user::text OR lease._granted(d.role));
   PERFORM pg_catalog.pg_stat_clear_snapshot();
   RETURN QUERY
   WITH c AS (
@@ -818,8 +855,8 @@ $$;
 -- Called by release, on the key's locked row, after the holder (owner,
 -- epoch) was found to be the caller. Grants the key to the candidate that
 -- the strategy session_user set on the key chooses among the candidates of
--- roles session_user may act as (lease._ranked; never the releasing owner),
--- epoch + 1, for the candidate's ttl, and returns it; NULL owner when there
+-- session_user and the roles it was granted (lease._ranked; never the
+-- releasing owner), epoch + 1, for the candidate's ttl, and returns it; NULL owner when there
 -- is none or no new grant may be made now (the grace after a timeline
 -- change): the caller then frees the key. Reads candidates and strategies
 -- without locking them.
@@ -1824,6 +1861,7 @@ BEGIN
   DELETE FROM lease.candidates c
    WHERE c.key = v_key AND c.role = v_role
      AND c.owner IN (SELECT r.owner FROM lease._ranked(v_key, v_now) r WHERE r.role = v_role AND NOT r.live);
+  PERFORM lease._lock_registrar();
   SELECT count(*) INTO v_n FROM lease.candidates c WHERE c.role = v_role;
   IF v_n >= lease._max_candidates() THEN
     RAISE EXCEPTION 'too_many_candidates'
@@ -1916,6 +1954,7 @@ BEGIN
   IF v_strategy = 'any' THEN
     RETURN;
   END IF;
+  PERFORM lease._lock_registrar();
   SELECT count(*) INTO v_n FROM lease.strategies s WHERE s.role = v_role;
   IF v_n >= lease._max_candidates() THEN
     RAISE EXCEPTION 'too_many_strategies'
@@ -1949,7 +1988,7 @@ $$;
 -- lease.candidates(key): the strategy the caller's role set on key, and the
 -- key's candidates in the order a release by the caller would choose them
 -- (rank 1 first; NULL: not choosable by it now, including every candidate
--- of a role it may not act as). The role is not shown, as in inspect. Never
+-- of a role other than its own and those it was granted). The role is not shown, as in inspect. Never
 -- writes, never locks.
 CREATE OR REPLACE FUNCTION lease.candidates(key text)
 RETURNS TABLE (strategy text, owner text, version text, priority integer, ready boolean,

@@ -18,6 +18,16 @@ ALTER TABLE lease.strategies ADD CONSTRAINT strategies_pkey PRIMARY KEY (key, ro
 COMMENT ON TABLE lease.strategies IS
   'pg_lease internal: who a release by role hands a key to (lease.set_strategy); no row means any';
 
+-- The bound of a role's registrations and strategies holds across its
+-- concurrent transactions: each new one locks its role's row first.
+CREATE UNLOGGED TABLE lease.registrars (
+    role text        NOT NULL,
+    at   timestamptz NOT NULL,
+    CONSTRAINT registrars_pkey PRIMARY KEY (role)
+);
+COMMENT ON TABLE lease.registrars IS
+  'pg_lease internal: a row per role, locked by its new candidate registrations and strategies (their bound)';
+
 -- ---------------------------------------------------------------------------
 -- History: retention per key and role (the actor that made each event), so
 -- one role's events never push another's out. actor_seq numbers each actor's

@@ -177,9 +177,9 @@ SET SESSION AUTHORIZATION regress_pglease_ho_alice;
 SELECT status FROM lease.release('ho-role', 'a2', 2);
 RESET SESSION AUTHORIZATION;
 SELECT owner, epoch, holder_role FROM lease.leases WHERE key = 'ho-role';
--- a superuser (a member of every role) chooses among every role's
--- candidates, under its own strategy: alice's a2 (priority 1) before
--- mallory's m1 (0)
+-- a superuser (a member of every role) chooses, like any role, only among
+-- the candidates of its own role and of the roles it was granted: neither
+-- alice's a2 nor mallory's m1 (60_operator_handover), so the key is freed
 SELECT previous FROM lease.set_strategy('ho-role', 'priority');
 SELECT acquired FROM lease.acquire('ho-role', 'root', interval '30s');
 SELECT status FROM lease.release('ho-role', 'root', 4);
