@@ -246,7 +246,29 @@ func (a *app) connect(ctx context.Context) (*pgx.Conn, error) {
 	if err != nil {
 		return nil, &connectError{err: err}
 	}
+	if err := a.refuseUntrusted(ctx, conn); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, err
+	}
 	return conn, nil
+}
+
+// refuseUntrusted: a superuser calls nothing in schema lease unless it can
+// trust the install (leaseadmin.Describe): a function another role owns
+// would run with the superuser's privileges. install and version read the
+// install themselves and call nothing untrusted.
+func (a *app) refuseUntrusted(ctx context.Context, conn *pgx.Conn) error {
+	if a.op == "install" || a.op == "version" || conn.PgConn().ParameterStatus("is_superuser") != "on" {
+		return nil
+	}
+	in, err := leaseadmin.Describe(ctx, conn)
+	if errors.Is(err, lease.ErrNotInstalled) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return in.TrustError()
 }
 
 // withConn runs f on a new connection, closed afterwards.

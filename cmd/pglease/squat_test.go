@@ -170,3 +170,35 @@ func TestSquattedSchemaRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestSquattedSchemaRefusedToSuperuserReads: a superuser's read commands
+// call nothing in a schema lease it cannot trust (a SECURITY INVOKER
+// function of the squatter's would run as the superuser); they exit 11.
+func TestSquattedSchemaRefusedToSuperuserReads(t *testing.T) {
+	ctx := testCtx(t)
+	dsn, _, squatter, admin := squatDB(t, func(ctx context.Context, sq *pgx.Conn, squatter string) error {
+		for _, s := range []string{
+			`CREATE SCHEMA lease`,
+			`CREATE FUNCTION lease.version() RETURNS text LANGUAGE sql AS $$ SELECT '` + leaseadmin.Version + `'::text $$`,
+			`CREATE FUNCTION lease.status(OUT max_ttl interval, OUT promotion_grace interval, OUT timeline bigint,
+			    OUT era bigint, OUT grace_until timestamptz) LANGUAGE plpgsql AS ` +
+				hostile(squatter, "lease.status", "max_ttl := '1 hour'; promotion_grace := '1 hour'; timeline := 1; era := 0;"),
+			`GRANT USAGE ON SCHEMA lease TO PUBLIC`,
+			`GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA lease TO PUBLIC`,
+		} {
+			if _, err := sq.Exec(ctx, s); err != nil {
+				return fmt.Errorf("%s: %w", s, err)
+			}
+		}
+		return nil
+	})
+	for _, args := range [][]string{{"status"}, {"get", "k"}, {"list"}, {"health"}} {
+		code, out, errs := pglease(t, ctx, dsnEnv(dsn), args...)
+		if code != exitUntrusted || !strings.Contains(errs, squatter) {
+			t.Errorf("superuser: pglease %q: exit %d, want %d naming %s\nstdout: %s\nstderr: %s", args, code, exitUntrusted, squatter, out, errs)
+		}
+		if r, super := ran(t, admin, squatter); len(r) > 0 || super {
+			t.Fatalf("after pglease %q: the squatter's functions ran: %v; squatter superuser: %v", args, r, super)
+		}
+	}
+}
