@@ -596,17 +596,21 @@ AS $$
      AND clock_timestamp() < timestamptz '294000-01-01 00:00:00+00'
 $$;
 
--- One key's renewal. Locks the key's row, decides the caller's status at
--- server time now (NULL: the clock read after the lock), and when it is ok
--- sets the expiry to now + ttl. has_row: the key has a row, whose lock this
--- call now holds. Callers run it in a block with an EXCEPTION clause and
--- raise 'LEASE' when the status is not ok, so a refused key keeps no row
--- lock. Writes no history and sends no notification (a renewal wakes nobody).
--- The UPDATE, a statement begun after the lock, reads the max_ttl in force:
--- lease.configure may have lowered it while this call waited. A ttl above it
--- raises invalid_input, which undoes the UPDATE.
+-- One key's renewal. Locks the key's row only when it names owner o under a
+-- role session_user may act for (the caller's own grant, held or lapsed):
+-- any other key (never leased, free, another owner's, another role's) is
+-- decided from a read that takes no lock, so a refused renewal never makes
+-- another role wait. Decides the caller's status at server time now (NULL:
+-- the clock read after the lock), and when it is ok sets the expiry to now +
+-- ttl. locked: this call took the key's row lock. Callers run it in a block
+-- with an EXCEPTION clause and raise 'LEASE' when the status is not ok, so a
+-- refused key keeps no row lock. Writes no history and sends no
+-- notification (a renewal wakes nobody). The UPDATE, a statement begun after
+-- the lock, reads the max_ttl in force: lease.configure may have lowered it
+-- while this call waited. A ttl above it raises invalid_input, which undoes
+-- the UPDATE.
 CREATE OR REPLACE FUNCTION lease._renew_key(k text, o text, e bigint, ttl interval, now timestamptz,
-                                 OUT status text, OUT expires_at timestamptz, OUT has_row boolean)
+                                 OUT status text, OUT expires_at timestamptz, OUT locked boolean)
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -616,15 +620,36 @@ DECLARE
   r_lowner  text;
   r_lepoch  bigint;
   r_role    text;
+  v_found   boolean;
   v_max     interval;
 BEGIN
   SELECT l.owner, l.epoch, l.expires_at, l.lapsed_owner, l.lapsed_epoch, l.holder_role
     INTO r_owner, r_epoch, r_expires, r_lowner, r_lepoch, r_role
-    FROM lease.leases l WHERE l.key = k FOR NO KEY UPDATE;
-  has_row := FOUND;
+    FROM lease.leases l
+   WHERE l.key = k AND l.owner = o
+     AND (l.holder_role IS NULL OR l.holder_role = session_user::text OR lease._may_act(l.holder_role))
+     FOR NO KEY UPDATE;
+  locked := FOUND;
+  v_found := locked;
+  IF NOT locked THEN
+    -- Not the caller's grant when read: its status, without a lock.
+    SELECT l.owner, l.epoch, l.expires_at, l.lapsed_owner, l.lapsed_epoch, l.holder_role
+      INTO r_owner, r_epoch, r_expires, r_lowner, r_lepoch, r_role
+      FROM lease.leases l WHERE l.key = k;
+    v_found := FOUND;
+    IF v_found AND r_owner = o AND (r_role IS NULL OR r_role = session_user::text OR lease._may_act(r_role)) THEN
+      -- Granted to the caller since the first read: lock it, read it again.
+      SELECT l.owner, l.epoch, l.expires_at, l.lapsed_owner, l.lapsed_epoch, l.holder_role
+        INTO r_owner, r_epoch, r_expires, r_lowner, r_lepoch, r_role
+        FROM lease.leases l WHERE l.key = k FOR NO KEY UPDATE;
+      v_found := FOUND;
+      locked := FOUND;
+    END IF;
+  END IF;
   now := coalesce(now, clock_timestamp());
-  status := lease._holder_status(has_row, r_owner, r_epoch, r_expires, r_lowner, r_lepoch, o, e, now);
-  IF status = 'ok' AND r_role IS NOT NULL AND r_role <> session_user::text AND NOT lease._may_act(r_role) THEN
+  status := lease._holder_status(v_found, r_owner, r_epoch, r_expires, r_lowner, r_lepoch, o, e, now);
+  IF status = 'ok' AND (NOT locked
+                        OR r_role IS NOT NULL AND r_role <> session_user::text AND NOT lease._may_act(r_role)) THEN
     status := 'not_owner';  -- the owner string and epoch, but not the grant's role
   END IF;
   IF status <> 'ok' THEN
@@ -1075,7 +1100,8 @@ END
 $$;
 
 -- Extends the caller's current grant to now + ttl (same epoch). status is
--- ok, or not_owner, lapsed or epoch_mismatch (then nothing changes).
+-- ok, or not_owner, lapsed or epoch_mismatch (then nothing changes). Locks
+-- the key's row only when it is the caller's grant (lease._renew_key).
 CREATE OR REPLACE FUNCTION lease.renew(key text, owner text, epoch bigint, ttl interval,
                             OUT status text, OUT expires_at timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -1118,11 +1144,14 @@ $$;
 
 -- Renews many grants of one owner in one statement and one commit. Each key
 -- gets what lease.renew(key, owner, epoch, ttl) would answer, with the same
--- precedence, role binding and durability. Rows are locked in key order, so
--- two batches never wait on each other in a cycle. A key whose status is not
--- ok keeps no row lock: the locks of such a round are rolled back and the
--- round runs again without those keys. At most 1000 keys; the rows come back
--- in the order of keys.
+-- precedence, role binding and durability. Only the rows of the caller's own
+-- grants (rows naming owner under a role the caller may act for) are locked,
+-- in byte order (COLLATE "C", whatever the database's collation: the order of
+-- every pg_lease batch and of the Go client's), so two batches never wait on
+-- each other in a cycle; every other key is answered from a read that takes
+-- no lock. A key whose status is not ok keeps no row lock: the locks of such
+-- a round are rolled back and the round runs again without those keys. At
+-- most 1000 keys; the rows come back in the order of keys.
 CREATE OR REPLACE FUNCTION lease.renew_many(keys text[], owner text, epochs bigint[], ttl interval)
 RETURNS TABLE (key text, status text, expires_at timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -1138,13 +1167,15 @@ DECLARE
   v_now     timestamptz;
   v_exp     timestamptz;
   v_elem    text[];
-  v_try_k   text[];    -- the keys of the next round, in key order
+  v_role    text := session_user;
+  v_try_k   text[];    -- the keys of the next round (after its read: the caller's grants, in byte order)
   v_try_e   bigint[];  -- their epochs
-  v_ok_k    text[];    -- one round's ok keys, in key order
+  v_other_k text[];    -- one round's keys that are not the caller's grants
+  v_other_s text[];    -- and their statuses
+  v_ok_k    text[];    -- one round's ok keys, in byte order
   v_ok_e    bigint[];
-  v_retry   boolean;   -- a key of the round with a row was refused
+  v_retry   boolean;   -- a locked key of the round was refused
   v_st      text;
-  v_has_row boolean;
   res_keys  text[] := '{}';  -- decided keys and their statuses
   res_stat  text[] := '{}';
 BEGIN
@@ -1190,24 +1221,40 @@ BEGIN
   END IF;
   v_ttl := lease._seconds(ttl);
 
-  SELECT coalesce(array_agg(u.k ORDER BY u.k), '{}'), coalesce(array_agg(u.e ORDER BY u.k), '{}')
-    INTO v_try_k, v_try_e
-    FROM unnest(v_keys, v_epochs) u(k, e);
+  v_try_k := v_keys;
+  v_try_e := v_epochs;
 
-  -- Each round locks the rows of its keys in key order and decides every key
-  -- at one clock reading taken after the locks (lease._renew_key). When a key
-  -- with a row is refused, the round is rolled back with its locks and
-  -- renewals; the refusals stay recorded, and the next round tries only the
-  -- keys that were ok. A refused key without a row took no lock: final.
+  -- Each round reads its keys without a lock and answers every key that is
+  -- not the caller's grant (lease._renew_key's rule). It then locks the rows
+  -- of the caller's grants in byte order and decides each at one clock
+  -- reading taken after the locks (lease._renew_key). When one of those is
+  -- refused, the round is rolled back with its locks and renewals; the
+  -- refusals stay recorded, and the next round tries only the keys that were
+  -- ok.
   WHILE cardinality(v_try_k) > 0 LOOP
     BEGIN
-      PERFORM FROM lease.leases l WHERE l.key = ANY (v_try_k) ORDER BY l.key FOR NO KEY UPDATE;
+      SELECT coalesce(array_agg(u.k ORDER BY u.k COLLATE "C") FILTER (WHERE m.mine), '{}'),
+             coalesce(array_agg(u.e ORDER BY u.k COLLATE "C") FILTER (WHERE m.mine), '{}'),
+             coalesce(array_agg(u.k) FILTER (WHERE NOT m.mine), '{}'),
+             coalesce(array_agg(CASE WHEN s.st = 'ok' THEN 'not_owner' ELSE s.st END) FILTER (WHERE NOT m.mine), '{}')
+        INTO v_try_k, v_try_e, v_other_k, v_other_s
+        FROM unnest(v_try_k, v_try_e) u(k, e)
+        LEFT JOIN lease.leases l ON l.key = u.k
+        CROSS JOIN LATERAL (SELECT coalesce(l.owner = v_owner
+                                            AND (l.holder_role IS NULL OR l.holder_role = v_role
+                                                 OR lease._may_act(l.holder_role)), false) AS mine) m
+        CROSS JOIN LATERAL (SELECT lease._holder_status(l.key IS NOT NULL, l.owner, l.epoch, l.expires_at,
+                                                        l.lapsed_owner, l.lapsed_epoch, v_owner, u.e,
+                                                        clock_timestamp()) AS st) s;
+      res_keys := res_keys || v_other_k;
+      res_stat := res_stat || v_other_s;
+      PERFORM FROM lease.leases l WHERE l.key = ANY (v_try_k) ORDER BY l.key COLLATE "C" FOR NO KEY UPDATE;
       v_now := clock_timestamp();
       v_ok_k := '{}';
       v_ok_e := '{}';
       v_retry := false;
       FOR i IN 1 .. cardinality(v_try_k) LOOP
-        SELECT r.status, r.has_row INTO v_st, v_has_row
+        SELECT r.status INTO v_st
           FROM lease._renew_key(v_try_k[i], v_owner, v_try_e[i], v_ttl, v_now) r;
         IF v_st = 'ok' THEN
           v_ok_k := v_ok_k || v_try_k[i];
@@ -1215,7 +1262,7 @@ BEGIN
         ELSE
           res_keys := res_keys || v_try_k[i];
           res_stat := res_stat || v_st;
-          v_retry := v_retry OR v_has_row;
+          v_retry := true;  -- its row was locked by this round
         END IF;
       END LOOP;
       v_try_k := v_ok_k;
@@ -1265,6 +1312,8 @@ DECLARE
   v_owner   text := owner;
   v_epoch   bigint := epoch;
   v_now     timestamptz;
+  v_found   boolean;
+  v_locked  boolean;
   v_next    text;
   v_nepoch  bigint;
   v_nrole   text;
@@ -1285,13 +1334,35 @@ BEGIN
   END IF;
 
   BEGIN
+    -- The row is locked only when it is the caller's grant (as in
+    -- lease._renew_key): a refused release makes no one else wait.
     SELECT l.owner, l.epoch, l.expires_at, l.lapsed_owner, l.lapsed_epoch, l.holder_role
       INTO r_owner, r_epoch, r_expires, r_lowner, r_lepoch, r_role
-      FROM lease.leases l WHERE l.key = v_key FOR NO KEY UPDATE;
+      FROM lease.leases l
+     WHERE l.key = v_key AND l.owner = v_owner
+       AND (l.holder_role IS NULL OR l.holder_role = session_user::text OR lease._may_act(l.holder_role))
+       FOR NO KEY UPDATE;
+    v_locked := FOUND;
+    v_found := v_locked;
+    IF NOT v_locked THEN
+      SELECT l.owner, l.epoch, l.expires_at, l.lapsed_owner, l.lapsed_epoch, l.holder_role
+        INTO r_owner, r_epoch, r_expires, r_lowner, r_lepoch, r_role
+        FROM lease.leases l WHERE l.key = v_key;
+      v_found := FOUND;
+      IF v_found AND r_owner = v_owner AND (r_role IS NULL OR r_role = session_user::text OR lease._may_act(r_role)) THEN
+        -- Granted to the caller since the first read: lock it, read it again.
+        SELECT l.owner, l.epoch, l.expires_at, l.lapsed_owner, l.lapsed_epoch, l.holder_role
+          INTO r_owner, r_epoch, r_expires, r_lowner, r_lepoch, r_role
+          FROM lease.leases l WHERE l.key = v_key FOR NO KEY UPDATE;
+        v_found := FOUND;
+        v_locked := FOUND;
+      END IF;
+    END IF;
     v_now := clock_timestamp();
-    status := lease._holder_status(FOUND, r_owner, r_epoch, r_expires, r_lowner, r_lepoch,
+    status := lease._holder_status(v_found, r_owner, r_epoch, r_expires, r_lowner, r_lepoch,
                                    v_owner, v_epoch, v_now);
-    IF status = 'ok' AND r_role IS NOT NULL AND r_role <> session_user::text AND NOT lease._may_act(r_role) THEN
+    IF status = 'ok' AND (NOT v_locked
+                          OR r_role IS NOT NULL AND r_role <> session_user::text AND NOT lease._may_act(r_role)) THEN
       status := 'not_owner';
     END IF;
     IF status <> 'ok' THEN
