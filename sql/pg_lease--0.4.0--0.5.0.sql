@@ -9,6 +9,14 @@ SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
 -- ---- sql/update/0.4.0--0.5.0.sql
 -- State 0.4.0 -> 0.5.0.
 
+-- The postmaster start beside the timeline and era: another postmaster on
+-- the same timeline (a restart) moves to a higher era (lease._grant_context).
+-- The rows of 0.4.0 keep NULL, "not known": the first call after the update
+-- records the start in the same era, with no grace.
+ALTER TABLE lease.timeline_state ADD COLUMN started timestamptz;
+COMMENT ON TABLE lease.timeline_state IS
+  'pg_lease internal: the WAL timeline and postmaster start last seen, its epoch era, no new grant before grace_until';
+
 -- @shared-begin: every install and update script runs this part as written.
 
 -- ---------------------------------------------------------------------------
@@ -246,43 +254,94 @@ $$;
 -- Called on every grant path (free, lapsed or never-leased key) and by every
 -- renewal, outside any subtransaction. Returns the era's epoch base (every
 -- epoch granted now must exceed it) and when the grace after the last
--- timeline change ends. When the server's timeline differs from the state's,
--- this is the first call on a new timeline (a promotion, or a restore into
--- another cluster): it moves to a higher era (by the timeline difference when
--- the timeline grew, so that two successive promotions cannot share an era;
--- by one otherwise) and starts the grace, by inserting a row. An insertion
--- locks nothing that another session waits for, so a recording left in an
--- open transaction (a denied acquire's, a blocking acquire's) never delays
--- another key's call: until it commits, other calls record their own rows,
--- with the same era and their own (later, so also safe) grace. When the
--- timeline grew (a promotion), the grace runs from when the new timeline
--- began, as the control file proves it (lease._timeline_began), else from
--- now: not from a first grant or renewal made long after the promotion.
+-- timeline change or restart ends. The common case, the server's timeline and
+-- postmaster start both as recorded, is one read and two comparisons.
+-- Otherwise this is the first call of a new server life, and it moves to a
+-- higher era and starts the grace, by inserting a row:
+--  * another timeline (a promotion, or a restore into another cluster): by
+--    the timeline difference when the timeline grew (so that two successive
+--    promotions cannot share an era), by one otherwise. When the timeline
+--    grew, the grace runs from when the new timeline began, as the control
+--    file proves it (lease._timeline_began), else from now: not from a first
+--    grant or renewal made long after the promotion.
+--  * the same timeline under another postmaster: a restart. A standby
+--    restarted without standby.signal (ended without a promotion) cannot be
+--    told from a restarted primary here, and may lack the primary's last
+--    commits: by one, with the grace from the postmaster's start (when it
+--    started after the recorded start; else, a clock or a cluster that
+--    cannot be placed, from now).
+--  * started not recorded (a row of 0.4.0): the start is recorded, in the
+--    same era, with no grace.
+-- An insertion locks nothing that another session waits for, so a recording
+-- left in an open transaction (a denied acquire's, a blocking acquire's)
+-- never delays another key's call: until it commits, other calls record their
+-- own rows, with the same era and their own (as late, so also safe) grace.
 -- Renewals record too, so the grace never waits for the next handoff.
 CREATE OR REPLACE FUNCTION lease._grant_context(OUT base bigint, OUT grace_until timestamptz)
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-  v_tl    bigint := lease._timeline();
-  s_tl    bigint;
-  s_era   bigint;
-  s_grace timestamptz;
+  v_tl      bigint := lease._timeline();
+  v_started timestamptz := pg_catalog.pg_postmaster_start_time();
+  v_from    timestamptz;
+  s_tl      bigint;
+  s_era     bigint;
+  s_grace   timestamptz;
+  s_started timestamptz;
 BEGIN
-  SELECT t.timeline, t.era, t.grace_until INTO s_tl, s_era, s_grace
-    FROM lease.timeline_state t ORDER BY t.era DESC, t.grace_until ASC NULLS FIRST, t.timeline DESC LIMIT 1;
+  SELECT t.timeline, t.era, t.grace_until, t.started INTO s_tl, s_era, s_grace, s_started
+    FROM lease.timeline_state t
+   ORDER BY t.era DESC, t.grace_until ASC NULLS FIRST, t.timeline DESC, t.started DESC NULLS LAST LIMIT 1;
   IF NOT FOUND THEN
     -- The state rows were removed by hand: start above every epoch stored.
     SELECT greatest(coalesce(max(l.epoch), 0), lease._first_epoch()) >> 40 INTO s_era FROM lease.leases l;
     s_tl := NULL;
-  ELSIF s_tl = v_tl THEN
+  ELSIF s_tl = v_tl AND s_started = v_started THEN
     base := s_era << 40;
     grace_until := s_grace;
     RETURN;
+  ELSIF s_tl = v_tl AND s_started IS NULL THEN
+    base := s_era << 40;
+    grace_until := s_grace;
+    INSERT INTO lease.timeline_state (timeline, era, grace_until, started) VALUES (v_tl, s_era, s_grace, v_started);
+    RETURN;
   END IF;
-  base := (s_era + CASE WHEN v_tl > s_tl THEN v_tl - s_tl ELSE 1 END) << 40;
-  grace_until := greatest(s_grace, coalesce(CASE WHEN v_tl > s_tl THEN lease._timeline_began(v_tl) END, clock_timestamp())
-                                  + lease._grace());
-  INSERT INTO lease.timeline_state (timeline, era, grace_until) VALUES (v_tl, base >> 40, grace_until);
+  IF s_tl = v_tl THEN
+    base := (s_era + 1) << 40;
+    v_from := CASE WHEN v_started > s_started THEN v_started ELSE clock_timestamp() END;
+  ELSE
+    base := (s_era + CASE WHEN v_tl > s_tl THEN v_tl - s_tl ELSE 1 END) << 40;
+    v_from := coalesce(CASE WHEN v_tl > s_tl THEN lease._timeline_began(v_tl) END, clock_timestamp());
+  END IF;
+  grace_until := greatest(s_grace, v_from + lease._grace());
+  INSERT INTO lease.timeline_state (timeline, era, grace_until, started) VALUES (v_tl, base >> 40, grace_until, v_started);
+END
+$$;
+
+-- What started the grace of the state (for the history and the errors that
+-- name it): the restart of the server when the state's era was entered on
+-- the timeline of the era before it, else a timeline change. Read only when
+-- a grace withheld a grant.
+CREATE OR REPLACE FUNCTION lease._grace_cause()
+RETURNS text LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+  c_tl      bigint;
+  c_era     bigint;
+  c_started timestamptz;
+  p_tl      bigint;
+BEGIN
+  SELECT t.timeline, t.era, t.started INTO c_tl, c_era, c_started
+    FROM lease.timeline_state t
+   ORDER BY t.era DESC, t.grace_until ASC NULLS FIRST, t.timeline DESC, t.started DESC NULLS LAST LIMIT 1;
+  SELECT t.timeline INTO p_tl
+    FROM lease.timeline_state t WHERE t.era < c_era
+   ORDER BY t.era DESC, t.grace_until ASC NULLS FIRST, t.timeline DESC, t.started DESC NULLS LAST LIMIT 1;
+  IF p_tl = c_tl THEN
+    RETURN format('a restart of the server without a promotion (timeline %s, postmaster started at %s)',
+                  c_tl, c_started);
+  END IF;
+  RETURN 'a timeline change (promotion)';
 END
 $$;
 
@@ -868,8 +927,8 @@ BEGIN
             -- previous grant did (it withheld this grant), then the grant.
             IF v_grace IS NOT NULL AND r_epoch <= v_base AND v_grace > r_expires THEN
               PERFORM lease._record(v_key, 'promotion_grace', false, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                                    format('no new grant before %s: the grace after a timeline change (promotion)',
-                                           v_grace), v_now);
+                                    format('no new grant before %s: the grace after %s',
+                                           v_grace, lease._grace_cause()), v_now);
             END IF;
             PERFORM lease._record(v_key, CASE WHEN r_owner IS NULL THEN 'acquired' ELSE 'taken_over' END, true,
                                   v_owner, v_role, epoch, r_owner, CASE WHEN r_owner IS NOT NULL THEN r_epoch END,
@@ -924,8 +983,8 @@ BEGIN
       IF v_in_grace THEN
         RAISE EXCEPTION 'timeout'
           USING ERRCODE = '57014',
-                DETAIL = format('no new grant of key %L during the grace after a timeline change (promotion), which outlasts the wait of %s; lease.status() shows grace_until',
-                                v_key, wait);
+                DETAIL = format('no new grant of key %L during the grace after %s, which outlasts the wait of %s; lease.status() shows grace_until',
+                                v_key, lease._grace_cause(), wait);
       END IF;
       RAISE EXCEPTION 'timeout'
         USING ERRCODE = '57014',
@@ -1496,7 +1555,8 @@ AS $$
          coalesce((SELECT s.promotion FROM lease.settings s), 'any')
     FROM (SELECT 1) one
     LEFT JOIN LATERAL (SELECT * FROM lease.timeline_state s
-                        ORDER BY s.era DESC, s.grace_until ASC NULLS FIRST, s.timeline DESC LIMIT 1) t ON true
+                        ORDER BY s.era DESC, s.grace_until ASC NULLS FIRST, s.timeline DESC, s.started DESC NULLS LAST
+                        LIMIT 1) t ON true
 $$;
 
 -- Every role that may inspect: the last max_rows events of key, oldest
