@@ -69,8 +69,18 @@ func newCluster(t *testing.T, o clusterOptions) *cluster {
 	if o.maxTTL > 0 {
 		c.configure(t, conn, o.maxTTL)
 	}
+	// A checkpoint, replayed, then a restartpoint on each standby: the
+	// standbys' buffers hold the install's pages clean, as a base backup
+	// taken after the install would, so the checkpoint a promotion requests
+	// has little to write and completes at once.
+	if _, err := conn.Exec(ctx, "CHECKPOINT"); err != nil {
+		t.Fatal(err)
+	}
 	for _, st := range c.standbys {
 		if err := p.WaitReplayed(ctx, st); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pgtest.Connect(t, st.DSN()).Exec(ctx, "CHECKPOINT"); err != nil {
 			t.Fatal(err)
 		}
 	}
