@@ -9,13 +9,17 @@ SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
 -- ---- sql/update/0.4.0--0.5.0.sql
 -- State 0.4.0 -> 0.5.0.
 
--- The postmaster start beside the timeline and era: another postmaster on
--- the same timeline (a restart) moves to a higher era (lease._grant_context).
--- The rows of 0.4.0 keep NULL, "not known": the first call after the update
--- records the start in the same era, with no grace.
+-- The postmaster start and the restarts of the era beside the timeline and
+-- era: another postmaster on the same timeline (a restart) moves to the next
+-- restart of the era, epochs above era * 2^40 + restarts * 2^24
+-- (lease._grant_context). The rows of 0.4.0 keep started NULL, "not known":
+-- the first call after the update records the start, with the same base and
+-- no grace.
 ALTER TABLE lease.timeline_state ADD COLUMN started timestamptz;
+ALTER TABLE lease.timeline_state ADD COLUMN restarts integer NOT NULL DEFAULT 0
+  CHECK (restarts OPERATOR(pg_catalog.>=) 0 AND restarts OPERATOR(pg_catalog.<) 65536);
 COMMENT ON TABLE lease.timeline_state IS
-  'pg_lease internal: the WAL timeline and postmaster start last seen, its epoch era, no new grant before grace_until';
+  'pg_lease internal: the WAL timeline and postmaster start last seen, its epoch era and restarts, no new grant before grace_until';
 
 -- @shared-begin: every install and update script runs this part as written.
 
@@ -252,91 +256,109 @@ END
 $$;
 
 -- Called on every grant path (free, lapsed or never-leased key) and by every
--- renewal, outside any subtransaction. Returns the era's epoch base (every
--- epoch granted now must exceed it) and when the grace after the last
--- timeline change or restart ends. The common case, the server's timeline and
--- postmaster start both as recorded, is one read and two comparisons.
--- Otherwise this is the first call of a new server life, and it moves to a
--- higher era and starts the grace, by inserting a row:
---  * another timeline (a promotion, or a restore into another cluster): by
---    the timeline difference when the timeline grew (so that two successive
---    promotions cannot share an era), by one otherwise. When the timeline
---    grew, the grace runs from when the new timeline began, as the control
---    file proves it (lease._timeline_began), else from now: not from a first
---    grant or renewal made long after the promotion.
+-- renewal, outside any subtransaction. Returns the epoch base (every epoch
+-- granted now must exceed it: era * 2^40 + restarts * 2^24) and when the
+-- grace after the last timeline change or restart ends. The common case, the
+-- server's timeline and postmaster start both as recorded, is one read and
+-- two comparisons. Otherwise this is the first call of a new server life,
+-- and it moves to a higher base and starts the grace, by inserting a row:
+--  * another timeline (a promotion, or a restore into another cluster): to
+--    a higher era, by the timeline difference when the timeline grew (so
+--    that two successive promotions cannot share an era), by one otherwise.
+--    A new era is above every restart of the one before, so a standby that
+--    missed restarts of its primary and is then promoted is above every
+--    epoch they gave. When the timeline grew, the grace runs from when the
+--    new timeline began, as the control file proves it
+--    (lease._timeline_began), else from now: not from a first grant or
+--    renewal made long after the promotion.
 --  * the same timeline under another postmaster: a restart. A standby
 --    restarted without standby.signal (ended without a promotion) cannot be
 --    told from a restarted primary here, and may lack the primary's last
---    commits: by one, with the grace from the postmaster's start (when it
---    started after the recorded start; else, a clock or a cluster that
---    cannot be placed, from now).
---  * started not recorded (a row of 0.4.0): the start is recorded, in the
---    same era, with no grace.
+--    commits: to the next restart of the era (after 65535, the next era),
+--    with the grace from the postmaster's start (when it started after the
+--    recorded start; else, a clock or a cluster that cannot be placed, from
+--    now).
+--  * started not recorded (a row of 0.4.0): the start is recorded, with the
+--    same base and no grace.
 -- An insertion locks nothing that another session waits for, so a recording
 -- left in an open transaction (a denied acquire's, a blocking acquire's)
 -- never delays another key's call: until it commits, other calls record their
--- own rows, with the same era and their own (as late, so also safe) grace.
+-- own rows, with the same base and their own (as late, so also safe) grace.
 -- Renewals record too, so the grace never waits for the next handoff.
 CREATE OR REPLACE FUNCTION lease._grant_context(OUT base bigint, OUT grace_until timestamptz)
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-  v_tl      bigint := lease._timeline();
-  v_started timestamptz := pg_catalog.pg_postmaster_start_time();
-  v_from    timestamptz;
-  s_tl      bigint;
-  s_era     bigint;
-  s_grace   timestamptz;
-  s_started timestamptz;
+  v_tl       bigint := lease._timeline();
+  v_started  timestamptz := pg_catalog.pg_postmaster_start_time();
+  v_from     timestamptz;
+  v_era      bigint;
+  v_restarts integer := 0;
+  s_tl       bigint;
+  s_era      bigint;
+  s_restarts integer;
+  s_grace    timestamptz;
+  s_started  timestamptz;
 BEGIN
-  SELECT t.timeline, t.era, t.grace_until, t.started INTO s_tl, s_era, s_grace, s_started
+  SELECT t.timeline, t.era, t.restarts, t.grace_until, t.started INTO s_tl, s_era, s_restarts, s_grace, s_started
     FROM lease.timeline_state t
-   ORDER BY t.era DESC, t.grace_until ASC NULLS FIRST, t.timeline DESC, t.started DESC NULLS LAST LIMIT 1;
+   ORDER BY t.era DESC, t.restarts DESC, t.grace_until ASC NULLS FIRST, t.timeline DESC, t.started DESC NULLS LAST
+   LIMIT 1;
   IF NOT FOUND THEN
     -- The state rows were removed by hand: start above every epoch stored.
     SELECT greatest(coalesce(max(l.epoch), 0), lease._first_epoch()) >> 40 INTO s_era FROM lease.leases l;
     s_tl := NULL;
   ELSIF s_tl = v_tl AND s_started = v_started THEN
-    base := s_era << 40;
+    base := (s_era << 40) + (s_restarts::bigint << 24);
     grace_until := s_grace;
     RETURN;
   ELSIF s_tl = v_tl AND s_started IS NULL THEN
-    base := s_era << 40;
+    base := (s_era << 40) + (s_restarts::bigint << 24);
     grace_until := s_grace;
-    INSERT INTO lease.timeline_state (timeline, era, grace_until, started) VALUES (v_tl, s_era, s_grace, v_started);
+    INSERT INTO lease.timeline_state (timeline, era, restarts, grace_until, started)
+      VALUES (v_tl, s_era, s_restarts, s_grace, v_started);
     RETURN;
   END IF;
+  IF s_tl = v_tl AND s_restarts < 65535 THEN
+    v_era := s_era;
+    v_restarts := s_restarts + 1;
+  ELSE
+    v_era := s_era + CASE WHEN v_tl > s_tl THEN v_tl - s_tl ELSE 1 END;
+  END IF;
   IF s_tl = v_tl THEN
-    base := (s_era + 1) << 40;
     v_from := CASE WHEN v_started > s_started THEN v_started ELSE clock_timestamp() END;
   ELSE
-    base := (s_era + CASE WHEN v_tl > s_tl THEN v_tl - s_tl ELSE 1 END) << 40;
     v_from := coalesce(CASE WHEN v_tl > s_tl THEN lease._timeline_began(v_tl) END, clock_timestamp());
   END IF;
+  base := (v_era << 40) + (v_restarts::bigint << 24);
   grace_until := greatest(s_grace, v_from + lease._grace());
-  INSERT INTO lease.timeline_state (timeline, era, grace_until, started) VALUES (v_tl, base >> 40, grace_until, v_started);
+  INSERT INTO lease.timeline_state (timeline, era, restarts, grace_until, started)
+    VALUES (v_tl, v_era, v_restarts, grace_until, v_started);
 END
 $$;
 
 -- What started the grace of the state (for the history and the errors that
--- name it): the restart of the server when the state's era was entered on
--- the timeline of the era before it, else a timeline change. Read only when
--- a grace withheld a grant.
+-- name it): a restart of the server when the state was entered on the
+-- timeline of the state before it, else a timeline change. Read only when a
+-- grace withheld a grant.
 CREATE OR REPLACE FUNCTION lease._grace_cause()
 RETURNS text LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
-  c_tl      bigint;
-  c_era     bigint;
-  c_started timestamptz;
-  p_tl      bigint;
+  c_tl       bigint;
+  c_era      bigint;
+  c_restarts integer;
+  c_started  timestamptz;
+  p_tl       bigint;
 BEGIN
-  SELECT t.timeline, t.era, t.started INTO c_tl, c_era, c_started
+  SELECT t.timeline, t.era, t.restarts, t.started INTO c_tl, c_era, c_restarts, c_started
     FROM lease.timeline_state t
-   ORDER BY t.era DESC, t.grace_until ASC NULLS FIRST, t.timeline DESC, t.started DESC NULLS LAST LIMIT 1;
+   ORDER BY t.era DESC, t.restarts DESC, t.grace_until ASC NULLS FIRST, t.timeline DESC, t.started DESC NULLS LAST
+   LIMIT 1;
   SELECT t.timeline INTO p_tl
-    FROM lease.timeline_state t WHERE t.era < c_era
-   ORDER BY t.era DESC, t.grace_until ASC NULLS FIRST, t.timeline DESC, t.started DESC NULLS LAST LIMIT 1;
+    FROM lease.timeline_state t WHERE (t.era, t.restarts) < (c_era, c_restarts)
+   ORDER BY t.era DESC, t.restarts DESC, t.grace_until ASC NULLS FIRST, t.timeline DESC, t.started DESC NULLS LAST
+   LIMIT 1;
   IF p_tl = c_tl THEN
     RETURN format('a restart of the server without a promotion (timeline %s, postmaster started at %s)',
                   c_tl, c_started);
@@ -1555,7 +1577,8 @@ AS $$
          coalesce((SELECT s.promotion FROM lease.settings s), 'any')
     FROM (SELECT 1) one
     LEFT JOIN LATERAL (SELECT * FROM lease.timeline_state s
-                        ORDER BY s.era DESC, s.grace_until ASC NULLS FIRST, s.timeline DESC, s.started DESC NULLS LAST
+                        ORDER BY s.era DESC, s.restarts DESC, s.grace_until ASC NULLS FIRST, s.timeline DESC,
+                                 s.started DESC NULLS LAST
                         LIMIT 1) t ON true
 $$;
 

@@ -27,8 +27,8 @@ func TestDatabaseUnreachable(t *testing.T) {
 			pool := newPool(t, dsn)
 			// One server without standbys, as its operator would configure
 			// it: the campaign after the restart ("stop") is granted at once,
-			// in the next era (in the default mode 'any', a restart starts a
-			// grace of max_ttl).
+			// above the restart's epoch base (in the default mode 'any', a
+			// restart starts a grace of max_ttl).
 			if _, err := pool.Exec(testCtx(t), "SELECT lease.configure(promotion => 'synchronous')"); err != nil {
 				t.Fatal(err)
 			}

@@ -198,7 +198,7 @@ func (h *harness) newEnv(t *testing.T, lock, name string) *env {
 			t.Fatal(err)
 		}
 		// One server without standbys, configured as its operator would:
-		// a restart (scenario (d)) moves to the next era with no grace (in
+		// a restart (scenario (d)) moves the epoch base with no grace (in
 		// the default mode 'any', no new leader for max_ttl after it).
 		if _, err := pool.Exec(sctx, "SELECT lease.configure(promotion => 'synchronous')"); err != nil {
 			t.Fatal(err)

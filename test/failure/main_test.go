@@ -91,7 +91,7 @@ func newEnv(t *testing.T, opts pgtest.Options) *env {
 
 // singleServer configures what the operator of a server without standbys
 // would: promotion mode 'synchronous' (nothing acknowledged can be missing
-// after a restart). A restart still moves to the next era (nextEra), with no
+// after a restart). A restart still moves the epoch base (afterRestart), with no
 // grace: these tests are about what a restart keeps, not about the grace
 // (pkg/lease TestRestartStartsNewEraAndGrace). A script without
 // lease.configure (an earlier version's) is left as it is.
@@ -106,10 +106,11 @@ END $$`); err != nil {
 	}
 }
 
-// nextEra is the epoch of the first grant of a key after a restart of the
-// server, when the key's last grant, of epoch e, was made before it: one
-// above the base of the next era.
-func nextEra(e int64) int64 { return (e>>40+1)<<40 + 1 }
+// afterRestart is the epoch of the first grant of a key after a restart of
+// the server, when the key's last grant, of epoch e, was made before it: one
+// above the base the restart moves to (the era's next restart, the next
+// multiple of 2^24).
+func afterRestart(e int64) int64 { return (e>>24+1)<<24 + 1 }
 
 // checkInstalledMatchesRepo fails the test when a function of the installed
 // extension is not the repository's: the extension directory is shared by
