@@ -52,17 +52,19 @@ SELECT * FROM pg_temp.state();
 DELETE FROM lease.leases WHERE key = 'rs-2';
 
 -- A restart: the recorded start is before the server's. Promotion mode
--- 'any' (the default), max_ttl 1 hour: the first grant path moves to the
--- era's first restart, and no new grant is made before the postmaster start
--- + 1 hour (measured from the start, not from the call). The denial says
--- when the grace ends.
+-- 'any' (the default), max_ttl 10 years (set long ago, so that the grace
+-- outlasts the test however long ago the server started): the first grant
+-- path moves to the era's first restart, and no new grant is made before
+-- the postmaster start + 10 years (measured from the start, not from the
+-- call). The denial says when the grace ends.
+INSERT INTO lease.settings (max_ttl) VALUES (interval '10 years');
 SELECT status FROM lease.release('rs-1', 'h', 1);
 SELECT acquired FROM lease.acquire('rs-held', 'h', interval '30s');
 UPDATE lease.timeline_state SET started = started - interval '1 min';
-SELECT acquired, epoch, expires_at = pg_postmaster_start_time() + interval '1 hour' AS grace_from_start
+SELECT acquired, epoch, expires_at = pg_postmaster_start_time() + interval '10 years' AS grace_from_start
   FROM lease.acquire('rs-1', 'n', interval '30s');
 SELECT * FROM pg_temp.state();
-SELECT era, grace_until = pg_postmaster_start_time() + interval '1 hour' AS grace_from_start FROM lease.status();
+SELECT era, grace_until = pg_postmaster_start_time() + interval '10 years' AS grace_from_start FROM lease.status();
 -- Renewals go on in the grace; a held key stays its holder's.
 SELECT status FROM lease.renew('rs-held', 'h', 1, interval '30s');
 SELECT acquired FROM lease.acquire('rs-held', 'h', interval '30s');
@@ -103,7 +105,7 @@ SELECT event, regexp_replace(detail, 'before .*: the grace', 'before <end>: the 
 -- Promotion mode 'synchronous': the base moves, no grace.
 DELETE FROM lease.leases WHERE key LIKE 'rs-%';
 DELETE FROM lease.settings;
-INSERT INTO lease.settings (max_ttl, promotion) VALUES (interval '1 hour', 'synchronous');
+INSERT INTO lease.settings (max_ttl, promotion) VALUES (interval '10 years', 'synchronous');
 DELETE FROM lease.timeline_state;
 INSERT INTO lease.timeline_state (timeline, era, started)
   VALUES (lease._timeline(), 0, pg_postmaster_start_time() - interval '1 min');
@@ -112,7 +114,7 @@ SELECT s.era, s.grace_until <= clock_timestamp() AS no_grace FROM lease.status()
 
 -- A renewal records the restart too (the grace starts at the first call,
 -- whatever it is).
-DELETE FROM lease.settings;
+UPDATE lease.settings SET promotion = NULL;
 UPDATE lease.timeline_state SET started = started - interval '1 min' WHERE restarts = 1;
 SELECT status FROM lease.renew('rs-4', 'n', (1::bigint << 24) + 1, interval '1s');
 SELECT * FROM pg_temp.state();
