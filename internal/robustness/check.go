@@ -381,8 +381,9 @@ func denial(o *Op) bool {
 // so it overlaps G itself in real time, and G's bracket starts before the
 // lock: mayBlock(G, it) holds), or the server clock stepped back in between
 // (o is loose): it is a locker only when loose; likewise an idempotent
-// grant (decided before its bracket). renew and release lock the
-// row (FOR NO KEY UPDATE) whatever they answer. inspect reads without a
+// grant (decided before its bracket). renew and release are taken as
+// lockers whatever they answer (0.5.0 locks the row only when it names their
+// owner under their role: a superset, so never a false violation). inspect reads without a
 // lock; guard writes only robustness_guard (guard ops are not in byKey).
 func (c *checker) locksRow(o *Op) bool {
 	switch o.Kind {
