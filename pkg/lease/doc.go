@@ -58,8 +58,8 @@
 // reports it as success, with a warning); they return ErrCommitUnknown
 // instead, and do not retry it (commit.go says why and how).
 //
-// During the grace after a promotion (no new grant of any key until it
-// ends) Acquire returns a *GraceError (ErrGrace) that says when it ends, and
+// During the grace after a promotion or, from SQL 0.5.0, a restart of the
+// server (no new grant of any key until it ends) Acquire returns a *GraceError (ErrGrace) that says when it ends, and
 // listen.WaitOutGrace sleeps until then: the end writes nothing, so no
 // notification wakes anyone for it. leaseadmin.ReadSettings reads the
 // database's max_ttl, promotion mode and grace.

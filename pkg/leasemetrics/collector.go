@@ -115,7 +115,7 @@ func newDescs() *Collector {
 		up:       d("pg_lease_up", "1 when the last scrape read pg_lease's state from the database, else 0.", db1),
 		keys:     d("pg_lease_keys", "Keys in the database (rows of pg_lease's state, held or not).", db1),
 		maxTTL:   d("pg_lease_max_ttl_seconds", "Largest ttl that acquire and renew accept (lease.configure).", db1),
-		grace:    d("pg_lease_promotion_grace_remaining_seconds", "Seconds left of the grace after a timeline change (promotion) during which no new grant is made; 0 when none is in force.", db1),
+		grace:    d("pg_lease_promotion_grace_remaining_seconds", "Seconds left of the grace after a timeline change (promotion) or a restart of the server during which no new grant is made; 0 when none is in force.", db1),
 		timeline: d("pg_lease_timeline", "WAL timeline last seen by a grant (it grows at each promotion).", db1),
 		period:   d("pg_lease_health_period_seconds", "Window of the pg_lease_key_recent_* metrics.", db1),
 		scrape:   d("pg_lease_scrape_duration_seconds", "Duration of the scrape's queries.", db1),
