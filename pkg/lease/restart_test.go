@@ -10,15 +10,17 @@ import (
 	"github.com/pglease/pg_lease/pkg/lease"
 )
 
-// TestRestartStartsNewEraAndGrace: a server restarted on the same timeline
-// (a restarted primary, or a standby ended without a promotion, which SQL
-// cannot tell apart) may lack its last commits, so a grant after the restart
-// is of a higher era (no epoch is issued twice), and in promotion mode 'any'
+// TestRestartMovesEpochBaseAndStartsGrace: a server restarted on the same
+// timeline (a restarted primary, or a standby ended without a promotion,
+// which SQL cannot tell apart) may lack its last commits, so a grant after
+// the restart is above a higher epoch base, the era's first restart (2^24:
+// no epoch of the previous life is issued again), and in promotion mode 'any'
 // no new grant is made before the grace (max_ttl) has passed since the
 // postmaster started. Renewals go on meanwhile. In mode 'synchronous' the
-// era moves and the next grant is made at once. (Before, the restarted
-// server granted at once in the same era: a lost epoch 2 was issued again.)
-func TestRestartStartsNewEraAndGrace(t *testing.T) {
+// base moves and the next grant is made at once. (Before, the restarted
+// server granted at once from the same base: a lost epoch could be issued
+// again; here the freed key got epoch 3 at once.)
+func TestRestartMovesEpochBaseAndStartsGrace(t *testing.T) {
 	srv := pgtest.New(t, pgtest.Options{FakeClock: true})
 	ctx := testCtx(t)
 	type setup struct {

@@ -93,7 +93,7 @@ func newEnv(t *testing.T, opts pgtest.Options) *env {
 // would: promotion mode 'synchronous' (nothing acknowledged can be missing
 // after a restart). A restart still moves the epoch base (afterRestart), with no
 // grace: these tests are about what a restart keeps, not about the grace
-// (pkg/lease TestRestartStartsNewEraAndGrace). A script without
+// (pkg/lease TestRestartMovesEpochBaseAndStartsGrace). A script without
 // lease.configure (an earlier version's) is left as it is.
 func singleServer(t *testing.T, conn *pgx.Conn) {
 	t.Helper()

@@ -6,7 +6,7 @@
 -- the next restart of the era (epochs above era * 2^40 + restarts * 2^24)
 -- and starts the grace. A single server is not restarted here: the recorded
 -- start is moved instead. A real restart: pkg/lease
--- TestRestartStartsNewEraAndGrace, test/failover
+-- TestRestartMovesEpochBaseAndStartsGrace, test/failover
 -- TestStandbyEndedWithoutPromotion.
 \set VERBOSITY default
 \set SHOW_CONTEXT never
