@@ -88,23 +88,30 @@ COMMENT ON TABLE lease.epoch_floor IS
   'pg_lease internal: every key''s first grant carries an epoch above floor';
 INSERT INTO lease.epoch_floor DEFAULT VALUES;
 
--- The WAL timeline last seen by a grant path or a renewal, and its epoch era.
--- Epochs of era e are above e * 2^40, and a timeline change (a promotion)
--- moves to a higher era. A change is recorded by inserting a row, never by
--- updating one, so that recording it locks nothing another session waits for:
--- the state is the row with the highest era (then the earliest grace_until).
+-- The WAL timeline and the postmaster start last seen by a grant path or a
+-- renewal, its epoch era and the restarts within that era. Epochs of era e
+-- after r restarts are above e * 2^40 + r * 2^24. A timeline change (a
+-- promotion) moves to a higher era; another postmaster on the same timeline
+-- (a restart, which may have lost the last commits) to the next restart of
+-- the era. A change is recorded by inserting a row, never by updating one,
+-- so that recording it locks nothing another session waits for: the state is
+-- the row with the highest era and restarts (then the earliest grace_until,
+-- then the latest start). started NULL: not known (a row of 0.4.0).
 CREATE TABLE lease.timeline_state (
     timeline    bigint      NOT NULL,
     era         bigint      NOT NULL CHECK (era OPERATOR(pg_catalog.>=) 0 AND era OPERATOR(pg_catalog.<) 8388607),
-    grace_until timestamptz
+    grace_until timestamptz,
+    started     timestamptz,
+    restarts    integer     NOT NULL DEFAULT 0
+                CHECK (restarts OPERATOR(pg_catalog.>=) 0 AND restarts OPERATOR(pg_catalog.<) 65536)
 );
 COMMENT ON TABLE lease.timeline_state IS
-  'pg_lease internal: the WAL timeline last seen, its epoch era, no new grant before grace_until';
+  'pg_lease internal: the WAL timeline and postmaster start last seen, its epoch era and restarts, no new grant before grace_until';
 -- (lease._timeline() inline: the functions are created below.)
-INSERT INTO lease.timeline_state (timeline, era)
+INSERT INTO lease.timeline_state (timeline, era, started)
   VALUES ((('x'::pg_catalog.text OPERATOR(pg_catalog.||)
             pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8)
-           )::pg_catalog.bit(32))::pg_catalog.int8, 0);
+           )::pg_catalog.bit(32))::pg_catalog.int8, 0, pg_catalog.pg_postmaster_start_time());
 
 -- Sessions waiting for notifications of a key (lease.listen). UNLOGGED: the
 -- rows belong to live backends, which a crash ends anyway; never dumped.
@@ -467,45 +474,114 @@ END
 $$;
 
 -- Called on every grant path (free, lapsed or never-leased key) and by every
--- renewal, outside any subtransaction. Returns the era's epoch base (every
--- epoch granted now must exceed it) and when the grace after the last
--- timeline change ends. When the server's timeline differs from the state's,
--- this is the first call on a new timeline (a promotion, or a restore into
--- another cluster): it moves to a higher era (by the timeline difference when
--- the timeline grew, so that two successive promotions cannot share an era;
--- by one otherwise) and starts the grace, by inserting a row. An insertion
--- locks nothing that another session waits for, so a recording left in an
--- open transaction (a denied acquire's, a blocking acquire's) never delays
--- another key's call: until it commits, other calls record their own rows,
--- with the same era and their own (later, so also safe) grace. When the
--- timeline grew (a promotion), the grace runs from when the new timeline
--- began, as the control file proves it (lease._timeline_began), else from
--- now: not from a first grant or renewal made long after the promotion.
+-- renewal, outside any subtransaction. Returns the epoch base (every epoch
+-- granted now must exceed it: era * 2^40 + restarts * 2^24) and when the
+-- grace after the last timeline change or restart ends. The common case, the
+-- server's timeline and postmaster start both as recorded, is one read and
+-- two comparisons. Otherwise this is the first call of a new server life,
+-- and it moves to a higher base and starts the grace, by inserting a row:
+--  * another timeline (a promotion, or a restore into another cluster): to
+--    a higher era, by the timeline difference when the timeline grew (so
+--    that two successive promotions cannot share an era), by one otherwise.
+--    A new era is above every restart of the one before, so a standby that
+--    missed restarts of its primary and is then promoted is above every
+--    epoch they gave. When the timeline grew, the grace runs from when the
+--    new timeline began, as the control file proves it
+--    (lease._timeline_began), else from now: not from a first grant or
+--    renewal made long after the promotion.
+--  * the same timeline under another postmaster: a restart. A standby
+--    restarted without standby.signal (ended without a promotion) cannot be
+--    told from a restarted primary here, and may lack the primary's last
+--    commits: to the next restart of the era (after 65535, the next era),
+--    with the grace from the postmaster's start (when it started after the
+--    recorded start; else, a clock or a cluster that cannot be placed, from
+--    now).
+--  * started not recorded (a row of 0.4.0): the start is recorded, with the
+--    same base and no grace.
+-- An insertion locks nothing that another session waits for, so a recording
+-- left in an open transaction (a denied acquire's, a blocking acquire's)
+-- never delays another key's call: until it commits, other calls record their
+-- own rows, with the same base and their own (as late, so also safe) grace.
 -- Renewals record too, so the grace never waits for the next handoff.
 CREATE OR REPLACE FUNCTION lease._grant_context(OUT base bigint, OUT grace_until timestamptz)
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-  v_tl    bigint := lease._timeline();
-  s_tl    bigint;
-  s_era   bigint;
-  s_grace timestamptz;
+  v_tl       bigint := lease._timeline();
+  v_started  timestamptz := pg_catalog.pg_postmaster_start_time();
+  v_from     timestamptz;
+  v_era      bigint;
+  v_restarts integer := 0;
+  s_tl       bigint;
+  s_era      bigint;
+  s_restarts integer;
+  s_grace    timestamptz;
+  s_started  timestamptz;
 BEGIN
-  SELECT t.timeline, t.era, t.grace_until INTO s_tl, s_era, s_grace
-    FROM lease.timeline_state t ORDER BY t.era DESC, t.grace_until ASC NULLS FIRST, t.timeline DESC LIMIT 1;
+  SELECT t.timeline, t.era, t.restarts, t.grace_until, t.started INTO s_tl, s_era, s_restarts, s_grace, s_started
+    FROM lease.timeline_state t
+   ORDER BY t.era DESC, t.restarts DESC, t.grace_until ASC NULLS FIRST, t.timeline DESC, t.started DESC NULLS LAST
+   LIMIT 1;
   IF NOT FOUND THEN
     -- The state rows were removed by hand: start above every epoch stored.
     SELECT greatest(coalesce(max(l.epoch), 0), lease._first_epoch()) >> 40 INTO s_era FROM lease.leases l;
     s_tl := NULL;
-  ELSIF s_tl = v_tl THEN
-    base := s_era << 40;
+  ELSIF s_tl = v_tl AND s_started = v_started THEN
+    base := (s_era << 40) + (s_restarts::bigint << 24);
     grace_until := s_grace;
     RETURN;
+  ELSIF s_tl = v_tl AND s_started IS NULL THEN
+    base := (s_era << 40) + (s_restarts::bigint << 24);
+    grace_until := s_grace;
+    INSERT INTO lease.timeline_state (timeline, era, restarts, grace_until, started)
+      VALUES (v_tl, s_era, s_restarts, s_grace, v_started);
+    RETURN;
   END IF;
-  base := (s_era + CASE WHEN v_tl > s_tl THEN v_tl - s_tl ELSE 1 END) << 40;
-  grace_until := greatest(s_grace, coalesce(CASE WHEN v_tl > s_tl THEN lease._timeline_began(v_tl) END, clock_timestamp())
-                                  + lease._grace());
-  INSERT INTO lease.timeline_state (timeline, era, grace_until) VALUES (v_tl, base >> 40, grace_until);
+  IF s_tl = v_tl AND s_restarts < 65535 THEN
+    v_era := s_era;
+    v_restarts := s_restarts + 1;
+  ELSE
+    v_era := s_era + CASE WHEN v_tl > s_tl THEN v_tl - s_tl ELSE 1 END;
+  END IF;
+  IF s_tl = v_tl THEN
+    v_from := CASE WHEN v_started > s_started THEN v_started ELSE clock_timestamp() END;
+  ELSE
+    v_from := coalesce(CASE WHEN v_tl > s_tl THEN lease._timeline_began(v_tl) END, clock_timestamp());
+  END IF;
+  base := (v_era << 40) + (v_restarts::bigint << 24);
+  grace_until := greatest(s_grace, v_from + lease._grace());
+  INSERT INTO lease.timeline_state (timeline, era, restarts, grace_until, started)
+    VALUES (v_tl, v_era, v_restarts, grace_until, v_started);
+END
+$$;
+
+-- What started the grace of the state (for the history and the errors that
+-- name it): a restart of the server when the state was entered on the
+-- timeline of the state before it, else a timeline change. Read only when a
+-- grace withheld a grant.
+CREATE OR REPLACE FUNCTION lease._grace_cause()
+RETURNS text LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+  c_tl       bigint;
+  c_era      bigint;
+  c_restarts integer;
+  c_started  timestamptz;
+  p_tl       bigint;
+BEGIN
+  SELECT t.timeline, t.era, t.restarts, t.started INTO c_tl, c_era, c_restarts, c_started
+    FROM lease.timeline_state t
+   ORDER BY t.era DESC, t.restarts DESC, t.grace_until ASC NULLS FIRST, t.timeline DESC, t.started DESC NULLS LAST
+   LIMIT 1;
+  SELECT t.timeline INTO p_tl
+    FROM lease.timeline_state t WHERE (t.era, t.restarts) < (c_era, c_restarts)
+   ORDER BY t.era DESC, t.restarts DESC, t.grace_until ASC NULLS FIRST, t.timeline DESC, t.started DESC NULLS LAST
+   LIMIT 1;
+  IF p_tl = c_tl THEN
+    RETURN format('a restart of the server without a promotion (timeline %s, postmaster started at %s)',
+                  c_tl, c_started);
+  END IF;
+  RETURN 'a timeline change (promotion)';
 END
 $$;
 
@@ -688,17 +764,21 @@ AS $$
      AND clock_timestamp() < timestamptz '294000-01-01 00:00:00+00'
 $$;
 
--- One key's renewal. Locks the key's row, decides the caller's status at
--- server time now (NULL: the clock read after the lock), and when it is ok
--- sets the expiry to now + ttl. has_row: the key has a row, whose lock this
--- call now holds. Callers run it in a block with an EXCEPTION clause and
--- raise 'LEASE' when the status is not ok, so a refused key keeps no row
--- lock. Writes no history and sends no notification (a renewal wakes nobody).
--- The UPDATE, a statement begun after the lock, reads the max_ttl in force:
--- lease.configure may have lowered it while this call waited. A ttl above it
--- raises invalid_input, which undoes the UPDATE.
+-- One key's renewal. Locks the key's row only when it names owner o under a
+-- role session_user may act for (the caller's own grant, held or lapsed):
+-- any other key (never leased, free, another owner's, another role's) is
+-- decided from a read that takes no lock, so a refused renewal never makes
+-- another role wait. Decides the caller's status at server time now (NULL:
+-- the clock read after the lock), and when it is ok sets the expiry to now +
+-- ttl. locked: this call took the key's row lock. Callers run it in a block
+-- with an EXCEPTION clause and raise 'LEASE' when the status is not ok, so a
+-- refused key keeps no row lock. Writes no history and sends no
+-- notification (a renewal wakes nobody). The UPDATE, a statement begun after
+-- the lock, reads the max_ttl in force: lease.configure may have lowered it
+-- while this call waited. A ttl above it raises invalid_input, which undoes
+-- the UPDATE.
 CREATE OR REPLACE FUNCTION lease._renew_key(k text, o text, e bigint, ttl interval, now timestamptz,
-                                 OUT status text, OUT expires_at timestamptz, OUT has_row boolean)
+                                 OUT status text, OUT expires_at timestamptz, OUT locked boolean)
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -708,15 +788,36 @@ DECLARE
   r_lowner  text;
   r_lepoch  bigint;
   r_role    text;
+  v_found   boolean;
   v_max     interval;
 BEGIN
   SELECT l.owner, l.epoch, l.expires_at, l.lapsed_owner, l.lapsed_epoch, l.holder_role
     INTO r_owner, r_epoch, r_expires, r_lowner, r_lepoch, r_role
-    FROM lease.leases l WHERE l.key = k FOR NO KEY UPDATE;
-  has_row := FOUND;
+    FROM lease.leases l
+   WHERE l.key = k AND l.owner = o
+     AND (l.holder_role IS NULL OR l.holder_role = session_user::text OR lease._may_act(l.holder_role))
+     FOR NO KEY UPDATE;
+  locked := FOUND;
+  v_found := locked;
+  IF NOT locked THEN
+    -- Not the caller's grant when read: its status, without a lock.
+    SELECT l.owner, l.epoch, l.expires_at, l.lapsed_owner, l.lapsed_epoch, l.holder_role
+      INTO r_owner, r_epoch, r_expires, r_lowner, r_lepoch, r_role
+      FROM lease.leases l WHERE l.key = k;
+    v_found := FOUND;
+    IF v_found AND r_owner = o AND (r_role IS NULL OR r_role = session_user::text OR lease._may_act(r_role)) THEN
+      -- Granted to the caller since the first read: lock it, read it again.
+      SELECT l.owner, l.epoch, l.expires_at, l.lapsed_owner, l.lapsed_epoch, l.holder_role
+        INTO r_owner, r_epoch, r_expires, r_lowner, r_lepoch, r_role
+        FROM lease.leases l WHERE l.key = k FOR NO KEY UPDATE;
+      v_found := FOUND;
+      locked := FOUND;
+    END IF;
+  END IF;
   now := coalesce(now, clock_timestamp());
-  status := lease._holder_status(has_row, r_owner, r_epoch, r_expires, r_lowner, r_lepoch, o, e, now);
-  IF status = 'ok' AND r_role IS NOT NULL AND r_role <> session_user::text AND NOT lease._may_act(r_role) THEN
+  status := lease._holder_status(v_found, r_owner, r_epoch, r_expires, r_lowner, r_lepoch, o, e, now);
+  IF status = 'ok' AND (NOT locked
+                        OR r_role IS NOT NULL AND r_role <> session_user::text AND NOT lease._may_act(r_role)) THEN
     status := 'not_owner';  -- the owner string and epoch, but not the grant's role
   END IF;
   IF status <> 'ok' THEN
@@ -1132,8 +1233,8 @@ BEGIN
             -- previous grant did (it withheld this grant), then the grant.
             IF v_grace IS NOT NULL AND r_epoch <= v_base AND v_grace > r_expires THEN
               PERFORM lease._record(v_key, 'promotion_grace', false, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                                    format('no new grant before %s: the grace after a timeline change (promotion)',
-                                           v_grace), v_now);
+                                    format('no new grant before %s: the grace after %s',
+                                           v_grace, lease._grace_cause()), v_now);
             END IF;
             PERFORM lease._record(v_key, CASE WHEN r_owner IS NULL THEN 'acquired' ELSE 'taken_over' END, true,
                                   v_owner, v_role, epoch, r_owner, CASE WHEN r_owner IS NOT NULL THEN r_epoch END,
@@ -1188,8 +1289,8 @@ BEGIN
       IF v_in_grace THEN
         RAISE EXCEPTION 'timeout'
           USING ERRCODE = '57014',
-                DETAIL = format('no new grant of key %L during the grace after a timeline change (promotion), which outlasts the wait of %s; lease.status() shows grace_until',
-                                v_key, wait);
+                DETAIL = format('no new grant of key %L during the grace after %s, which outlasts the wait of %s; lease.status() shows grace_until',
+                                v_key, lease._grace_cause(), wait);
       END IF;
       RAISE EXCEPTION 'timeout'
         USING ERRCODE = '57014',
@@ -1207,7 +1308,8 @@ END
 $$;
 
 -- Extends the caller's current grant to now + ttl (same epoch). status is
--- ok, or not_owner, lapsed or epoch_mismatch (then nothing changes).
+-- ok, or not_owner, lapsed or epoch_mismatch (then nothing changes). Locks
+-- the key's row only when it is the caller's grant (lease._renew_key).
 CREATE OR REPLACE FUNCTION lease.renew(key text, owner text, epoch bigint, ttl interval,
                             OUT status text, OUT expires_at timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -1250,11 +1352,14 @@ $$;
 
 -- Renews many grants of one owner in one statement and one commit. Each key
 -- gets what lease.renew(key, owner, epoch, ttl) would answer, with the same
--- precedence, role binding and durability. Rows are locked in key order, so
--- two batches never wait on each other in a cycle. A key whose status is not
--- ok keeps no row lock: the locks of such a round are rolled back and the
--- round runs again without those keys. At most 1000 keys; the rows come back
--- in the order of keys.
+-- precedence, role binding and durability. Only the rows of the caller's own
+-- grants (rows naming owner under a role the caller may act for) are locked,
+-- in byte order (COLLATE "C", whatever the database's collation: the order of
+-- every pg_lease batch and of the Go client's), so two batches never wait on
+-- each other in a cycle; every other key is answered from a read that takes
+-- no lock. A key whose status is not ok keeps no row lock: the locks of such
+-- a round are rolled back and the round runs again without those keys. At
+-- most 1000 keys; the rows come back in the order of keys.
 CREATE OR REPLACE FUNCTION lease.renew_many(keys text[], owner text, epochs bigint[], ttl interval)
 RETURNS TABLE (key text, status text, expires_at timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -1270,13 +1375,15 @@ DECLARE
   v_now     timestamptz;
   v_exp     timestamptz;
   v_elem    text[];
-  v_try_k   text[];    -- the keys of the next round, in key order
+  v_role    text := session_user;
+  v_try_k   text[];    -- the keys of the next round (after its read: the caller's grants, in byte order)
   v_try_e   bigint[];  -- their epochs
-  v_ok_k    text[];    -- one round's ok keys, in key order
+  v_other_k text[];    -- one round's keys that are not the caller's grants
+  v_other_s text[];    -- and their statuses
+  v_ok_k    text[];    -- one round's ok keys, in byte order
   v_ok_e    bigint[];
-  v_retry   boolean;   -- a key of the round with a row was refused
+  v_retry   boolean;   -- a locked key of the round was refused
   v_st      text;
-  v_has_row boolean;
   res_keys  text[] := '{}';  -- decided keys and their statuses
   res_stat  text[] := '{}';
 BEGIN
@@ -1322,24 +1429,40 @@ BEGIN
   END IF;
   v_ttl := lease._seconds(ttl);
 
-  SELECT coalesce(array_agg(u.k ORDER BY u.k), '{}'), coalesce(array_agg(u.e ORDER BY u.k), '{}')
-    INTO v_try_k, v_try_e
-    FROM unnest(v_keys, v_epochs) u(k, e);
+  v_try_k := v_keys;
+  v_try_e := v_epochs;
 
-  -- Each round locks the rows of its keys in key order and decides every key
-  -- at one clock reading taken after the locks (lease._renew_key). When a key
-  -- with a row is refused, the round is rolled back with its locks and
-  -- renewals; the refusals stay recorded, and the next round tries only the
-  -- keys that were ok. A refused key without a row took no lock: final.
+  -- Each round reads its keys without a lock and answers every key that is
+  -- not the caller's grant (lease._renew_key's rule). It then locks the rows
+  -- of the caller's grants in byte order and decides each at one clock
+  -- reading taken after the locks (lease._renew_key). When one of those is
+  -- refused, the round is rolled back with its locks and renewals; the
+  -- refusals stay recorded, and the next round tries only the keys that were
+  -- ok.
   WHILE cardinality(v_try_k) > 0 LOOP
     BEGIN
-      PERFORM FROM lease.leases l WHERE l.key = ANY (v_try_k) ORDER BY l.key FOR NO KEY UPDATE;
+      SELECT coalesce(array_agg(u.k ORDER BY u.k COLLATE "C") FILTER (WHERE m.mine), '{}'),
+             coalesce(array_agg(u.e ORDER BY u.k COLLATE "C") FILTER (WHERE m.mine), '{}'),
+             coalesce(array_agg(u.k) FILTER (WHERE NOT m.mine), '{}'),
+             coalesce(array_agg(CASE WHEN s.st = 'ok' THEN 'not_owner' ELSE s.st END) FILTER (WHERE NOT m.mine), '{}')
+        INTO v_try_k, v_try_e, v_other_k, v_other_s
+        FROM unnest(v_try_k, v_try_e) u(k, e)
+        LEFT JOIN lease.leases l ON l.key = u.k
+        CROSS JOIN LATERAL (SELECT coalesce(l.owner = v_owner
+                                            AND (l.holder_role IS NULL OR l.holder_role = v_role
+                                                 OR lease._may_act(l.holder_role)), false) AS mine) m
+        CROSS JOIN LATERAL (SELECT lease._holder_status(l.key IS NOT NULL, l.owner, l.epoch, l.expires_at,
+                                                        l.lapsed_owner, l.lapsed_epoch, v_owner, u.e,
+                                                        clock_timestamp()) AS st) s;
+      res_keys := res_keys || v_other_k;
+      res_stat := res_stat || v_other_s;
+      PERFORM FROM lease.leases l WHERE l.key = ANY (v_try_k) ORDER BY l.key COLLATE "C" FOR NO KEY UPDATE;
       v_now := clock_timestamp();
       v_ok_k := '{}';
       v_ok_e := '{}';
       v_retry := false;
       FOR i IN 1 .. cardinality(v_try_k) LOOP
-        SELECT r.status, r.has_row INTO v_st, v_has_row
+        SELECT r.status INTO v_st
           FROM lease._renew_key(v_try_k[i], v_owner, v_try_e[i], v_ttl, v_now) r;
         IF v_st = 'ok' THEN
           v_ok_k := v_ok_k || v_try_k[i];
@@ -1347,7 +1470,7 @@ BEGIN
         ELSE
           res_keys := res_keys || v_try_k[i];
           res_stat := res_stat || v_st;
-          v_retry := v_retry OR v_has_row;
+          v_retry := true;  -- its row was locked by this round
         END IF;
       END LOOP;
       v_try_k := v_ok_k;
@@ -1397,6 +1520,8 @@ DECLARE
   v_owner   text := owner;
   v_epoch   bigint := epoch;
   v_now     timestamptz;
+  v_found   boolean;
+  v_locked  boolean;
   v_next    text;
   v_nepoch  bigint;
   v_nrole   text;
@@ -1417,13 +1542,35 @@ BEGIN
   END IF;
 
   BEGIN
+    -- The row is locked only when it is the caller's grant (as in
+    -- lease._renew_key): a refused release makes no one else wait.
     SELECT l.owner, l.epoch, l.expires_at, l.lapsed_owner, l.lapsed_epoch, l.holder_role
       INTO r_owner, r_epoch, r_expires, r_lowner, r_lepoch, r_role
-      FROM lease.leases l WHERE l.key = v_key FOR NO KEY UPDATE;
+      FROM lease.leases l
+     WHERE l.key = v_key AND l.owner = v_owner
+       AND (l.holder_role IS NULL OR l.holder_role = session_user::text OR lease._may_act(l.holder_role))
+       FOR NO KEY UPDATE;
+    v_locked := FOUND;
+    v_found := v_locked;
+    IF NOT v_locked THEN
+      SELECT l.owner, l.epoch, l.expires_at, l.lapsed_owner, l.lapsed_epoch, l.holder_role
+        INTO r_owner, r_epoch, r_expires, r_lowner, r_lepoch, r_role
+        FROM lease.leases l WHERE l.key = v_key;
+      v_found := FOUND;
+      IF v_found AND r_owner = v_owner AND (r_role IS NULL OR r_role = session_user::text OR lease._may_act(r_role)) THEN
+        -- Granted to the caller since the first read: lock it, read it again.
+        SELECT l.owner, l.epoch, l.expires_at, l.lapsed_owner, l.lapsed_epoch, l.holder_role
+          INTO r_owner, r_epoch, r_expires, r_lowner, r_lepoch, r_role
+          FROM lease.leases l WHERE l.key = v_key FOR NO KEY UPDATE;
+        v_found := FOUND;
+        v_locked := FOUND;
+      END IF;
+    END IF;
     v_now := clock_timestamp();
-    status := lease._holder_status(FOUND, r_owner, r_epoch, r_expires, r_lowner, r_lepoch,
+    status := lease._holder_status(v_found, r_owner, r_epoch, r_expires, r_lowner, r_lepoch,
                                    v_owner, v_epoch, v_now);
-    IF status = 'ok' AND r_role IS NOT NULL AND r_role <> session_user::text AND NOT lease._may_act(r_role) THEN
+    IF status = 'ok' AND (NOT v_locked
+                          OR r_role IS NOT NULL AND r_role <> session_user::text AND NOT lease._may_act(r_role)) THEN
       status := 'not_owner';
     END IF;
     IF status <> 'ok' THEN
@@ -1727,7 +1874,9 @@ AS $$
          coalesce((SELECT s.promotion FROM lease.settings s), 'any')
     FROM (SELECT 1) one
     LEFT JOIN LATERAL (SELECT * FROM lease.timeline_state s
-                        ORDER BY s.era DESC, s.grace_until ASC NULLS FIRST, s.timeline DESC LIMIT 1) t ON true
+                        ORDER BY s.era DESC, s.restarts DESC, s.grace_until ASC NULLS FIRST, s.timeline DESC,
+                                 s.started DESC NULLS LAST
+                        LIMIT 1) t ON true
 $$;
 
 -- Every role that may inspect: the last max_rows events of key, oldest

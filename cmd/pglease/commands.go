@@ -320,10 +320,11 @@ func (a *app) statusCmd() *cobra.Command {
 		Use:   "status [-o json]",
 		Short: "Show the database's max_ttl, promotion mode, and the promotion grace in force",
 		Long: `Show lease.status(): the largest TTL accepted (max_ttl), the promotion mode
-(any: a grace of max_ttl after a promotion; synchronous: none), the grace a
-promotion seen now would impose, the WAL timeline and epoch era last recorded,
-and whether the grace of the last promotion is still in force and when it ends:
-no new grant of any key is made before then (renewals go on).`,
+(any: a grace of max_ttl after a promotion or a restart of the server;
+synchronous: none), the grace a promotion seen now would impose, the WAL
+timeline and epoch era last recorded, and whether the grace of the last
+promotion or restart is still in force and when it ends: no new grant of any
+key is made before then (renewals go on).`,
 		Example: "  pglease status\n  pglease status -o json",
 		Args:    args(0, 0, "no arguments"),
 		RunE: a.runE("status", func(cmd *cobra.Command, _ []string) error {

@@ -45,7 +45,7 @@ func (a *app) historyCmd() *cobra.Command {
 pg_lease 0.4.0 or later): each grant (acquired: the key was free; taken_over: the
 previous grant lapsed without a release), release, forced release (release
 --force), and promotion grace (no new grant during the grace after a timeline
-change). OWNER, ROLE and EPOCH are the grant the event concerns; BY is the
+change or, from pg_lease 0.5.0, a restart of the server: its reason names which). OWNER, ROLE and EPOCH are the grant the event concerns; BY is the
 database role whose call made it. VACANT is how long the key had no holder before
 a grant. The database keeps the last events of each key (100 unless an operator
 set another number with lease.configure_history). A key that was never leased

@@ -310,6 +310,27 @@ func (s *Server) Promote(ctx context.Context) error {
 	return s.waitWritable(ctx)
 }
 
+// EndWithoutPromotion ends the standby s the way a hand-run disaster
+// recovery step sometimes does instead of a promotion: a clean stop, its
+// standby.signal removed, a start. It comes up as a primary on the same WAL
+// timeline (recovery to the end of the WAL it has, no new timeline), and
+// waits until it accepts writes.
+func (s *Server) EndWithoutPromotion(ctx context.Context) error {
+	err := s.control("EndWithoutPromotion", func() error {
+		if err := s.stopLocked(); err != nil {
+			return err
+		}
+		if err := os.Remove(filepath.Join(s.dataDir, "standby.signal")); err != nil {
+			return fmt.Errorf("pgserver: EndWithoutPromotion: %w", err)
+		}
+		return s.startLocked(ctx)
+	})
+	if err != nil {
+		return err
+	}
+	return s.waitWritable(ctx)
+}
+
 // PromoteSQL promotes the standby s with SELECT pg_promote(true, 60).
 func (s *Server) PromoteSQL(ctx context.Context) error {
 	var ok bool

@@ -33,7 +33,9 @@
 // standby with pg_basebackup -R; then primary.SetSynchronousStandbyNames,
 // standby.StopStreaming (its WAL is cut off: what the primary writes next
 // is never replayed), primary.WaitReplayed(ctx, standby), primary.Kill(),
-// standby.Promote(ctx) (pg_ctl promote) or PromoteSQL (pg_promote()), and
+// standby.Promote(ctx) (pg_ctl promote) or PromoteSQL (pg_promote()),
+// standby.EndWithoutPromotion(ctx) (restarted without standby.signal: a
+// primary on the same timeline), and
 // MultiHostDSN(db, servers...) for clients that follow the primary
 // (target_session_attrs=read-write). test/failover uses them.
 //

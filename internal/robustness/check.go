@@ -3,6 +3,7 @@ package robustness
 import (
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -203,6 +204,7 @@ type checker struct {
 	freshOps map[int]bool
 	busyOps  map[int]bool // busy-possible denials and timeouts (see Check)
 	failover bool         // the history has failover faults: see Check
+	bases    []int64      // the epoch bases observed (mop.bases)
 }
 
 func newChecker(h *History) *checker {
@@ -214,6 +216,11 @@ func newChecker(h *History) *checker {
 	for i := range h.Ops {
 		o := &h.Ops[i]
 		keys[o.Key] = true
+		for _, e := range []int64{o.Epoch, o.OutEpoch} {
+			if e > 0 && !slices.Contains(c.bases, e>>baseBits) {
+				c.bases = append(c.bases, e>>baseBits)
+			}
+		}
 		if o.Kind == KGuard {
 			c.guards[o.Key] = append(c.guards[o.Key], o)
 		} else {
@@ -224,6 +231,7 @@ func newChecker(h *History) *checker {
 		c.keys = append(c.keys, k)
 	}
 	sort.Strings(c.keys)
+	slices.Sort(c.bases)
 	for _, f := range h.Faults {
 		if f.Kind == FaultClock {
 			c.clock = append(c.clock, f)
@@ -373,8 +381,9 @@ func denial(o *Op) bool {
 // so it overlaps G itself in real time, and G's bracket starts before the
 // lock: mayBlock(G, it) holds), or the server clock stepped back in between
 // (o is loose): it is a locker only when loose; likewise an idempotent
-// grant (decided before its bracket). renew and release lock the
-// row (FOR NO KEY UPDATE) whatever they answer. inspect reads without a
+// grant (decided before its bracket). renew and release are taken as
+// lockers whatever they answer (0.5.0 locks the row only when it names their
+// owner under their role: a superset, so never a false violation). inspect reads without a
 // lock; guard writes only robustness_guard (guard ops are not in byKey).
 func (c *checker) locksRow(o *Op) bool {
 	switch o.Kind {
@@ -860,7 +869,7 @@ func (c *checker) checkGuard(key string) {
 func (c *checker) mops(key string) []porcupine.Operation {
 	var out []porcupine.Operation
 	for _, o := range c.byKey[key] {
-		m := mop{Op: o, b0: o.T0, b1: o.T1, busy: c.busyOps[o.ID]}
+		m := mop{Op: o, b0: o.T0, b1: o.T1, busy: c.busyOps[o.ID], bases: c.bases}
 		if c.loose(o) || o.Outcome != OK || o.Status == STimeout {
 			// (a timeout is an error: the statement's clock readings
 			// never reach the client)

@@ -589,3 +589,36 @@ func TestCheckBusyTimeout(t *testing.T) {
 		t.Errorf("busy-possible %d, want 1", r.BusyDenials)
 	}
 }
+
+// After a restart of the server (a kill fault) pg_lease 0.5.0 moves the
+// epoch base to the era's next restart (a multiple of 2^24): a fresh grant is
+// then the base + 1, not the counter + 1. Any other jump is illegal, and so
+// is a base at or below the counter's.
+func TestCheckBaseAfterRestart(t *testing.T) {
+	const restart1 = int64(1)<<baseBits + 1
+	b := &hb{}
+	b.acquire(0, "A", 0, 0, 1000, 1)
+	b.release(0, "A", 10, 100, 1, SOk) // counter 2
+	b.acquire(1, "B", 20, 200, 1000, restart1)
+	b.renew(1, "B", 30, 300, 1000, restart1, SOk)
+	legal(t, b)
+	// A promotion's base (era 1) is a base too.
+	b.h.Ops[2].OutEpoch, b.h.Ops[3].Epoch = 1<<40+1, 1<<40+1
+	legal(t, b)
+	// Not the base + 1: illegal.
+	b = &hb{}
+	b.acquire(0, "A", 0, 0, 1000, 1)
+	b.release(0, "A", 10, 100, 1, SOk)
+	b.acquire(1, "B", 20, 200, 1000, restart1+1)
+	wantLin(t, check(t, b), porcupine.Illegal)
+	// An unknown acquire after a restart may have granted above the new
+	// base: an inspect sees it.
+	b = &hb{}
+	b.acquire(0, "A", 0, 0, 500, 1) // expires 500
+	b.unknown(Op{Client: 1, Kind: KAcquire, Key: "k", Owner: "B", TTL: 500_000}, 10, Never)
+	b.inspectHeld(2, 1620, 1620, "B", restart1, 2000)
+	legal(t, b)
+	// Within the counter's base it is the counter + 1 or nothing.
+	b.last().OutEpoch = 3
+	wantLin(t, check(t, b), porcupine.Illegal)
+}

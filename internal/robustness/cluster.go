@@ -118,6 +118,20 @@ func (c *cluster) failover(ctx context.Context, tail time.Duration) (string, err
 	return fmt.Sprintf("tail %v, promoted in %v, cut %d connections", tail.Round(time.Millisecond), promote.Round(time.Millisecond), n), nil
 }
 
+// configureSingleServer configures what the operator of a server without
+// standbys would: promotion mode 'synchronous' (pg_lease 0.4.0), so that a
+// kill fault's restart moves to the next epoch era without a grace (in mode
+// 'any', no new grant for max_ttl after it). Without lease.configure(interval,
+// text) it does nothing.
+func configureSingleServer(ctx context.Context, conn *pgx.Conn) error {
+	var has bool
+	if err := conn.QueryRow(ctx, "SELECT to_regprocedure('lease.configure(interval,text)') IS NOT NULL").Scan(&has); err != nil || !has {
+		return err
+	}
+	_, err := conn.Exec(ctx, "SELECT lease.configure(promotion => 'synchronous')")
+	return err
+}
+
 // configureGrace sets pg_lease's max_ttl (0.3.0: the TTL bound and the
 // promotion grace) before any grant, and drops the grace kept for beliefs
 // formed under the default max_ttl (no grant was ever made). Without

@@ -46,6 +46,27 @@ type mop struct {
 	// locked by another operation (locksRow, mayBlock): it may answer the
 	// lock rather than a holder (see Check, "Busy denials").
 	busy bool
+	// bases: every epoch base (epoch >> baseBits) the history observed, in
+	// ascending order (see freshEpochOK).
+	bases []int64
+}
+
+// baseBits: pg_lease's epoch bases are multiples of 2^24: era * 2^40 (a
+// promotion, 0.3.0) + restarts * 2^24 (a restart of the server, 0.5.0).
+const baseBits = 24
+
+// freshEpochOK: a fresh grant's epoch is the key's counter + 1 (1 for a key
+// without a row) or, after a restart or a promotion moved the epoch base
+// above the counter, the base + 1: max(counter, base) + 1.
+func freshEpochOK(s kstate, epoch int64) bool {
+	var counter int64
+	if s.Exists {
+		counter = s.Epoch
+	}
+	if epoch == counter+1 {
+		return true
+	}
+	return epoch&(1<<baseBits-1) == 1 && epoch>>baseBits > counter>>baseBits
 }
 
 func (s kstate) held(by string) bool { return s.Exists && s.Owner != "" && s.Owner == by }
@@ -86,11 +107,7 @@ func holderStatus(s kstate, owner string, epoch int64, b0, b1 int64) map[string]
 }
 
 func grantFresh(s kstate, owner string, epoch, exp, d int64) (kstate, bool) {
-	want := int64(1)
-	if s.Exists {
-		want = s.Epoch + 1
-	}
-	if epoch != want {
+	if !freshEpochOK(s, epoch) {
 		return s, false
 	}
 	// Not held at d: free, or its expiry <= d.
@@ -130,6 +147,14 @@ func step(s kstate, o mop) []kstate {
 			}
 			if n, ok := grantFresh(s, o.Owner, want, 0, posInf); ok {
 				out = append(out, unknownExpiry(n))
+			}
+			// (or above a later base the history saw: after a restart)
+			for _, b := range o.bases {
+				if b > (want-1)>>baseBits {
+					if n, ok := grantFresh(s, o.Owner, b<<baseBits+1, 0, posInf); ok {
+						out = append(out, unknownExpiry(n))
+					}
+				}
 			}
 			return out
 		case o.Status == SGranted:

@@ -186,16 +186,20 @@ func Run(ctx context.Context, cfg Config) (h *History, err error) {
 		return h, err
 	}
 	failover := has(cfg.Faults, FaultFailover)
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return h, err
+	}
 	if failover {
-		conn, err := pgx.Connect(ctx, dsn)
-		if err != nil {
-			return h, err
-		}
 		err = configureGrace(ctx, conn, maxKeyTTL)
-		conn.Close(context.Background())
-		if err != nil {
-			return h, err
-		}
+	} else {
+		err = configureSingleServer(ctx, conn)
+	}
+	conn.Close(context.Background())
+	if err != nil {
+		return h, err
+	}
+	if failover {
 		if err := cl.addStandby(ctx); err != nil {
 			return h, err
 		}

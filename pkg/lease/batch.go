@@ -194,8 +194,10 @@ func fill(errs []error, err error) []error {
 }
 
 // ReleaseMany releases every grant of ts in one statement and one commit,
-// each as Release would (a handover to a candidate included), in key order
-// so that concurrent batches lock rows in one order. errs[i] is Release's
+// each as Release would (a handover to a candidate included), in byte order
+// of the keys (Go's string order; lease.renew_many locks in the same order,
+// COLLATE "C", whatever the database's collation), so that concurrent
+// batches lock rows in one order. errs[i] is Release's
 // answer for ts[i]. The returned error is for the whole call; then no
 // result is returned. At most MaxBatch tokens, of distinct keys.
 func (c *Client) ReleaseMany(ctx context.Context, ts []Token) ([]error, error) {
@@ -254,8 +256,8 @@ func (c *Client) ReleaseMany(ctx context.Context, ts []Token) ([]error, error) {
 }
 
 // AcquireMany tries once to take every key of keys for owner for ttl, as
-// Acquire would each, in one statement and one commit, in key order so that
-// concurrent batches lock rows in one order. A key the owner already holds
+// Acquire would each, in one statement and one commit, in byte order of the
+// keys (as ReleaseMany) so that concurrent batches lock rows in one order. A key the owner already holds
 // answers its grant. grants[i] is keys[i]'s grant, or the zero Grant (epoch
 // 0) when another owner holds it; errs[i] is a *GraceError when the grace
 // after a promotion denied it. The last error is for the whole call; then
@@ -272,7 +274,7 @@ func (c *Client) AcquireMany(ctx context.Context, keys []string, owner string, t
 		return nil, nil, err
 	}
 	sorted := append([]string(nil), keys...)
-	sort.Strings(sorted)
+	sort.Strings(sorted) // byte order, as every batch locks
 	for i := 1; i < len(sorted); i++ {
 		if sorted[i] == sorted[i-1] {
 			return nil, nil, fmt.Errorf("acquire_many: %w: the key %q appears twice", ErrInvalidInput, sorted[i])

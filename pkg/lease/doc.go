@@ -59,8 +59,8 @@
 // connection; ObserveCommits on the connections' configuration saves two
 // round trips per change (commit.go says why and how).
 //
-// During the grace after a promotion (no new grant of any key until it
-// ends) Acquire returns a *GraceError (ErrGrace) that says when it ends, and
+// During the grace after a promotion or, from SQL 0.5.0, a restart of the
+// server (no new grant of any key until it ends) Acquire returns a *GraceError (ErrGrace) that says when it ends, and
 // listen.WaitOutGrace sleeps until then: the end writes nothing, so no
 // notification wakes anyone for it. leaseadmin.ReadSettings reads the
 // database's max_ttl, promotion mode and grace.

@@ -204,8 +204,9 @@ func connectionError(err error) bool {
 		errors.Is(err, net.ErrClosed) || errors.As(err, &ne)
 }
 
-// GraceError is Acquire's answer during the grace after a promotion: no new
-// grant of Key before Until (server clock). It matches ErrGrace.
+// GraceError is Acquire's answer during the grace after a promotion or a
+// restart of the server: no new grant of Key before Until (server clock). It
+// matches ErrGrace.
 type GraceError struct {
 	Key string
 	// Until is when the grace ends, on the server's clock.

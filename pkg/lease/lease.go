@@ -132,7 +132,8 @@ func checkTTL(op string, t Token, name string, d time.Duration, allowZero bool) 
 // Acquire tries once to take key for owner for ttl (lease.acquire with
 // wait 0). ok is false when another owner holds the key. Acquiring a key the
 // owner already holds returns the same grant (same epoch and expiry).
-// During the grace after a promotion, when the server makes no new grant, it
+// During the grace after a promotion or a restart of the server, when the
+// server makes no new grant, it
 // returns a *GraceError (matching ErrGrace) that says when the grace ends:
 // wait until its UntilLocal, not in a loop.
 func (c *Client) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (g Grant, ok bool, err error) {

@@ -176,13 +176,15 @@ func TestGraceDenialSaysWhenItEnds(t *testing.T) {
 func TestRenewalRecordsPromotion(t *testing.T) {
 	db := newDB(t, installModes[1])
 	ctx := testCtx(t)
-	configure(t, db.pool, "max_ttl => '2s'")
-	g, ok, err := db.c.Acquire(ctx, "k", "a", time.Second)
+	// A minute: the grant and the grace outlast the checkpoint of the
+	// simulated promotion on a busy machine.
+	configure(t, db.pool, "max_ttl => '1 min'")
+	g, ok, err := db.c.Acquire(ctx, "k", "a", time.Minute)
 	if err != nil || !ok {
 		t.Fatal(ok, err)
 	}
 	simulatePromotion(t, db.pool)
-	if _, err := db.c.Renew(ctx, g.Token, time.Second); err != nil {
+	if _, err := db.c.Renew(ctx, g.Token, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	var recorded, inGrace bool

@@ -178,7 +178,7 @@ func newDescs() *Collector {
 		omitted: d("pg_lease_keys_omitted",
 			"Keys of the collector's selection (its key prefixes; every key by default) that this scrape left out: beyond its maximum number of keys.", db1),
 		maxTTL:   d("pg_lease_max_ttl_seconds", "Largest ttl that acquire and renew accept (lease.configure).", db1),
-		grace:    d("pg_lease_promotion_grace_remaining_seconds", "Seconds left of the grace after a timeline change (promotion) during which no new grant is made; 0 when none is in force.", db1),
+		grace:    d("pg_lease_promotion_grace_remaining_seconds", "Seconds left of the grace after a timeline change (promotion) or a restart of the server during which no new grant is made; 0 when none is in force.", db1),
 		timeline: d("pg_lease_timeline", "WAL timeline last seen by a grant (it grows at each promotion).", db1),
 		period:   d("pg_lease_health_period_seconds", "Window of the pg_lease_key_recent_* metrics.", db1),
 		scrape:   d("pg_lease_scrape_duration_seconds", "Duration of the scrape's queries.", db1),

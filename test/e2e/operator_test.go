@@ -197,6 +197,12 @@ func (h *harness) newEnv(t *testing.T, lock, name string) *env {
 		if err := leaseadmin.InstallExtension(sctx, pool); err != nil {
 			t.Fatal(err)
 		}
+		// One server without standbys, configured as its operator would:
+		// a restart (scenario (d)) moves the epoch base with no grace (in
+		// the default mode 'any', no new leader for max_ttl after it).
+		if _, err := pool.Exec(sctx, "SELECT lease.configure(promotion => 'synchronous')"); err != nil {
+			t.Fatal(err)
+		}
 		e.leases = lease.New(pool)
 	}
 	if e.storeDSN, err = e.pg.CreateDatabase(sctx, "store"); err != nil {

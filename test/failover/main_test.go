@@ -46,6 +46,14 @@ func newCluster(t *testing.T, o clusterOptions) *cluster {
 	slots.Take(t, "cluster")
 	ctx := pgtest.Context(t, 2*time.Minute)
 	p := pgtest.New(t, pgtest.Options{Settings: map[string]string{"wal_sender_timeout": "5s", "wal_receiver_status_interval": "1s"}})
+	c := &cluster{primary: p}
+	// The standbys first: where the installation has no pg_basebackup, a
+	// standby is a copy of the primary's data directory made while the
+	// primary is stopped, and pg_lease, installed after it, would see that
+	// restart of the primary (a new era and, in mode 'any', a grace).
+	for i := range o.standbys {
+		c.standbys = append(c.standbys, pgtest.NewStandby(t, p, pgtest.StandbyOptions{Name: fmt.Sprintf("s%d", i+1)}))
+	}
 	if err := p.InstallExtensionFiles(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -58,15 +66,21 @@ func newCluster(t *testing.T, o clusterOptions) *cluster {
 		t.Fatal(err)
 	}
 	t.Logf("%s, pg_lease %s", p.Version(), installed(t, conn))
-	c := &cluster{primary: p}
 	if o.maxTTL > 0 {
 		c.configure(t, conn, o.maxTTL)
 	}
-	for i := range o.standbys {
-		c.standbys = append(c.standbys, pgtest.NewStandby(t, p, pgtest.StandbyOptions{Name: fmt.Sprintf("s%d", i+1)}))
+	// A checkpoint, replayed, then a restartpoint on each standby: the
+	// standbys' buffers hold the install's pages clean, as a base backup
+	// taken after the install would, so the checkpoint a promotion requests
+	// has little to write and completes at once.
+	if _, err := conn.Exec(ctx, "CHECKPOINT"); err != nil {
+		t.Fatal(err)
 	}
 	for _, st := range c.standbys {
 		if err := p.WaitReplayed(ctx, st); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pgtest.Connect(t, st.DSN()).Exec(ctx, "CHECKPOINT"); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -75,6 +75,7 @@ func newEnv(t *testing.T, opts pgtest.Options) *env {
 		if file != "" {
 			t.Logf("pg_lease installed from %s", file)
 		}
+		singleServer(t, conn)
 		return e
 	}
 	if err := srv.InstallExtensionFiles(ctx); err != nil {
@@ -84,8 +85,32 @@ func newEnv(t *testing.T, opts pgtest.Options) *env {
 		t.Fatal(err)
 	}
 	checkInstalledMatchesRepo(t, conn)
+	singleServer(t, conn)
 	return e
 }
+
+// singleServer configures what the operator of a server without standbys
+// would: promotion mode 'synchronous' (nothing acknowledged can be missing
+// after a restart). A restart still moves the epoch base (afterRestart), with no
+// grace: these tests are about what a restart keeps, not about the grace
+// (pkg/lease TestRestartMovesEpochBaseAndStartsGrace). A script without
+// lease.configure (an earlier version's) is left as it is.
+func singleServer(t *testing.T, conn *pgx.Conn) {
+	t.Helper()
+	if _, err := conn.Exec(pgtest.Context(t, time.Minute), `DO $$ BEGIN
+  IF to_regprocedure('lease.configure(interval, text)') IS NOT NULL THEN
+    PERFORM lease.configure(promotion => 'synchronous');
+  END IF;
+END $$`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// afterRestart is the epoch of the first grant of a key after a restart of
+// the server, when the key's last grant, of epoch e, was made before it: one
+// above the base the restart moves to (the era's next restart, the next
+// multiple of 2^24).
+func afterRestart(e int64) int64 { return (e>>24+1)<<24 + 1 }
 
 // checkInstalledMatchesRepo fails the test when a function of the installed
 // extension is not the repository's: the extension directory is shared by

@@ -45,7 +45,7 @@ SELECT count(*) AS changed_rows FROM (
 SELECT count(*) AS changed_state_rows FROM (
   (SELECT * FROM upgrade_state_040 EXCEPT ALL (
      SELECT 'floor' AS t, row(f.*)::text AS r FROM lease.epoch_floor f
-     UNION ALL SELECT 'timeline', row(s.*)::text FROM lease.timeline_state s
+     UNION ALL SELECT 'timeline', row(s.timeline, s.era, s.grace_until)::text FROM lease.timeline_state s
      UNION ALL SELECT 'settings', row(s.singleton, s.max_ttl, s.prev_max_ttl, s.prev_until)::text FROM lease.settings s
      UNION ALL SELECT 'listeners', row(w.pid, w.key)::text FROM lease.listeners w))) d;
 SELECT extconfig::regclass[] AS config_tables, extcondition FROM pg_extension WHERE extname = 'pg_lease';
