@@ -132,10 +132,14 @@ if [ ${#failed[@]} -gt 0 ]; then
     log="${f##*-> }"
     echo >&2
     echo "---- FAIL $f" >&2
-    # The failing tests' lines first, then the end of the log.
-    grep -E -n -B2 -A30 -e '^\s*--- FAIL' -e '^panic: ' "$log" | head -c 20000 >&2 || true
+    # Each failed test's output (its last 60 lines), then the end of the log.
+    for t in $(grep -E -o '^--- FAIL: [^ ]+' "$log" | sed 's/^--- FAIL: //' | sort -u); do
+      echo "---- $t" >&2
+      awk -v t="$t" '$0 == "=== RUN   " t { on = 1 } on { print } on && index($0, "--- FAIL: " t " ") == 1 { on = 0 }' "$log" |
+        tail -n 60 >&2
+    done
     echo "---- last lines of $log" >&2
-    tail -n 40 "$log" >&2
+    tail -n 25 "$log" >&2
   done
   exit 1
 fi
