@@ -5,7 +5,7 @@ export PATH := $(PATH):/usr/local/go/bin
 # the servers run as "nobody", which cannot enter /root: cache outside it.
 export PGLEASE_CACHE ?= $(if $(filter 0,$(shell id -u)),/var/cache/pg_lease,$(HOME)/.cache/pg_lease)
 
-.PHONY: all build test test-ha test-matrix install installcheck demo robustness bench bench-smoke defects fuzz mutate fmt vet
+.PHONY: all build test stress test-ha test-matrix install installcheck demo robustness bench bench-smoke defects fuzz mutate fmt vet
 
 all: build
 
@@ -16,6 +16,11 @@ build:
 ## test: install what is missing, then run every suite on throwaway servers
 test:
 	hack/test.sh
+
+## stress: each package's tests COUNT times (default 5) beside CPU hogs (one per core) and a compile
+## loop; PKGS="./pkg/lease/ ./pkg/elector/" RUN=regexp SKIP=regexp; every failure with its log
+stress:
+	hack/stress.sh
 
 ## test-ha: pg_lease under Patroni (etcd, three PostgreSQL 15 nodes; asynchronous, synchronous and strict
 ## synchronous): switchovers, crashes, frozen primaries; prints the leaderless time per mode and fault (test/ha)

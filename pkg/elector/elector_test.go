@@ -265,7 +265,9 @@ func TestLostStopsAtOnce(t *testing.T) {
 	}
 	runElector(t, el)
 	t1 := waitTerm(t, r.events, 10*time.Second)
-	time.Sleep(1200 * time.Millisecond) // at least one renewal
+	pgtest.Eventually(t, time.Minute, "a renewal", func() bool {
+		return seriesCount(t, reg, "pg_lease_elector_renew_duration_seconds") > 0
+	})
 	if v := value(t, elector.LeaderOf(el, "lost")); v != 1 {
 		t.Errorf("leader gauge %v", v)
 	}

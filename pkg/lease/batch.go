@@ -173,11 +173,14 @@ func (c *Client) RenewTerms(ctx context.Context, terms []*Term) []error {
 		t := terms[i]
 		switch {
 		case err != nil && ctx.Err() == nil && rctx.Err() != nil:
+			if !t.Deadline().After(deadline) {
+				t.end(ErrLocalDeadline, nil) // the bound of the call was its deadline
+			}
 			errs[i] = fmt.Errorf("lease: renew %s: %w (%w)", ts[k], ErrLocalDeadline, err)
 		case err != nil:
 			errs[i] = err
 		case errors.Is(res[k].Err, ErrLost):
-			t.end(res[k].Err, true)
+			t.endLost(res[k].Err)
 			errs[i] = res[k].Err
 		default:
 			errs[i] = t.extend(res[k].Grant)

@@ -108,7 +108,9 @@
 // (Context), Renew (which extends only a live term, and never after the
 // deadline passed), Release, End and Done. It ends exactly once, with one
 // cause: ErrLocalDeadline, ErrReleased, or the server's error (matching
-// ErrLost). Ending cancels every context of the term synchronously, then
+// ErrLost). At or after the deadline, Renew and Release end it with
+// ErrLocalDeadline whether or not its deadline timer has run yet: the cause
+// does not depend on scheduling. Ending cancels every context of the term synchronously, then
 // reports the end (Begin's onEnd), then closes Done; Release and End return
 // only after the report. So a user that begins the next term only after the
 // previous one's Release, End or Done reports "N ended" before "N+1 began".

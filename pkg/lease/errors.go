@@ -61,8 +61,9 @@ var (
 	// (Grant.ValidUntil minus the margin). The server may still hold the
 	// grant for up to the margin; nobody else can have it yet.
 	ErrLocalDeadline = errors.New("lease: local deadline of the grant passed without renewal")
-	// ErrReleased: the holder gave the term up (Term.Release, an elector
-	// resigning, client-go's ReleaseOnCancel).
+	// ErrReleased: the holder gave the term up before its local deadline
+	// (Term.Release, an elector resigning, client-go's ReleaseOnCancel); a
+	// release at or after the deadline ends it with ErrLocalDeadline.
 	ErrReleased = errors.New("lease: released by the holder")
 )
 

@@ -19,9 +19,18 @@ import (
 //     deadline is Grant.ValidUntil minus the margin (CheckMargin). So the
 //     server's expiry, and any successor's grant, come later (A1, see the
 //     package documentation).
-//   - ErrReleased: the holder gave it up (Release).
+//   - ErrReleased: the holder gave it up (Release) before its deadline.
 //   - an error matching ErrLost: the server said the grant is gone, on a
-//     renewal, or the holder learned it otherwise (End).
+//     renewal answered before the deadline, or the holder learned it
+//     otherwise (End).
+//
+// The cause does not depend on which goroutine notices the deadline first.
+// The deadline timer may run late on a loaded machine; Renew and Release
+// read the clock themselves. A term that Renew or Release ends at or after
+// its deadline ends with ErrLocalDeadline. That covers a renewal whose
+// answer comes after the deadline, or whose renewed grant is already past
+// its own deadline, even when the answer is that the grant is gone. End
+// reads no clock and ends the term with the cause it is given.
 //
 // Ending first cancels every context of the term, then calls the onEnd
 // function given to Begin, then closes Done. Release and End return only
@@ -47,7 +56,7 @@ type Term struct {
 	gen      uint64      // which deadline timer may end the term
 	timer    clock.Timer // the armed deadline timer
 	ended    bool
-	lost     bool                                     // ended because the server said the grant is gone
+	lost     error                                    // the server's word that the grant is gone, if it ended the term
 	children map[*termContext]context.CancelCauseFunc // live contexts of Context
 }
 
@@ -72,7 +81,7 @@ func (c *Client) Begin(g Grant, margin time.Duration, onEnd func(Token, error)) 
 		grant: g, deadline: g.ValidUntil().Add(-m)}
 	now := c.clock.Now()
 	if !now.Before(t.deadline) {
-		t.end(ErrLocalDeadline, false)
+		t.end(ErrLocalDeadline, nil)
 		return t, nil
 	}
 	t.arm(t.deadline.Sub(now), 0)
@@ -88,7 +97,7 @@ func (t *Term) arm(d time.Duration, gen uint64) {
 		current := t.gen == gen
 		t.mu.Unlock()
 		if current {
-			t.endBy(ErrLocalDeadline, false, false)
+			t.endBy(ErrLocalDeadline, nil, false)
 		}
 	})
 	t.mu.Lock()
@@ -105,11 +114,12 @@ func (t *Term) arm(d time.Duration, gen uint64) {
 }
 
 // end ends the term once; every caller returns after the end was reported.
-func (t *Term) end(cause error, lost bool) { t.endBy(cause, lost, true) }
+// lost is the server's word that the grant is gone, or nil.
+func (t *Term) end(cause, lost error) { t.endBy(cause, lost, true) }
 
 // endBy is end; stopTimer is false when the deadline timer itself calls it
 // (a fake clock holds its lock while it runs timer functions).
-func (t *Term) endBy(cause error, lost, stopTimer bool) {
+func (t *Term) endBy(cause, lost error, stopTimer bool) {
 	t.once.Do(func() {
 		t.mu.Lock()
 		t.ended, t.lost = true, lost
@@ -152,6 +162,23 @@ func (t *Term) Deadline() time.Time {
 // Done is closed once the term has ended and the end has been reported.
 func (t *Term) Done() <-chan struct{} { return t.done }
 
+// pastDeadline reports whether the term's deadline has passed on the
+// client's clock. It reads the clock: never call it from the deadline timer.
+func (t *Term) pastDeadline() bool {
+	now := t.c.clock.Now()
+	return !now.Before(t.Deadline())
+}
+
+// endLost ends the term on the server's answer err that its grant is gone:
+// with err, or with ErrLocalDeadline if the deadline passed before the answer.
+func (t *Term) endLost(err error) {
+	cause := err
+	if t.pastDeadline() {
+		cause = ErrLocalDeadline
+	}
+	t.end(cause, err)
+}
+
 // Err is nil while the term lasts, then the cause it ended with. It turns
 // non-nil when the term's contexts are cancelled, just before the end is
 // reported; wait on Done to know that the report is over.
@@ -165,11 +192,15 @@ func (t *Term) Err() error {
 // Renew renews the grant for its TTL. When the term is still live and the
 // answer arrives before its deadline, it moves the deadline and returns nil.
 // When the server says the grant is gone, it ends the term and returns that
-// error (matching ErrLost). When the term had ended, or its deadline passed
-// before the answer, the error matches ErrLocalDeadline; the grant may still
-// be held, and Release gives it back. Any other error, such as a lost
-// connection, leaves the term to its deadline. The call is bounded by the
-// term's deadline: an answer after it is of no use.
+// error (matching ErrLost); the term's cause is that error, or
+// ErrLocalDeadline if the answer came at or after the deadline. When the
+// term had ended, or its deadline passed before the answer, or the renewed
+// grant's own deadline had already passed when the answer came, the error
+// matches ErrLocalDeadline and the term has ended (with ErrLocalDeadline,
+// unless it had ended before); the grant may still be held, and Release
+// gives it back. Any other error, such as a lost connection, leaves the
+// term to its deadline. The call is bounded by the term's deadline: an
+// answer after it is of no use.
 func (t *Term) Renew(ctx context.Context) error {
 	t.renewMu.Lock()
 	defer t.renewMu.Unlock()
@@ -181,10 +212,12 @@ func (t *Term) Renew(ctx context.Context) error {
 	g, err := t.c.Renew(rctx, t.grant.Token, t.grant.TTL)
 	switch {
 	case errors.Is(err, ErrLost):
-		t.end(err, true)
+		t.endLost(err)
 		return err
 	case err != nil:
 		if ctx.Err() == nil && rctx.Err() != nil {
+			// The bound of the call, the term's deadline, passed.
+			t.end(ErrLocalDeadline, nil)
 			return fmt.Errorf("lease: renew %s: %w (%w)", t.grant.Token, ErrLocalDeadline, err)
 		}
 		return err
@@ -199,10 +232,12 @@ func (t *Term) extend(g Grant) error {
 	nd := g.ValidUntil().Add(-t.margin)
 	t.mu.Lock()
 	if t.ended || !now.Before(t.deadline) || !now.Before(nd) {
-		// The term ended, or its deadline passed, before the answer: what
-		// acted under it has been (or is being) told to stop; do not
-		// resume it. The timer ends it if it has not yet.
+		// The term ended, or its deadline passed, before the answer, or
+		// the renewed grant is already past its own deadline: what acted
+		// under it has been (or is being) told to stop; do not resume it.
+		// End it now rather than leave it to a timer that may run late.
 		t.mu.Unlock()
+		t.end(ErrLocalDeadline, nil)
 		return fmt.Errorf("lease: renew %s: answer after the term's local deadline: %w", g.Token, ErrLocalDeadline)
 	}
 	t.grant, t.deadline = g, nd
@@ -213,7 +248,9 @@ func (t *Term) extend(g Grant) error {
 	return nil
 }
 
-// Release ends the term with ErrReleased, if it has not ended yet. Then it
+// Release ends the term with ErrReleased, if it has not ended yet (with
+// ErrLocalDeadline if its deadline has passed, whether or not the deadline
+// timer has run yet). Then it
 // releases the grant on the server: a successor need not wait for the TTL,
 // and the next grant carries a greater epoch. It releases the grant of an
 // ended term too, since one that ended on its deadline may still be held.
@@ -221,12 +258,16 @@ func (t *Term) extend(g Grant) error {
 // the server's error (matching ErrLost). A release the server answers with
 // not_owner, lapsed or epoch_mismatch returns such an error too.
 func (t *Term) Release(ctx context.Context) error {
-	t.end(ErrReleased, false)
+	cause := ErrReleased
+	if t.pastDeadline() {
+		cause = ErrLocalDeadline
+	}
+	t.end(cause, nil)
 	t.mu.Lock()
 	lost, g := t.lost, t.grant
 	t.mu.Unlock()
-	if lost {
-		return context.Cause(t.ctx)
+	if lost != nil {
+		return lost
 	}
 	return t.c.Release(ctx, g.Token)
 }
@@ -234,7 +275,13 @@ func (t *Term) Release(ctx context.Context) error {
 // End ends the term with cause, without a call to the server: for a holder
 // that learned otherwise that the grant is gone (cause should then match
 // ErrLost; Release will not release it) or that must stop at once.
-func (t *Term) End(cause error) { t.end(cause, errors.Is(cause, ErrLost)) }
+func (t *Term) End(cause error) {
+	var lost error
+	if errors.Is(cause, ErrLost) {
+		lost = cause
+	}
+	t.end(cause, lost)
+}
 
 // Context returns a context with the values of parent that carries the
 // term's token (TokenFromContext). It is done when the term ends, with the

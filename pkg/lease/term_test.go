@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
@@ -26,6 +27,7 @@ type fakeServer struct {
 	mu       sync.Mutex
 	status   string
 	delay    time.Duration
+	jump     time.Duration // the server's clock jumps by this after computing a renewal's expiry
 	renews   int
 	releases int
 }
@@ -61,7 +63,7 @@ func (s *fakeServer) QueryRow(_ context.Context, sql string, args ...any) pgx.Ro
 			*dest[0].(*string) = status
 			exp := now.Add(ttl)
 			*dest[1].(**time.Time) = &exp
-			*dest[2].(*time.Time) = now
+			*dest[2].(*time.Time) = now.Add(s.jump)
 			return nil
 		}}
 	case strings.Contains(sql, "lease.release"):
@@ -216,6 +218,120 @@ func TestTermLost(t *testing.T) {
 	t2.End(fmt.Errorf("seen by a read: %w", ErrLost))
 	if err := t2.Release(context.Background()); !errors.Is(err, ErrLost) || srv.releases != 0 {
 		t.Fatalf("release after End(lost): %v (%d calls)", err, srv.releases)
+	}
+}
+
+// lateTimers is a fake clock whose AfterFunc timers never fire: a deadline
+// timer that has not run yet, as on a loaded machine.
+type lateTimers struct {
+	*clocktesting.FakeClock
+	never *clocktesting.FakeClock
+}
+
+func (c lateTimers) AfterFunc(d time.Duration, f func()) clock.Timer { return c.never.AfterFunc(d, f) }
+
+// TestTermEndsWithTheDeadlineWhoeverSeesIt: once the deadline has passed,
+// the term's cause is ErrLocalDeadline whether the deadline timer, a
+// renewal's answer or a release ends it: the cause does not depend on a
+// timer that runs late.
+func TestTermEndsWithTheDeadlineWhoeverSeesIt(t *testing.T) {
+	setup := func(t *testing.T) (*Term, *fakeServer, *clocktesting.FakeClock, *[]endReport) {
+		_, srv := fakeClient(t)
+		late := lateTimers{FakeClock: srv.clk, never: clocktesting.NewFakeClock(srv.clk.Now())}
+		c := New(srv).WithClock(late)
+		ends := &[]endReport{}
+		term, err := c.Begin(grantAt(c, 3*time.Second), time.Second, func(tok Token, cause error) {
+			*ends = append(*ends, endReport{tok, cause})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return term, srv, srv.clk, ends
+	}
+	check := func(t *testing.T, term *Term, ends *[]endReport, want error) {
+		t.Helper()
+		if !errors.Is(term.Err(), want) || len(*ends) != 1 || !errors.Is((*ends)[0].cause, want) {
+			t.Fatalf("term ended with %v (reports %v), want %v", term.Err(), *ends, want)
+		}
+	}
+
+	t.Run("release after the deadline", func(t *testing.T) {
+		term, srv, clk, ends := setup(t)
+		clk.Step(2 * time.Second) // the deadline; its timer has not run
+		if term.Err() != nil {
+			t.Fatal("the deadline timer ran")
+		}
+		if err := term.Release(context.Background()); err != nil || srv.releases != 1 {
+			t.Fatalf("release: %v (%d calls)", err, srv.releases)
+		}
+		check(t, term, ends, ErrLocalDeadline)
+	})
+	t.Run("release before the deadline", func(t *testing.T) {
+		term, _, clk, ends := setup(t)
+		clk.Step(2*time.Second - time.Nanosecond)
+		if err := term.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		check(t, term, ends, ErrReleased)
+	})
+	t.Run("renewal answered after the deadline", func(t *testing.T) {
+		term, srv, _, ends := setup(t)
+		srv.delay = 2 * time.Second
+		if err := term.Renew(context.Background()); !errors.Is(err, ErrLocalDeadline) {
+			t.Fatalf("renew: %v", err)
+		}
+		check(t, term, ends, ErrLocalDeadline)
+		if err := term.Release(context.Background()); err != nil || srv.releases != 1 {
+			t.Fatalf("release: %v (%d calls)", err, srv.releases)
+		}
+		check(t, term, ends, ErrLocalDeadline)
+	})
+	t.Run("lost, answered after the deadline", func(t *testing.T) {
+		term, srv, _, ends := setup(t)
+		srv.delay, srv.status = 2*time.Second, "lapsed"
+		if err := term.Renew(context.Background()); !errors.Is(err, ErrLapsed) {
+			t.Fatalf("renew: %v", err)
+		}
+		check(t, term, ends, ErrLocalDeadline)
+		// The server said the grant is gone: no release.
+		if err := term.Release(context.Background()); !errors.Is(err, ErrLapsed) || srv.releases != 0 {
+			t.Fatalf("release: %v (%d calls)", err, srv.releases)
+		}
+	})
+	t.Run("lost, answered before the deadline", func(t *testing.T) {
+		term, srv, _, ends := setup(t)
+		srv.delay, srv.status = 2*time.Second-time.Nanosecond, "lapsed"
+		if err := term.Renew(context.Background()); !errors.Is(err, ErrLapsed) {
+			t.Fatalf("renew: %v", err)
+		}
+		check(t, term, ends, ErrLapsed)
+	})
+}
+
+// TestTermRenewedGrantPastItsDeadline: the server's clock jumps past the
+// renewed expiry during the renewal (the answer's expiry is already behind
+// the server's clock): the renewed grant is past its own deadline when the
+// answer comes, and the term ends at once with ErrLocalDeadline, not later
+// by its timer nor by the release that follows.
+func TestTermRenewedGrantPastItsDeadline(t *testing.T) {
+	c, srv := fakeClient(t)
+	var ends []endReport
+	term, err := c.Begin(grantAt(c, 3*time.Second), 0, func(tok Token, cause error) { ends = append(ends, endReport{tok, cause}) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.jump = time.Hour
+	if err := term.Renew(context.Background()); !errors.Is(err, ErrLocalDeadline) {
+		t.Fatalf("renew: %v", err)
+	}
+	if !errors.Is(term.Err(), ErrLocalDeadline) || len(ends) != 1 {
+		t.Fatalf("after the renewal the term is %v (reports %v), want ended with ErrLocalDeadline", term.Err(), ends)
+	}
+	if err := term.Release(context.Background()); err != nil || srv.releases != 1 {
+		t.Fatalf("release: %v (%d calls)", err, srv.releases)
+	}
+	if !errors.Is(term.Err(), ErrLocalDeadline) || len(ends) != 1 {
+		t.Fatalf("after the release the term is %v (reports %v)", term.Err(), ends)
 	}
 }
 

@@ -150,6 +150,18 @@
 // The same holds for a term that ended at its local deadline: the Lock gives
 // that grant back instead of resuming it.
 //
+// The cause a term ends with (context.Cause of its contexts) is decided by
+// what the Lock saw, not by which goroutine noticed first. Once the term's
+// local deadline has passed, it is lease.ErrLocalDeadline: a renewal
+// answered after it, or one whose renewed grant is already past its own
+// deadline (the server's clock jumped during the call), a Get that finds
+// the grant gone, and the give-back of an ended term all report the
+// deadline, whether or not the deadline timer has run yet. Before the
+// deadline, the server's answer that the grant is gone reports that answer
+// (lease.ErrLapsed, lease.ErrNotOwner, lease.ErrEpochMismatch), and only a
+// release (an Update with an empty HolderIdentity) reports
+// lease.ErrReleased.
+//
 // client-go's elector cannot see epochs: it renews through Update and, when
 // a renewal fails, falls back to Get and Update, which for the same identity
 // re-acquires. A lapse followed by re-acquisition by the same identity is

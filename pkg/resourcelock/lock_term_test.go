@@ -14,6 +14,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/clock"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
@@ -228,6 +230,64 @@ func TestLocalDeadlineEndsTerm(t *testing.T) {
 	}
 	if epochOf(a) <= 1 {
 		t.Fatalf("after the local deadline the lock resumed epoch %d", epochOf(a))
+	}
+}
+
+// lateTimers is a fake clock whose AfterFunc timers never fire: a term's
+// deadline timer that has not run yet, as on a loaded machine.
+type lateTimers struct {
+	*clocktesting.FakeClock
+	never *clocktesting.FakeClock
+}
+
+func (c lateTimers) AfterFunc(d time.Duration, f func()) clock.Timer { return c.never.AfterFunc(d, f) }
+
+// Once a term's local deadline has passed, the lock ends it with
+// lease.ErrLocalDeadline whatever notices it first: the renewal client-go
+// asks for, or a release, before the deadline timer has run. Never
+// "released by the holder" for a term whose deadline passed.
+func TestDeadlinePassedBeforeItsTimer(t *testing.T) {
+	dsn := newDB(t)
+	ctx := context.Background()
+	for _, release := range []bool{false, true} {
+		clk := clocktesting.NewFakeClock(time.Now())
+		c := newClient(t, dsn).WithClock(lateTimers{FakeClock: clk, never: clocktesting.NewFakeClock(clk.Now())})
+		key := fmt.Sprintf("late-%v", release)
+		a := mustLock(t, c, key, "a", resourcelock.Options{LeaseDuration: 10 * time.Second})
+		if _, _, err := a.Get(ctx); !apierrors.IsNotFound(err) {
+			t.Fatal(err)
+		}
+		if err := a.Create(ctx, rec("a")); err != nil {
+			t.Fatal(err)
+		}
+		term := resourcelock.TermOf(a)
+		tctx, cancel, err := a.TokenContext(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cancel()
+		clk.SetTime(term.Deadline()) // its timer does not run
+		if term.Err() != nil {
+			t.Fatal("the deadline timer ran")
+		}
+		ler := rec("a")
+		if release {
+			ler.HolderIdentity = ""
+		}
+		err = a.Update(ctx, ler)
+		if !release && (!apierrors.IsConflict(err) || !errors.Is(err, lease.ErrLocalDeadline)) {
+			t.Fatalf("renew after the deadline: %v, want Conflict (local deadline)", err)
+		}
+		if release && err != nil {
+			t.Fatalf("release after the deadline: %v", err)
+		}
+		if !errors.Is(term.Err(), lease.ErrLocalDeadline) || !errors.Is(context.Cause(tctx), lease.ErrLocalDeadline) {
+			t.Fatalf("release=%v: term ended with %v (context %v), want the local deadline", release, term.Err(), context.Cause(tctx))
+		}
+		// Either way the grant was given back: the key is free.
+		if s, err := c.Inspect(ctx, key); err != nil || s.Held {
+			t.Fatalf("release=%v: after the give-back: %+v, %v", release, s, err)
+		}
 	}
 }
 

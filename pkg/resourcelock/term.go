@@ -71,8 +71,13 @@ func (l *Lock) begin(ctx context.Context, g lease.Grant) error {
 	return nil
 }
 
-// lose ends t after the server said its grant is gone, and forgets it.
+// lose ends t after the server said its grant is gone, and forgets it. A
+// term whose deadline has passed ends with lease.ErrLocalDeadline, as
+// lease.Term.Renew ends it, whether or not its deadline timer has run yet.
 func (l *Lock) lose(t *lease.Term, cause error) {
+	if !l.client.Clock().Now().Before(t.Deadline()) {
+		cause = lease.ErrLocalDeadline
+	}
 	t.End(cause)
 	l.drop(t)
 }
