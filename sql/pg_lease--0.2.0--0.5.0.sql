@@ -158,6 +158,9 @@ ALTER TABLE lease.settings ADD COLUMN promotion text
 -- The shared part creates lease.configure(interval, text) anew (it drops
 -- only 0.3.0's configure(interval) itself): drop 0.4.0's first.
 DROP FUNCTION IF EXISTS lease.configure(interval, text);
+-- lease._renew_key answers more columns from 0.5.0 (CREATE OR REPLACE cannot
+-- change a function's row type): drop 0.4.0's.
+DROP FUNCTION IF EXISTS lease._renew_key(text, text, bigint, interval, timestamptz);
 
 -- ---------------------------------------------------------------------------
 -- Handover: registrations and strategies belong to the role that made them.
