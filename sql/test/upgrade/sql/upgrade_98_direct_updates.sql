@@ -129,7 +129,7 @@ CREATE TABLE d3_before AS
   SELECT key, owner, epoch, expires_at, acquired_at, lapsed_owner, lapsed_epoch, holder_role FROM lease.leases;
 CREATE TABLE d3_state AS
   SELECT 'floor' AS t, row(f.*)::text AS r FROM lease.epoch_floor f
-  UNION ALL SELECT 'timeline', row(s.*)::text FROM lease.timeline_state s
+  UNION ALL SELECT 'timeline', row(s.timeline, s.era, s.grace_until)::text FROM lease.timeline_state s
   UNION ALL SELECT 'settings', row(s.singleton, s.max_ttl, s.prev_max_ttl, s.prev_until)::text FROM lease.settings s
   UNION ALL SELECT 'listeners', row(w.pid, w.key, w.since)::text FROM lease.listeners w;
 ALTER EXTENSION pg_lease UPDATE;
@@ -143,7 +143,7 @@ SELECT count(*) AS changed_rows FROM (
 SELECT count(*) AS changed_state_rows FROM (
   (SELECT * FROM d3_state EXCEPT ALL (
      SELECT 'floor' AS t, row(f.*)::text AS r FROM lease.epoch_floor f
-     UNION ALL SELECT 'timeline', row(s.*)::text FROM lease.timeline_state s
+     UNION ALL SELECT 'timeline', row(s.timeline, s.era, s.grace_until)::text FROM lease.timeline_state s
      UNION ALL SELECT 'settings', row(s.singleton, s.max_ttl, s.prev_max_ttl, s.prev_until)::text FROM lease.settings s
      UNION ALL SELECT 'listeners', row(w.pid, w.key, w.since)::text FROM lease.listeners w))) d;
 SELECT configured_max_ttl FROM lease.configure();
