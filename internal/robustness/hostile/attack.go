@@ -498,17 +498,19 @@ func (a *actor) flood(ctx context.Context) error {
 	return nil
 }
 
-// listenChurn registers a connection for nearly a session's worth of keys
-// (every honest key among them) in one transaction, keeps it open a while,
-// commits, and disconnects: the registrations of a backend that is gone.
+// listenChurn registers a connection for most of a session's worth of
+// keys in one statement, then for every honest key, one call at a time,
+// keeps the transaction open a while, commits, and disconnects: the
+// registrations of a backend that is gone, which every later listen
+// cleans up.
 func (a *actor) listenChurn(ctx context.Context) error {
 	h, err := a.connect(ctx)
 	if err != nil {
 		return err
 	}
 	defer h.close()
-	keys := slices.Clone(honestKeys())
-	for i := len(keys); i < 990; i++ {
+	var keys []string
+	for len(keys) < 900 {
 		keys = append(keys, fmt.Sprintf("%s/listen/%d", a.owner, a.rnd.Intn(100000)))
 	}
 	slices.Sort(keys)
@@ -519,14 +521,25 @@ func (a *actor) listenChurn(ctx context.Context) error {
 	}
 	h.reg.begin(h.pid)
 	defer h.reg.end(h.pid)
-	err = h.call(ctx, tx, fmt.Sprintf("listen(%d keys, every honest one)", len(keys)), honestKeys(), false, func(ctx context.Context, q querier) (bool, error) {
+	defer func() {
+		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = tx.Commit(ectx)
+	}()
+	err = h.call(ctx, tx, fmt.Sprintf("listen(%d keys of its own)", len(keys)), nil, false, func(ctx context.Context, q querier) (bool, error) {
 		_, err := q.Exec(ctx, `SELECT count(lease.listen(k)) FROM unnest($1::text[]) k`, keys)
 		return false, err
 	})
+	for _, k := range honestKeys() {
+		if err != nil || ctx.Err() != nil {
+			break
+		}
+		err = h.call(ctx, tx, fmt.Sprintf("listen(%s)", k), []string{k}, false, func(ctx context.Context, q querier) (bool, error) {
+			_, err := q.Exec(ctx, `SELECT lease.listen($1)`, k)
+			return false, err
+		})
+	}
 	sleep(ctx, between(a.rnd, 300*time.Millisecond, 2*time.Second))
-	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	_ = tx.Commit(ectx)
 	a.e.rec.Count("hostile: listen churns", 1)
 	return ignoreRefusal(err)
 }

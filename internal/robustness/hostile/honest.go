@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -70,18 +71,34 @@ func (e *env) termOf(ctx context.Context, key, party, role string, start time.Du
 	e.rec.Term(Term{Key: key, Party: party, Role: role, Epoch: tok.Epoch, Start: start, End: end})
 }
 
-// runElector is one pkg/elector process: its own pool and listener, a
-// fixed identity, and terms it resigns after a while.
+// runElector runs one pkg/elector candidate, restarted now and then: each
+// incarnation is a new process (its own pool and listener, which registers
+// its keys anew), with a fixed identity, and resigns its terms after a
+// while.
 func (e *env) runElector(ctx context.Context, id string, _ int, seed int64) error {
-	party := "elector/" + id
-	pool, err := e.honestPool(ctx, roleElector, party, limit(electorPerCycle, electorRetry), 3)
+	rnd := rand.New(rand.NewSource(seed))
+	for n := 0; ctx.Err() == nil; n++ {
+		life, cancel := context.WithTimeout(ctx, between(rnd, 5*time.Second, 12*time.Second))
+		err := e.electorIncarnation(life, id, n, rnd.Int63())
+		cancel()
+		if err != nil {
+			return err
+		}
+		sleep(ctx, between(rnd, 100*time.Millisecond, 800*time.Millisecond))
+	}
+	return nil
+}
+
+func (e *env) electorIncarnation(ctx context.Context, id string, n int, seed int64) error {
+	party := fmt.Sprintf("elector/%s#%d", id, n)
+	pool, err := e.honestPool(ctx, roleElector, "elector/"+id, limit(electorPerCycle, electorRetry), 3)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
 	w, err := listen.NewWaiter(ctx, pool.Config().ConnConfig, listen.Options{})
 	if err != nil {
-		return err
+		return ignoreStop(ctx, err)
 	}
 	defer w.Close()
 	rnd := rand.New(rand.NewSource(seed))
@@ -111,7 +128,15 @@ func (e *env) runElector(ctx context.Context, id string, _ int, seed int64) erro
 	if err != nil {
 		return err
 	}
-	return el.Run(ctx)
+	return ignoreStop(ctx, el.Run(ctx))
+}
+
+// ignoreStop drops err when ctx ended: a part stopping.
+func ignoreStop(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
 }
 
 // cgCandidate is one client-go process: a real leaderelection.LeaderElector
@@ -219,26 +244,40 @@ func (c *cgCandidate) epochChange(old, new lease.Token) {
 	}
 }
 
-// runClientGo runs one client-go candidate: a LeaderElector per
-// incarnation (stopped after a while, releasing on cancel), over one Lock
-// with a listener and a handover candidacy.
+// runClientGo runs one client-go candidate, restarted now and then: each
+// incarnation is a new process with its own pool, listener and Lock (with
+// a handover candidacy), running a LeaderElector that releases on cancel.
 func (e *env) runClientGo(ctx context.Context, id string, seed int64) error {
-	party := "client-go/" + id
+	rnd := rand.New(rand.NewSource(seed))
+	for n := 0; ctx.Err() == nil; n++ {
+		life, cancel := context.WithTimeout(ctx, between(rnd, 2*time.Second, 6*time.Second))
+		err := e.clientGoIncarnation(life, id, n)
+		cancel()
+		if err != nil {
+			return err
+		}
+		sleep(ctx, between(rnd, 200*time.Millisecond, time.Second))
+	}
+	return nil
+}
+
+func (e *env) clientGoIncarnation(ctx context.Context, id string, n int) error {
 	cfg, err := resourcelock.Timing(honestTTL, 0, leaderelection.LeaderElectionConfig{})
 	if err != nil {
 		return err
 	}
-	pool, err := e.honestPool(ctx, roleClientGo, party, limit(clientGoPerCycle, cfg.RetryPeriod), 3)
+	pool, err := e.honestPool(ctx, roleClientGo, "client-go/"+id, limit(clientGoPerCycle, cfg.RetryPeriod), 3)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
 	w, err := listen.NewWaiter(ctx, pool.Config().ConnConfig, listen.Options{})
 	if err != nil {
-		return err
+		return ignoreStop(ctx, err)
 	}
 	defer w.Close()
-	c := &cgCandidate{e: e, id: id, party: party, starts: map[int64]time.Duration{}, deadlines: map[int64]time.Duration{}}
+	c := &cgCandidate{e: e, id: id, party: fmt.Sprintf("client-go/%s#%d", id, n),
+		starts: map[int64]time.Duration{}, deadlines: map[int64]time.Duration{}}
 	c.lock, err = resourcelock.New(lease.New(pool), clientGoKey, id, resourcelock.Options{
 		LeaseDuration: honestTTL, Waiter: w, OnEpochChange: c.epochChange,
 		Candidacy: &handover.Candidacy{Strategy: handover.StrategyPriority, Priority: 10},
@@ -246,75 +285,79 @@ func (e *env) runClientGo(ctx context.Context, id string, seed int64) error {
 	if err != nil {
 		return err
 	}
+	cfg.Lock, cfg.Name, cfg.ReleaseOnCancel = c, clientGoKey, true
+	cfg.Callbacks = leaderelection.LeaderCallbacks{
+		OnStartedLeading: func(context.Context) { e.rec.Count("leading: client-go", 1) },
+		OnStoppedLeading: func() {},
+	}
+	le, err := leaderelection.NewLeaderElector(cfg)
+	if err != nil {
+		return err
+	}
 	e.cgMu.Lock()
 	e.cgs = append(e.cgs, c)
 	e.cgMu.Unlock()
-	rnd := rand.New(rand.NewSource(seed))
-	for ctx.Err() == nil {
-		lec := cfg
-		lec.Lock, lec.Name, lec.ReleaseOnCancel = c, clientGoKey, true
-		lec.Callbacks = leaderelection.LeaderCallbacks{
-			OnStartedLeading: func(context.Context) { e.rec.Count("leading: client-go", 1) },
-			OnStoppedLeading: func() {},
-		}
-		le, err := leaderelection.NewLeaderElector(lec)
-		if err != nil {
-			return err
-		}
-		// client-go logs through the context's logger: keep the test's
-		// output to the report.
-		run, cancel := context.WithTimeout(klog.NewContext(ctx, logr.Discard()), between(rnd, 2*time.Second, 6*time.Second))
-		c.le.Store(le)
-		le.Run(run)
-		c.le.Store(nil)
-		cancel()
-		sleep(ctx, between(rnd, 200*time.Millisecond, time.Second))
-	}
+	defer func() {
+		e.cgMu.Lock()
+		defer e.cgMu.Unlock()
+		e.cgs = slices.DeleteFunc(e.cgs, func(x *cgCandidate) bool { return x == c })
+	}()
+	// client-go logs through the context's logger: keep the output to the
+	// report.
+	c.le.Store(le)
+	le.Run(klog.NewContext(ctx, logr.Discard()))
+	c.le.Store(nil)
 	return nil
 }
 
 // runShard runs one replica of a pkg/shard controller, restarted now and
-// then; each shard it acquires is worked on (Begin) until its context
-// ends, and that is the believed term.
+// then, each incarnation a new process with its own pool and listener;
+// each shard it acquires is worked on (Begin) until its context ends, and
+// that is the believed term.
 func (e *env) runShard(ctx context.Context, id string, seed int64) error {
-	party := "shard/" + id
-	pool, err := e.honestPool(ctx, roleShard, party, limit(shardPerCycle, shardPoll), 4)
+	rnd := rand.New(rand.NewSource(seed))
+	for ctx.Err() == nil {
+		life, cancel := context.WithTimeout(ctx, between(rnd, 4*time.Second, 10*time.Second))
+		err := e.shardIncarnation(life, id)
+		cancel()
+		if err != nil {
+			return err
+		}
+		sleep(ctx, between(rnd, 300*time.Millisecond, 1500*time.Millisecond))
+	}
+	return nil
+}
+
+func (e *env) shardIncarnation(ctx context.Context, id string) error {
+	pool, err := e.honestPool(ctx, roleShard, "shard/"+id, limit(shardPerCycle, shardPoll), 4)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
 	w, err := listen.NewWaiter(ctx, pool.Config().ConnConfig, listen.Options{})
 	if err != nil {
-		return err
+		return ignoreStop(ctx, err)
 	}
 	defer w.Close()
-	rnd := rand.New(rand.NewSource(seed))
-	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	var work sync.WaitGroup
 	defer work.Wait()
-	for ctx.Err() == nil {
-		var s *shard.Sharder
-		s, err = shard.New(shard.Config{
-			Client: lease.New(pool), Controller: shardController, Shards: shardCount, Identity: id,
-			TTL: honestTTL, Poll: shardPoll, Waiter: w, Logger: logger,
-			OnAcquired: func(n int) {
-				work.Add(1)
-				go func() {
-					defer work.Done()
-					e.workShard(s, n)
-				}()
-			},
-		})
-		if err != nil {
-			return err
-		}
-		run, cancel := context.WithTimeout(ctx, between(rnd, 4*time.Second, 10*time.Second))
-		err := s.Run(run)
-		cancel()
-		if err != nil && !errors.Is(err, shard.ErrIdentityTaken) {
-			return err
-		}
-		sleep(ctx, between(rnd, 300*time.Millisecond, 1500*time.Millisecond))
+	var s *shard.Sharder
+	s, err = shard.New(shard.Config{
+		Client: lease.New(pool), Controller: shardController, Shards: shardCount, Identity: id,
+		TTL: honestTTL, Poll: shardPoll, Waiter: w, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		OnAcquired: func(n int) {
+			work.Add(1)
+			go func() {
+				defer work.Done()
+				e.workShard(s, n)
+			}()
+		},
+	})
+	if err != nil {
+		return err
+	}
+	if err := s.Run(ctx); err != nil && !errors.Is(err, shard.ErrIdentityTaken) {
+		return ignoreStop(ctx, err)
 	}
 	return nil
 }

@@ -252,7 +252,7 @@ func (m *mon) sampleWaits(ctx context.Context) {
 		}
 		desc, tx, ok := e.reg.leftBehind(bpid)
 		if !ok {
-			e.rec.Count("waits: honest backend waiting for a hostile call running or changing an honest key", 1)
+			e.rec.Count("waits: for a hostile call running, or a change of an honest key ("+e.reg.kind(bpid)+")", 1)
 			continue
 		}
 		e.rec.Count("waits: honest backend waiting for a hostile open transaction", 1)

@@ -142,3 +142,24 @@ func (r *registry) leftBehind(pid uint32) (desc string, tx string, ok bool) {
 	}
 	return fmt.Sprintf("%s after %s", b.name, strings.Join(ds, "; ")), fmt.Sprintf("%d/%d", pid, b.tx), true
 }
+
+// kind names what a hostile backend is doing, for the statistics: the
+// running call, or else the first call of its open transaction.
+func (r *registry) kind(pid uint32) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b := r.b[pid]
+	var c *hcall
+	switch {
+	case b == nil:
+		return "unknown backend"
+	case b.running != nil:
+		c = b.running
+	case len(b.calls) > 0:
+		c = &b.calls[0]
+	default:
+		return "idle"
+	}
+	name, _, _ := strings.Cut(c.desc, "(")
+	return name
+}

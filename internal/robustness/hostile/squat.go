@@ -89,6 +89,7 @@ func (e *env) runSquats(ctx context.Context, seed int64) error {
 			return nil
 		}
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+		e.logf("squat_%d: %s", i, kind)
 		err := e.squat(sctx, kind, fmt.Sprintf("squat_%d", i))
 		cancel()
 		if err != nil {
