@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -119,6 +120,7 @@ func (a *actor) run(ctx context.Context) error {
 		{10, a.forge},
 		{10, a.flood},
 		{5, a.listenChurn},
+		{10, a.callLoop},
 	}
 	total := 0
 	for _, x := range actions {
@@ -345,6 +347,52 @@ func (a *actor) batch(sts map[string]state) ([]string, []int64) {
 	n := min(len(a.own), 1000-len(keys))
 	return append(keys, a.own[:n]...), append(eps, a.ownEp[:n]...)
 }
+
+// callLoop calls one entry point that grants nothing, over and over for a
+// while, on every honest key (under their current owners and epochs, or
+// its own owner string): renew, release, fence or listen, each refused or
+// a no-op for this role, in one statement.
+func (a *actor) callLoop(ctx context.Context) error {
+	h := a.main
+	sts, err := a.states(ctx, h.conn)
+	if err != nil {
+		return err
+	}
+	var calls []string
+	fn := a.pick([]string{"renew", "release", "fence", "listen"})
+	for _, k := range honestKeys() {
+		st := sts[k]
+		owner, ep := a.spoofOwner(k, st), max(st.epoch, 1)
+		switch fn {
+		case "renew":
+			calls = append(calls, fmt.Sprintf("PERFORM lease.renew(%s, %s, %d, '3 seconds');", literal(k), literal(owner), ep))
+		case "release":
+			calls = append(calls, fmt.Sprintf("PERFORM lease.release(%s, %s, %d);", literal(k), literal(owner), ep))
+		case "fence":
+			calls = append(calls, fmt.Sprintf("PERFORM lease.fence(%s, %s, %d);", literal(k), literal(owner), ep))
+		case "listen":
+			calls = append(calls, fmt.Sprintf("PERFORM lease.listen(%s);", literal(k)))
+		}
+	}
+	var body strings.Builder
+	for _, c := range calls {
+		fmt.Fprintf(&body, "BEGIN %s EXCEPTION WHEN OTHERS THEN NULL; END;\n", c)
+	}
+	d := between(a.rnd, 300*time.Millisecond, 1500*time.Millisecond)
+	stmt := fmt.Sprintf(`DO $loop$ DECLARE t timestamptz := clock_timestamp() + interval '%d milliseconds';
+BEGIN WHILE clock_timestamp() < t LOOP
+%s
+END LOOP; END $loop$`, d.Milliseconds(), body.String())
+	err = h.call(ctx, h.conn, fmt.Sprintf("a loop of %s over every honest key", fn), honestKeys(), false, func(ctx context.Context, q querier) (bool, error) {
+		_, err := q.Exec(ctx, stmt)
+		return false, err
+	})
+	a.e.rec.Count("hostile: call loops", 1)
+	return ignoreRefusal(err)
+}
+
+// literal quotes s as an SQL string literal.
+func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // renewManyBlast renews the actor's own keys, with every honest key in the
 // batch, several times in a row.

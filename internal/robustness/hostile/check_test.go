@@ -47,7 +47,7 @@ func TestEpochViolations(t *testing.T) {
 	}
 	cross := []Obs{
 		{Key: "k", Party: "a", Source: "inspect", Epoch: 5, Sent: 900 * ms, Recv: 1000 * ms, Seq: 1},
-		{Key: "k", Party: "b", Source: "inspect", Epoch: 4, Sent: 950 * ms, Recv: 1100 * ms, Seq: 1}, // overlaps a's read: fine
+		{Key: "k", Party: "b", Source: "inspect", Epoch: 4, Sent: 950 * ms, Recv: 1100 * ms, Seq: 1},  // overlaps a's read: fine
 		{Key: "k", Party: "c", Source: "inspect", Epoch: 4, Sent: 1200 * ms, Recv: 1300 * ms, Seq: 1}, // after a's: stale
 		{Key: "j", Party: "c", Source: "inspect", Epoch: 1, Sent: 1400 * ms, Recv: 1500 * ms, Seq: 1}, // another key
 	}
@@ -66,7 +66,7 @@ func TestOverlapViolations(t *testing.T) {
 	terms := []Term{
 		{Key: "k", Party: "a", Role: "r", Epoch: 1, Start: 0, End: time.Second},
 		{Key: "k", Party: "b", Role: "r", Epoch: 2, Start: time.Second, End: 2 * time.Second}, // touches: fine
-		{Key: "j", Party: "c", Role: "r", Epoch: 1, Start: 500 * ms, End: 3 * time.Second},   // another key
+		{Key: "j", Party: "c", Role: "r", Epoch: 1, Start: 500 * ms, End: 3 * time.Second},    // another key
 	}
 	if v := OverlapViolations(terms); len(v) != 0 {
 		t.Fatalf("terms that do not overlap: %v", v)

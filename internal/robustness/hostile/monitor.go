@@ -231,7 +231,9 @@ func (m *mon) sampleWaits(ctx context.Context) {
 	for r := range honestRoleSet {
 		honest = append(honest, r)
 	}
-	rows, err := e.admin.Query(ctx, `SELECT w.pid, w.usename::text, left(w.query, 160), b.pid, b.usename::text
+	before := e.reg.signatures()
+	rows, err := e.admin.Query(ctx, `SELECT w.pid, w.usename::text, left(w.query, 160), b.pid, b.usename::text,
+	       b.state IS NOT DISTINCT FROM 'idle in transaction'
 	  FROM pg_stat_activity w
 	  CROSS JOIN LATERAL unnest(pg_blocking_pids(w.pid)) AS bp(pid)
 	  JOIN pg_stat_activity b ON b.pid = bp.pid
@@ -240,29 +242,46 @@ func (m *mon) sampleWaits(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	defer rows.Close()
+	type wait struct {
+		wpid, bpid   uint32
+		wrole, brole string
+		query        string
+		idle         bool
+	}
+	var waits []wait
 	for rows.Next() {
-		var (
-			wpid, bpid   uint32
-			wrole, brole string
-			query        string
-		)
-		if err := rows.Scan(&wpid, &wrole, &query, &bpid, &brole); err != nil {
+		var w wait
+		if err := rows.Scan(&w.wpid, &w.wrole, &w.query, &w.bpid, &w.brole, &w.idle); err != nil {
+			rows.Close()
 			return
 		}
-		desc, tx, ok := e.reg.leftBehind(bpid)
+		waits = append(waits, w)
+	}
+	rows.Close()
+	if rows.Err() != nil {
+		return
+	}
+	after := e.reg.signatures()
+	for _, w := range waits {
+		desc, tx, ok := e.reg.leftBehind(w.bpid)
 		if !ok {
-			e.rec.Count("waits: for a hostile call running, or a change of an honest key ("+e.reg.kind(bpid)+")", 1)
+			e.rec.Count("waits: for a hostile call running, or a change of an honest key ("+e.reg.kind(w.bpid)+")", 1)
+			continue
+		}
+		// The hostile backend's state must be the same before and after
+		// the read, and idle in its transaction: then the read saw it.
+		if !w.idle || before[w.bpid] != after[w.bpid] {
+			e.rec.Count("waits: for a hostile backend whose state changed during the read", 1)
 			continue
 		}
 		e.rec.Count("waits: honest backend waiting for a hostile open transaction", 1)
-		id := fmt.Sprintf("%d/%s", wpid, tx)
+		id := fmt.Sprintf("%d/%s", w.wpid, tx)
 		if m.waits[id] {
 			continue
 		}
 		m.waits[id] = true
 		e.rec.Violate(CheckWaits, "a backend of %s running %q waits for %s's transaction, open after calls that changed no honest key: %s",
-			wrole, query, brole, desc)
+			w.wrole, w.query, w.brole, desc)
 	}
 }
 

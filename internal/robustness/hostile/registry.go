@@ -143,6 +143,19 @@ func (r *registry) leftBehind(pid uint32) (desc string, tx string, ok bool) {
 	return fmt.Sprintf("%s after %s", b.name, strings.Join(ds, "; ")), fmt.Sprintf("%d/%d", pid, b.tx), true
 }
 
+// signatures returns, for every backend, a string that changes whenever
+// its transaction, its calls or its running call change: a state read
+// before and after a query held during the query.
+func (r *registry) signatures() map[uint32]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make(map[uint32]string, len(r.b))
+	for pid, b := range r.b {
+		out[pid] = fmt.Sprintf("%d/%v/%d/%v", b.tx, b.inTx, len(b.calls), b.running != nil)
+	}
+	return out
+}
+
 // kind names what a hostile backend is doing, for the statistics: the
 // running call, or else the first call of its open transaction.
 func (r *registry) kind(pid uint32) string {
