@@ -48,11 +48,12 @@ func main() {
 		linTimeout = flag.Duration("lin-timeout", 2*time.Minute, "porcupine time limit per key (negative: skip)")
 		hostileRun = flag.Bool("hostile", false, "run the hostile-tenant mode (-duration, -seed; the other flags do not apply)")
 		honestOnly = flag.Bool("honest-only", false, "with -hostile: the honest parts alone (the control run)")
+		show       = flag.Int("show", 10, "with -hostile: the most violations of each check printed")
 	)
 	flag.Parse()
 
 	if *hostileRun {
-		os.Exit(runHostile(*seed, *duration, *honestOnly))
+		os.Exit(runHostile(*seed, *duration, *honestOnly, *show))
 	}
 
 	if *check != "" {
@@ -125,7 +126,7 @@ func report(h *robustness.History, linTimeout time.Duration, repro string) int {
 }
 
 // runHostile runs the hostile-tenant mode and returns the exit code.
-func runHostile(seed int64, duration time.Duration, honestOnly bool) int {
+func runHostile(seed int64, duration time.Duration, honestOnly bool, show int) int {
 	if seed == 0 {
 		seed = time.Now().UnixNano() % 1_000_000_007
 	}
@@ -142,7 +143,7 @@ func runHostile(seed int64, duration time.Duration, honestOnly bool) int {
 		fmt.Fprintln(os.Stderr, "run:", err)
 		return 2
 	}
-	res.Report(os.Stdout, 10)
+	res.Report(os.Stdout, show)
 	if len(res.Violations) > 0 {
 		fmt.Printf("\nFAILED with seed %d\nreproduce: %s\n", seed, repro)
 		return 1

@@ -93,7 +93,9 @@ func (e *env) attackers(seed func() int64) []*actor {
 	return out
 }
 
-func (a *actor) run(ctx context.Context) error {
+func (a *actor) run(ctx context.Context) error { return ignoreStop(ctx, a.act(ctx)) }
+
+func (a *actor) act(ctx context.Context) error {
 	var err error
 	if a.main, err = a.connect(ctx); err != nil {
 		return err

@@ -292,7 +292,7 @@ func (m *mon) sampleBounds(ctx context.Context) {
 	err := e.admin.QueryRow(ctx, `SELECT
 	  coalesce((SELECT max(n) FROM (SELECT count(*) AS n FROM lease.listeners WHERE key <> '*' GROUP BY pid) x), 0),
 	  (SELECT count(*) FROM lease.listeners),
-	  coalesce((SELECT max(n) FROM (SELECT count(*) AS n FROM lease.history GROUP BY key) y), 0),
+	  coalesce((SELECT max(n) FROM (SELECT count(*) AS n FROM lease.history GROUP BY key, actor) y), 0),
 	  (SELECT count(*) FROM lease.history),
 	  coalesce((SELECT max(n) FROM (SELECT count(*) AS n FROM lease.candidates GROUP BY role) z), 0),
 	  coalesce((SELECT max(n) FROM (SELECT count(*) AS n FROM lease.strategies GROUP BY role) s), 0),
@@ -305,7 +305,7 @@ func (m *mon) sampleBounds(ctx context.Context) {
 	e.rec.Max("bounds: listeners rows", listeners)
 	e.rec.Max("bounds: listeners rows of one session", perSession)
 	e.rec.Max("bounds: history rows", history)
-	e.rec.Max("bounds: history rows of one key", perKey)
+	e.rec.Max("bounds: history rows of one key and actor", perKey)
 	e.rec.Max("bounds: candidates of one role", perRoleCand)
 	e.rec.Max("bounds: strategies of one role", perRoleStrat)
 	over := func(what string, n, limit int64) {
@@ -316,7 +316,7 @@ func (m *mon) sampleBounds(ctx context.Context) {
 	}
 	over("registrations (lease.listeners) of one session", perSession, listenCap)
 	over("registrations (lease.listeners) in all", listeners, (listenCap+1)*maxConn)
-	over("history rows of one key", perKey, keep)
+	over("history rows of one key written by one role", perKey, keep)
 	over("candidate registrations of one role", perRoleCand, candidatesCap)
 	over("keys with a strategy of one role", perRoleStrat, strategiesCap)
 }

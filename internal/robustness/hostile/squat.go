@@ -74,14 +74,15 @@ const (
 	squatSchemaOnly = "leaseadmin.InstallSchema over a squatted schema lease"
 	squatExtension  = "leaseadmin.InstallExtension over a squatted schema lease"
 	squatPin        = "CREATE EXTENSION pg_lease VERSION '0.1.0', then UPDATE TO '0.2.0', '0.3.0' and the default, with the installer's \"$user\" schema squatted"
+	squatPlain      = "CREATE EXTENSION pg_lease with the installer's \"$user\" schema squatted"
 )
 
-// runSquats spreads the three squatting scenarios over the run. In each,
+// runSquats spreads the squatting scenarios over the run. In each,
 // a fresh database where the creator role has CREATE is prepared by it,
 // then the installer acts there as an operator would (check 9).
 func (e *env) runSquats(ctx context.Context, seed int64) error {
 	rnd := rand.New(rand.NewSource(seed))
-	kinds := []string{squatSchemaOnly, squatExtension, squatPin}
+	kinds := []string{squatSchemaOnly, squatExtension, squatPin, squatPlain}
 	rnd.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
 	for i, kind := range kinds {
 		at := e.cfg.Duration * time.Duration(i+1) / time.Duration(len(kinds)+1)
@@ -159,7 +160,7 @@ func (e *env) squat(ctx context.Context, kind, db string) error {
 		return err
 	}
 	schemas := []string{installerSchema}
-	if kind != squatPin {
+	if kind == squatSchemaOnly || kind == squatExtension {
 		schemas = append(schemas, "lease")
 	}
 	for _, s := range schemas {
@@ -186,6 +187,9 @@ func (e *env) squat(ctx context.Context, kind, db string) error {
 	case squatExtension:
 		actErr = leaseadmin.InstallExtension(ctx, ic)
 		steps = append(steps, "InstallExtension")
+	case squatPlain:
+		_, actErr = ic.Exec(ctx, `CREATE EXTENSION pg_lease`)
+		steps = append(steps, "CREATE EXTENSION pg_lease")
 	case squatPin:
 		for _, stmt := range []string{`CREATE EXTENSION pg_lease VERSION '0.1.0'`, `ALTER EXTENSION pg_lease UPDATE TO '0.2.0'`,
 			`ALTER EXTENSION pg_lease UPDATE TO '0.3.0'`, `ALTER EXTENSION pg_lease UPDATE`} {
