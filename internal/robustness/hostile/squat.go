@@ -81,11 +81,12 @@ const (
 // a fresh database where the creator role has CREATE is prepared by it,
 // then the installer acts there as an operator would (check 9).
 func (e *env) runSquats(ctx context.Context, seed int64) error {
+	start := e.rec.Now()
 	rnd := rand.New(rand.NewSource(seed))
 	kinds := []string{squatSchemaOnly, squatExtension, squatPin, squatPlain}
 	rnd.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
 	for i, kind := range kinds {
-		at := e.cfg.Duration * time.Duration(i+1) / time.Duration(len(kinds)+1)
+		at := start + e.cfg.Duration*time.Duration(i+1)/time.Duration(len(kinds)+1)
 		if !sleep(ctx, at-e.rec.Now()) {
 			return nil
 		}
