@@ -474,6 +474,14 @@ func (a *actor) spoof(ctx context.Context) error {
 	return nil
 }
 
+// notification is the payload pg_lease sends on channel pg_lease.
+type notification struct {
+	Event string `json:"event"`
+	Key   string `json:"key"`
+	Owner string `json:"owner"`
+	Epoch int64  `json:"epoch"`
+}
+
 // forge sends pg_lease notifications that no change made: releases,
 // grants and handovers of honest keys, with made-up epochs.
 func (a *actor) forge(ctx context.Context) error {
@@ -496,7 +504,7 @@ func (a *actor) forge(ctx context.Context) error {
 		default:
 			ep = 1 << 50
 		}
-		payload, _ := json.Marshal(map[string]any{"event": a.pick(events), "key": k, "owner": a.spoofOwner(k, st), "epoch": ep})
+		payload, _ := json.Marshal(notification{Event: a.pick(events), Key: k, Owner: a.spoofOwner(k, st), Epoch: ep})
 		if _, err := h.conn.Exec(ctx, `SELECT pg_notify('pg_lease', $1)`, string(payload)); err != nil {
 			return ignoreRefusal(err)
 		}

@@ -2,7 +2,6 @@ package hostile
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand"
 	"strings"
@@ -302,9 +301,6 @@ func (e *env) setup(ctx context.Context) error {
 	_, err = conn.Exec(ctx, `GRANT CREATE ON DATABASE `+database+` TO `+creatorRole)
 	return err
 }
-
-// errStopped ends a part's loop when its context ends.
-var errStopped = errors.New("stopped")
 
 // sleep waits d or until ctx ends; false when ctx ended.
 func sleep(ctx context.Context, d time.Duration) bool {
