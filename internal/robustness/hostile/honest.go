@@ -57,9 +57,9 @@ func limit(perCycle int, pause time.Duration) float64 {
 	return 10 * float64(perCycle) / pause.Seconds()
 }
 
-// term records one believed term that started at start under the token
-// and deadline of ctx (a term context: its Deadline moves with renewals),
-// once ctx is done or stop is closed.
+// termOf records the believed term of the token ctx carries, from start to
+// the earlier of ended and the term's local deadline (ctx is a term
+// context: its Deadline moves with renewals, and is final once it is done).
 func (e *env) termOf(ctx context.Context, key, party, role string, start time.Duration, ended time.Duration) {
 	end := ended
 	if dl, ok := ctx.Deadline(); ok {
@@ -75,7 +75,7 @@ func (e *env) termOf(ctx context.Context, key, party, role string, start time.Du
 // incarnation is a new process (its own pool and listener, which registers
 // its keys anew), with a fixed identity, and resigns its terms after a
 // while.
-func (e *env) runElector(ctx context.Context, id string, _ int, seed int64) error {
+func (e *env) runElector(ctx context.Context, id string, seed int64) error {
 	rnd := rand.New(rand.NewSource(seed))
 	for n := 0; ctx.Err() == nil; n++ {
 		life, cancel := context.WithTimeout(ctx, between(rnd, 5*time.Second, 12*time.Second))

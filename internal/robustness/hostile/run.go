@@ -216,9 +216,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	mon.Add(1)
 	go func() { defer mon.Done(); e.monitor(monCtx) }()
-	for i, id := range electorIDs {
+	for _, id := range electorIDs {
 		s := seed()
-		start(&honest, "elector "+id, func() error { return e.runElector(honestCtx, id, i, s) })
+		start(&honest, "elector "+id, func() error { return e.runElector(honestCtx, id, s) })
 	}
 	for _, id := range clientGoIDs {
 		s := seed()
