@@ -52,7 +52,7 @@ func TestHostileTenants(t *testing.T) {
 	// The run must have exercised what it claims to.
 	for _, stat := range []string{"terms: elector", "terms: client-go", "terms: shard", "terms: handover", "probes: granted",
 		"hostile: open transactions", "hostile: renew_many batches", "hostile: forged notifications",
-		"hostile: history flood cycles", "hostile: candidacy rounds", "hostile: squatted schemas", "hostile: call loops"} {
+		"hostile: history flood cycles", "hostile: candidacy rounds", "hostile: squatted schemas", "hostile: call loops", "hostile: listens held open"} {
 		if res.Stats[stat] == 0 {
 			t.Errorf("the run made no %q", stat)
 		}

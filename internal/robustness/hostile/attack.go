@@ -123,6 +123,7 @@ func (a *actor) act(ctx context.Context) error {
 		{10, a.flood},
 		{5, a.listenChurn},
 		{10, a.callLoop},
+		{10, a.listenHold},
 	}
 	total := 0
 	for _, x := range actions {
@@ -599,6 +600,31 @@ func (a *actor) listenChurn(ctx context.Context) error {
 	}
 	sleep(ctx, between(a.rnd, 300*time.Millisecond, 2*time.Second))
 	a.e.rec.Count("hostile: listen churns", 1)
+	return ignoreRefusal(err)
+}
+
+// listenHold calls listen once, for one honest key, and keeps the
+// transaction open a while.
+func (a *actor) listenHold(ctx context.Context) error {
+	h := a.main
+	k := a.pick(honestKeys())
+	tx, err := h.conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	h.reg.begin(h.pid)
+	defer h.reg.end(h.pid)
+	defer func() {
+		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = tx.Commit(ectx)
+	}()
+	err = h.call(ctx, tx, fmt.Sprintf("listen(%s)", k), []string{k}, false, func(ctx context.Context, q querier) (bool, error) {
+		_, err := q.Exec(ctx, `SELECT lease.listen($1)`, k)
+		return false, err
+	})
+	sleep(ctx, between(a.rnd, 500*time.Millisecond, 3*time.Second))
+	a.e.rec.Count("hostile: listens held open", 1)
 	return ignoreRefusal(err)
 }
 
