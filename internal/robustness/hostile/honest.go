@@ -50,7 +50,7 @@ const (
 	handoverPerCycle = 3
 
 	probeEvery    = 150 * time.Millisecond
-	probePerCycle = 5
+	probePerCycle = 6
 )
 
 func limit(perCycle int, pause time.Duration) float64 {
@@ -506,8 +506,8 @@ func (e *env) judgeRelease(ctx context.Context, key string, epoch int64, role, p
 }
 
 // runProbe is check (1) on one probe key, which the hostile roles touch
-// with every call that grants nothing: read it; when it is free, a wait-0
-// acquire must be granted. A denial while the key reads free before and
+// with every call that grants nothing: register for it (listen), read it;
+// when it is free, a wait-0 acquire must be granted. A denial while the key reads free before and
 // after at the same epoch (nobody was granted it in between) is a
 // violation. A grant is released at once, and where it went is judged
 // (check 2: the probe registers no candidate, so nothing may be handed).
@@ -529,6 +529,13 @@ func (e *env) runProbe(ctx context.Context, key string, seed int64) error {
 		return st, err
 	}
 	for sleep(ctx, between(rnd, probeEvery/2, probeEvery*3/2)) {
+		// A registration, as every listener makes: it must not wait for
+		// another role's transaction (check 8, which sees it waiting).
+		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if _, err := pool.Exec(lctx, `SELECT lease.listen($1)`, key); err == nil {
+			e.rec.Count("probes: listens", 1)
+		}
+		cancel()
 		before, err := inspect()
 		if err != nil || before.Held {
 			if err == nil {
