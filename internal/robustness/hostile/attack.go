@@ -122,7 +122,7 @@ func (a *actor) act(ctx context.Context) error {
 		{10, a.forge},
 		{10, a.flood},
 		{5, a.listenChurn},
-		{10, a.callLoop},
+		{15, a.callLoop},
 		{10, a.listenHold},
 	}
 	total := 0
@@ -352,9 +352,9 @@ func (a *actor) batch(sts map[string]state) ([]string, []int64) {
 }
 
 // callLoop calls one entry point that grants nothing, over and over for a
-// while, on every honest key or on one (under their current owners and
-// epochs, or its own owner string): renew, release, fence or listen, each
-// refused or a no-op for this role, in one statement.
+// while, on every honest key or on one probe key (under their current
+// owners and epochs, or its own owner string): renew, release, fence or
+// listen, each refused or a no-op for this role, in one statement.
 func (a *actor) callLoop(ctx context.Context) error {
 	h := a.main
 	sts, err := a.states(ctx, h.conn)
@@ -365,7 +365,8 @@ func (a *actor) callLoop(ctx context.Context) error {
 	fn := a.pick([]string{"renew", "release", "fence", "listen"})
 	keys, over := honestKeys(), "every honest key"
 	if a.rnd.Intn(2) == 0 {
-		k := a.pick(keys)
+		// One probe key: where check (1) looks.
+		k := a.pick(probeKeys)
 		keys, over = []string{k}, k
 	}
 	for _, k := range keys {
