@@ -250,9 +250,31 @@ func (e *env) judgeSquat(ctx context.Context, db, kind string, schemas []string,
 			db, strings.Join(steps, "; "), nspOwner, foreign)
 	}
 	if extNspOwner != "" && extNspOwner != pgserver.Superuser {
-		e.rec.Violate(CheckInstaller, "%s: %s recorded the extension in schema %s, which %s owns (and can drop, with pg_lease, by DROP SCHEMA ... CASCADE)",
-			db, strings.Join(steps, "; "), extNsp, extNspOwner)
+		e.rec.Violate(CheckInstaller, "%s: %s recorded the extension in schema %s, which %s owns%s",
+			db, strings.Join(steps, "; "), extNsp, extNspOwner, e.dropByOwner(ctx, db, extNsp, extNspOwner, pc))
 	}
+}
+
+// dropByOwner: the owner of the schema the extension is recorded in drops
+// that schema with CASCADE; it says what that took with it.
+func (e *env) dropByOwner(ctx context.Context, db, schema, owner string, pc *pgx.Conn) string {
+	oc, err := pgx.Connect(ctx, e.dsnOf(owner, db))
+	if err != nil {
+		return ""
+	}
+	defer oc.Close(ctx)
+	if _, err := oc.Exec(ctx, `DROP SCHEMA `+pgx.Identifier{schema}.Sanitize()+` CASCADE`); err != nil {
+		return fmt.Sprintf("; its DROP SCHEMA %s CASCADE failed: %v", schema, err)
+	}
+	var ext, nsp bool
+	if err := pc.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pg_lease'),
+	       EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'lease')`).Scan(&ext, &nsp); err != nil {
+		return ""
+	}
+	if !ext && !nsp {
+		return fmt.Sprintf(": %s's DROP SCHEMA %s CASCADE dropped pg_lease, schema lease and every lease with it", owner, schema)
+	}
+	return fmt.Sprintf("; after %s's DROP SCHEMA %s CASCADE, pg_lease is there: %v, schema lease: %v", owner, schema, ext, nsp)
 }
 
 // installerCalls: at the end, the installer runs in the run's database
