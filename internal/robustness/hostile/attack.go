@@ -546,8 +546,15 @@ func (a *actor) flood(ctx context.Context) error {
 			err := q.QueryRow(ctx, `SELECT epoch FROM lease.acquire($1, $2, '1 second')`, k, a.owner).Scan(&ep)
 			return ep != nil, err
 		})
-		if err != nil || ep == nil {
-			break
+		if err != nil {
+			return ignoreRefusal(err)
+		}
+		if ep == nil {
+			// Held, or locked for a moment: try again shortly.
+			if !sleep(ctx, between(a.rnd, 10*time.Millisecond, 50*time.Millisecond)) {
+				break
+			}
+			continue
 		}
 		err = h.call(ctx, h.conn, fmt.Sprintf("release(%s, %s, %d)", k, a.owner, *ep), []string{k}, true, func(ctx context.Context, q querier) (bool, error) {
 			var s string
