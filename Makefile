@@ -5,7 +5,7 @@ export PATH := $(PATH):/usr/local/go/bin
 # the servers run as "nobody", which cannot enter /root: cache outside it.
 export PGLEASE_CACHE ?= $(if $(filter 0,$(shell id -u)),/var/cache/pg_lease,$(HOME)/.cache/pg_lease)
 
-.PHONY: all build test stress test-ha test-matrix install installcheck demo robustness bench bench-smoke defects fuzz mutate fmt vet
+.PHONY: all build test stress test-ha test-matrix install installcheck demo robustness robustness-hostile bench bench-smoke defects fuzz mutate fmt vet
 
 all: build
 
@@ -50,6 +50,13 @@ demo:
 test-matrix:
 	hack/install-deps.sh
 	hack/test-matrix.sh $(MATRIX_FLAGS) $(MAJORS)
+
+## robustness-hostile: honest electors, client-go locks, a sharded controller, handovers and free-key
+## probes, each as a role of its own, while hostile roles attack at random; checks that no honest
+## outcome changes (docs/robustness.md); DURATION=2m SEED=0 (0: from the clock)
+robustness-hostile:
+	hack/install-deps.sh
+	go run ./cmd/pglease-robustness -hostile -duration $(or $(DURATION),2m) -seed $(or $(SEED),0)
 
 ## bench: every benchmark (pgbench W1/W2/R vs bare SQL, handoff/takeover, first reconcile, scale, clean-up), ~65 min;
 ## results in bench/results/<UTC timestamp>-full/ (docs/benchmarks.md)

@@ -6,6 +6,13 @@
 //	pglease-robustness -check history.json   # check a recorded history again
 //
 // A failing run prints its seed and the offending operations and exits 1.
+//
+//	pglease-robustness -hostile -duration 2m -seed 42   # the hostile-tenant mode
+//
+// -hostile runs the hostile-tenant mode instead (internal/robustness/hostile):
+// honest electors, client-go locks, a sharded controller, handovers and
+// free-key probes, each as a role of its own, while hostile roles act at
+// random; -honest-only runs the honest parts alone (the control run).
 // -sql (or $PGLEASE_ROBUSTNESS_SQL) installs another extension script as
 // plain SQL instead of the repository's, for deliberate-defect runs.
 // The command re-executes itself as a client worker process.
@@ -22,6 +29,7 @@ import (
 	"time"
 
 	"github.com/pglease/pg_lease/internal/robustness"
+	"github.com/pglease/pg_lease/internal/robustness/hostile"
 )
 
 func main() {
@@ -38,8 +46,15 @@ func main() {
 		sqlFile    = flag.String("sql", os.Getenv(robustness.EnvSQL), "install this extension script (plain SQL) instead of the repository's")
 		check      = flag.String("check", "", "only check this recorded history")
 		linTimeout = flag.Duration("lin-timeout", 2*time.Minute, "porcupine time limit per key (negative: skip)")
+		hostileRun = flag.Bool("hostile", false, "run the hostile-tenant mode (-duration, -seed; the other flags do not apply)")
+		honestOnly = flag.Bool("honest-only", false, "with -hostile: the honest parts alone (the control run)")
+		show       = flag.Int("show", 10, "with -hostile: the most violations of each check printed")
 	)
 	flag.Parse()
+
+	if *hostileRun {
+		os.Exit(runHostile(*seed, *duration, *honestOnly, *show))
+	}
 
 	if *check != "" {
 		h, err := robustness.ReadHistoryFile(*check)
@@ -108,6 +123,32 @@ func report(h *robustness.History, linTimeout time.Duration, repro string) int {
 		fmt.Printf("reproduce: %s\n", repro)
 	}
 	return 1
+}
+
+// runHostile runs the hostile-tenant mode and returns the exit code.
+func runHostile(seed int64, duration time.Duration, honestOnly bool, show int) int {
+	if seed == 0 {
+		seed = time.Now().UnixNano() % 1_000_000_007
+	}
+	repro := fmt.Sprintf("go run ./cmd/pglease-robustness -hostile -seed %d -duration %v", seed, duration)
+	if honestOnly {
+		repro += " -honest-only"
+	}
+	fmt.Fprintf(os.Stderr, "pglease-robustness: hostile tenants, seed %d\n  reproduce: %s\n", seed, repro)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	res, err := hostile.Run(ctx, hostile.Config{Seed: seed, Duration: duration, HonestOnly: honestOnly,
+		Logf: func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "run:", err)
+		return 2
+	}
+	res.Report(os.Stdout, show)
+	if len(res.Violations) > 0 {
+		fmt.Printf("\nFAILED with seed %d\nreproduce: %s\n", seed, repro)
+		return 1
+	}
+	return 0
 }
 
 func fatal(err error) {
