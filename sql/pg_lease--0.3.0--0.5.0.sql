@@ -174,6 +174,37 @@ COMMENT ON TABLE lease.timeline_state IS
 
 -- @shared-begin: every install and update script runs this part as written.
 
+-- CREATE EXTENSION without SCHEMA records pg_lease in the first schema of the
+-- search_path ("$user" first by default). Whoever owns that schema could drop
+-- pg_lease with every lease (DROP SCHEMA ... CASCADE): refuse a schema owned
+-- by a role other than the extension's owner, a role it was granted, a
+-- superuser or the database's owner (a superuser is not taken as a member
+-- of every role here). (A schema-only install has no
+-- extension row: nothing to check.)
+DO $check$
+DECLARE
+  v_nsp   text;
+  v_owner oid;
+  v_ext   oid;
+BEGIN
+  SELECT n.nspname, n.nspowner, e.extowner INTO v_nsp, v_owner, v_ext
+    FROM pg_catalog.pg_extension e
+    JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace
+   WHERE e.extname OPERATOR(pg_catalog.=) 'pg_lease';
+  IF FOUND AND NOT (v_owner OPERATOR(pg_catalog.=) v_ext
+                    OR v_owner OPERATOR(pg_catalog.=) 'pg_database_owner'::pg_catalog.regrole::pg_catalog.oid
+                    OR EXISTS (SELECT FROM pg_catalog.pg_auth_members m
+                                WHERE m.roleid OPERATOR(pg_catalog.=) v_owner AND m.member OPERATOR(pg_catalog.=) v_ext)
+                    OR (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid OPERATOR(pg_catalog.=) v_owner)) THEN
+    RAISE EXCEPTION 'pg_lease would belong to schema % of role %, which could drop it',
+                    pg_catalog.quote_ident(v_nsp), pg_catalog.pg_get_userbyid(v_owner)
+      USING ERRCODE = '42501',
+            DETAIL = 'CREATE EXTENSION without SCHEMA uses the first schema of search_path; that schema belongs to another role.',
+            HINT = 'Use pglease install (leaseadmin.InstallExtension), or CREATE EXTENSION pg_lease SCHEMA pg_catalog.';
+  END IF;
+END
+$check$;
+
 -- ---------------------------------------------------------------------------
 -- 2. Helpers. Names start with an underscore; EXECUTE is revoked from PUBLIC.
 -- They carry no SET clause, so the planner can inline the SQL ones; their
@@ -1634,13 +1665,26 @@ BEGIN
   IF current_setting('transaction_read_only') = 'on' THEN
     PERFORM lease._raise_read_only('lease.fence');
   END IF;
+  -- Read first without a lock: a call that is not the holder's (another
+  -- role's, a free key's) is refused without touching the row, so a loop
+  -- of them never makes another role's wait-0 acquire see a locked row.
   SELECT l.owner, l.epoch, l.expires_at, l.lapsed_owner, l.lapsed_epoch, l.holder_role
     INTO r_owner, r_epoch, r_expires, r_lowner, r_lepoch, r_role
-    FROM lease.leases l WHERE l.key = v_key FOR SHARE;
+    FROM lease.leases l WHERE l.key = v_key;
   v_status := lease._holder_status(FOUND, r_owner, r_epoch, r_expires, r_lowner, r_lepoch,
                                    v_owner, v_epoch, clock_timestamp());
   IF v_status = 'ok' AND r_role IS NOT NULL AND r_role <> session_user::text AND NOT lease._may_act(r_role) THEN
     v_status := 'not_owner';
+  END IF;
+  IF v_status = 'ok' THEN
+    SELECT l.owner, l.epoch, l.expires_at, l.lapsed_owner, l.lapsed_epoch, l.holder_role
+      INTO r_owner, r_epoch, r_expires, r_lowner, r_lepoch, r_role
+      FROM lease.leases l WHERE l.key = v_key FOR SHARE;
+    v_status := lease._holder_status(FOUND, r_owner, r_epoch, r_expires, r_lowner, r_lepoch,
+                                     v_owner, v_epoch, clock_timestamp());
+    IF v_status = 'ok' AND r_role IS NOT NULL AND r_role <> session_user::text AND NOT lease._may_act(r_role) THEN
+      v_status := 'not_owner';
+    END IF;
   END IF;
   IF v_status <> 'ok' THEN
     RAISE EXCEPTION '%', v_status
