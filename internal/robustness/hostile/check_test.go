@@ -142,3 +142,24 @@ func TestReport(t *testing.T) {
 		}
 	}
 }
+
+// A denial is laid to listen's instant row lock only when listen calls are
+// all that was seen on the key.
+func TestOnlyListens(t *testing.T) {
+	for _, c := range []struct {
+		before, during []string
+		n0, n1         uint64
+		want           bool
+	}{
+		{nil, nil, 3, 3, false},
+		{nil, nil, 3, 4, true},
+		{[]string{"eve1#0: listen(k) (running)"}, nil, 3, 3, true},
+		{[]string{"eve1#0: listen(k) (running)"}, []string{"eve2#0: fence(k) (running)"}, 3, 4, false},
+		{[]string{"eve1#0: listen(k) (transaction open)"}, nil, 3, 3, false},
+		{[]string{"eve2#0: renew_many(3 keys) (running)"}, nil, 3, 4, false},
+	} {
+		if got := onlyListens(c.before, c.during, c.n0, c.n1); got != c.want {
+			t.Errorf("onlyListens(%q, %q, %d, %d) = %v, want %v", c.before, c.during, c.n0, c.n1, got, c.want)
+		}
+	}
+}
