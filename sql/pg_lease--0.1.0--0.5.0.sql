@@ -261,9 +261,9 @@ BEGIN
                     OR (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid OPERATOR(pg_catalog.=) v_owner)) THEN
     RAISE EXCEPTION 'pg_lease would belong to schema % of role %, which could drop it',
                     pg_catalog.quote_ident(v_nsp), pg_catalog.pg_get_userbyid(v_owner)
-      USING ERRCODE = '42501',
-            DETAIL = 'CREATE EXTENSION without SCHEMA uses the first schema of search_path; that schema belongs to another role.',
-            HINT = 'Use pglease install (leaseadmin.InstallExtension), or CREATE EXTENSION pg_lease SCHEMA pg_catalog.';
+      USING ERRCODE := '42501',
+            DETAIL := 'CREATE EXTENSION without SCHEMA uses the first schema of search_path; that schema belongs to another role.',
+            HINT := 'Use pglease install (leaseadmin.InstallExtension), or CREATE EXTENSION pg_lease SCHEMA pg_catalog.';
   END IF;
 END
 $check$;

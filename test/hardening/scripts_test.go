@@ -150,6 +150,9 @@ var syntax = map[string]bool{
 	"WHERE": true, "ON": true, "USING": true, "RETURNING": true, "JOIN": true,
 }
 
+// updateSet: the assignment of an UPDATE's SET column = ..., not an operator.
+var updateSet = regexp.MustCompile(`(?i)\bSET\s+[a-z_][a-z0-9_]*\s*=`)
+
 // scriptCalls returns, over every install-time statement of script, the
 // names called unqualified, the names called qualified (their base names),
 // and the operators used outside OPERATOR(pg_catalog.x).
@@ -170,8 +173,9 @@ func scriptCalls(script string) (unqualified, qualified, operators []string) {
 			q["operator "+strings.TrimSuffix(strings.TrimPrefix(m, "OPERATOR(pg_catalog."), ")")] = true
 		}
 		rest = reloptions.ReplaceAllString(rest, " ")
-		rest = strings.ReplaceAll(rest, ":=", " ") // PL/pgSQL assignment
-		rest = strings.ReplaceAll(rest, "=>", " ") // named argument
+		rest = strings.ReplaceAll(rest, ":=", " ")   // PL/pgSQL assignment
+		rest = updateSet.ReplaceAllString(rest, " ") // UPDATE ... SET column = (an assignment)
+		rest = strings.ReplaceAll(rest, "=>", " ")   // named argument
 		rest = strings.ReplaceAll(rest, "(*)", " ")
 		rest = regexp.MustCompile(`(?i)SELECT\s+\*`).ReplaceAllString(rest, " ")
 		for _, op := range operator.FindAllString(rest, -1) {
