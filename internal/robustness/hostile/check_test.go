@@ -143,8 +143,8 @@ func TestReport(t *testing.T) {
 	}
 }
 
-// A denial is laid to listen's instant row lock only when listen calls are
-// all that was seen on the key.
+// A denial is laid to listen's instant row lock only when a listen of the
+// key ran around it.
 func TestOnlyListens(t *testing.T) {
 	for _, c := range []struct {
 		before, during []string
@@ -154,9 +154,12 @@ func TestOnlyListens(t *testing.T) {
 		{nil, nil, 3, 3, false},
 		{nil, nil, 3, 4, true},
 		{[]string{"eve1#0: listen(k) (running)"}, nil, 3, 3, true},
-		{[]string{"eve1#0: listen(k) (running)"}, []string{"eve2#0: fence(k) (running)"}, 3, 4, false},
+		{[]string{"eve1#0: listen(k) (running)"}, []string{"eve2#0: fence(k) (running)"}, 3, 3, true},
+		{[]string{"eve1#0: a loop of listen over k (running)"}, nil, 3, 3, true},
+		{[]string{"eve2#0: fence(k) (running)"}, nil, 3, 3, false},
 		{[]string{"eve1#0: listen(k) (transaction open)"}, nil, 3, 3, false},
-		{[]string{"eve2#0: renew_many(3 keys) (running)"}, nil, 3, 4, false},
+		{[]string{"eve2#0: renew_many(3 keys) (running)"}, nil, 3, 4, true},
+		{[]string{"eve2#0: renew_many(3 keys) (running)"}, nil, 3, 3, false},
 	} {
 		if got := onlyListens(c.before, c.during, c.n0, c.n1); got != c.want {
 			t.Errorf("onlyListens(%q, %q, %d, %d) = %v, want %v", c.before, c.during, c.n0, c.n1, got, c.want)
