@@ -549,42 +549,35 @@ CREATE OR REPLACE FUNCTION lease._record(k text, ev text, is_grant boolean, o te
 RETURNS void LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-  v_actor   text := session_user;
-  v_keep    integer;
-  v_seq     bigint;
-  v_grants  bigint;
-  v_trimmed timestamptz;
-  v_aseq    bigint;
-  v_cut     timestamptz;
+  v_actor text := session_user;
 BEGIN
-  -- The retention, the key's last event and the actor's last event of it.
-  SELECT coalesce((SELECT s.keep_rows FROM lease.history_settings s), 100), h.seq, h.grants, h.trimmed_at,
-         a.actor_seq
-    INTO v_keep, v_seq, v_grants, v_trimmed, v_aseq
-    FROM (SELECT 1) one
-    LEFT JOIN LATERAL (SELECT x.seq, x.grants, x.trimmed_at FROM lease.history x
-                        WHERE x.key = k ORDER BY x.seq DESC LIMIT 1) h ON true
-    LEFT JOIN LATERAL (SELECT x.actor_seq FROM lease.history x
-                        WHERE x.key = k AND x.actor = v_actor ORDER BY x.actor_seq DESC LIMIT 1) a ON true;
-  IF v_keep = 0 THEN
-    RETURN;
-  END IF;
-  v_seq := coalesce(v_seq, 0) + 1;
-  v_aseq := coalesce(v_aseq, 0) + 1;
-  v_grants := coalesce(v_grants, 0) + CASE WHEN is_grant THEN 1 ELSE 0 END;
-  IF v_aseq > v_keep THEN
-    WITH d AS (
-      DELETE FROM lease.history h
-       WHERE h.key = k AND h.actor = v_actor
-         AND h.actor_seq <= v_aseq - v_keep AND h.actor_seq > v_aseq - v_keep - 8
-      RETURNING h.at)
-    SELECT max(d.at) INTO v_cut FROM d;
-    v_trimmed := greatest(v_trimmed, v_cut);
-  END IF;
+  -- One statement: the retention, the key's last event and the actor's last
+  -- event of it (p); the actor's events beyond the retention (d); the new
+  -- event. (The INSERT does not see d's deletions, nor needs to.)
+  WITH p AS (
+    SELECT coalesce((SELECT s.keep_rows FROM lease.history_settings s), 100) AS keep,
+           coalesce(h.seq, 0) + 1 AS seq,
+           coalesce(h.grants, 0) + CASE WHEN is_grant THEN 1 ELSE 0 END AS grants,
+           h.trimmed_at,
+           coalesce(a.actor_seq, 0) + 1 AS aseq
+      FROM (SELECT 1) one
+      LEFT JOIN LATERAL (SELECT x.seq, x.grants, x.trimmed_at FROM lease.history x
+                          WHERE x.key = k ORDER BY x.seq DESC LIMIT 1) h ON true
+      LEFT JOIN LATERAL (SELECT x.actor_seq FROM lease.history x
+                          WHERE x.key = k AND x.actor = v_actor ORDER BY x.actor_seq DESC LIMIT 1) a ON true
+  ), d AS (
+    DELETE FROM lease.history h USING p
+     WHERE p.keep > 0 AND p.aseq > p.keep
+       AND h.key = k AND h.actor = v_actor
+       AND h.actor_seq <= p.aseq - p.keep AND h.actor_seq > p.aseq - p.keep - 8
+    RETURNING h.at
+  )
   INSERT INTO lease.history (key, seq, at, event, owner, holder_role, epoch, actor, previous_owner,
                              previous_epoch, vacant_since, ttl, grants, detail, actor_seq, trimmed_at)
-    VALUES (k, v_seq, ts, ev, o, r, e, v_actor, prev_owner, prev_epoch, vacant, t, v_grants, why,
-            v_aseq, v_trimmed);
+  SELECT k, p.seq, ts, ev, o, r, e, v_actor, prev_owner, prev_epoch, vacant, t, p.grants, why,
+         p.aseq, greatest(p.trimmed_at, (SELECT max(d.at) FROM d))
+    FROM p
+   WHERE p.keep > 0;
 END
 $$;
 
@@ -934,17 +927,31 @@ DECLARE
   r_epoch    bigint;
   r_expires  timestamptz;
   r_role     text;
+  v_fast     boolean;
+  v_max      interval;
+  v_tlok     boolean;
+  v_tbase    bigint;
+  v_tgrace   timestamptz;
 BEGIN
-  PERFORM lease._raise_invalid(ARRAY[
-    lease._text_violation('key', v_key),
-    lease._text_violation('owner', v_owner),
-    lease._duration_violation('ttl', ttl, true),
-    lease._duration_violation('wait', wait, false),
-    -- (the max_ttl probe inline, a cached plan; the helper only when needed)
-    CASE WHEN ttl IS NOT NULL AND isfinite(ttl)
-          AND (extract(epoch FROM ttl) > extract(epoch FROM coalesce((SELECT s.max_ttl FROM lease.settings s), interval '1 hour'))
-               OR (wait IS NOT NULL AND isfinite(wait) AND extract(epoch FROM wait) > 0))
-         THEN lease._ttl_violation(ttl, wait) END]);
+  -- The common case (wait 0, a ttl of at most 100 years: lease._renew_fast's
+  -- bounds) is a simple expression, no statement; max_ttl is then checked
+  -- against the setting read with the key's row (below). Otherwise the full
+  -- checks, at once.
+  v_fast := coalesce(lease._renew_fast(v_key, v_owner, 1, ttl, interval '100 years')
+                     AND wait = interval '0' AND isfinite(wait), false);
+  IF NOT v_fast OR current_setting('transaction_read_only') = 'on' THEN
+    PERFORM lease._raise_invalid(ARRAY[
+      lease._text_violation('key', v_key),
+      lease._text_violation('owner', v_owner),
+      lease._duration_violation('ttl', ttl, true),
+      lease._duration_violation('wait', wait, false),
+      -- (the max_ttl probe inline, a cached plan; the helper only when needed)
+      CASE WHEN ttl IS NOT NULL AND isfinite(ttl)
+            AND (extract(epoch FROM ttl) > extract(epoch FROM coalesce((SELECT s.max_ttl FROM lease.settings s), interval '1 hour'))
+                 OR (wait IS NOT NULL AND isfinite(wait) AND extract(epoch FROM wait) > 0))
+           THEN lease._ttl_violation(ttl, wait) END]);
+    v_fast := false;
+  END IF;
   IF current_setting('transaction_read_only') = 'on' THEN
     PERFORM lease._raise_read_only('lease.acquire');
   END IF;
@@ -966,9 +973,26 @@ BEGIN
   LOOP
     v_in_grace := false;
     -- Unlocked read: decides the cases that change nothing without locking.
-    SELECT l.owner, l.epoch, l.expires_at, l.holder_role INTO r_owner, r_epoch, r_expires, r_role
-      FROM lease.leases l WHERE l.key = v_key;
-    v_found := FOUND;
+    -- The same statement reads max_ttl and the recorded timeline state: when
+    -- the server's timeline and start are the recorded ones, its epoch base
+    -- and grace are lease._grant_context()'s answer, without a call.
+    SELECT l.key IS NOT NULL, l.owner, l.epoch, l.expires_at, l.holder_role,
+           (SELECT s.max_ttl FROM lease.settings s),
+           t.timeline = lease._timeline() AND t.started = pg_catalog.pg_postmaster_start_time(),
+           (t.era << 40) + (t.restarts::bigint << 24), t.grace_until
+      INTO v_found, r_owner, r_epoch, r_expires, r_role, v_max, v_tlok, v_tbase, v_tgrace
+      FROM (SELECT 1) one
+      LEFT JOIN lease.leases l ON l.key = v_key
+      LEFT JOIN LATERAL (
+        SELECT x.timeline, x.started, x.era, x.restarts, x.grace_until FROM lease.timeline_state x
+         ORDER BY x.era DESC, x.restarts DESC, x.grace_until ASC NULLS FIRST, x.timeline DESC, x.started DESC NULLS LAST
+         LIMIT 1) t ON true;
+    IF v_fast AND extract(epoch FROM ttl) > extract(epoch FROM coalesce(v_max, interval '1 hour')) THEN
+      PERFORM lease._raise_invalid(ARRAY[lease._ttl_violation(ttl, wait)]);
+    END IF;
+    IF v_base IS NULL AND v_tlok THEN
+      v_base := v_tbase; v_grace := v_tgrace;
+    END IF;
     v_now := clock_timestamp();
 
     IF v_found AND r_owner IS NOT NULL AND r_expires > v_now THEN
@@ -995,27 +1019,28 @@ BEGIN
         -- commit (durability raised as for a change) waits for the standbys
         -- up to its own commit record, which follows the grant's.
         -- Under READ COMMITTED the lock is FOR KEY SHARE: it conflicts only
-        -- with FOR UPDATE, which no pg_lease call takes on a held row, so it
-        -- never waits. Under REPEATABLE READ / SERIALIZABLE the row read is
-        -- the snapshot's: FOR SHARE (it conflicts with every change of the
-        -- row) raises 40001 if it changed since. A row locked right now by
-        -- another transaction is not waited for (wait is 0 at these levels):
-        -- that is 40001 too. Either lock is released at once.
-        BEGIN
-          IF v_rc THEN
-            PERFORM FROM lease.leases l WHERE l.key = v_key FOR KEY SHARE;
-          ELSE
+        -- with FOR UPDATE, which no pg_lease call takes on a held row (clean-up
+        -- skips locked rows), so it never waits and makes no one wait; it is
+        -- kept until the transaction ends. Under REPEATABLE READ / SERIALIZABLE
+        -- the row read is the snapshot's: FOR SHARE (it conflicts with every
+        -- change of the row) raises 40001 if it changed since. A row locked
+        -- right now by another transaction is not waited for (wait is 0 at
+        -- these levels): that is 40001 too. That lock is released at once.
+        IF v_rc THEN
+          PERFORM FROM lease.leases l WHERE l.key = v_key FOR KEY SHARE;
+        ELSE
+          BEGIN
             PERFORM FROM lease.leases l WHERE l.key = v_key FOR SHARE NOWAIT;
-          END IF;
-          RAISE EXCEPTION USING ERRCODE = 'LEASE';
-        EXCEPTION
-          WHEN SQLSTATE 'LEASE' THEN
-            NULL;
-          WHEN lock_not_available THEN
-            RAISE EXCEPTION '%', format('could not serialize access: key %L is being changed by another transaction', v_key)
-              USING ERRCODE = '40001',
-                    HINT = 'Retry the transaction.';
-        END;
+            RAISE EXCEPTION USING ERRCODE = 'LEASE';
+          EXCEPTION
+            WHEN SQLSTATE 'LEASE' THEN
+              NULL;
+            WHEN lock_not_available THEN
+              RAISE EXCEPTION '%', format('could not serialize access: key %L is being changed by another transaction', v_key)
+                USING ERRCODE = '40001',
+                      HINT = 'Retry the transaction.';
+          END;
+        END IF;
         IF current_setting('synchronous_commit') IN ('off', 'local') THEN
           PERFORM set_config('synchronous_commit', 'on', true);
         END IF;
@@ -1179,7 +1204,14 @@ $$;
 
 -- Extends the caller's current grant to now + ttl (same epoch). status is
 -- ok, or not_owner, lapsed or epoch_mismatch (then nothing changes). Locks
--- the key's row only when it is the caller's grant (lease._renew_key).
+-- the key's row only when it is the caller's grant. The common case is one
+-- UPDATE: its subquery locks the row only when it names the caller's grant,
+-- unexpired at a clock read when the lock is taken (key, owner, epoch, a
+-- role the caller may act for), and skips a row another transaction has
+-- locked, so it never waits and a refusal locks nothing. Any other case
+-- (refused, or the row locked by another transaction) goes the full way:
+-- lease._renew_key in a subtransaction, which waits for the lock and
+-- decides at a clock read after it.
 CREATE OR REPLACE FUNCTION lease.renew(key text, owner text, epoch bigint, ttl interval,
                             OUT status text, OUT expires_at timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -1191,32 +1223,64 @@ DECLARE
   v_owner text := owner;
   v_epoch bigint := epoch;
   v_ttl   interval;
+  v_max   interval;
+  v_tl    boolean;
 BEGIN
-  -- The fast path accepts only arguments the full checks accept.
-  IF lease._renew_fast(v_key, v_owner, v_epoch, ttl, (SELECT s.max_ttl FROM lease.settings s)) IS NOT TRUE THEN
+  -- The fast path accepts only arguments the full checks accept, max_ttl
+  -- apart (a simple expression: no statement runs); max_ttl is read with
+  -- the renewal, and a ttl above it undoes it (22023).
+  IF lease._renew_fast(v_key, v_owner, v_epoch, ttl, interval '100 years') IS NOT TRUE THEN
     PERFORM lease._raise_invalid(lease._renew_violations(v_key, v_owner, v_epoch, ttl));
   END IF;
   IF current_setting('transaction_read_only') = 'on' THEN
+    IF extract(epoch FROM ttl) > extract(epoch FROM lease._max_ttl()) THEN
+      PERFORM lease._raise_invalid(lease._renew_violations(v_key, v_owner, v_epoch, ttl));
+    END IF;
     PERFORM lease._raise_read_only('lease.renew');
   END IF;
   v_ttl := lease._seconds(ttl);
 
-  BEGIN
-    SELECT r.status, r.expires_at INTO status, expires_at
-      FROM lease._renew_key(v_key, v_owner, v_epoch, v_ttl, NULL) r;
-    IF status <> 'ok' THEN
-      RAISE EXCEPTION USING ERRCODE = 'LEASE';
+  -- v_tl: the server's timeline and start are the recorded ones.
+  UPDATE lease.leases l SET expires_at = clock_timestamp() + v_ttl
+   WHERE l.key = (SELECT x.key FROM lease.leases x
+                   WHERE x.key = v_key AND x.owner = v_owner AND x.epoch = v_epoch
+                     AND x.expires_at > clock_timestamp()
+                     AND (x.holder_role IS NULL OR x.holder_role = session_user::text OR lease._may_act(x.holder_role))
+                     FOR NO KEY UPDATE SKIP LOCKED)
+  RETURNING l.expires_at, (SELECT s.max_ttl FROM lease.settings s),
+            (SELECT t.timeline = lease._timeline() AND t.started = pg_catalog.pg_postmaster_start_time()
+               FROM lease.timeline_state t
+              ORDER BY t.era DESC, t.restarts DESC, t.grace_until ASC NULLS FIRST, t.timeline DESC, t.started DESC NULLS LAST
+              LIMIT 1)
+    INTO expires_at, v_max, v_tl;
+  IF FOUND THEN
+    IF extract(epoch FROM ttl) > extract(epoch FROM coalesce(v_max, interval '1 hour')) THEN
+      PERFORM lease._raise_invalid(lease._renew_violations(v_key, v_owner, v_epoch, ttl));
     END IF;
-  EXCEPTION WHEN SQLSTATE 'LEASE' THEN
-    RETURN;  -- status says why; the lock went with the subtransaction
-  END;
+    status := 'ok';
+  ELSE
+    IF extract(epoch FROM ttl) > extract(epoch FROM lease._max_ttl()) THEN
+      PERFORM lease._raise_invalid(lease._renew_violations(v_key, v_owner, v_epoch, ttl));
+    END IF;
+    BEGIN
+      SELECT r.status, r.expires_at INTO status, expires_at
+        FROM lease._renew_key(v_key, v_owner, v_epoch, v_ttl, NULL) r;
+      IF status <> 'ok' THEN
+        RAISE EXCEPTION USING ERRCODE = 'LEASE';
+      END IF;
+    EXCEPTION WHEN SQLSTATE 'LEASE' THEN
+      RETURN;  -- status says why; the lock went with the subtransaction
+    END;
+  END IF;
   -- Durability as in lease._changed, but no notification (a renewal wakes nobody).
   IF current_setting('synchronous_commit') IN ('off', 'local') THEN
     PERFORM set_config('synchronous_commit', 'on', true);
   END IF;
   -- A renewal is the first call on a promoted server in a switchover where
   -- leaders keep renewing: it records the timeline change (the grace starts).
-  PERFORM lease._grant_context();
+  IF v_tl IS NOT TRUE THEN
+    PERFORM lease._grant_context();
+  END IF;
 END
 $$;
 
@@ -1403,12 +1467,41 @@ DECLARE
   r_lepoch  bigint;
   r_role    text;
 BEGIN
-  PERFORM lease._raise_invalid(ARRAY[
-    lease._text_violation('key', v_key),
-    lease._text_violation('owner', v_owner),
-    lease._epoch_violation(v_epoch)]);
+  -- The common case of valid arguments: a simple expression, no statement.
+  IF NOT coalesce(v_key <> '' AND v_owner <> ''
+                  AND octet_length(v_key) <= 1024 AND octet_length(v_owner) <= 1024
+                  AND v_key !~ '[\x01-\x1f\x7f]' AND v_owner !~ '[\x01-\x1f\x7f]'
+                  AND v_epoch >= 1, false) THEN
+    PERFORM lease._raise_invalid(ARRAY[
+      lease._text_violation('key', v_key),
+      lease._text_violation('owner', v_owner),
+      lease._epoch_violation(v_epoch)]);
+  END IF;
   IF current_setting('transaction_read_only') = 'on' THEN
     PERFORM lease._raise_read_only('lease.release');
+  END IF;
+
+  -- The common case, one statement: the caller's unexpired grant (key,
+  -- owner, epoch, a role it may act for) and no strategy of the caller's on
+  -- the key, freed at a clock read when the row lock is taken. A row another
+  -- transaction has locked is skipped, never waited for, and a refusal
+  -- locks nothing. Anything else goes the full way below.
+  WITH g AS (
+    SELECT x.key, x.holder_role FROM lease.leases x
+     WHERE x.key = v_key AND x.owner = v_owner AND x.epoch = v_epoch
+       AND x.expires_at > clock_timestamp()
+       AND (x.holder_role IS NULL OR x.holder_role = session_user::text OR lease._may_act(x.holder_role))
+       AND NOT EXISTS (SELECT 1 FROM lease.strategies s WHERE s.key = v_key AND s.role = session_user::text)
+       FOR NO KEY UPDATE SKIP LOCKED)
+  UPDATE lease.leases l SET owner = NULL, epoch = l.epoch + 1, expires_at = clock_timestamp(), holder_role = NULL
+    FROM g
+   WHERE l.key = g.key
+  RETURNING g.holder_role, l.expires_at INTO r_role, v_now;
+  IF FOUND THEN
+    status := 'ok';
+    PERFORM lease._record(v_key, 'released', false, v_owner, r_role, v_epoch, NULL, NULL, NULL, NULL, NULL, v_now);
+    PERFORM lease._changed('released', v_key, v_owner, v_epoch);
+    RETURN;
   END IF;
 
   BEGIN
