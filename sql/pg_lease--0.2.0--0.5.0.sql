@@ -1263,7 +1263,7 @@ BEGIN
             SELECT EXISTS (SELECT 1 FROM lease.listeners w WHERE w.key = v_key OR w.key = '*') INTO v_listened;
             -- The durability and notification of lease._changed.
             IF current_setting('synchronous_commit') IN ('off', 'local') THEN
-              PERFORM set_config('synchronous_commit', 'on', true);
+              PERFORM set_config('synchronous_commit', 'on', true);  -- as lease._changed
             END IF;
             v_mode := coalesce(lower(current_setting('pg_lease.notify', true)), '');
             IF v_mode NOT IN ('off', 'false', 'no', '0', 'f', 'n')
@@ -1748,7 +1748,7 @@ BEGIN
     SELECT EXISTS (SELECT 1 FROM lease.listeners w WHERE w.key = v_key OR w.key = '*') INTO v_listened;
     -- The durability and notification of lease._changed.
     IF current_setting('synchronous_commit') IN ('off', 'local') THEN
-      PERFORM set_config('synchronous_commit', 'on', true);
+      PERFORM set_config('synchronous_commit', 'on', true);  -- as lease._changed
     END IF;
     v_mode := coalesce(lower(current_setting('pg_lease.notify', true)), '');
     IF v_mode NOT IN ('off', 'false', 'no', '0', 'f', 'n')
