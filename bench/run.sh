@@ -148,6 +148,14 @@ step() {
 }
 step physical go run ./bench/physical -out "$out" "${physical_args[@]}"
 step pgbench go run ./bench/pgbench -out "$out" "${pgbench_args[@]}"
+# BENCH_ACCOUNT_REV: also account for the current version's install script as
+# it was at that git revision (before and after a change, in one run).
+if [[ -n ${BENCH_ACCOUNT_REV:-} ]]; then
+	rev_script="$(mktemp)"
+	trap 'rm -f "$rev_script"' EXIT
+	git show "$BENCH_ACCOUNT_REV:sql/pg_lease--$(sed -n "s/^default_version = '\(.*\)'/\1/p" sql/pg_lease.control).sql" >"$rev_script"
+	account_args+=(-with "$(sed -n "s/^default_version = '\(.*\)'/\1/p" sql/pg_lease.control)-at-$(git rev-parse --short "$BENCH_ACCOUNT_REV")=$rev_script")
+fi
 step account go run ./bench/account -out "$out" "${account_args[@]}"
 step handoff go run ./bench/handoff -out "$out" "${handoff_args[@]}"
 if ((${#handoff200_args[@]})); then

@@ -3,8 +3,9 @@
 // throwaway server, fsync off), which statements every kind of call runs
 // inside its function and what each costs, from pg_stat_statements with
 // track = all (the nested statements of the PL/pgSQL bodies) and the
-// function's own execution time. The kinds, each -n calls in a window of its
-// own (statistics reset before), the versions interleaved per kind:
+// function's own execution time. The kinds, each -n calls per version in a
+// window of its own (statistics reset before), the versions' calls
+// interleaved one by one:
 //
 //	first      acquire of a never-leased key
 //	grant      acquire of a free key (released before)
@@ -157,14 +158,14 @@ func main() {
 	}
 	defer admin.Close(ctx)
 	for _, k := range kinds {
-		for _, v := range versions {
-			a, err := runKind(ctx, admin, dbs[v], v, k)
-			if err != nil {
-				log.Fatalf("%s %s: %v", v, k, err)
-			}
-			log.Printf("%-6s %-10s fn=%6.1fus nested=%5.1f client p50=%6.1fus", v, k, a.FnUs, a.Nested, a.ClientUs)
-			res.Accounts = append(res.Accounts, a)
+		as, err := runKind(ctx, admin, dbs, versions, k)
+		if err != nil {
+			log.Fatalf("%s: %v", k, err)
 		}
+		for _, a := range as {
+			log.Printf("%-6s %-10s fn=%6.1fus nested=%5.1f client p50=%6.1fus", a.Version, k, a.FnUs, a.Nested, a.ClientUs)
+		}
+		res.Accounts = append(res.Accounts, as...)
 	}
 	res.Env["load_after"] = loadavg()
 	if err := benchutil.WriteResults(*out, "account", res, report(res, versions)); err != nil {
@@ -200,13 +201,80 @@ func setup(ctx context.Context, v string, c, side *pgx.Conn) error {
 	return nil
 }
 
-func runKind(ctx context.Context, admin, c *pgx.Conn, v, k string) (account, error) {
-	a := account{Version: v, Kind: k, N: *n}
-	if k == "handover" && v < "0.4.0" {
-		a.Skipped = "no handover before 0.4.0"
-		return a, nil
+// runKind runs kind k on every version: the versions' calls interleaved one
+// by one in one statistics window, so that the machine's load falls on each
+// alike; pg_stat_statements tells them apart by database.
+func runKind(ctx context.Context, admin *pgx.Conn, dbs map[string]*pgx.Conn, versions []string, k string) ([]account, error) {
+	var live []string
+	accts := map[string]*account{}
+	epochs := map[string][]int64{}
+	for _, v := range versions {
+		accts[v] = &account{Version: v, Kind: k, N: *n}
+		if k == "handover" && v < "0.4.0" {
+			accts[v].Skipped = "no handover before 0.4.0"
+			continue
+		}
+		live = append(live, v)
+		es, err := prepare(ctx, dbs[v], k)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", v, err)
+		}
+		epochs[v] = es
 	}
-	// Every statement planned once before the window (generic plans).
+	if k == "takeover" {
+		time.Sleep(5 * time.Millisecond) // the 1 ms grants of t-i have lapsed
+	}
+	if _, err := admin.Exec(ctx, `SELECT pg_stat_statements_reset()`); err != nil {
+		return nil, err
+	}
+	lat := map[string][]float64{}
+	for i := 1; i <= *n; i++ {
+		key := fmt.Sprint(i)
+		for _, v := range live {
+			var q string
+			var args []any
+			switch k {
+			case "first":
+				q, args = `SELECT acquired FROM lease.acquire('f-' || $1::text, 'o', interval '1 h')`, []any{key}
+			case "grant", "idempotent":
+				q, args = `SELECT acquired FROM lease.acquire('g-' || $1::text, 'o', interval '1 h')`, []any{key}
+			case "renew":
+				q, args = `SELECT status FROM lease.renew('g-' || $1::text, 'o', $2, interval '1 h')`, []any{key, epochs[v][i]}
+			case "release":
+				q, args = `SELECT status FROM lease.release('g-' || $1::text, 'o', $2)`, []any{key, epochs[v][i]}
+			case "takeover":
+				q, args = `SELECT acquired FROM lease.acquire('t-' || $1::text, 'b', interval '1 h')`, []any{key}
+			case "handover":
+				q, args = `SELECT status FROM lease.release('h-' || $1::text, 'a', $2)`, []any{key, epochs[v][i]}
+			}
+			t0 := time.Now()
+			var got any
+			if err := dbs[v].QueryRow(ctx, q, args...).Scan(&got); err != nil {
+				return nil, fmt.Errorf("%s: %w", v, err)
+			}
+			lat[v] = append(lat[v], benchutil.Micros(time.Since(t0)))
+			if got != true && got != "ok" {
+				return nil, fmt.Errorf("%s: call %d answered %v", v, i, got)
+			}
+		}
+	}
+	var out []account
+	for _, v := range versions {
+		a := accts[v]
+		if a.Skipped == "" {
+			a.ClientUs = benchutil.Summarize(lat[v]).P50
+			if err := collect(ctx, admin, dbs[v].Config().Database, a); err != nil {
+				return nil, err
+			}
+		}
+		out = append(out, *a)
+	}
+	return out, nil
+}
+
+// prepare plans every statement of the calls once before the window
+// (generic plans) and returns the epochs of the keys kind k acts on.
+func prepare(ctx context.Context, c *pgx.Conn, k string) ([]int64, error) {
 	warm := map[string]string{
 		"first":      `SELECT acquired FROM lease.acquire('warm-first-' || $1::text, 'o', interval '1 h')`,
 		"grant":      `SELECT acquired FROM lease.acquire('warm', 'o', interval '1 h')`,
@@ -218,10 +286,10 @@ func runKind(ctx context.Context, admin, c *pgx.Conn, v, k string) (account, err
 		for _, w := range []string{"first", "grant", "idempotent", "renew", "release"} {
 			var args []any
 			if w == "first" {
-				args = []any{fmt.Sprint(i)}
+				args = []any{fmt.Sprint(k, i)}
 			}
 			if _, err := c.Exec(ctx, warm[w], args...); err != nil {
-				return a, fmt.Errorf("warm-up %s: %w", w, err)
+				return nil, fmt.Errorf("warm-up %s: %w", w, err)
 			}
 		}
 	}
@@ -233,71 +301,40 @@ func runKind(ctx context.Context, admin, c *pgx.Conn, v, k string) (account, err
 		}
 		rows, err := c.Query(ctx, `SELECT substr(key, 3)::int, epoch FROM lease.leases WHERE key LIKE $1 || '%'`, prefix)
 		if err != nil {
-			return a, err
+			return nil, err
 		}
 		for rows.Next() {
 			var i int
 			var e int64
 			if err := rows.Scan(&i, &e); err != nil {
-				return a, err
+				return nil, err
 			}
 			if i <= *n {
 				epochs[i] = e
 			}
 		}
 		if err := rows.Err(); err != nil {
-			return a, err
+			return nil, err
 		}
 	}
-	if k == "takeover" {
-		time.Sleep(5 * time.Millisecond) // the 1 ms grants of t-i have lapsed
-	}
-	if _, err := admin.Exec(ctx, `SELECT pg_stat_statements_reset()`); err != nil {
-		return a, err
-	}
-	var lat []float64
-	for i := 1; i <= *n; i++ {
-		key := fmt.Sprint(i)
-		var q string
-		var args []any
-		switch k {
-		case "first":
-			q, args = `SELECT acquired FROM lease.acquire('f-' || $1::text, 'o', interval '1 h')`, []any{key}
-		case "grant", "idempotent":
-			q, args = `SELECT acquired FROM lease.acquire('g-' || $1::text, 'o', interval '1 h')`, []any{key}
-		case "renew":
-			q, args = `SELECT status FROM lease.renew('g-' || $1::text, 'o', $2, interval '1 h')`, []any{key, epochs[i]}
-		case "release":
-			q, args = `SELECT status FROM lease.release('g-' || $1::text, 'o', $2)`, []any{key, epochs[i]}
-		case "takeover":
-			q, args = `SELECT acquired FROM lease.acquire('t-' || $1::text, 'b', interval '1 h')`, []any{key}
-		case "handover":
-			q, args = `SELECT status FROM lease.release('h-' || $1::text, 'a', $2)`, []any{key, epochs[i]}
-		}
-		t0 := time.Now()
-		var got any
-		if err := c.QueryRow(ctx, q, args...).Scan(&got); err != nil {
-			return a, err
-		}
-		lat = append(lat, benchutil.Micros(time.Since(t0)))
-		if got != true && got != "ok" {
-			return a, fmt.Errorf("call %d answered %v", i, got)
-		}
-	}
-	a.ClientUs = benchutil.Summarize(lat).P50
+	return epochs, nil
+}
+
+// collect reads the statements of database db from pg_stat_statements into a.
+func collect(ctx context.Context, admin *pgx.Conn, db string, a *account) error {
 	rows, err := admin.Query(ctx, `SELECT regexp_replace(query, '\s+', ' ', 'g'), toplevel, calls, total_exec_time
 		FROM pg_stat_statements
 		WHERE dbid = (SELECT oid FROM pg_database WHERE datname = $1)
-		ORDER BY toplevel DESC, total_exec_time DESC`, c.Config().Database)
+		ORDER BY toplevel DESC, total_exec_time DESC`, db)
 	if err != nil {
-		return a, err
+		return err
 	}
 	for rows.Next() {
 		var st stmt
 		var calls int64
 		var total float64
 		if err := rows.Scan(&st.Query, &st.Toplevel, &calls, &total); err != nil {
-			return a, err
+			return err
 		}
 		st.PerCall = float64(calls) / float64(*n)
 		st.MeanUs = 1000 * total / float64(calls)
@@ -313,7 +350,7 @@ func runKind(ctx context.Context, admin, c *pgx.Conn, v, k string) (account, err
 		a.Stmts = append(a.Stmts, st)
 	}
 	a.Load = benchutil.LoadAvg()
-	return a, rows.Err()
+	return rows.Err()
 }
 
 func report(r result, versions []string) string {
