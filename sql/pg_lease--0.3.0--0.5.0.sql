@@ -660,10 +660,10 @@ BEGIN
     LEFT JOIN LATERAL (SELECT x.actor_seq FROM lease.history x
                         WHERE x.key = k AND x.actor = v_actor ORDER BY x.actor_seq DESC LIMIT 1) a ON true
   ), d AS (
-  DELETE FROM lease.history h USING p
-   WHERE p.keep > 0 AND p.aseq > p.keep
-     AND h.key = k AND h.actor = v_actor
-     AND h.actor_seq <= p.aseq - p.keep AND h.actor_seq > p.aseq - p.keep - 8
+  DELETE FROM lease.history h
+   WHERE h.key = k AND h.actor = v_actor
+     AND h.actor_seq > (SELECT p.aseq - p.keep - 8 FROM p WHERE p.keep > 0 AND p.aseq > p.keep)
+     AND h.actor_seq <= (SELECT p.aseq - p.keep FROM p WHERE p.keep > 0 AND p.aseq > p.keep)
   RETURNING h.at
   )
   INSERT INTO lease.history (key, seq, at, event, owner, holder_role, epoch, actor, previous_owner,
@@ -1192,18 +1192,18 @@ BEGIN
                 LEFT JOIN LATERAL (SELECT x.seq, x.grants, x.trimmed_at FROM lease.history x
                                     WHERE x.key = v_key ORDER BY x.seq DESC LIMIT 1) h ON true
                 LEFT JOIN LATERAL (SELECT x.actor_seq FROM lease.history x
-                                    WHERE x.key = v_key AND x.actor = session_user::text ORDER BY x.actor_seq DESC LIMIT 1) a ON true
+                                    WHERE x.key = v_key AND x.actor = v_role ORDER BY x.actor_seq DESC LIMIT 1) a ON true
             ), d AS (
-              DELETE FROM lease.history h USING p
-               WHERE p.keep > 0 AND p.aseq > p.keep
-                 AND h.key = v_key AND h.actor = session_user::text
-                 AND h.actor_seq <= p.aseq - p.keep AND h.actor_seq > p.aseq - p.keep - 8
+              DELETE FROM lease.history h
+               WHERE h.key = v_key AND h.actor = v_role
+                 AND h.actor_seq > (SELECT p.aseq - p.keep - 8 FROM p WHERE p.keep > 0 AND p.aseq > p.keep)
+                 AND h.actor_seq <= (SELECT p.aseq - p.keep FROM p WHERE p.keep > 0 AND p.aseq > p.keep)
               RETURNING h.at
             ), i AS (
               INSERT INTO lease.history (key, seq, at, event, owner, holder_role, epoch, actor, previous_owner,
                                          previous_epoch, vacant_since, ttl, grants, detail, actor_seq, trimmed_at)
               SELECT v_key, p.seq, v_now, CASE WHEN r_owner IS NULL THEN 'acquired' ELSE 'taken_over' END,
-                     v_owner, v_role, epoch, session_user, r_owner, CASE WHEN r_owner IS NOT NULL THEN r_epoch END,
+                     v_owner, v_role, epoch, v_role, r_owner, CASE WHEN r_owner IS NOT NULL THEN r_epoch END,
                      r_expires, v_ttl, p.grants, NULL, p.aseq, greatest(p.trimmed_at, (SELECT max(d.at) FROM d))
                 FROM p
                WHERE p.keep > 0
@@ -1633,6 +1633,7 @@ DECLARE
   r_role    text;
   v_listened boolean;
   v_mode    text;
+  v_actor   text := session_user;
 BEGIN
   -- The common case of valid arguments: a simple expression, no statement.
   IF NOT coalesce(v_key <> '' AND v_owner <> ''
@@ -1678,17 +1679,17 @@ BEGIN
         LEFT JOIN LATERAL (SELECT x.seq, x.grants, x.trimmed_at FROM lease.history x
                             WHERE x.key = v_key ORDER BY x.seq DESC LIMIT 1) h ON true
         LEFT JOIN LATERAL (SELECT x.actor_seq FROM lease.history x
-                            WHERE x.key = v_key AND x.actor = session_user::text ORDER BY x.actor_seq DESC LIMIT 1) a ON true
+                            WHERE x.key = v_key AND x.actor = v_actor ORDER BY x.actor_seq DESC LIMIT 1) a ON true
     ), d AS (
-      DELETE FROM lease.history h USING p
-       WHERE p.keep > 0 AND p.aseq > p.keep
-         AND h.key = v_key AND h.actor = session_user::text
-         AND h.actor_seq <= p.aseq - p.keep AND h.actor_seq > p.aseq - p.keep - 8
+      DELETE FROM lease.history h
+       WHERE h.key = v_key AND h.actor = v_actor
+         AND h.actor_seq > (SELECT p.aseq - p.keep - 8 FROM p WHERE p.keep > 0 AND p.aseq > p.keep)
+         AND h.actor_seq <= (SELECT p.aseq - p.keep FROM p WHERE p.keep > 0 AND p.aseq > p.keep)
       RETURNING h.at
     ), i AS (
       INSERT INTO lease.history (key, seq, at, event, owner, holder_role, epoch, actor, previous_owner,
                                  previous_epoch, vacant_since, ttl, grants, detail, actor_seq, trimmed_at)
-      SELECT v_key, p.seq, v_now, 'released', v_owner, r_role, v_epoch, session_user, NULL, NULL, NULL, NULL,
+      SELECT v_key, p.seq, v_now, 'released', v_owner, r_role, v_epoch, v_actor, NULL, NULL, NULL, NULL,
              p.grants, NULL, p.aseq, greatest(p.trimmed_at, (SELECT max(d.at) FROM d))
         FROM p
        WHERE p.keep > 0
