@@ -86,15 +86,15 @@ func (a *app) lockCmd() *cobra.Command {
 				return usagef("--ttl %v: must be at least 1s", o.ttl)
 			}
 			// SIGTERM comes --grace before the term's deadline. The first
-			// renewal, at --ttl/3, must come before it.
+			// renewal, at --ttl/3 (lease.RenewInterval), must come before it.
 			margin, err := lease.CheckMargin(o.ttl, 0)
 			if err != nil {
 				return err
 			}
 			if !cmd.Flags().Changed("grace") {
-				o.grace = min(o.grace, o.ttl/3) // a short --ttl alone is not an error
+				o.grace = min(o.grace, lease.RenewInterval(o.ttl)) // a short --ttl alone is not an error
 			}
-			if limit := o.ttl*2/3 - margin; o.grace < 0 || o.grace >= limit {
+			if limit := o.ttl - lease.RenewInterval(o.ttl) - margin; o.grace < 0 || o.grace >= limit {
 				return usagef("--grace %v: must be at least 0 and below %v (2/3 of --ttl less the drift margin): renewals run every --ttl/3", o.grace, limit)
 			}
 			if o.timeout < 0 {
@@ -170,17 +170,32 @@ func (a *app) lock(ctx context.Context, o lockOpts) error {
 	go func() { waited <- child.Wait() }()
 
 	// The command gets SIGTERM --grace before the term's deadline and
-	// SIGKILL when the term ends.
+	// SIGKILL when the term ends. Every timer runs on the client's clock.
+	clk := c.Clock()
 	signalGroup := func(sig syscall.Signal) { _ = syscall.Kill(-pid, sig) }
-	termAt := func() time.Duration { return time.Until(term.Deadline().Add(-o.grace)) }
-	renewEvery, retryEvery := o.ttl/3, min(o.ttl/10, time.Second)
-	renewT := time.NewTimer(renewEvery)
-	defer renewT.Stop()
-	termT := time.NewTimer(termAt())
+	termAt := func() time.Duration { return term.Deadline().Add(-o.grace).Sub(clk.Now()) }
+	termT := clk.NewTimer(termAt())
 	defer termT.Stop()
-	killT := time.NewTimer(time.Hour)
+	killT := clk.NewTimer(time.Hour)
 	killT.Stop()
 	defer killT.Stop()
+
+	// The keep-alive renews every --ttl/3 and retries every
+	// min(--ttl/10, 1s); it reports each renewal to this loop.
+	kctx, stopRenewing := context.WithCancel(ctx)
+	defer stopRenewing()
+	renewed := make(chan error)
+	go func() {
+		_ = term.KeepAlive(kctx, lease.KeepAliveOptions{
+			RetryInterval: min(o.ttl/10, time.Second),
+			Observe: func(_ *lease.Term, _ time.Duration, err error) {
+				select {
+				case renewed <- err:
+				case <-kctx.Done():
+				}
+			},
+		})
+	}()
 
 	var (
 		stopping    bool
@@ -193,7 +208,7 @@ func (a *app) lock(ctx context.Context, o lockOpts) error {
 			return
 		}
 		stopping = true
-		renewT.Stop()
+		stopRenewing()
 		termT.Stop()
 		signalGroup(syscall.SIGTERM)
 		killT.Reset(killIn)
@@ -202,6 +217,7 @@ func (a *app) lock(ctx context.Context, o lockOpts) error {
 		select {
 		case err := <-waited:
 			signalGroup(syscall.SIGKILL) // what the command left behind in its group
+			stopRenewing()
 			if lostReason != "" {
 				if !errors.Is(term.Err(), lease.ErrLost) {
 					release() // it may still be ours: free it for the next owner
@@ -215,42 +231,39 @@ func (a *app) lock(ctx context.Context, o lockOpts) error {
 			interrupted = nil
 			a.logf("lock: interrupted: stopping the command (SIGTERM, SIGKILL in %v)", o.grace)
 			stop(o.grace)
-		case <-renewT.C:
-			// Bounded so that the loop is back before SIGTERM is due.
-			rctx, cancel := context.WithDeadline(ctx, minTime(time.Now().Add(renewEvery), term.Deadline().Add(-o.grace)))
-			err := term.Renew(rctx)
-			cancel()
+		case err := <-renewed:
 			switch {
 			case err == nil:
-				renewT.Reset(renewEvery)
-				termT.Reset(termAt())
-			case errors.Is(err, lease.ErrLost):
-				lostReason = err.Error()
-				a.warnf("lock: %s: lease lost (%v): stopping the command (SIGTERM, SIGKILL in %v)", quoteField(o.key), err, o.grace)
-				stop(o.grace)
-			case errors.Is(err, lease.ErrLocalDeadline):
-				// The term has ended or is ending: termDone follows.
-			default:
-				if ctx.Err() == nil {
-					a.warnf("lock: renewing %s: %s; retrying", quoteField(o.key), connLostReason(err))
+				if !stopping {
+					termT.Reset(termAt())
 				}
-				renewT.Reset(retryEvery)
+			case errors.Is(err, lease.ErrLost), errors.Is(err, lease.ErrLocalDeadline):
+				// The term has ended: termDone follows.
+			case ctx.Err() == nil:
+				a.warnf("lock: renewing %s: %s; retrying", quoteField(o.key), connLostReason(err))
 			}
-		case <-termT.C:
+		case <-termT.C():
 			lostReason = "could not renew before the grant's certain validity ran out"
-			left := max(time.Until(term.Deadline()), 0)
+			left := max(term.Deadline().Sub(clk.Now()), 0)
 			a.warnf("lock: %s: %s: stopping the command (SIGTERM, SIGKILL in %v)", quoteField(o.key), lostReason, left.Round(time.Millisecond))
 			stop(left)
 		case <-termDone:
 			termDone = nil
-			if errors.Is(term.Err(), lease.ErrLocalDeadline) {
+			switch err := term.Err(); {
+			case errors.Is(err, lease.ErrLost):
+				if lostReason == "" {
+					lostReason = err.Error()
+				}
+				a.warnf("lock: %s: lease lost (%v): stopping the command (SIGTERM, SIGKILL in %v)", quoteField(o.key), err, o.grace)
+				stop(o.grace)
+			case errors.Is(err, lease.ErrLocalDeadline):
 				if lostReason == "" {
 					lostReason = "could not renew before the grant's certain validity ran out"
 				}
 				stop(0)
 				signalGroup(syscall.SIGKILL)
 			}
-		case <-killT.C:
+		case <-killT.C():
 			a.logf("lock: the command did not stop within the grace: SIGKILL")
 			signalGroup(syscall.SIGKILL)
 		}
@@ -302,19 +315,14 @@ func (a *app) waitFor(ctx context.Context, sess *session, c *lease.Client, o loc
 			return lease.Grant{}, err
 		case err != nil:
 			a.logf("lock: waiting: %s", connLostReason(err))
+			t := c.Clock().NewTimer(time.Second)
 			select {
 			case <-wctx.Done():
-			case <-time.After(time.Second):
+			case <-t.C():
 			}
+			t.Stop()
 		}
 	}
-}
-
-func minTime(a, b time.Time) time.Time {
-	if a.Before(b) {
-		return a
-	}
-	return b
 }
 
 // exitStatus is the shell's view of how the command ended.

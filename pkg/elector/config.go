@@ -157,10 +157,10 @@ func (c Config) withDefaults() (Config, error) {
 		return c, configErr("TTL", "%v", err)
 	}
 	if c.RenewInterval == 0 {
-		c.RenewInterval = c.TTL / 3
+		c.RenewInterval = lease.RenewInterval(c.TTL)
 	}
-	if c.RenewInterval < 0 || c.RenewInterval > c.TTL/3 {
-		return c, configErr("RenewInterval", "must be positive and at most TTL/3 (%v), got %v", c.TTL/3, c.RenewInterval)
+	if c.RenewInterval < 0 || c.RenewInterval > lease.RenewInterval(c.TTL) {
+		return c, configErr("RenewInterval", "must be positive and at most TTL/3 (%v), got %v", lease.RenewInterval(c.TTL), c.RenewInterval)
 	}
 	if c.RetryInterval == 0 {
 		c.RetryInterval = c.RenewInterval / 2

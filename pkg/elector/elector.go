@@ -428,55 +428,24 @@ func (e *Elector) lead(ctx context.Context, g lease.Grant) (resigned bool) {
 	e.metrics.transitions.WithLabelValues(key, "started").Inc()
 	log.Info("started leading", "validFor", t.Deadline().Sub(e.clock.Now()).Round(time.Millisecond))
 
+	// Renewals go on until OnStartedLeading returns, even once resigning,
+	// and stop when the term ends (its deadline, or a loss).
+	kctx, stopRenewing := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopRenewing()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		defer stopRenewing()
 		c.Callbacks.OnStartedLeading(lctx)
 	}()
-
-	renewTimer := e.clock.NewTimer(c.RenewInterval)
-	defer renewTimer.Stop()
-	renewC := renewTimer.C()
-	rDone := rctx.Done()
-loop:
-	for {
-		select {
-		case <-done:
-			// OnStartedLeading returned: resign if still leading.
-			if lctx.Err() == nil {
-				resigned = true
-			}
-			resign(lease.ErrReleased)
-			break loop
-		case <-t.Done():
-			break loop // the term ended: deadline or loss
-		case <-rDone:
-			// Resigning: keep the grant alive until OnStartedLeading
-			// returns, then release it.
-			rDone = nil
-		case <-renewC:
-			start := e.clock.Now()
-			err := t.Renew(context.WithoutCancel(ctx)) // resigning: renew until OnStartedLeading returns
-			e.metrics.renew.WithLabelValues(key).Observe(e.clock.Since(start).Seconds())
-			switch {
-			case err == nil:
-				renewTimer.Reset(c.RenewInterval)
-			case errors.Is(err, lease.ErrLost):
-				e.countError(lostKind(err))
-				break loop
-			case errors.Is(err, lease.ErrLocalDeadline):
-				// The answer came after the deadline (whose timer may not
-				// have fired yet): the term is over.
-				t.End(lease.ErrLocalDeadline)
-				break loop
-			default:
-				e.countError(errorKindRenew)
-				left := t.Deadline().Sub(e.clock.Now())
-				log.Error(err, "renew failed; retrying", "retryInterval", c.RetryInterval,
-					"untilDeadline", left.Round(time.Millisecond))
-				renewTimer.Reset(min(c.RetryInterval, max(left, 0)))
-			}
-		}
+	_ = t.KeepAlive(kctx, lease.KeepAliveOptions{
+		Interval: c.RenewInterval, RetryInterval: c.RetryInterval,
+		Observe: func(t *lease.Term, took time.Duration, err error) { e.renewed(log, t, took, err) },
+	})
+	if t.Err() == nil {
+		// OnStartedLeading returned: resign if still leading.
+		resigned = lctx.Err() == nil
+		resign(lease.ErrReleased)
 	}
 
 	cause := context.Cause(lctx)
@@ -507,6 +476,23 @@ loop:
 	e.term, e.lctx = nil, nil
 	e.mu.Unlock()
 	return resigned
+}
+
+// renewed records one renewal of the term t: its latency, and a failure.
+func (e *Elector) renewed(log logr.Logger, t *lease.Term, took time.Duration, err error) {
+	e.metrics.renew.WithLabelValues(e.cfg.Key).Observe(took.Seconds())
+	switch {
+	case err == nil, errors.Is(err, lease.ErrLocalDeadline):
+		// A renewal answered after the deadline ended the term: counted
+		// as a deadline when the term is over.
+	case errors.Is(err, lease.ErrLost):
+		e.countError(lostKind(err))
+	default:
+		e.countError(errorKindRenew)
+		left := t.Deadline().Sub(e.clock.Now())
+		log.Error(err, "renew failed; retrying", "retryInterval", e.cfg.RetryInterval,
+			"untilDeadline", left.Round(time.Millisecond))
+	}
 }
 
 // release releases t; it may run after Run's context ended, so it does not

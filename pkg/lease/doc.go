@@ -117,6 +117,13 @@
 // A context made from a done parent, or of an ended term, is done when
 // Context returns; its Deadline is the term's.
 //
+// KeepAlive renews a term on the client's clock until its context or the
+// term ends, and returns the term's cause; KeepAliveSet renews a changing
+// set of terms in one statement per round (lease.renew_many). Both run
+// the one renew loop of the repository at the one default cadence,
+// RenewInterval (a third of the TTL): pkg/elector and pglease lock keep a
+// term alive with KeepAlive, and keep no loop of their own.
+//
 // # Waiting and installing
 //
 // Waiting for a key to change (a release, a grant, an expiry) is

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 )
@@ -27,8 +28,11 @@ type fakeServer struct {
 	mu       sync.Mutex
 	status   string
 	delay    time.Duration
-	jump     time.Duration // the server's clock jumps by this after computing a renewal's expiry
+	jump     time.Duration   // the server's clock jumps by this after computing a renewal's expiry
+	down     bool            // renewals fail as on an unreachable server
+	lapsed   map[string]bool // keys whose renewal answers lapsed (renew_many)
 	renews   int
+	batches  [][]string // the keys of each renew_many
 	releases int
 }
 
@@ -40,8 +44,58 @@ func (s *fakeServer) Exec(context.Context, string, ...any) (pgconn.CommandTag, e
 	return pgconn.CommandTag{}, errors.New("fake: Exec")
 }
 
-func (s *fakeServer) Query(context.Context, string, ...any) (pgx.Rows, error) {
-	return nil, errors.New("fake: Query")
+func (s *fakeServer) Query(_ context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if !strings.Contains(sql, "lease.renew_many") {
+		return nil, errors.New("fake: Query")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.down {
+		return nil, errors.New("fake: server down")
+	}
+	keys, ttl := args[0].([]string), args[3].(time.Duration)
+	s.batches = append(s.batches, keys)
+	now := s.clk.Now()
+	exp := now.Add(ttl)
+	rows := &fakeRows{}
+	for _, k := range keys {
+		status, e := "ok", &exp
+		if s.lapsed[k] {
+			status, e = "lapsed", nil
+		}
+		rows.rows = append(rows.rows, []any{status, e, now})
+	}
+	return rows, nil
+}
+
+// fakeRows are the rows of a renew_many: status, expires_at, server time.
+type fakeRows struct {
+	rows [][]any
+	cur  []any
+}
+
+func (r *fakeRows) Close()                                       {}
+func (r *fakeRows) Err() error                                   { return nil }
+func (r *fakeRows) CommandTag() pgconn.CommandTag                { return pgconn.CommandTag{} }
+func (r *fakeRows) FieldDescriptions() []pgconn.FieldDescription { return nil }
+func (r *fakeRows) Values() ([]any, error)                       { return r.cur, nil }
+func (r *fakeRows) RawValues() [][]byte                          { return nil }
+func (r *fakeRows) Conn() *pgx.Conn                              { return nil }
+func (r *fakeRows) TypeMap() *pgtype.Map                         { return nil }
+
+func (r *fakeRows) Next() bool {
+	if len(r.rows) == 0 {
+		return false
+	}
+	r.cur, r.rows = r.rows[0], r.rows[1:]
+	return true
+}
+
+func (r *fakeRows) Scan(dest ...any) error {
+	*dest[0].(*string) = r.cur[0].(string)
+	*dest[1].(**time.Time) = r.cur[1].(*time.Time)
+	*dest[2].(*time.Time) = r.cur[2].(time.Time)
+	return nil
 }
 
 func (s *fakeServer) QueryRow(_ context.Context, sql string, args ...any) pgx.Row {
@@ -54,6 +108,9 @@ func (s *fakeServer) QueryRow(_ context.Context, sql string, args ...any) pgx.Ro
 	switch {
 	case strings.Contains(sql, "lease.renew"):
 		s.renews++
+		if s.down {
+			return fakeRow{func(...any) error { return errors.New("fake: server down") }}
+		}
 		if s.delay > 0 {
 			s.clk.Step(s.delay)
 		}

@@ -30,8 +30,9 @@ func New(c *lease.Client, key, owner string, ttl time.Duration, cand handover.Ca
 	return &Registrar{c: c, key: key, owner: owner, ttl: ttl, cand: cand}
 }
 
-// Interval is how often the registration must be renewed: a third of its TTL.
-func (r *Registrar) Interval() time.Duration { return r.ttl / 3 }
+// Interval is how often the registration must be renewed: the renewal
+// cadence of a grant of its TTL (lease.RenewInterval).
+func (r *Registrar) Interval() time.Duration { return lease.RenewInterval(r.ttl) }
 
 // Ready reports the candidate's readiness now.
 func (r *Registrar) Ready() bool { return r.cand.Ready == nil || r.cand.Ready() }
