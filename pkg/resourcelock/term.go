@@ -60,6 +60,22 @@ func (l *Lock) begin(ctx context.Context, g lease.Grant) error {
 	l.term = t
 	l.obs = l.heldRecord(g)
 	l.mu.Unlock()
+	if t.Err() == nil && t.Deadline().Sub(l.client.Clock().Now()) < l.opts.LeaseDuration/2 {
+		// The answer came late: the call waited most of the TTL (for a new
+		// primary's first commit, say). Renew at once, so that the term
+		// handed out lasts until client-go's next renewal, a RetryPeriod
+		// away. A renewal answered after the deadline ends the term (given
+		// back below); any other failure leaves it to its deadline.
+		switch err := t.Renew(ctx); {
+		case err == nil:
+			l.mu.Lock()
+			l.obs = l.heldRecord(t.Grant())
+			l.mu.Unlock()
+		case errors.Is(err, lease.ErrLost):
+			l.drop(t)
+			return l.conflict(err)
+		}
+	}
 	if t.Err() != nil {
 		// Granted, but the answer came back after the grant's local
 		// deadline: never hand it out.
