@@ -507,15 +507,22 @@ func (r lateRow) Scan(dest ...any) error {
 // A grant whose answer came with little of its TTL left (the call waited
 // most of it) is renewed at once: the term handed out has a whole lease
 // duration, not what is left until the next renewal client-go sends a
-// RetryPeriod later.
+// RetryPeriod later. One whose answer came after its local deadline is
+// given back and the key asked for again at once: the term handed out is
+// a new epoch's, and Create or Update succeeds instead of leaving the key
+// to client-go's next RetryPeriod.
 func TestLateGrantRenewedAtOnce(t *testing.T) {
 	dsn := newDB(t)
 	ctx := context.Background()
 	const ttl = time.Minute
-	for _, op := range []string{"Create", "Update"} {
+	for _, tc := range []struct {
+		op   string
+		step time.Duration
+	}{{"Create", ttl - 5*time.Second}, {"Update", ttl - 5*time.Second}, {"Create", ttl + time.Second}, {"Update", ttl + time.Second}} {
+		op := tc.op
 		clk := clocktesting.NewFakeClock(time.Now())
-		key := "late-" + op
-		c := lease.New(&lateAnswers{Querier: newPool(t, dsn), clk: clk, step: ttl - 5*time.Second}).WithClock(clk)
+		key := fmt.Sprintf("late-%s-%v", op, tc.step)
+		c := lease.New(&lateAnswers{Querier: newPool(t, dsn), clk: clk, step: tc.step}).WithClock(clk)
 		a := mustLock(t, c, key, "a", resourcelock.Options{LeaseDuration: ttl})
 		if op == "Update" {
 			// A key that exists and is free: Update acquires it.
@@ -545,7 +552,10 @@ func TestLateGrantRenewedAtOnce(t *testing.T) {
 			t.Fatalf("%s: no live term", op)
 		}
 		if left := term.Deadline().Sub(clk.Now()); left < ttl/2 {
-			t.Fatalf("%s: the term handed out ends in %v, want at least half the lease duration (%v)", op, left, ttl/2)
+			t.Fatalf("%s after %v: the term handed out ends in %v, want at least half the lease duration (%v)", op, tc.step, left, ttl/2)
+		}
+		if s, err := c.Inspect(ctx, key); err != nil || !s.Held || s.Epoch != term.Grant().Epoch {
+			t.Fatalf("%s after %v: the server shows %+v (%v), want the term's grant %v", op, tc.step, s, err, term.Grant().Token)
 		}
 	}
 }
