@@ -23,7 +23,8 @@ stress:
 	hack/stress.sh
 
 ## test-ha: pg_lease under Patroni (etcd, three PostgreSQL 15 nodes; asynchronous, synchronous and strict
-## synchronous): switchovers, crashes, frozen primaries; prints the leaderless time per mode and fault (test/ha)
+## synchronous): switchovers, crashes, frozen primaries, etcd lost, Patroni killed, a switchover mid-commit;
+## prints the leaderless time and safety counts per mode and fault (test/ha)
 test-ha:
 	hack/install-deps.sh
 	$(MAKE) -s -C sql install >/dev/null

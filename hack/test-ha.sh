@@ -2,11 +2,15 @@
 # `make test-ha`: pg_lease under Patroni (test/ha). Patroni with etcd and
 # three PostgreSQL nodes on loopback, in asynchronous, synchronous and strict
 # synchronous mode; electors on a multi-host DSN; switchovers, crashes,
-# frozen primaries and failovers back and forth. Prints, per mode and fault
-# kind, the time from Patroni's promotion to the next leader's first fenced
-# write. Expects what `make test-ha` installs first (Patroni, the extension
-# files, the test control plane's etcd).
+# frozen primaries, failovers back and forth, and faults of Patroni itself:
+# etcd lost during a failover, Patroni killed on the primary, a switchover
+# while commits are in flight. Prints, per mode and fault kind, the time
+# from Patroni's promotion to the next leader's first fenced write and the
+# safety counts. Expects what `make test-ha` installs first (Patroni, the
+# extension files, the test control plane's etcd). The PostgreSQL binaries
+# are $PGLEASE_PG_BINDIR's when set (the extension must be installed there).
 #   PGLEASE_HA_MODES=strict      a subset of the modes (async,sync,strict)
+#   PGLEASE_HA_FAULTS=crash,...  a subset of the fault kinds (test/ha/README.md)
 #   PGLEASE_HA_ROUNDS=N          every fault kind N times in every mode
 set -euo pipefail
 cd "$(dirname "$0")/.."

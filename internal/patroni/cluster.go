@@ -136,6 +136,8 @@ type Cluster struct {
 	etcd  *exec.Cmd
 	etcdD chan struct{}
 	ePort int
+	pPort int // etcd's peer port
+	etcdM sync.Mutex
 	nodes []*Node
 }
 
@@ -260,16 +262,23 @@ func freePort() (int, error) {
 }
 
 func (c *Cluster) startEtcd(ctx context.Context) error {
-	var err error
-	if c.ePort, err = freePort(); err != nil {
-		return err
+	c.etcdM.Lock()
+	defer c.etcdM.Unlock()
+	if c.etcd != nil {
+		return errors.New("patroni: etcd is already running")
 	}
-	peer, err := freePort()
-	if err != nil {
-		return err
+	if c.ePort == 0 {
+		var err error
+		if c.ePort, err = freePort(); err != nil {
+			return err
+		}
+		if c.pPort, err = freePort(); err != nil {
+			return err
+		}
 	}
+	peer := c.pPort
 	dir := filepath.Join(c.root, "etcd")
-	logf, err := os.Create(filepath.Join(c.root, "etcd.log"))
+	logf, err := os.OpenFile(filepath.Join(c.root, "etcd.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		return err
 	}
@@ -285,8 +294,9 @@ func (c *Cluster) startEtcd(ctx context.Context) error {
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("patroni: starting etcd: %w", err)
 	}
-	c.etcd, c.etcdD = cmd, make(chan struct{})
-	go func() { _ = cmd.Wait(); close(c.etcdD) }()
+	done := make(chan struct{})
+	c.etcd, c.etcdD = cmd, done
+	go func() { _ = cmd.Wait(); close(done) }()
 	deadline := time.Now().Add(time.Minute)
 	for {
 		resp, err := http.Get(client + "/health")
@@ -298,7 +308,8 @@ func (c *Cluster) startEtcd(ctx context.Context) error {
 			}
 		}
 		select {
-		case <-c.etcdD:
+		case <-done:
+			c.etcd = nil
 			return fmt.Errorf("patroni: etcd exited at start; log:\n%s", tail(filepath.Join(c.root, "etcd.log")))
 		case <-ctx.Done():
 			return ctx.Err()
@@ -309,6 +320,24 @@ func (c *Cluster) startEtcd(ctx context.Context) error {
 		}
 	}
 }
+
+// StopEtcd kills etcd (SIGKILL), Patroni's DCS, and waits until it is
+// gone: every node loses the DCS. StartEtcd starts it again on the same
+// data directory and ports.
+func (c *Cluster) StopEtcd() error {
+	c.etcdM.Lock()
+	defer c.etcdM.Unlock()
+	if c.etcd == nil {
+		return errors.New("patroni: etcd is not running")
+	}
+	_ = c.etcd.Process.Kill()
+	<-c.etcdD
+	c.etcd = nil
+	return nil
+}
+
+// StartEtcd starts etcd again after StopEtcd and waits until it is healthy.
+func (c *Cluster) StartEtcd(ctx context.Context) error { return c.startEtcd(ctx) }
 
 // Close stops every node (Patroni stops PostgreSQL), then etcd, and
 // removes the directory.
@@ -323,10 +352,13 @@ func (c *Cluster) Close() error {
 		})
 	}
 	wg.Wait()
+	c.etcdM.Lock()
 	if c.etcd != nil {
 		_ = c.etcd.Process.Kill()
 		<-c.etcdD
+		c.etcd = nil
 	}
+	c.etcdM.Unlock()
 	if c.root != "" && os.Getenv("PGLEASE_KEEP_HA") == "" {
 		if err := os.RemoveAll(c.root); err != nil {
 			errs = append(errs, err)

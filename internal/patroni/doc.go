@@ -13,6 +13,8 @@
 //	err = leader.Kill()                  // SIGKILL of Patroni and the postmaster tree
 //	err = leader.Freeze(); leader.Thaw() // SIGSTOP / SIGCONT of both
 //	err = leader.Start(ctx)              // Patroni again on the same data directory
+//	err = leader.KillPatroni()           // SIGKILL of Patroni alone: PostgreSQL keeps running
+//	err = c.StopEtcd(); c.StartEtcd(ctx) // the DCS lost, then back on the same data and ports
 //
 // # Modes
 //

@@ -32,8 +32,13 @@ type Node struct {
 	tags    map[string]any
 	sup     *exec.Cmd
 	supDone chan struct{}
-	patroni int // pid
+	supKeep chan struct{} // the supervisor acknowledged SIGUSR1
+	patroni int           // pid
 	frozen  []int
+	// orphaned: supervisors whose Patroni was killed alone (KillPatroni),
+	// still reaping the postmaster it left; each channel closes when its
+	// supervisor exits.
+	orphaned []chan struct{}
 }
 
 func (n *Node) cfgPath() string   { return filepath.Join(n.dir, "patroni.yml") }
@@ -190,12 +195,17 @@ func (n *Node) Start(ctx context.Context) error {
 	}
 	done := make(chan struct{})
 	pidc := make(chan int, 1)
+	keep := make(chan struct{})
 	go func() {
 		sc := bufio.NewScanner(out)
+		kept := false
 		for sc.Scan() {
 			var pid int
 			if _, err := fmt.Sscanf(sc.Text(), "pid %d", &pid); err == nil {
 				pidc <- pid
+			} else if sc.Text() == "keep" && !kept {
+				kept = true
+				close(keep)
 			}
 		}
 		_ = cmd.Wait()
@@ -203,7 +213,7 @@ func (n *Node) Start(ctx context.Context) error {
 	}()
 	select {
 	case pid := <-pidc:
-		n.sup, n.supDone, n.patroni, n.frozen = cmd, done, pid, nil
+		n.sup, n.supDone, n.supKeep, n.patroni, n.frozen = cmd, done, keep, pid, nil
 	case <-done:
 		return fmt.Errorf("patroni: %s exited at start; log:\n%s", n.Name, n.LogTail())
 	case <-ctx.Done():
@@ -261,7 +271,7 @@ func (n *Node) Stop() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.sup == nil {
-		return nil
+		return n.stopOrphanedLocked()
 	}
 	n.thawLocked()
 	_ = n.sup.Process.Signal(syscall.SIGTERM)
@@ -272,6 +282,55 @@ func (n *Node) Stop() error {
 		return errors.Join(fmt.Errorf("patroni: %s did not stop within a minute; killed", n.Name), err)
 	}
 	n.sup = nil
+	return n.stopOrphanedLocked()
+}
+
+// stopOrphanedLocked kills a postmaster that outlived its Patroni and no
+// Patroni adopted, and waits for the supervisors still reaping one.
+func (n *Node) stopOrphanedLocked() error {
+	if len(n.orphaned) == 0 {
+		return nil
+	}
+	var err error
+	if pm := n.PostmasterPID(); pm != 0 && n.sup == nil {
+		err = pgserver.KillTree(pm)
+	}
+	for _, d := range n.orphaned {
+		select {
+		case <-d:
+		case <-time.After(30 * time.Second):
+			err = errors.Join(err, fmt.Errorf("patroni: %s: a supervisor of a killed Patroni did not exit", n.Name))
+		}
+	}
+	n.orphaned = nil
+	return err
+}
+
+// KillPatroni kills the node's Patroni alone (SIGKILL), as the OOM killer
+// would: its PostgreSQL keeps running, without an HA manager, until a
+// Patroni started again (Start) takes it over. The supervisor keeps
+// reaping the postmaster and exits when it is gone.
+func (n *Node) KillPatroni() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.sup == nil || n.frozen != nil {
+		return fmt.Errorf("patroni: KillPatroni: %s is not running", n.Name)
+	}
+	if err := n.sup.Process.Signal(syscall.SIGUSR1); err != nil {
+		return fmt.Errorf("patroni: KillPatroni %s: %w", n.Name, err)
+	}
+	select {
+	case <-n.supKeep:
+	case <-n.supDone:
+		return fmt.Errorf("patroni: KillPatroni: %s's supervisor exited", n.Name)
+	case <-time.After(30 * time.Second):
+		return fmt.Errorf("patroni: KillPatroni: %s's supervisor did not answer SIGUSR1", n.Name)
+	}
+	if err := syscall.Kill(n.patroni, syscall.SIGKILL); err != nil {
+		return fmt.Errorf("patroni: KillPatroni %s: %w", n.Name, err)
+	}
+	n.orphaned = append(n.orphaned, n.supDone)
+	n.sup, n.supDone, n.supKeep = nil, nil, nil
 	return nil
 }
 
@@ -286,6 +345,9 @@ func (n *Node) Kill() error {
 
 func (n *Node) killLocked() error {
 	if n.sup == nil {
+		if len(n.orphaned) > 0 {
+			return n.stopOrphanedLocked()
+		}
 		return fmt.Errorf("patroni: Kill: %s is not running", n.Name)
 	}
 	_ = syscall.Kill(n.patroni, syscall.SIGSTOP)
@@ -302,7 +364,7 @@ func (n *Node) killLocked() error {
 		err = errors.Join(err, fmt.Errorf("patroni: %s: the supervisor did not exit after the kill", n.Name))
 	}
 	n.sup, n.frozen = nil, nil
-	return err
+	return errors.Join(err, n.stopOrphanedLocked())
 }
 
 // Freeze stops the node with SIGSTOP: Patroni, the postmaster and every

@@ -107,9 +107,10 @@ var sharedFiles struct {
 func SharedExtensionFiles(t testing.TB) {
 	t.Helper()
 	sharedFiles.once.Do(func() {
+		s := Shared(t) // started first: its start has its own bound
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		sharedFiles.err = Shared(t).InstallExtensionFiles(ctx)
+		sharedFiles.err = s.InstallExtensionFiles(ctx)
 	})
 	if sharedFiles.err != nil {
 		t.Fatal(sharedFiles.err)
@@ -121,10 +122,12 @@ func SharedExtensionFiles(t testing.TB) {
 // shared server's installation once per test binary.
 func NewLeaseDatabase(t testing.TB) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
 	SharedExtensionFiles(t)
 	dsn := NewDatabase(t)
+	// The minute starts after the shared server's start (each step above
+	// has its own): a cold start on a loaded machine must not eat it.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)

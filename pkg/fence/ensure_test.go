@@ -19,13 +19,15 @@ import (
 func TestEnsureTableRace(t *testing.T) {
 	const replicas, rounds = 8, 200
 	dsn := pgtest.NewDatabase(t)
-	ctx := testCtx(t)
 	conns := make([]*pgx.Conn, replicas)
 	for i := range conns {
 		conns[i] = pgtest.Connect(t, dsn)
 	}
 	guards := make([]*fence.PGGuard, replicas)
 	for round := range rounds {
+		// A minute per round, a bound on a hang: the whole run's length
+		// depends on the machine's load.
+		ctx := testCtx(t)
 		for i := range guards {
 			g, err := fence.NewPGGuard(conns[i], fence.PGGuardOptions{Table: fmt.Sprintf("race_%d", round)})
 			if err != nil {

@@ -257,9 +257,9 @@ func TestPGGuardOptionsValidation(t *testing.T) {
 // reports such a commit as done, with a warning, though a failover may lose
 // it. The server names a synchronous standby that never connects.
 func TestCommitUnknown(t *testing.T) {
-	ctx := testCtx(t)
 	srv := pgtest.New(t)
 	dsn := pgtest.NewLeaseDatabaseOn(t, srv)
+	ctx := testCtx(t) // after the server's start, which has its own bound
 	pool := pgtest.NewPool(t, dsn, func(c *pgxpool.Config) { lease.ObserveCommits(&c.ConnConfig.Config) })
 	if _, err := pool.Exec(ctx, "CREATE TABLE w (epoch bigint)"); err != nil {
 		t.Fatal(err)

@@ -150,6 +150,16 @@
 // The same holds for a term that ended at its local deadline: the Lock gives
 // that grant back instead of resuming it.
 //
+// A grant is valid for the lease duration from when its call was sent. When
+// the answer comes with less than half of it left (the call waited: on a
+// new primary in synchronous mode every commit waits until a standby
+// streams from it), Create and Update renew it at once, before they return,
+// so that the term lasts until client-go's next renewal instead of ending
+// before it. A grant whose answer came after its local deadline is never
+// handed out: it is given back and the key asked for once more at once,
+// and Create or Update reports that second answer (a new epoch, or
+// Conflict).
+//
 // The cause a term ends with (context.Cause of its contexts) is decided by
 // what the Lock saw, not by which goroutine noticed first. Once the term's
 // local deadline has passed, it is lease.ErrLocalDeadline: a renewal

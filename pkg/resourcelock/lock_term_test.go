@@ -6,10 +6,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -469,5 +471,91 @@ func TestUpdateBeforeGetRefused(t *testing.T) {
 	}
 	if err := a.Update(ctx, rec("a")); err != nil || epochOf(a) != 1 {
 		t.Fatalf("Update after Get: %v (epoch %d)", err, epochOf(a))
+	}
+}
+
+// lateAnswers steps clk by step when the first acquire's answer is read:
+// the call took that long (its commit waited for a new primary's first
+// commit, say).
+type lateAnswers struct {
+	lease.Querier
+	clk     *clocktesting.FakeClock
+	step    time.Duration
+	stepped bool
+}
+
+func (q *lateAnswers) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	r := q.Querier.QueryRow(ctx, sql, args...)
+	if q.stepped || !strings.Contains(sql, "lease.acquire(") {
+		return r
+	}
+	q.stepped = true
+	return lateRow{r, q}
+}
+
+type lateRow struct {
+	pgx.Row
+	q *lateAnswers
+}
+
+func (r lateRow) Scan(dest ...any) error {
+	err := r.Row.Scan(dest...)
+	r.q.clk.Step(r.q.step)
+	return err
+}
+
+// A grant whose answer came with little of its TTL left (the call waited
+// most of it) is renewed at once: the term handed out has a whole lease
+// duration, not what is left until the next renewal client-go sends a
+// RetryPeriod later. One whose answer came after its local deadline is
+// given back and the key asked for again at once: the term handed out is
+// a new epoch's, and Create or Update succeeds instead of leaving the key
+// to client-go's next RetryPeriod.
+func TestLateGrantRenewedAtOnce(t *testing.T) {
+	dsn := newDB(t)
+	ctx := context.Background()
+	const ttl = time.Minute
+	for _, tc := range []struct {
+		op   string
+		step time.Duration
+	}{{"Create", ttl - 5*time.Second}, {"Update", ttl - 5*time.Second}, {"Create", ttl + time.Second}, {"Update", ttl + time.Second}} {
+		op := tc.op
+		clk := clocktesting.NewFakeClock(time.Now())
+		key := fmt.Sprintf("late-%s-%v", op, tc.step)
+		c := lease.New(&lateAnswers{Querier: newPool(t, dsn), clk: clk, step: tc.step}).WithClock(clk)
+		a := mustLock(t, c, key, "a", resourcelock.Options{LeaseDuration: ttl})
+		if op == "Update" {
+			// A key that exists and is free: Update acquires it.
+			admin := newClient(t, dsn)
+			g, ok, err := admin.Acquire(ctx, key, "b", ttl)
+			if err != nil || !ok {
+				t.Fatal(ok, err)
+			}
+			if err := admin.Release(ctx, g.Token); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, _, err := a.Get(ctx); err != nil && !apierrors.IsNotFound(err) {
+			t.Fatal(err)
+		}
+		var err error
+		if op == "Create" {
+			err = a.Create(ctx, rec("a"))
+		} else {
+			err = a.Update(ctx, rec("a"))
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", op, err)
+		}
+		term := resourcelock.TermOf(a)
+		if term == nil {
+			t.Fatalf("%s: no live term", op)
+		}
+		if left := term.Deadline().Sub(clk.Now()); left < ttl/2 {
+			t.Fatalf("%s after %v: the term handed out ends in %v, want at least half the lease duration (%v)", op, tc.step, left, ttl/2)
+		}
+		if s, err := c.Inspect(ctx, key); err != nil || !s.Held || s.Epoch != term.Grant().Epoch {
+			t.Fatalf("%s after %v: the server shows %+v (%v), want the term's grant %v", op, tc.step, s, err, term.Grant().Token)
+		}
 	}
 }

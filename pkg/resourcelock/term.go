@@ -50,7 +50,11 @@ func (l *Lock) TokenContext(parent context.Context) (context.Context, context.Ca
 // begin starts the term of a new grant g and reports it. No term is held:
 // callers drop or give back the old one first, which returns only after its
 // end was reported. So the start is reported after every earlier end.
-func (l *Lock) begin(ctx context.Context, g lease.Grant) error {
+func (l *Lock) begin(ctx context.Context, g lease.Grant) error { return l.beginTerm(ctx, g, true) }
+
+// beginTerm is begin; again allows one more acquire when g's answer came
+// after its local deadline.
+func (l *Lock) beginTerm(ctx context.Context, g lease.Grant, again bool) error {
 	l.notify(lease.Token{}, g.Token)
 	t, err := l.client.Begin(g, l.opts.Margin, func(tok lease.Token, _ error) { l.notify(tok, lease.Token{}) })
 	if err != nil {
@@ -60,15 +64,44 @@ func (l *Lock) begin(ctx context.Context, g lease.Grant) error {
 	l.term = t
 	l.obs = l.heldRecord(g)
 	l.mu.Unlock()
-	if t.Err() != nil {
-		// Granted, but the answer came back after the grant's local
-		// deadline: never hand it out.
-		if err := l.giveBack(ctx, t); err != nil {
-			return err
+	if t.Err() == nil && t.Deadline().Sub(l.client.Clock().Now()) < l.opts.LeaseDuration/2 {
+		// The answer came late: the call waited most of the TTL (for a new
+		// primary's first commit, say). Renew at once, so that the term
+		// handed out lasts until client-go's next renewal, a RetryPeriod
+		// away. A renewal answered after the deadline ends the term (given
+		// back below); any other failure leaves it to its deadline.
+		switch err := t.Renew(ctx); {
+		case err == nil:
+			l.mu.Lock()
+			l.obs = l.heldRecord(t.Grant())
+			l.mu.Unlock()
+		case errors.Is(err, lease.ErrLost):
+			l.drop(t)
+			return l.conflict(err)
 		}
-		return l.conflict(fmt.Errorf("%w: grant %s arrived too late to use", lease.ErrLocalDeadline, g.Token))
 	}
-	return nil
+	if t.Err() == nil {
+		return nil
+	}
+	// Granted, but the answer came back after the grant's local deadline:
+	// never hand it out. Give it back, and ask once more at once: the
+	// server that made the answer late (a new primary before its first
+	// commit) answers the next call promptly, and waiting for client-go's
+	// next RetryPeriod would leave the key leaderless that much longer.
+	if err := l.giveBack(ctx, t); err != nil {
+		return err
+	}
+	late := l.conflict(fmt.Errorf("%w: grant %s arrived too late to use", lease.ErrLocalDeadline, g.Token))
+	if !again {
+		return late
+	}
+	actx, cancel := context.WithTimeout(ctx, l.followerTimeout())
+	defer cancel()
+	g, ok, err := l.client.Acquire(actx, l.key, l.identity, l.opts.LeaseDuration)
+	if err != nil || !ok {
+		return late
+	}
+	return l.beginTerm(ctx, g, false)
 }
 
 // lose ends t after the server said its grant is gone, and forgets it. A

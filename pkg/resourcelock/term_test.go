@@ -8,6 +8,7 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
@@ -17,7 +18,9 @@ import (
 // and reports it to OnEpochChange; while that report is in flight, an
 // Update (which finds the term ended) must not return, let alone start the
 // next term, so every start is reported after the previous end. The hook is
-// held open until Update is seen to wait (or, the defect, to return).
+// held open until Update is seen to wait (or, the defect, to return). The
+// test moves the client's clock to the deadline: the calls keep the
+// lease's full duration, however slow the machine.
 func TestEndReportedBeforeTheLockActs(t *testing.T) {
 	dsn := newDB(t)
 	ctx := context.Background()
@@ -27,8 +30,9 @@ func TestEndReportedBeforeTheLockActs(t *testing.T) {
 		entered = make(chan struct{})
 		release = make(chan struct{})
 	)
-	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.Options{
-		LeaseDuration: time.Second,
+	clk := clocktesting.NewFakeClock(time.Now())
+	a := mustLock(t, newClient(t, dsn).WithClock(clk), "k", "a", resourcelock.Options{
+		LeaseDuration: time.Minute,
 		OnEpochChange: func(old, new lease.Token) {
 			mu.Lock()
 			calls = append(calls, [2]lease.Token{old, new})
@@ -42,6 +46,10 @@ func TestEndReportedBeforeTheLockActs(t *testing.T) {
 	if err := a.Create(ctx, rec("a")); err != nil {
 		t.Fatal(err)
 	}
+	// The fake clock runs the deadline timer in SetTime, which returns once
+	// the hook does.
+	stepped := make(chan struct{})
+	go func() { clk.SetTime(resourcelock.TermOf(a).Deadline()); close(stepped) }()
 	<-entered // the deadline timer is reporting the end (no renewal came)
 	updated := make(chan error, 1)
 	go func() { updated <- a.Update(ctx, rec("a")) }()
@@ -52,6 +60,7 @@ func TestEndReportedBeforeTheLockActs(t *testing.T) {
 	case <-time.After(200 * time.Millisecond): // a wait, not a timed assertion
 	}
 	close(release)
+	<-stepped
 	if err := <-updated; !apierrors.IsConflict(err) || !errors.Is(err, lease.ErrLocalDeadline) {
 		t.Fatalf("Update after the local deadline: %v, want Conflict (ErrLocalDeadline)", err)
 	}

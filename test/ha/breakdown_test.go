@@ -1,6 +1,7 @@
 package ha
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -21,7 +22,7 @@ type part struct {
 // per key when a candidate first connected to it, when the call that
 // granted or renewed the lease was sent and answered, when a term began
 // there, and the write.
-func (w *world) breakdown(t0 time.Time, p promotion, got map[string]write) []part {
+func (w *world) breakdown(t0 time.Time, old string, p promotion, got map[string]write) []part {
 	var out []part
 	since := func(at time.Time) time.Duration { return max(at.Sub(p.at), 0) }
 	add := func(name string, at time.Time) {
@@ -41,6 +42,15 @@ func (w *world) breakdown(t0 time.Time, p promotion, got map[string]write) []par
 			named = rs.at
 		}
 	}
+	// A primary left running (its Patroni killed) keeps the candidates'
+	// connections until it is demoted or stopped.
+	var oldLast time.Time
+	for _, rs := range w.probe.replSince(old, p.at) {
+		if rs.primary && rs.at.After(p.at) {
+			oldLast = rs.at
+		}
+	}
+	add("old primary last seen primary", oldLast)
 	var commit time.Time
 	select {
 	case commit = <-p.commit:
@@ -48,6 +58,8 @@ func (w *world) breakdown(t0 time.Time, p promotion, got map[string]write) []par
 	case <-time.After(15 * time.Second):
 	}
 	add("standby named synchronous", named)
+	grace, granted := w.serverSteps(p)
+	add("grace ends", grace)
 	port := p.node.Port
 	for _, k := range w.keys {
 		if k == operatorKey {
@@ -64,6 +76,7 @@ func (w *world) breakdown(t0 time.Time, p promotion, got map[string]write) []par
 			add(k+" lease call sent", c.start)
 			add(k+" lease call answered", c.end)
 		}
+		add(k+" granted", granted[k])
 		began := w.termAfter(k, p.at)
 		add(k+" term began", began)
 		// The fenced write's own steps: its insert in the cluster and its
@@ -99,6 +112,43 @@ func (w *world) breakdown(t0 time.Time, p promotion, got map[string]write) []par
 		add("operator write", got[operatorKey].at)
 	}
 	return out
+}
+
+// serverSteps reads, on the node promoted at p, when pg_lease's grace
+// after the promotion ends (lease.status; zero if it ended before the
+// promotion, as in strict mode, where there is none) and, per key, when
+// its first grant after the promotion was made there (lease.history's
+// first acquired or taken_over event: the granting statement's time on
+// the server's clock, which is this machine's).
+func (w *world) serverSteps(p promotion) (grace time.Time, granted map[string]time.Time) {
+	granted = map[string]time.Time{}
+	ctx, cancel := context.WithTimeout(w.runCtx, 10*time.Second)
+	defer cancel()
+	conn, err := p.node.Connect(ctx, dbName)
+	if err != nil {
+		w.t.Logf("breakdown: %s: %v", p.node.Name, err)
+		return grace, granted
+	}
+	defer conn.Close(context.Background())
+	var g *time.Time
+	if err := conn.QueryRow(ctx, `SELECT grace_until FROM lease.status()`).Scan(&g); err != nil {
+		w.t.Logf("breakdown: lease.status on %s: %v", p.node.Name, err)
+	} else if g != nil && g.After(p.at) {
+		grace = *g
+	}
+	for _, k := range w.keys {
+		if k == operatorKey {
+			continue
+		}
+		var at *time.Time
+		if err := conn.QueryRow(ctx, `SELECT min(h.at) FROM lease.history($1, 10000) h
+			WHERE h.event IN ('acquired', 'taken_over') AND h.at > $2`, k, p.at).Scan(&at); err != nil {
+			w.t.Logf("breakdown: lease.history(%s) on %s: %v", k, p.node.Name, err)
+		} else if at != nil {
+			granted[k] = *at
+		}
+	}
+	return grace, granted
 }
 
 // termAfter is when the first term of key that began after at began (zero

@@ -179,3 +179,42 @@ func (w *world) check(ctx context.Context) {
 		t.Errorf("%d violations:\n%s", len(v), strings.Join(shown, "\n"))
 	}
 }
+
+// window is one fault's run, from the fault to a healthy cluster again.
+type window struct{ from, to time.Time }
+
+// safety is what one fault kind's windows broke: pairs of overlapping
+// terms of a key (the later one began in a window) and (key, epoch) pairs
+// granted to two owners (the second grant's term began in a window).
+type safety struct{ twoHolders, epochTwice int }
+
+func (w *world) safety(ws []window) safety {
+	in := func(at time.Time) bool {
+		for _, x := range ws {
+			if !at.Before(x.from) && !at.After(x.to) {
+				return true
+			}
+		}
+		return false
+	}
+	var s safety
+	terms := w.allTerms()
+	sort.Slice(terms, func(i, j int) bool { return terms[i].start.Before(terms[j].start) })
+	owner := map[string]string{}
+	for i, b := range terms {
+		id := fmt.Sprintf("%s@%d", b.key, b.epoch)
+		if o, ok := owner[id]; ok && o != b.who && in(b.start) {
+			s.epochTwice++
+		}
+		owner[id] = b.who
+		if b.fromEvents || !in(b.start) {
+			continue
+		}
+		for _, a := range terms[:i] {
+			if a.key == b.key && !a.fromEvents && (a.end.IsZero() || b.start.Before(a.end)) {
+				s.twoHolders++
+			}
+		}
+	}
+	return s
+}

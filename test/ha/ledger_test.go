@@ -22,6 +22,7 @@ type ledger struct {
 	key    string
 
 	warn   syncWarnings
+	calls  *callLog // the ledger's calls, to say where a lost change was made and read
 	mu     sync.Mutex
 	warned int // calls that returned success with the cancelled-wait warning
 	acked  int
@@ -36,7 +37,8 @@ var errWarned = errors.New("commit carried the cancelled-wait warning")
 func startLedger(w *world) *ledger {
 	l := &ledger{key: ledgerKey}
 	// One connection: a warning seen during a call is that call's.
-	l.client = lease.New(w.pool(pgtest.MaxConns(1), l.warn.option()))
+	l.client = lease.New(w.pool(pgtest.MaxConns(1), l.warn.option(), w.calls.option(ledgerKey, ledgerOwner)))
+	l.calls = &w.calls
 	w.wg.Go(func() { l.run(w.runCtx) })
 	return l
 }
@@ -49,6 +51,7 @@ type expect struct {
 	epoch int64
 	// acquire in doubt: a grant above epoch is as good as none.
 	grantAbove bool
+	at         time.Time // when the call that left it was answered
 }
 
 func (e expect) matches(s lease.State) bool {
@@ -112,7 +115,7 @@ func (l *ledger) run(ctx context.Context) {
 			})
 			if err == nil && ok {
 				held, tok, renew = true, g.Token, 0
-				last = expect{held: true, epoch: g.Epoch}
+				last = expect{held: true, epoch: g.Epoch, at: time.Now()}
 				l.ack()
 			}
 		case renew < 3:
@@ -120,6 +123,7 @@ func (l *ledger) run(ctx context.Context) {
 			err = do(func(c context.Context) error { _, err := l.client.Renew(c, tok, ttl); return err })
 			if err == nil {
 				renew++
+				last.at = time.Now()
 				l.ack()
 			}
 		default:
@@ -127,7 +131,7 @@ func (l *ledger) run(ctx context.Context) {
 			err = do(func(c context.Context) error { return l.client.Release(c, tok) })
 			if err == nil {
 				held = false
-				last = expect{epoch: tok.Epoch + 1}
+				last = expect{epoch: tok.Epoch + 1, at: time.Now()}
 				l.ack()
 			}
 		}
@@ -173,8 +177,9 @@ func (l *ledger) check(last, doubt expect, s lease.State) {
 	if last.matches(s) || doubt.matches(s) {
 		return
 	}
-	l.lost = append(l.lost, fmt.Sprintf("after a failed call the server shows epoch %d held=%v owner=%q; the last acknowledged call left %s, the failed one would have left %s",
-		s.Epoch, s.Held, s.Owner, last, doubt))
+	ackPort, readPort := l.calls.portAt(ledgerKey, last.at), l.calls.portAt(ledgerKey, time.Now())
+	l.lost = append(l.lost, fmt.Sprintf("after a failed call the server (port %d, at %s) shows epoch %d held=%v owner=%q; the last acknowledged call (port %d, at %s) left %s, the failed one would have left %s",
+		readPort, time.Now().Format("15:04:05.000"), s.Epoch, s.Held, s.Owner, ackPort, last.at.Format("15:04:05.000"), last, doubt))
 }
 
 func (l *ledger) report() (acked, checks, warned int, lost []string) {

@@ -166,3 +166,35 @@ func (p *probe) await(ctx context.Context, after time.Time, old *patroni.Node) (
 		}
 	}
 }
+
+// awaitDemotion waits until node, a primary, is seen in recovery after
+// the instant after, and returns when.
+func (p *probe) awaitDemotion(ctx context.Context, node *patroni.Node, after time.Time) (time.Time, error) {
+	for {
+		p.mu.Lock()
+		for _, rs := range p.repl[node.Name] {
+			if rs.at.After(after) && !rs.primary {
+				p.mu.Unlock()
+				return rs.at, nil
+			}
+		}
+		p.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return time.Time{}, fmt.Errorf("%s not seen in recovery: %w", node.Name, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// last returns node's latest promotion seen after the instant after.
+func (p *probe) last(node *patroni.Node, after time.Time) (promotion, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i := len(p.events) - 1; i >= 0; i-- {
+		if e := p.events[i]; e.node == node && e.at.After(after) {
+			return e, true
+		}
+	}
+	return promotion{}, false
+}

@@ -2,7 +2,9 @@ package ha
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -141,4 +143,67 @@ func portOf(conn *pgx.Conn) int {
 		return a.Port
 	}
 	return 0
+}
+
+// await waits until a call for which match is true was logged.
+func (l *callLog) await(ctx context.Context, match func(call) bool) error {
+	for {
+		l.mu.Lock()
+		found := slices.ContainsFunc(l.calls, match)
+		l.mu.Unlock()
+		if found {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// cutCalls counts the calls that end in a commit (lease calls, which
+// commit as they return, and explicit commits) sent to port after after
+// and answered by an error, per kind.
+type cutCalls struct {
+	n     int
+	kinds string
+}
+
+func (l *callLog) cut(port int, after time.Time) cutCalls {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	by := map[string]int{}
+	var c cutCalls
+	for _, x := range l.calls {
+		if x.port != port || x.ok || x.start.Before(after) {
+			continue
+		}
+		switch x.kind {
+		case "acquire", "renew", "release", "commit":
+			by[x.kind]++
+			c.n++
+		}
+	}
+	var parts []string
+	for _, k := range []string{"acquire", "renew", "release", "commit"} {
+		if by[k] > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", k, by[k]))
+		}
+	}
+	c.kinds = strings.Join(parts, ", ")
+	return c
+}
+
+// portAt is the port of key's last successful call answered at or before at.
+func (l *callLog) portAt(key string, at time.Time) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	port := 0
+	for _, c := range l.calls {
+		if c.key == key && c.ok && c.port != 0 && !c.end.After(at) {
+			port = c.port
+		}
+	}
+	return port
 }

@@ -139,6 +139,10 @@ func newWorld(t *testing.T, mode patroni.Mode) *world {
 	if _, err := conn.Exec(ctx, `CREATE TABLE ha_writes (seq bigint PRIMARY KEY, key text NOT NULL, owner text NOT NULL, epoch bigint NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
+	// The hold of faultMidCommit (nothing waits until it is set).
+	if _, err := conn.Exec(ctx, holdSQL); err != nil {
+		t.Fatal(err)
+	}
 	// The probe's first commit on each new primary goes here.
 	if _, err := conn.Exec(ctx, `CREATE TABLE ha_probe (at timestamptz NOT NULL DEFAULT clock_timestamp())`); err != nil {
 		t.Fatal(err)

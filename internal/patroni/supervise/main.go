@@ -13,7 +13,9 @@
 // It prints "pid N" (Patroni's pid) on standard output and exits when
 // Patroni has exited and every other child is gone, with Patroni's status.
 // SIGTERM or SIGINT is passed on to Patroni (which stops PostgreSQL); when
-// Patroni has exited, whatever it left running is killed. The harness sets
+// Patroni has exited, whatever it left running is killed. After SIGUSR1 it
+// is not: a postmaster that outlives Patroni (Patroni alone was killed)
+// keeps running, and this program reaps it and exits once it is gone. The harness sets
 // SIGTERM as this process's parent-death signal, so a test that dies stops
 // its clusters too.
 package main
@@ -25,6 +27,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -48,6 +51,9 @@ func main() {
 	}
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	var keep atomic.Bool
+	usr1 := make(chan os.Signal, 1)
+	signal.Notify(usr1, syscall.SIGUSR1)
 
 	attr := &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if *uid >= 0 {
@@ -78,6 +84,14 @@ func main() {
 			_ = syscall.Kill(pid, syscall.SIGTERM)
 		}
 	}()
+	// The harness sends SIGUSR1 and waits for "keep" before it kills
+	// Patroni alone.
+	go func() {
+		for range usr1 {
+			keep.Store(true)
+			fmt.Println("keep")
+		}
+	}()
 
 	code := -1
 	for {
@@ -94,10 +108,12 @@ func main() {
 			if ws.Signaled() {
 				code = 128 + int(ws.Signal())
 			}
-			// Patroni is gone: nothing may run without it. A postmaster
-			// it stopped is gone already; one it left (it was killed) is
-			// killed with its backends.
-			go killOrphans(pid)
+			// Patroni is gone: nothing may run without it (unless told
+			// to keep it). A postmaster it stopped is gone already; one
+			// it left (it was killed) is killed with its backends.
+			if !keep.Load() {
+				go killOrphans(pid)
+			}
 		}
 	}
 	os.Exit(code)
