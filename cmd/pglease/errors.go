@@ -209,13 +209,6 @@ func pgMessage(err error) string {
 	return err.Error()
 }
 
-func pgDetail(err error) string {
-	if pg, ok := pgerr.As(err); ok && pg.Detail != "" {
-		return pg.Detail
-	}
-	return pgMessage(err)
-}
-
 // Exit codes, the same for every command. lock adds the command's own status
 // once the command has started (see lockHelp).
 const (

@@ -2,7 +2,11 @@ package leaseadmin
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pglease/pg_lease/pkg/lease"
 )
@@ -34,8 +38,33 @@ func Cleanup(ctx context.Context, c *lease.Client, freeFor time.Duration, maxRow
 	if err := lease.CheckCleanup(freeFor, maxRows); err != nil {
 		return 0, 0, err
 	}
-	if _, err := trusted(ctx, c.Querier(), "cleanup"); err != nil {
+	in, err := trusted(ctx, c.Querier(), "cleanup")
+	if err != nil {
 		return 0, 0, err
 	}
-	return c.Cleanup(ctx, freeFor, maxRows)
+	removed, epochFloor, err = c.Cleanup(ctx, freeFor, maxRows)
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) && pg.Code == "42883" {
+		return 0, 0, &VersionError{Op: "cleanup", Function: "lease.cleanup", Since: "0.2.0", Installed: in.Version, err: err}
+	}
+	return removed, epochFloor, err
 }
+
+// VersionError: the installed pg_lease has no function that a call needs
+// (it predates it). It matches lease.ErrNotInstalled and reaches the
+// server's *pgconn.PgError (errors.As).
+type VersionError struct {
+	Op       string
+	Function string // the missing function, lease.cleanup
+	Since    string // the first version that has it
+	// Installed is the installed version ("" for a plain schema).
+	Installed string
+
+	err error
+}
+
+func (e *VersionError) Error() string {
+	return fmt.Sprintf("%s: the installed pg_lease %s has no %s (added in %s)", e.Op, e.Installed, e.Function, e.Since)
+}
+
+func (e *VersionError) Unwrap() error { return e.err }
