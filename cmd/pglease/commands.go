@@ -284,34 +284,18 @@ EXECUTE on lease.cleanup(interval, integer), which is revoked from PUBLIC.`,
 	return cmd
 }
 
-// cleanupKeys runs lease.cleanup itself, not through leaseadmin.Cleanup, so
-// that it can name an install without lease.cleanup (before 0.2.0) and its
-// fix. It reads the install from the catalogs first and calls nothing unless
-// this role can trust it.
+// cleanupKeys is leaseadmin.Cleanup (which calls nothing unless this role
+// can trust the install), naming an install without lease.cleanup (before
+// 0.2.0) and its fix.
 func cleanupKeys(ctx context.Context, conn *pgx.Conn, freeFor time.Duration, maxRows int) (removed, floor int64, err error) {
-	in, err := leaseadmin.Describe(ctx, conn)
-	if err != nil {
-		return 0, 0, fmt.Errorf("cleanup: %w", err)
-	}
-	if err := in.TrustError(); err != nil {
-		return 0, 0, fmt.Errorf("cleanup: %w", err)
-	}
-	err = conn.QueryRow(ctx, `SELECT c.removed, c.epoch_floor FROM lease.cleanup($1, $2) c`, freeFor, maxRows).Scan(&removed, &floor)
-	if err == nil {
-		return removed, floor, nil
-	}
-	switch sqlState(err) {
-	case "22023":
-		return 0, 0, fmt.Errorf("cleanup: %w: %s", lease.ErrInvalidInput, pgDetail(err))
-	case "3F000":
-		return 0, 0, fmt.Errorf("cleanup: %w", lease.ErrNotInstalled)
-	case "42883":
+	removed, floor, err = leaseadmin.Cleanup(ctx, lease.New(conn), freeFor, maxRows)
+	if ve := (*leaseadmin.VersionError)(nil); errors.As(err, &ve) {
 		return 0, 0, &incompatibleError{
-			msg:  fmt.Sprintf("cleanup: the installed pg_lease %s has no lease.cleanup (added in 0.2.0)", in.Version),
+			msg:  ve.Error(),
 			hint: fmt.Sprintf("update it with `pglease install` (this pglease ships %s)", leaseadmin.Version),
 		}
 	}
-	return 0, 0, fmt.Errorf("cleanup: %w", err)
+	return removed, floor, err
 }
 
 func (a *app) statusCmd() *cobra.Command {

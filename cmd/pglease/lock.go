@@ -37,14 +37,6 @@ was lost; 8 when the key stayed held for the whole --timeout; 10 when the grace
 after a promotion outlasted --timeout; 126/127 when COMMAND could not be run or
 found; the codes of every command (1-6, 9) for failures before COMMAND started.`
 
-// codedError ends the invocation with its own exit status.
-type codedError struct {
-	code      int
-	msg, hint string
-}
-
-func (e *codedError) Error() string { return e.msg }
-
 type lockOpts struct {
 	key, owner          string
 	argv                []string

@@ -5,37 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"regexp"
 	"runtime"
 	"runtime/debug"
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
-	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/leaseadmin"
-)
-
-// Exit codes, the same for every command. lock adds the command's own status
-// once the command has started (see lockHelp).
-const (
-	exitOK           = 0
-	exitError        = 1  // connection, server or other error
-	exitUsage        = 2  // bad flag, argument, key or duration: nothing was sent to the server
-	exitNotInstalled = 3  // pg_lease is not installed in the database
-	exitDenied       = 4  // permission denied (SQLSTATE 42501)
-	exitNotFound     = 5  // a named key was never leased (get, release --force)
-	exitIncompatible = 6  // the installed pg_lease's version or mode does not fit this pglease
-	exitLost         = 7  // lock: the lease was lost, the command was stopped
-	exitHeld         = 8  // lock: the key stayed held by another owner for the whole --timeout
-	exitUnknown      = 9  // a change's commit was not confirmed by the synchronous standbys (lease.ErrCommitUnknown)
-	exitGrace        = 10 // lock: the grace after a promotion outlasted --timeout (lease.ErrGrace)
-	exitUntrusted    = 11 // schema lease is not a pg_lease install this role can trust (leaseadmin.ErrSquatted)
-	exitCannotExec   = 126
-	exitNoCommand    = 127
 )
 
 const exitCodesHelp = `Exit codes (every command):
@@ -192,95 +170,6 @@ func usagef(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", errUsage, fmt.Sprintf(format, args...))
 }
 
-// config parses the connection settings (no network).
-func (a *app) config() (*pgx.ConnConfig, error) {
-	if a.cfg != nil {
-		return a.cfg, nil
-	}
-	dsn, source := a.dsn, "--dsn"
-	switch {
-	case dsn != "":
-	case a.dsnFile != "" || a.getenv("PGLEASE_DSN_FILE") != "":
-		path := a.dsnFile
-		source = "--dsn-file " + path
-		if path == "" {
-			path = a.getenv("PGLEASE_DSN_FILE")
-			source = "$PGLEASE_DSN_FILE (" + path + ")"
-		}
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return nil, usagef("reading the connection string: %v", err)
-		}
-		dsn = strings.TrimSpace(string(b))
-	case a.getenv("PGLEASE_DSN") != "":
-		dsn, source = a.getenv("PGLEASE_DSN"), "$PGLEASE_DSN"
-	default:
-		source = "the PG* environment variables"
-	}
-	a.dsnSource = source
-	cfg, err := pgx.ParseConfig(dsn)
-	if err != nil {
-		return nil, usagef("invalid connection string from %s: %s", source, parseErrorText(dsn, err))
-	}
-	if cfg.ConnectTimeout == 0 {
-		cfg.ConnectTimeout = 10 * time.Second
-	}
-	// A change whose wait for the synchronous standbys was cancelled is
-	// reported as unknown, never as done (lease.ErrCommitUnknown).
-	lease.ObserveCommits(&cfg.Config)
-	if _, ok := cfg.RuntimeParams["application_name"]; !ok {
-		cfg.RuntimeParams["application_name"] = "pglease"
-	}
-	a.cfg, a.password = cfg, cfg.Password
-	return cfg, nil
-}
-
-// connect opens a connection with the invocation's settings.
-func (a *app) connect(ctx context.Context) (*pgx.Conn, error) {
-	cfg, err := a.config()
-	if err != nil {
-		return nil, err
-	}
-	a.logf("connecting to host=%s port=%d dbname=%s user=%s (from %s)", cfg.Host, cfg.Port, cfg.Database, cfg.User, a.dsnSource)
-	conn, err := a.connectFn(ctx, cfg.Copy())
-	if err != nil {
-		return nil, &connectError{err: err}
-	}
-	if err := a.refuseUntrusted(ctx, conn); err != nil {
-		conn.Close(context.WithoutCancel(ctx))
-		return nil, err
-	}
-	return conn, nil
-}
-
-// refuseUntrusted: a superuser calls nothing in schema lease unless it can
-// trust the install (leaseadmin.Describe): a function another role owns
-// would run with the superuser's privileges. install and version read the
-// install themselves and call nothing untrusted.
-func (a *app) refuseUntrusted(ctx context.Context, conn *pgx.Conn) error {
-	if a.op == "install" || a.op == "version" || conn.PgConn().ParameterStatus("is_superuser") != "on" {
-		return nil
-	}
-	in, err := leaseadmin.Describe(ctx, conn)
-	if errors.Is(err, lease.ErrNotInstalled) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	return in.TrustError()
-}
-
-// withConn runs f on a new connection, closed afterwards.
-func (a *app) withConn(ctx context.Context, f func(*pgx.Conn) error) error {
-	conn, err := a.connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	return f(conn)
-}
-
 func (a *app) logf(format string, args ...any) {
 	if a.verbose {
 		fmt.Fprintln(a.stderr, a.redact("pglease: "+safeLine(fmt.Sprintf(format, args...))))
@@ -325,84 +214,3 @@ func (a *app) database() string {
 	}
 	return quoteIdent(a.cfg.Database)
 }
-
-// exit prints err (one line, redacted, with a hint where one helps) and maps
-// it to the exit status.
-func (a *app) exit(cmd *cobra.Command, err error) int {
-	if err == nil {
-		return a.exitCode
-	}
-	if !a.inCommand && !errors.Is(err, errUsage) {
-		err = fmt.Errorf("%w: %v", errUsage, err) // cobra's own: unknown command, arguments
-	}
-	code, msg, hint := a.classify(err)
-	if code == exitOK {
-		return a.exitCode
-	}
-	fmt.Fprintln(a.stderr, a.redact("pglease: "+safeLine(msg)))
-	if hint != "" {
-		fmt.Fprintln(a.stderr, a.redact("hint: "+safeLine(hint)))
-	}
-	if code == exitUsage && cmd != nil {
-		fmt.Fprintf(a.stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
-	}
-	return code
-}
-
-// classify maps an error to its exit status, its one-line message and a
-// hint for the operation that failed.
-func (a *app) classify(err error) (code int, msg, hint string) {
-	msg = strings.TrimPrefix(err.Error(), "usage: ")
-	var ce *connectError
-	var ie *incompatibleError
-	var cd *codedError
-	switch {
-	case errors.As(err, &cd):
-		return cd.code, cd.msg, cd.hint
-	case errors.Is(err, context.Canceled):
-		return exitOK, "", "" // interrupted (watch): a normal end
-	case errors.As(err, &ce):
-		return exitError, ce.Error(), ""
-	case errors.Is(err, lease.ErrCommitUnknown):
-		return exitUnknown, msg, "the change may be lost by a failover: do not act on it; check the synchronous standbys (synchronous_standby_names, pg_stat_replication)"
-	case errors.Is(err, lease.ErrGrace):
-		return exitGrace, msg, "no new grant before the grace after a promotion ends: `pglease status` shows when"
-	case errors.Is(err, errUsage), errors.Is(err, lease.ErrInvalidInput):
-		return exitUsage, msg, ""
-	case errors.Is(err, leaseadmin.ErrSquatted):
-		return exitUntrusted, msg, "if that role installed pg_lease, run this as that role; otherwise schema lease is not yours to use: have its owner or a superuser drop it (DROP SCHEMA lease CASCADE) and install again"
-	case errors.As(err, &ie):
-		return exitIncompatible, msg, ie.hint
-	case errors.Is(err, leaseadmin.ErrVersionMismatch), errors.Is(err, leaseadmin.ErrModeMismatch):
-		return exitIncompatible, msg, fmt.Sprintf("this pglease ships pg_lease %s; run `pglease version` to compare with the database", leaseadmin.Version)
-	case errors.Is(err, lease.ErrNotInstalled):
-		return exitNotInstalled, msg, "run `pglease install` (or `pglease install --schema-only` where CREATE EXTENSION is not allowed)"
-	case errors.Is(err, errNotFound):
-		return exitNotFound, msg, ""
-	case sqlState(err) == "42501":
-		return exitDenied, "permission denied: " + pgMessage(err), a.permissionHint()
-	case sqlState(err) == "25006" || (sqlState(err) == "55000" && strings.Contains(pgMessage(err), "recovery is in progress")):
-		return exitError, msg, "the server is a standby or read-only: connect to the primary (target_session_attrs=read-write)"
-	}
-	return exitError, msg, ""
-}
-
-// permissionHint names what the failed operation needs.
-func (a *app) permissionHint() string {
-	switch a.op {
-	case "install":
-		return fmt.Sprintf("installing needs CREATE on the database: have its owner or a superuser run `pglease install`, or GRANT CREATE ON DATABASE %s TO %s", a.database(), a.user())
-	case "force_release":
-		return fmt.Sprintf("an operator must GRANT EXECUTE ON FUNCTION lease.force_release(text) TO %s", a.user())
-	case "cleanup":
-		return fmt.Sprintf("an operator must GRANT EXECUTE ON FUNCTION lease.cleanup(interval, integer) TO %s", a.user())
-	}
-	return fmt.Sprintf("%s lacks a privilege on pg_lease's objects (USAGE on schema lease, EXECUTE on its functions): see docs/operations.md", a.user())
-}
-
-// incompatibleError: the installed pg_lease cannot do what was asked (exit 6).
-type incompatibleError struct {
-	msg, hint string
-}
-
-func (e *incompatibleError) Error() string { return e.msg }

@@ -13,7 +13,6 @@ import (
 
 	"github.com/pglease/pg_lease/pkg/internal/candidacy"
 	"github.com/pglease/pg_lease/pkg/lease"
-	"github.com/pglease/pg_lease/pkg/leaseadmin"
 	"github.com/pglease/pg_lease/pkg/listen"
 	"k8s.io/utils/clock"
 )
@@ -192,7 +191,7 @@ func (e *Elector) Run(ctx context.Context) error {
 // fatal reports errors that retrying cannot fix.
 func fatal(err error) bool {
 	return errors.Is(err, lease.ErrNotInstalled) || errors.Is(err, lease.ErrInvalidInput) ||
-		errors.Is(err, leaseadmin.ErrVersionMismatch) || errors.Is(err, lease.ErrPermission)
+		errors.Is(err, lease.ErrPermission)
 }
 
 // campaign tries to acquire the key until it gets a grant it may start a

@@ -20,17 +20,21 @@
 //	  |   pkg/leasemetrics  a Prometheus collector of every key
 //	  v     v
 //	pkg/listen          the listener (Waiter) and the one wake policy (Await)
-//	pkg/handover        candidates and strategies: a release hands the key over
+//	pkg/handover        an elector's or a lock's candidacy (lease's candidate calls)
 //	pkg/leaseadmin      install, settings, history, health, force-release, cleanup
 //	  v
 //	pkg/lease           the client, Term (the one held-grant primitive),
 //	                    CheckMargin (the one margin rule); imports only pgx and
 //	                    k8s.io/utils' clock
 //
-// pkg/listen, pkg/handover and pkg/leaseadmin take a *Client. The last two
-// reach its connection and its error mapping through pkg/internal/leasecore,
-// which this package fills in when it is initialised, so that each feature
-// has a package of its own and this one stays the core.
+// pkg/listen, pkg/handover and pkg/leaseadmin take a *Client and use only
+// its public API. What is pg_lease's protocol is this package's: the
+// candidates and strategies of a handover (Client.RegisterCandidate,
+// SetStrategy, Candidates, ...; pkg/handover names them for electors and
+// locks), the operator's writes (Client.ForceRelease, Cleanup; pkg/leaseadmin
+// checks the install before it calls them), and the error mapping of every
+// call (WrapError, for code that reads pg_lease's functions on a Querier of
+// its own). pkg/elector imports neither pkg/leaseadmin nor the SQL scripts.
 //
 // # The client
 //

@@ -163,6 +163,15 @@ func mapError(op string, t Token, err error) error {
 	return fmt.Errorf("%s %q: %w", op, t.Key, err)
 }
 
+// WrapError returns err, from a statement of op that called pg_lease's SQL
+// functions, as this package's calls return their errors: a server error
+// matches its kind (ErrInvalidInput, ErrPermission, ErrNotInstalled,
+// ErrReadOnly, ...) and still reaches the *pgconn.PgError through
+// errors.As; any other error is wrapped with op and key. For code that
+// runs pg_lease's read functions on a Querier of its own (pkg/leaseadmin,
+// pkg/leasemetrics). nil stays nil.
+func WrapError(op, key string, err error) error { return mapError(op, Token{Key: key}, err) }
+
 func isLeaseFunction(msg string) bool {
 	return strings.Contains(msg, "lease.")
 }

@@ -121,6 +121,9 @@ func (c *Client) WithClock(clk clock.WithDelayedExecution) *Client {
 // Clock is the clock the client reads (the real clock unless WithClock).
 func (c *Client) Clock() clock.WithDelayedExecution { return c.clock }
 
+// Querier is the Querier the client runs its calls on (New's db).
+func (c *Client) Querier() Querier { return c.db }
+
 func checkTTL(op string, t Token, name string, d time.Duration, allowZero bool) error {
 	if d < time.Microsecond && !(allowZero && d == 0) {
 		return fmt.Errorf("%s %q: %w: %s %v is below PostgreSQL's interval resolution of 1µs or not positive",
@@ -392,4 +395,21 @@ func Fence(ctx context.Context, tx Querier, t Token) (time.Time, error) {
 		return time.Time{}, mapError("fence", t, err)
 	}
 	return expiresAt, nil
+}
+
+// Check asserts that t is the current unexpired grant: lease.fence in a
+// statement of its own on the client's Querier, whose row lock ends with
+// the statement; sent once more after a dead connection (fence changes
+// nothing). It returns the grant's server expiry, or an error matching
+// ErrLost. A grant under an owner string is the role's that took it, so
+// Check tells whether a grant seen under this process's owner is this
+// database role's.
+func (c *Client) Check(ctx context.Context, t Token) (time.Time, error) {
+	var expiresAt time.Time
+	err := retryOnce(ctx, func() error {
+		var err error
+		expiresAt, err = Fence(ctx, c.db, t)
+		return err
+	})
+	return expiresAt, err
 }

@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/pglease/pg_lease/pkg/internal/leasecore"
 )
 
 // WarmConn readies a new connection for this package's calls, so that the
@@ -79,7 +77,7 @@ func warm(ctx context.Context, c *Client, key string) error {
 	// A release that hands the key to a registered candidate, through the
 	// statements package handover sends.
 	var prev string
-	if err := c.db.QueryRow(ctx, leasecore.SetStrategySQL, key, "newest_version").Scan(&prev); err != nil {
+	if err := c.db.QueryRow(ctx, setStrategySQL, key, "newest_version").Scan(&prev); err != nil {
 		return mapError("set strategy", Token{Key: key}, err)
 	}
 	var (
@@ -87,7 +85,7 @@ func warm(ctx context.Context, c *Client, key string) error {
 		expiresAt *time.Time
 		version   = "1.0.0"
 	)
-	if err := c.db.QueryRow(ctx, leasecore.RegisterSQL, key, warmCandidate, ttl, &version, int32(0), true).
+	if err := c.db.QueryRow(ctx, registerSQL, key, warmCandidate, ttl, &version, int32(0), true).
 		Scan(&status, &expiresAt); err != nil {
 		return mapError("register", Token{Key: key, Owner: warmCandidate}, err)
 	}

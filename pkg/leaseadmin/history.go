@@ -6,7 +6,6 @@ import (
 	"math"
 	"time"
 
-	"github.com/pglease/pg_lease/pkg/internal/leasecore"
 	"github.com/pglease/pg_lease/pkg/lease"
 )
 
@@ -67,12 +66,12 @@ func History(ctx context.Context, c *lease.Client, key string, limit int) ([]His
 	if limit < 1 || limit > 10000 {
 		return nil, fmt.Errorf("history %q: %w: limit %d must be between 1 and 10000", key, lease.ErrInvalidInput, limit)
 	}
-	rows, err := leasecore.DB(c).Query(ctx, `
+	rows, err := c.Querier().Query(ctx, `
 SELECT h.seq, h.at, h.event, h.owner, h.holder_role, h.epoch, h.actor, h.previous_owner,
        h.previous_epoch, h.vacant_since, extract(epoch FROM h.ttl)::float8, h.detail
   FROM lease.history($1, $2) h`, key, limit)
 	if err != nil {
-		return nil, leasecore.MapError("history", key, "", err)
+		return nil, lease.WrapError("history", key, err)
 	}
 	defer rows.Close()
 	var out []HistoryEvent
@@ -86,7 +85,7 @@ SELECT h.seq, h.at, h.event, h.owner, h.holder_role, h.epoch, h.actor, h.previou
 		)
 		if err := rows.Scan(&e.Seq, &e.At, &e.Kind, &owner, &role, &epoch, &actor, &prevOwner,
 			&prevEpoch, &vacant, &ttl, &detail); err != nil {
-			return nil, leasecore.MapError("history", key, "", err)
+			return nil, lease.WrapError("history", key, err)
 		}
 		e.Owner, e.Role, e.Actor, e.PreviousOwner, e.Detail = str(owner), str(role), str(actor), str(prevOwner), str(detail)
 		e.Epoch, e.PreviousEpoch = i64(epoch), i64(prevEpoch)
@@ -97,7 +96,7 @@ SELECT h.seq, h.at, h.event, h.owner, h.holder_role, h.epoch, h.actor, h.previou
 		out = append(out, e)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, leasecore.MapError("history", key, "", err)
+		return nil, lease.WrapError("history", key, err)
 	}
 	return out, nil
 }
@@ -147,13 +146,13 @@ func Health(ctx context.Context, c *lease.Client, period time.Duration) ([]KeyHe
 	if period < time.Second || period > 366*24*time.Hour {
 		return nil, fmt.Errorf("health: %w: period %v must be between 1s and 366 days", lease.ErrInvalidInput, period)
 	}
-	rows, err := leasecore.DB(c).Query(ctx, `
+	rows, err := c.Querier().Query(ctx, `
 SELECT h.key, h.held, h.owner, h.holder_role, h.epoch, h.term_started, h.expires_at, h.vacant_since,
        extract(epoch FROM h.ttl)::float8, h.grants, h.transitions, h.leaderless_seconds,
        h.history_since, h.observed_at
   FROM lease.health(make_interval(secs => $1)) h`, period.Seconds())
 	if err != nil {
-		return nil, leasecore.MapError("health", "", "", err)
+		return nil, lease.WrapError("health", "", err)
 	}
 	defer rows.Close()
 	var out []KeyHealth
@@ -167,7 +166,7 @@ SELECT h.key, h.held, h.owner, h.holder_role, h.epoch, h.term_started, h.expires
 		)
 		if err := rows.Scan(&h.Key, &h.Held, &owner, &role, &h.Epoch, &started, &expires, &vacant,
 			&ttl, &grants, &transitions, &leaderless, &histFrom, &h.ServerNow); err != nil {
-			return nil, leasecore.MapError("health", "", "", err)
+			return nil, lease.WrapError("health", "", err)
 		}
 		h.Owner, h.Role = str(owner), str(role)
 		if started != nil {
@@ -191,7 +190,7 @@ SELECT h.key, h.held, h.owner, h.holder_role, h.epoch, h.term_started, h.expires
 		out = append(out, h)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, leasecore.MapError("health", "", "", err)
+		return nil, lease.WrapError("health", "", err)
 	}
 	return out, nil
 }

@@ -2,11 +2,12 @@ package leaseadmin
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"math"
 	"time"
 
-	"github.com/pglease/pg_lease/pkg/internal/leasecore"
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/pglease/pg_lease/pkg/lease"
 )
 
@@ -19,26 +20,10 @@ import (
 // nothing unless the current role can trust the install (Describe): else it
 // returns an error matching ErrSquatted.
 func ForceRelease(ctx context.Context, c *lease.Client, key string) (released bool, previousOwner string, epoch int64, err error) {
-	if _, err := trusted(ctx, leasecore.DB(c), "force_release"); err != nil {
+	if _, err := trusted(ctx, c.Querier(), "force_release"); err != nil {
 		return false, "", 0, err
 	}
-	var prev *string
-	var ep *int64
-	err = leasecore.OnConn(c, ctx, "force_release", key, func(q leasecore.Querier) error {
-		return q.QueryRow(ctx, `SELECT f.released, f.previous_owner, f.epoch FROM lease.force_release($1) f`, key).
-			Scan(&released, &prev, &ep)
-	})
-	if err != nil {
-		// MapError returns a commit-unknown error unchanged.
-		return false, "", 0, leasecore.MapError("force_release", key, "", err)
-	}
-	if prev != nil {
-		previousOwner = *prev
-	}
-	if ep != nil {
-		epoch = *ep
-	}
-	return released, previousOwner, epoch, nil
+	return c.ForceRelease(ctx, key)
 }
 
 // Cleanup is lease.cleanup: it deletes at most maxRows keys that have been
@@ -50,19 +35,36 @@ func ForceRelease(ctx context.Context, c *lease.Client, key string) (released bo
 // (lease.ErrPermission). It calls nothing unless the current role can trust
 // the install (Describe): else it returns an error matching ErrSquatted.
 func Cleanup(ctx context.Context, c *lease.Client, freeFor time.Duration, maxRows int) (removed, epochFloor int64, err error) {
-	if err := leasecore.CheckTTL("cleanup", "", "freeFor", freeFor, true); err != nil {
+	if err := lease.CheckCleanup(freeFor, maxRows); err != nil {
 		return 0, 0, err
 	}
-	if maxRows > math.MaxInt32 {
-		return 0, 0, fmt.Errorf("cleanup: %w: maxRows %d is above PostgreSQL's integer range", lease.ErrInvalidInput, maxRows)
-	}
-	if _, err := trusted(ctx, leasecore.DB(c), "cleanup"); err != nil {
-		return 0, 0, err
-	}
-	err = leasecore.DB(c).QueryRow(ctx, `SELECT c.removed, c.epoch_floor FROM lease.cleanup($1, $2) c`, freeFor, maxRows).
-		Scan(&removed, &epochFloor)
+	in, err := trusted(ctx, c.Querier(), "cleanup")
 	if err != nil {
-		return 0, 0, leasecore.MapError("cleanup", "", "", err)
+		return 0, 0, err
 	}
-	return removed, epochFloor, nil
+	removed, epochFloor, err = c.Cleanup(ctx, freeFor, maxRows)
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) && pg.Code == "42883" {
+		return 0, 0, &VersionError{Op: "cleanup", Function: "lease.cleanup", Since: "0.2.0", Installed: in.Version, err: err}
+	}
+	return removed, epochFloor, err
 }
+
+// VersionError: the installed pg_lease has no function that a call needs
+// (it predates it). It matches lease.ErrNotInstalled and reaches the
+// server's *pgconn.PgError (errors.As).
+type VersionError struct {
+	Op       string
+	Function string // the missing function, lease.cleanup
+	Since    string // the first version that has it
+	// Installed is the installed version ("" for a plain schema).
+	Installed string
+
+	err error
+}
+
+func (e *VersionError) Error() string {
+	return fmt.Sprintf("%s: the installed pg_lease %s has no %s (added in %s)", e.Op, e.Installed, e.Function, e.Since)
+}
+
+func (e *VersionError) Unwrap() error { return e.err }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/pglease/pg_lease/pkg/internal/leasecore"
 	"github.com/pglease/pg_lease/pkg/lease"
 )
 
@@ -50,11 +49,11 @@ func ReadSettings(ctx context.Context, c *lease.Client) (Settings, error) {
 		maxTTL, grace float64
 	)
 	// to_jsonb: the columns of every SQL version (promotion is 0.4.0's).
-	err := leasecore.DB(c).QueryRow(ctx, `SELECT to_jsonb(s), extract(epoch FROM s.max_ttl)::float8,
+	err := c.Querier().QueryRow(ctx, `SELECT to_jsonb(s), extract(epoch FROM s.max_ttl)::float8,
 	    extract(epoch FROM s.promotion_grace)::float8, clock_timestamp() FROM lease.status() s`).
 		Scan(&raw, &maxTTL, &grace, &s.ServerNow)
 	if err != nil {
-		return Settings{}, leasecore.MapError("status", "", "", err)
+		return Settings{}, lease.WrapError("status", "", err)
 	}
 	var row struct {
 		Timeline   *int64     `json:"timeline"`

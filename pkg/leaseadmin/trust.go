@@ -45,6 +45,38 @@ type Installation struct {
 	reason string // why the install is not trusted ("" when it is)
 }
 
+// objectsSQL lists every object of the schema $1, the schema itself first:
+// kind, name, owner, whether the owner can act as the current role, and
+// whether it belongs to the extension $2.
+const objectsSQL = `
+SELECT o.kind, o.name, pg_catalog.pg_get_userbyid(o.owner),
+       pg_catalog.pg_has_role(o.owner, CURRENT_USER, 'MEMBER'),
+       EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
+                WHERE d.classid OPERATOR(pg_catalog.=) o.classid AND d.objid OPERATOR(pg_catalog.=) o.oid
+                  AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+                  AND d.refobjid OPERATOR(pg_catalog.=) $2::pg_catalog.oid
+                  AND d.deptype OPERATOR(pg_catalog.=) 'e')
+  FROM (SELECT 0 AS ord, 'schema' AS kind, 'lease'::pg_catalog.text AS name,
+               'pg_catalog.pg_namespace'::pg_catalog.regclass AS classid, n.oid, n.nspowner AS owner
+          FROM pg_catalog.pg_namespace n WHERE n.oid OPERATOR(pg_catalog.=) $1::pg_catalog.oid
+        UNION ALL
+        SELECT 1, 'function', p.oid::pg_catalog.regprocedure::pg_catalog.text,
+               'pg_catalog.pg_proc'::pg_catalog.regclass, p.oid, p.proowner
+          FROM pg_catalog.pg_proc p WHERE p.pronamespace OPERATOR(pg_catalog.=) $1::pg_catalog.oid
+        UNION ALL
+        SELECT 2, 'relation', c.oid::pg_catalog.regclass::pg_catalog.text,
+               'pg_catalog.pg_class'::pg_catalog.regclass, c.oid, c.relowner
+          FROM pg_catalog.pg_class c WHERE c.relnamespace OPERATOR(pg_catalog.=) $1::pg_catalog.oid
+        UNION ALL
+        SELECT 3, 'type', t.oid::pg_catalog.regtype::pg_catalog.text,
+               'pg_catalog.pg_type'::pg_catalog.regclass, t.oid, t.typowner
+          FROM pg_catalog.pg_type t WHERE t.typnamespace OPERATOR(pg_catalog.=) $1::pg_catalog.oid
+        UNION ALL
+        SELECT 4, 'operator', o.oid::pg_catalog.regoperator::pg_catalog.text,
+               'pg_catalog.pg_operator'::pg_catalog.regclass, o.oid, o.oprowner
+          FROM pg_catalog.pg_operator o WHERE o.oprnamespace OPERATOR(pg_catalog.=) $1::pg_catalog.oid) o
+ ORDER BY o.ord, o.name`
+
 // Describe reads from the catalogs which pg_lease is installed in the
 // database q is connected to, who owns it, and whether the current role can
 // trust it (Installation.Trusted). It calls no function and reads no object
@@ -87,34 +119,7 @@ func Describe(ctx context.Context, q lease.Querier) (Installation, error) {
 	if extOID != nil {
 		ext = *extOID
 	}
-	rows, err := q.Query(ctx, `
-SELECT o.kind, o.name, pg_catalog.pg_get_userbyid(o.owner),
-       pg_catalog.pg_has_role(o.owner, CURRENT_USER, 'MEMBER'),
-       EXISTS (SELECT 1 FROM pg_catalog.pg_depend d
-                WHERE d.classid OPERATOR(pg_catalog.=) o.classid AND d.objid OPERATOR(pg_catalog.=) o.oid
-                  AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
-                  AND d.refobjid OPERATOR(pg_catalog.=) $2::pg_catalog.oid
-                  AND d.deptype OPERATOR(pg_catalog.=) 'e')
-  FROM (SELECT 0 AS ord, 'schema' AS kind, 'lease'::pg_catalog.text AS name,
-               'pg_catalog.pg_namespace'::pg_catalog.regclass AS classid, n.oid, n.nspowner AS owner
-          FROM pg_catalog.pg_namespace n WHERE n.oid OPERATOR(pg_catalog.=) $1::pg_catalog.oid
-        UNION ALL
-        SELECT 1, 'function', p.oid::pg_catalog.regprocedure::pg_catalog.text,
-               'pg_catalog.pg_proc'::pg_catalog.regclass, p.oid, p.proowner
-          FROM pg_catalog.pg_proc p WHERE p.pronamespace OPERATOR(pg_catalog.=) $1::pg_catalog.oid
-        UNION ALL
-        SELECT 2, 'relation', c.oid::pg_catalog.regclass::pg_catalog.text,
-               'pg_catalog.pg_class'::pg_catalog.regclass, c.oid, c.relowner
-          FROM pg_catalog.pg_class c WHERE c.relnamespace OPERATOR(pg_catalog.=) $1::pg_catalog.oid
-        UNION ALL
-        SELECT 3, 'type', t.oid::pg_catalog.regtype::pg_catalog.text,
-               'pg_catalog.pg_type'::pg_catalog.regclass, t.oid, t.typowner
-          FROM pg_catalog.pg_type t WHERE t.typnamespace OPERATOR(pg_catalog.=) $1::pg_catalog.oid
-        UNION ALL
-        SELECT 4, 'operator', o.oid::pg_catalog.regoperator::pg_catalog.text,
-               'pg_catalog.pg_operator'::pg_catalog.regclass, o.oid, o.oprowner
-          FROM pg_catalog.pg_operator o WHERE o.oprnamespace OPERATOR(pg_catalog.=) $1::pg_catalog.oid) o
- ORDER BY o.ord, o.name`, *nspOID, ext)
+	rows, err := q.Query(ctx, objectsSQL, *nspOID, ext)
 	if err != nil {
 		return Installation{}, fmt.Errorf("lease: reading schema lease: %w", err)
 	}

@@ -51,7 +51,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/pglease/pg_lease/pkg/internal/leasecore"
 	"github.com/pglease/pg_lease/pkg/lease"
 )
 
@@ -327,7 +326,7 @@ SELECT CASE WHEN $1 THEN current_database() ELSE '' END, extract(epoch FROM s.ma
        greatest(0, coalesce(extract(epoch FROM s.grace_until - clock_timestamp()), 0))::float8, s.timeline
   FROM lease.status() s`, c.cfg.ShowDatabase).Scan(&sc.database, &sc.maxTTL, &sc.graceLeft, &sc.timeline)
 	if err != nil {
-		return scrape{}, fmt.Errorf("leasemetrics: %w", leasecore.MapError("status", "", "", err))
+		return scrape{}, fmt.Errorf("leasemetrics: %w", lease.WrapError("status", "", err))
 	}
 	sc.database = Label(sc.database)
 	prefixes := c.cfg.KeyPrefixes
@@ -336,7 +335,7 @@ SELECT CASE WHEN $1 THEN current_database() ELSE '' END, extract(epoch FROM s.ma
 	}
 	rows, err := c.db.Query(ctx, healthSQL, c.cfg.Period.Seconds(), c.cfg.MaxKeys, prefixes, c.cfg.ShowOwners, c.cfg.ShowRoles)
 	if err != nil {
-		return scrape{}, fmt.Errorf("leasemetrics: %w", leasecore.MapError("health", "", "", err))
+		return scrape{}, fmt.Errorf("leasemetrics: %w", lease.WrapError("health", "", err))
 	}
 	defer rows.Close()
 	for rows.Next() {
@@ -350,7 +349,7 @@ SELECT CASE WHEN $1 THEN current_database() ELSE '' END, extract(epoch FROM s.ma
 		)
 		if err := rows.Scan(&sc.total, &sc.selected, &key, &held, &owner, &role, &epoch, &started, &vacant,
 			&ttl, &k.grants, &transitions, &leaderless, &k.historySince, &now); err != nil {
-			return scrape{}, fmt.Errorf("leasemetrics: %w", leasecore.MapError("health", "", "", err))
+			return scrape{}, fmt.Errorf("leasemetrics: %w", lease.WrapError("health", "", err))
 		}
 		if key == nil {
 			continue // the counts alone: no key selected
@@ -367,7 +366,7 @@ SELECT CASE WHEN $1 THEN current_database() ELSE '' END, extract(epoch FROM s.ma
 		sc.keys = append(sc.keys, k)
 	}
 	if err := rows.Err(); err != nil {
-		return scrape{}, fmt.Errorf("leasemetrics: %w", leasecore.MapError("health", "", "", err))
+		return scrape{}, fmt.Errorf("leasemetrics: %w", lease.WrapError("health", "", err))
 	}
 	return sc, nil
 }

@@ -9,7 +9,6 @@ import (
 
 	"github.com/pglease/pg_lease/pkg/handover"
 	"github.com/pglease/pg_lease/pkg/internal/candidacy"
-	"github.com/pglease/pg_lease/pkg/internal/leasecore"
 	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/listen"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -288,10 +287,7 @@ func (l *Lock) checkOwn(ctx context.Context, epoch int64) error {
 	ctx, cancel := context.WithTimeout(ctx, l.followerTimeout())
 	defer cancel()
 	tok := lease.Token{Key: l.key, Owner: l.identity, Epoch: epoch}
-	err := leasecore.RetryOnce(ctx, func() error {
-		_, err := lease.Fence(ctx, leasecore.DB(l.client), tok)
-		return err
-	})
+	_, err := l.client.Check(ctx, tok)
 	if err != nil && !errors.Is(err, lease.ErrLost) {
 		return err
 	}
