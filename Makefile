@@ -69,7 +69,7 @@ bench-smoke:
 	hack/install-deps.sh
 	bench/run.sh smoke
 
-## defects: six deliberate SQL defects, each through the four suites (docs/defects.md); ~15 min
+## defects: six deliberate SQL defects, each through the four suites (docs/audit/defects.md); ~15 min
 defects:
 	hack/install-deps.sh
 	hack/defects.sh
@@ -81,7 +81,7 @@ fuzz:
 	hack/fuzz.sh $(or $(FUZZTIME),10m)
 
 ## mutate: mutation testing of the SQL: every small mutant of the installed scripts through the
-## regression, isolation, fuzz-package and upgrade suites (docs/defects.md); MUTATE_ARGS="--max 60 --seed 1" to sample
+## regression, isolation, fuzz-package and upgrade suites (docs/audit/defects.md); MUTATE_ARGS="--max 60 --seed 1" to sample
 mutate:
 	hack/install-deps.sh
 	hack/mutate.py $(MUTATE_ARGS)

@@ -5,7 +5,12 @@
 #   env.txt        PostgreSQL, pgbench, Go, OS, kernel, CPU, memory, storage, load
 #   physical.*     the limits: pg_test_fsync flush time, SELECT 1 round trip, a bare
 #                  durable one-row UPDATE commit (every figure is also a ratio to them)
-#   pgbench.*      W1-cycle, W2-contend and R (renew) vs bare-SQL baselines
+#   pgbench.*      W1-cycle, W2-contend and R (renew) vs bare-SQL baselines, for
+#                  this version and 0.3.0 (a second database of the same server)
+#   account.*      per statement: what each kind of call (first grant, grant,
+#                  idempotent re-acquire, renew, release, takeover, handover)
+#                  runs inside its function and what each statement costs
+#                  (pg_stat_statements, track = all), 0.3.0, 0.4.0 and this version
 #   handoff.*      handoff/takeover for pkg/elector, client-go + pkg/resourcelock
 #                  (each also with a handover to a registered candidate),
 #                  client-go + LeaseLock on kube-apiserver, beside the baseline
@@ -36,8 +41,9 @@
 #   firstcalls.log the first inspect, acquire and release on a new connection,
 #                  cold and warmed by lease.WarmConn (pkg/lease Go benchmark)
 #
-# Usage: bench/run.sh [full|smoke]   (smoke: every benchmark, tiny sizes, 6.5 min
-# at load 15 with a cached control plane, 3 of them the end-to-end benchmarks). Benchmarks print numbers; nothing asserts a time.
+# Usage: bench/run.sh [full|smoke|stmtcost]   (smoke: every benchmark, tiny sizes, 6.5 min
+# at load 15 with a cached control plane, 3 of them the end-to-end benchmarks;
+# stmtcost: pgbench's two ratios and the account only, about 10 min). Benchmarks print numbers; nothing asserts a time.
 # Needs: PostgreSQL server binaries + pgbench (apt-get install postgresql),
 # Go, and the control plane from hack/build-control-plane.sh (built on first
 # use, ~15 min on 2 cores, then cached).
@@ -64,6 +70,7 @@ full)
 	scale_args=(-duration 30s -rounds 2 -keys 1000,10000,100000 -renewals 10000000 -cleanup-keys 100000)
 	firstcalls_n=300x
 	waiters_args=(-waiters 1000 -conns 50 -pool 50 -releases 30)
+	account_args=(-n 2000)
 	;;
 smoke)
 	physical_args=(-samples 200 -fsync-seconds 1)
@@ -80,9 +87,22 @@ smoke)
 	scale_args=(-duration 2s -rounds 1 -keys 100,1000 -renewals 20000 -cleanup-keys 2000)
 	firstcalls_n=5x
 	waiters_args=(-waiters 20 -conns 4 -pool 8 -releases 3 -settle 100ms -also 4x4)
+	account_args=(-n 50)
+	;;
+stmtcost)
+	# The statement cost alone: both ratios of pg_lease and of 0.3.0 (in a
+	# second database of the same server) beside the bare baselines, at 1 and
+	# 16 clients, and the per-statement account of 0.3.0, 0.4.0 and this
+	# version (BENCH_STEPS defaults to pgbench,account here).
+	pgbench_args=(-duration 8s -rounds 2 -clients 1,16 -variants=false
+		-only w1_lease,w1_bare,r_lease,r_bare,r_plupdate,w1_lease@0.3.0,r_lease@0.3.0)
+	account_args=(-n 1000)
+	physical_args=() handoff_args=() elector_args=() handoff200_args=() scale_args=() waiters_args=()
+	first_reconcile_trials=1 firstcalls_n=1x
+	rollout_env=() sharded_env=()
 	;;
 *)
-	echo "usage: $0 [full|smoke]" >&2
+	echo "usage: $0 [full|smoke|stmtcost]" >&2
 	exit 2
 	;;
 esac
@@ -109,7 +129,9 @@ pg_bindir="$(pg_config --bindir 2>/dev/null || ls -d /usr/lib/postgresql/*/bin |
 
 failed=()
 # BENCH_STEPS: the steps to run, comma-separated (default: all of them)
-steps="${BENCH_STEPS:-physical,pgbench,handoff,handoff-200,handoff-elector,firstreconcile,rollout,sharded,e2e,firstcalls,scale,waiters}"
+all_steps=physical,pgbench,account,handoff,handoff-200,handoff-elector,firstreconcile,rollout,sharded,e2e,firstcalls,scale,waiters
+[[ $mode == stmtcost ]] && all_steps=pgbench,account
+steps="${BENCH_STEPS:-$all_steps}"
 step() {
 	local name="$1"
 	shift
@@ -126,6 +148,15 @@ step() {
 }
 step physical go run ./bench/physical -out "$out" "${physical_args[@]}"
 step pgbench go run ./bench/pgbench -out "$out" "${pgbench_args[@]}"
+# BENCH_ACCOUNT_REV: also account for the current version's install script as
+# it was at that git revision (before and after a change, in one run).
+if [[ -n ${BENCH_ACCOUNT_REV:-} ]]; then
+	rev_script="$(mktemp)"
+	trap 'rm -f "$rev_script"' EXIT
+	git show "$BENCH_ACCOUNT_REV:sql/pg_lease--$(sed -n "s/^default_version = '\(.*\)'/\1/p" sql/pg_lease.control).sql" >"$rev_script"
+	account_args+=(-with "$(sed -n "s/^default_version = '\(.*\)'/\1/p" sql/pg_lease.control)-at-$(git rev-parse --short "$BENCH_ACCOUNT_REV")=$rev_script")
+fi
+step account go run ./bench/account -out "$out" "${account_args[@]}"
 step handoff go run ./bench/handoff -out "$out" "${handoff_args[@]}"
 if ((${#handoff200_args[@]})); then
 	step handoff-200 go run ./bench/handoff -out "$out/handoff-200" "${handoff200_args[@]}"

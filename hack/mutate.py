@@ -61,7 +61,7 @@ is printed so a run can be repeated (--seed, or --only).
 
 Output: DIR (default /tmp/pg_lease-mutate): plan.json, one log per mutant and
 suite, <id>.patch, results.json and table.md (a Markdown summary for
-docs/defects.md). Exit 0 when no selected mutant survived, 1 otherwise.
+docs/audit/defects.md). Exit 0 when no selected mutant survived, 1 otherwise.
 Known-equivalent mutants are listed in hack/mutate-equivalent.txt (ID, the
 unit_sha of the function they were checked in, and the reason); they are
 reported as "equivalent", not as survivors, while that function's text is

@@ -643,42 +643,35 @@ CREATE OR REPLACE FUNCTION lease._record(k text, ev text, is_grant boolean, o te
 RETURNS void LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-  v_actor   text := session_user;
-  v_keep    integer;
-  v_seq     bigint;
-  v_grants  bigint;
-  v_trimmed timestamptz;
-  v_aseq    bigint;
-  v_cut     timestamptz;
+  v_actor text := session_user;
 BEGIN
-  -- The retention, the key's last event and the actor's last event of it.
-  SELECT coalesce((SELECT s.keep_rows FROM lease.history_settings s), 100), h.seq, h.grants, h.trimmed_at,
-         a.actor_seq
-    INTO v_keep, v_seq, v_grants, v_trimmed, v_aseq
+  -- One statement: the retention, the key's last event and the actor's last
+  -- event of it (p); the actor's events beyond the retention (d); the new
+  -- event. (The INSERT does not see d's deletions, nor needs to.)
+  WITH p AS (
+  SELECT coalesce((SELECT s.keep_rows FROM lease.history_settings s), 100) AS keep,
+         coalesce(h.seq, 0) + 1 AS seq,
+         coalesce(h.grants, 0) + CASE WHEN is_grant THEN 1 ELSE 0 END AS grants,
+         h.trimmed_at,
+         coalesce(a.actor_seq, 0) + 1 AS aseq
     FROM (SELECT 1) one
     LEFT JOIN LATERAL (SELECT x.seq, x.grants, x.trimmed_at FROM lease.history x
                         WHERE x.key = k ORDER BY x.seq DESC LIMIT 1) h ON true
     LEFT JOIN LATERAL (SELECT x.actor_seq FROM lease.history x
-                        WHERE x.key = k AND x.actor = v_actor ORDER BY x.actor_seq DESC LIMIT 1) a ON true;
-  IF v_keep = 0 THEN
-    RETURN;
-  END IF;
-  v_seq := coalesce(v_seq, 0) + 1;
-  v_aseq := coalesce(v_aseq, 0) + 1;
-  v_grants := coalesce(v_grants, 0) + CASE WHEN is_grant THEN 1 ELSE 0 END;
-  IF v_aseq > v_keep THEN
-    WITH d AS (
-      DELETE FROM lease.history h
-       WHERE h.key = k AND h.actor = v_actor
-         AND h.actor_seq <= v_aseq - v_keep AND h.actor_seq > v_aseq - v_keep - 8
-      RETURNING h.at)
-    SELECT max(d.at) INTO v_cut FROM d;
-    v_trimmed := greatest(v_trimmed, v_cut);
-  END IF;
+                        WHERE x.key = k AND x.actor = v_actor ORDER BY x.actor_seq DESC LIMIT 1) a ON true
+  ), d AS (
+  DELETE FROM lease.history h
+   WHERE h.key = k AND h.actor = v_actor
+     AND h.actor_seq > (SELECT p.aseq - p.keep - 8 FROM p WHERE p.keep > 0 AND p.aseq > p.keep)
+     AND h.actor_seq <= (SELECT p.aseq - p.keep FROM p WHERE p.keep > 0 AND p.aseq > p.keep)
+  RETURNING h.at
+  )
   INSERT INTO lease.history (key, seq, at, event, owner, holder_role, epoch, actor, previous_owner,
-                             previous_epoch, vacant_since, ttl, grants, detail, actor_seq, trimmed_at)
-    VALUES (k, v_seq, ts, ev, o, r, e, v_actor, prev_owner, prev_epoch, vacant, t, v_grants, why,
-            v_aseq, v_trimmed);
+                           previous_epoch, vacant_since, ttl, grants, detail, actor_seq, trimmed_at)
+  SELECT k, p.seq, ts, ev, o, r, e, v_actor, prev_owner, prev_epoch, vacant, t, p.grants, why,
+       p.aseq, greatest(p.trimmed_at, (SELECT max(d.at) FROM d))
+  FROM p
+   WHERE p.keep > 0;
 END
 $$;
 
@@ -699,13 +692,13 @@ CREATE OR REPLACE FUNCTION lease._renew_violations(key text, owner text, epoch b
 RETURNS text[] LANGUAGE sql VOLATILE
 AS $$
   SELECT ARRAY[
-    lease._text_violation('key', key),
-    lease._text_violation('owner', owner),
-    lease._epoch_violation(epoch),
-    lease._duration_violation('ttl', ttl, true),
-    CASE WHEN ttl IS NOT NULL AND isfinite(ttl)
-          AND extract(epoch FROM ttl) > extract(epoch FROM coalesce((SELECT s.max_ttl FROM lease.settings s), interval '1 hour'))
-         THEN lease._ttl_violation(ttl, interval '0') END]
+  lease._text_violation('key', key),
+  lease._text_violation('owner', owner),
+  lease._epoch_violation(epoch),
+  lease._duration_violation('ttl', ttl, true),
+  CASE WHEN ttl IS NOT NULL AND isfinite(ttl)
+        AND extract(epoch FROM ttl) > extract(epoch FROM coalesce((SELECT s.max_ttl FROM lease.settings s), interval '1 hour'))
+       THEN lease._ttl_violation(ttl, interval '0') END]
 $$;
 
 -- The validation fast path of renew: one inline test of the common case.
@@ -719,13 +712,13 @@ CREATE OR REPLACE FUNCTION lease._renew_fast(key text, owner text, epoch bigint,
 RETURNS boolean LANGUAGE sql VOLATILE
 AS $$
   SELECT key <> '' AND owner <> ''
-     AND octet_length(key) <= 1024 AND octet_length(owner) <= 1024
-     AND key !~ '[\x01-\x1f\x7f]' AND owner !~ '[\x01-\x1f\x7f]'
-     AND epoch >= 1
-     AND isfinite(ttl) AND extract(epoch FROM ttl) > 0
-     AND extract(epoch FROM ttl) <= extract(epoch FROM coalesce(max_ttl, interval '1 hour'))
-     AND extract(epoch FROM ttl) <= 3155760000
-     AND clock_timestamp() < timestamptz '294000-01-01 00:00:00+00'
+   AND octet_length(key) <= 1024 AND octet_length(owner) <= 1024
+   AND key !~ '[\x01-\x1f\x7f]' AND owner !~ '[\x01-\x1f\x7f]'
+   AND epoch >= 1
+   AND isfinite(ttl) AND extract(epoch FROM ttl) > 0
+   AND extract(epoch FROM ttl) <= extract(epoch FROM coalesce(max_ttl, interval '1 hour'))
+   AND extract(epoch FROM ttl) <= 3155760000
+   AND clock_timestamp() < timestamptz '294000-01-01 00:00:00+00'
 $$;
 
 -- One key's renewal. Locks the key's row only when it names owner o under a
@@ -742,7 +735,7 @@ $$;
 -- while this call waited. A ttl above it raises invalid_input, which undoes
 -- the UPDATE.
 CREATE OR REPLACE FUNCTION lease._renew_key(k text, o text, e bigint, ttl interval, now timestamptz,
-                                 OUT status text, OUT expires_at timestamptz, OUT locked boolean)
+                               OUT status text, OUT expires_at timestamptz, OUT locked boolean)
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -756,42 +749,42 @@ DECLARE
   v_max     interval;
 BEGIN
   SELECT l.owner, l.epoch, l.expires_at, l.lapsed_owner, l.lapsed_epoch, l.holder_role
-    INTO r_owner, r_epoch, r_expires, r_lowner, r_lepoch, r_role
-    FROM lease.leases l
+  INTO r_owner, r_epoch, r_expires, r_lowner, r_lepoch, r_role
+  FROM lease.leases l
    WHERE l.key = k AND l.owner = o
-     AND (l.holder_role IS NULL OR l.holder_role = session_user::text OR lease._may_act(l.holder_role))
-     FOR NO KEY UPDATE;
+   AND (l.holder_role IS NULL OR l.holder_role = session_user::text OR lease._may_act(l.holder_role))
+   FOR NO KEY UPDATE;
   locked := FOUND;
   v_found := locked;
   IF NOT locked THEN
-    -- Not the caller's grant when read: its status, without a lock.
+  -- Not the caller's grant when read: its status, without a lock.
+  SELECT l.owner, l.epoch, l.expires_at, l.lapsed_owner, l.lapsed_epoch, l.holder_role
+    INTO r_owner, r_epoch, r_expires, r_lowner, r_lepoch, r_role
+    FROM lease.leases l WHERE l.key = k;
+  v_found := FOUND;
+  IF v_found AND r_owner = o AND (r_role IS NULL OR r_role = session_user::text OR lease._may_act(r_role)) THEN
+    -- Granted to the caller since the first read: lock it, read it again.
     SELECT l.owner, l.epoch, l.expires_at, l.lapsed_owner, l.lapsed_epoch, l.holder_role
       INTO r_owner, r_epoch, r_expires, r_lowner, r_lepoch, r_role
-      FROM lease.leases l WHERE l.key = k;
+      FROM lease.leases l WHERE l.key = k FOR NO KEY UPDATE;
     v_found := FOUND;
-    IF v_found AND r_owner = o AND (r_role IS NULL OR r_role = session_user::text OR lease._may_act(r_role)) THEN
-      -- Granted to the caller since the first read: lock it, read it again.
-      SELECT l.owner, l.epoch, l.expires_at, l.lapsed_owner, l.lapsed_epoch, l.holder_role
-        INTO r_owner, r_epoch, r_expires, r_lowner, r_lepoch, r_role
-        FROM lease.leases l WHERE l.key = k FOR NO KEY UPDATE;
-      v_found := FOUND;
-      locked := FOUND;
-    END IF;
+    locked := FOUND;
+  END IF;
   END IF;
   now := coalesce(now, clock_timestamp());
   status := lease._holder_status(v_found, r_owner, r_epoch, r_expires, r_lowner, r_lepoch, o, e, now);
   IF status = 'ok' AND (NOT locked
-                        OR r_role IS NOT NULL AND r_role <> session_user::text AND NOT lease._may_act(r_role)) THEN
-    status := 'not_owner';  -- the owner string and epoch, but not the grant's role
+                      OR r_role IS NOT NULL AND r_role <> session_user::text AND NOT lease._may_act(r_role)) THEN
+  status := 'not_owner';  -- the owner string and epoch, but not the grant's role
   END IF;
   IF status <> 'ok' THEN
-    RETURN;
+  RETURN;
   END IF;
   UPDATE lease.leases l SET expires_at = now + ttl
    WHERE l.key = k
   RETURNING l.expires_at, (SELECT s.max_ttl FROM lease.settings s) INTO expires_at, v_max;
   IF extract(epoch FROM ttl) > extract(epoch FROM coalesce(v_max, interval '1 hour')) THEN
-    PERFORM lease._check_ttl_now(ttl);
+  PERFORM lease._check_ttl_now(ttl);
   END IF;
 END
 $$;
@@ -816,16 +809,16 @@ DECLARE
 BEGIN
   m := regexp_match(v, '^\s*[vV]?(\d{1,30})(?:\.(\d{1,30}))?(?:\.(\d{1,30}))?(?:-([0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*))?(?:\+[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?\s*$');
   IF m IS NULL THEN
-    RETURN;
+  RETURN;
   END IF;
   num := ARRAY[m[1]::numeric, coalesce(m[2], '0')::numeric, coalesce(m[3], '0')::numeric];
   IF m[4] IS NOT NULL THEN
-    -- Numeric identifiers sort below alphanumeric ones and by value.
-    SELECT string_agg(CASE WHEN i ~ '^\d+$' THEN '0' || lpad(ltrim(i, '0'), 30, '0') ELSE '1' || i END,
-                      '.' ORDER BY n)
-      INTO p
-      FROM unnest(string_to_array(m[4], '.')) WITH ORDINALITY AS t(i, n);
-    pre := p;
+  -- Numeric identifiers sort below alphanumeric ones and by value.
+  SELECT string_agg(CASE WHEN i ~ '^\d+$' THEN '0' || lpad(ltrim(i, '0'), 30, '0') ELSE '1' || i END,
+                    '.' ORDER BY n)
+    INTO p
+    FROM unnest(string_to_array(m[4], '.')) WITH ORDINALITY AS t(i, n);
+  pre := p;
   END IF;
 END
 $$;
@@ -834,10 +827,10 @@ CREATE OR REPLACE FUNCTION lease._version_violation(v text)
 RETURNS text LANGUAGE sql IMMUTABLE
 AS $$
   SELECT CASE
-    WHEN v IS NULL THEN NULL
-    WHEN octet_length(v) > 256 THEN 'version must be at most 256 bytes'
-    WHEN (lease._version_parts(v)).num IS NULL
-      THEN 'version must be a semantic version such as 1.31.0 or v1.31.0-rc.1'
+  WHEN v IS NULL THEN NULL
+  WHEN octet_length(v) > 256 THEN 'version must be at most 256 bytes'
+  WHEN (lease._version_parts(v)).num IS NULL
+    THEN 'version must be a semantic version such as 1.31.0 or v1.31.0-rc.1'
   END
 $$;
 
@@ -845,9 +838,9 @@ CREATE OR REPLACE FUNCTION lease._strategy_violation(v text)
 RETURNS text LANGUAGE sql IMMUTABLE
 AS $$
   SELECT CASE
-    WHEN v IS NULL THEN 'strategy must not be NULL'
-    WHEN v NOT IN ('any', 'priority', 'newest_version', 'oldest_version')
-      THEN 'strategy must be one of any, priority, newest_version, oldest_version'
+  WHEN v IS NULL THEN 'strategy must not be NULL'
+  WHEN v NOT IN ('any', 'priority', 'newest_version', 'oldest_version')
+    THEN 'strategy must be one of any, priority, newest_version, oldest_version'
   END
 $$;
 
@@ -866,7 +859,7 @@ CREATE OR REPLACE FUNCTION lease._lock_registrar()
 RETURNS void LANGUAGE sql VOLATILE
 AS $$
   INSERT INTO lease.registrars AS q (role, at) VALUES (session_user, clock_timestamp())
-    ON CONFLICT ON CONSTRAINT registrars_pkey DO UPDATE SET at = excluded.at
+  ON CONFLICT ON CONSTRAINT registrars_pkey DO UPDATE SET at = excluded.at
 $$;
 
 -- Whether a release by session_user may hand a key to a candidate of role
@@ -878,9 +871,9 @@ CREATE OR REPLACE FUNCTION lease._granted(r text)
 RETURNS boolean LANGUAGE sql STABLE
 AS $$
   WITH RECURSIVE m(oid) AS (
-    SELECT a.oid FROM pg_catalog.pg_roles a WHERE a.rolname = session_user
-    UNION
-    SELECT g.roleid FROM pg_catalog.pg_auth_members g JOIN m ON g.member = m.oid
+  SELECT a.oid FROM pg_catalog.pg_roles a WHERE a.rolname = session_user
+  UNION
+  SELECT g.roleid FROM pg_catalog.pg_auth_members g JOIN m ON g.member = m.oid
   )
   SELECT EXISTS (SELECT 1 FROM m JOIN pg_catalog.pg_roles x ON x.oid = m.oid WHERE x.rolname = r)
 $$;
@@ -896,7 +889,7 @@ $$;
 -- connected.
 CREATE OR REPLACE FUNCTION lease._ranked(key text, now timestamptz)
 RETURNS TABLE (owner text, role text, version text, priority integer, ready boolean, live boolean,
-               ttl interval, registered_at timestamptz, expires_at timestamptz, rank bigint)
+             ttl interval, registered_at timestamptz, expires_at timestamptz, rank bigint)
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -909,33 +902,33 @@ BEGIN
   -- The roles whose candidates the caller's release may choose, each
   -- checked once however many registrations it has.
   v_roles := ARRAY(SELECT d.role FROM (SELECT DISTINCT c.role FROM lease.candidates c WHERE c.key = v_key) d
-                    WHERE d.role = session_user::text OR lease._granted(d.role));
+                  WHERE d.role = session_user::text OR lease._granted(d.role));
   PERFORM pg_catalog.pg_stat_clear_snapshot();
   RETURN QUERY
   WITH c AS (
-    SELECT c.*,
-           c.expires_at > now
-             AND c.pid IN (SELECT a.pid FROM pg_catalog.pg_stat_activity a WHERE a.pid IS NOT NULL)
-             AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = c.role) AS is_live
-      FROM lease.candidates c
-     WHERE c.key = v_key
+  SELECT c.*,
+         c.expires_at > now
+           AND c.pid IN (SELECT a.pid FROM pg_catalog.pg_stat_activity a WHERE a.pid IS NOT NULL)
+           AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = c.role) AS is_live
+    FROM lease.candidates c
+   WHERE c.key = v_key
   ), e AS (
-    SELECT c.*, c.is_live AND c.ready AND v_strategy IS NOT NULL AND c.role = ANY (v_roles)
-                AND (v_strategy = 'priority' OR c.version_num IS NOT NULL) AS eligible
-      FROM c
+  SELECT c.*, c.is_live AND c.ready AND v_strategy IS NOT NULL AND c.role = ANY (v_roles)
+              AND (v_strategy = 'priority' OR c.version_num IS NOT NULL) AS eligible
+    FROM c
   )
   SELECT e.owner, e.role, e.version, e.priority, e.ready, e.is_live, e.ttl, e.registered_at, e.expires_at,
-         CASE WHEN e.eligible THEN row_number() OVER (
-           ORDER BY e.eligible DESC,
-                    CASE WHEN v_strategy = 'priority' THEN -e.priority::bigint END,
-                    CASE WHEN v_strategy = 'newest_version' THEN e.version_num END DESC,
-                    CASE WHEN v_strategy = 'newest_version' THEN e.version_pre IS NULL END DESC,
-                    CASE WHEN v_strategy = 'newest_version' THEN e.version_pre END DESC,
-                    CASE WHEN v_strategy = 'oldest_version' THEN e.version_num END,
-                    CASE WHEN v_strategy = 'oldest_version' THEN e.version_pre IS NULL END,
-                    CASE WHEN v_strategy = 'oldest_version' THEN e.version_pre END,
-                    e.registered_at, e.owner, e.role) END
-    FROM e
+       CASE WHEN e.eligible THEN row_number() OVER (
+         ORDER BY e.eligible DESC,
+                  CASE WHEN v_strategy = 'priority' THEN -e.priority::bigint END,
+                  CASE WHEN v_strategy = 'newest_version' THEN e.version_num END DESC,
+                  CASE WHEN v_strategy = 'newest_version' THEN e.version_pre IS NULL END DESC,
+                  CASE WHEN v_strategy = 'newest_version' THEN e.version_pre END DESC,
+                  CASE WHEN v_strategy = 'oldest_version' THEN e.version_num END,
+                  CASE WHEN v_strategy = 'oldest_version' THEN e.version_pre IS NULL END,
+                  CASE WHEN v_strategy = 'oldest_version' THEN e.version_pre END,
+                  e.registered_at, e.owner, e.role) END
+  FROM e
    ORDER BY 10 NULLS LAST, e.registered_at, e.owner, e.role;
 END
 $$;
@@ -949,8 +942,8 @@ $$;
 -- change): the caller then frees the key. Reads candidates and strategies
 -- without locking them.
 CREATE OR REPLACE FUNCTION lease._handover(key text, owner text, epoch bigint,
-                                OUT new_owner text, OUT new_epoch bigint, OUT new_expires timestamptz,
-                                OUT new_role text, OUT new_ttl interval)
+                              OUT new_owner text, OUT new_epoch bigint, OUT new_expires timestamptz,
+                              OUT new_role text, OUT new_ttl interval)
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -963,26 +956,26 @@ DECLARE
   c_ttl   interval;
 BEGIN
   IF NOT EXISTS (SELECT 1 FROM lease.strategies s WHERE s.key = v_key AND s.role = session_user::text) THEN
-    RETURN;
+  RETURN;
   END IF;
   v_now := clock_timestamp();
   SELECT r.owner, r.role, r.ttl INTO c_owner, c_role, c_ttl
-    FROM lease._ranked(v_key, v_now) r
+  FROM lease._ranked(v_key, v_now) r
    WHERE r.rank IS NOT NULL AND r.owner <> _handover.owner
    ORDER BY r.rank LIMIT 1;
   IF NOT FOUND THEN
-    RETURN;
+  RETURN;
   END IF;
   SELECT g.base, g.grace_until INTO v_base, v_grace FROM lease._grant_context() g;
   IF v_grace IS NOT NULL AND clock_timestamp() < v_grace THEN
-    RETURN;  -- no new grant during the grace after a timeline change
+  RETURN;  -- no new grant during the grace after a timeline change
   END IF;
   v_now := clock_timestamp();
   new_ttl := least(c_ttl, lease._max_ttl());
   UPDATE lease.leases l
-     SET owner = c_owner, epoch = greatest(l.epoch, v_base) + 1,
-         expires_at = v_now + new_ttl, acquired_at = v_now, holder_role = c_role,
-         lapsed_owner = NULL, lapsed_epoch = NULL
+   SET owner = c_owner, epoch = greatest(l.epoch, v_base) + 1,
+       expires_at = v_now + new_ttl, acquired_at = v_now, holder_role = c_role,
+       lapsed_owner = NULL, lapsed_epoch = NULL
    WHERE l.key = v_key
   RETURNING l.owner, l.epoch, l.expires_at, l.holder_role INTO new_owner, new_epoch, new_expires, new_role;
 END
@@ -1003,7 +996,7 @@ $$;
 -- wait; no lock is held while waiting. Every grant path reads the timeline
 -- first: no new grant is made during the grace after a timeline change.
 CREATE OR REPLACE FUNCTION lease.acquire(key text, owner text, ttl interval, wait interval DEFAULT '0',
-                              OUT acquired boolean, OUT epoch bigint, OUT expires_at timestamptz)
+                            OUT acquired boolean, OUT epoch bigint, OUT expires_at timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
@@ -1028,7 +1021,21 @@ DECLARE
   r_epoch    bigint;
   r_expires  timestamptz;
   r_role     text;
+  v_fast     boolean;
+  v_max      interval;
+  v_tlok     boolean;
+  v_tbase    bigint;
+  v_tgrace   timestamptz;
+  v_listened boolean;
+  v_mode     text;
 BEGIN
+  -- The common case (wait 0, a ttl of at most 100 years: lease._renew_fast's
+  -- bounds) is a simple expression, no statement; max_ttl is then checked
+  -- against the setting read with the key's row (below). Otherwise the full
+  -- checks, at once.
+  v_fast := coalesce(lease._renew_fast(v_key, v_owner, 1, ttl, interval '100 years')
+                   AND wait = interval '0' AND isfinite(wait), false);
+  IF NOT v_fast OR current_setting('transaction_read_only') = 'on' THEN
   PERFORM lease._raise_invalid(ARRAY[
     lease._text_violation('key', v_key),
     lease._text_violation('owner', v_owner),
@@ -1039,68 +1046,87 @@ BEGIN
           AND (extract(epoch FROM ttl) > extract(epoch FROM coalesce((SELECT s.max_ttl FROM lease.settings s), interval '1 hour'))
                OR (wait IS NOT NULL AND isfinite(wait) AND extract(epoch FROM wait) > 0))
          THEN lease._ttl_violation(ttl, wait) END]);
+  v_fast := false;
+  END IF;
   IF current_setting('transaction_read_only') = 'on' THEN
-    PERFORM lease._raise_read_only('lease.acquire');
+  PERFORM lease._raise_read_only('lease.acquire');
   END IF;
   v_ttl := lease._seconds(ttl);
 
   IF extract(epoch FROM wait) > 0 THEN
-    IF NOT v_rc THEN
-      -- A wait under REPEATABLE READ or SERIALIZABLE would only ever see the
-      -- transaction's snapshot: it could not observe a release.
-      RAISE EXCEPTION 'invalid_isolation'
-        USING ERRCODE = '25000',
-              DETAIL = format('a blocking acquire (wait > 0) needs READ COMMITTED; this transaction is %s',
-                              upper(current_setting('transaction_isolation'))),
-              HINT = 'Run blocking acquires in READ COMMITTED, or call with wait => 0 and retry.';
-    END IF;
-    v_deadline := clock_timestamp() + lease._seconds(wait);
+  IF NOT v_rc THEN
+    -- A wait under REPEATABLE READ or SERIALIZABLE would only ever see the
+    -- transaction's snapshot: it could not observe a release.
+    RAISE EXCEPTION 'invalid_isolation'
+      USING ERRCODE = '25000',
+            DETAIL = format('a blocking acquire (wait > 0) needs READ COMMITTED; this transaction is %s',
+                            upper(current_setting('transaction_isolation'))),
+            HINT = 'Run blocking acquires in READ COMMITTED, or call with wait => 0 and retry.';
+  END IF;
+  v_deadline := clock_timestamp() + lease._seconds(wait);
   END IF;
 
   LOOP
-    v_in_grace := false;
-    -- Unlocked read: decides the cases that change nothing without locking.
-    SELECT l.owner, l.epoch, l.expires_at, l.holder_role INTO r_owner, r_epoch, r_expires, r_role
-      FROM lease.leases l WHERE l.key = v_key;
-    v_found := FOUND;
-    v_now := clock_timestamp();
+  v_in_grace := false;
+  -- Unlocked read: decides the cases that change nothing without locking.
+  -- The same statement reads max_ttl and the recorded timeline state: when
+  -- the server's timeline and start are the recorded ones, its epoch base
+  -- and grace are lease._grant_context()'s answer, without a call.
+  SELECT l.key IS NOT NULL, l.owner, l.epoch, l.expires_at, l.holder_role,
+         (SELECT s.max_ttl FROM lease.settings s),
+         t.timeline = lease._timeline() AND t.started = pg_catalog.pg_postmaster_start_time(),
+         (t.era << 40) + (t.restarts::bigint << 24), t.grace_until
+    INTO v_found, r_owner, r_epoch, r_expires, r_role, v_max, v_tlok, v_tbase, v_tgrace
+    FROM (SELECT 1) one
+    LEFT JOIN lease.leases l ON l.key = v_key
+    LEFT JOIN LATERAL (
+      SELECT x.timeline, x.started, x.era, x.restarts, x.grace_until FROM lease.timeline_state x
+       ORDER BY x.era DESC, x.restarts DESC, x.grace_until ASC NULLS FIRST, x.timeline DESC, x.started DESC NULLS LAST
+       LIMIT 1) t ON true;
+  IF v_fast AND extract(epoch FROM ttl) > extract(epoch FROM coalesce(v_max, interval '1 hour')) THEN
+    PERFORM lease._raise_invalid(ARRAY[lease._ttl_violation(ttl, wait)]);
+  END IF;
+  IF v_base IS NULL AND v_tlok THEN
+    v_base := v_tbase; v_grace := v_tgrace;
+  END IF;
+  v_now := clock_timestamp();
 
-    IF v_found AND r_owner IS NOT NULL AND r_expires > v_now THEN
-      -- The caller's own grant: same owner string, and its role (or a member).
-      v_mine := r_owner = v_owner AND (r_role IS NULL OR r_role = v_role OR lease._may_act(r_role));
-      IF v_mine AND v_base IS NULL THEN
-        -- A grant of an earlier era seen during the grace after a timeline
-        -- change may be one whose release was lost with the old primary,
-        -- while a successor's grant, also lost, is still believed: it is not
-        -- handed back by an idempotent acquire until the grace ends (by then
-        -- it has lapsed: its ttl was at most max_ttl). Renewals with its
-        -- token go on. (Outside a grace this costs one timeline read.)
-        SELECT g.base, g.grace_until INTO v_base, v_grace FROM lease._grant_context() g;
-      END IF;
-      IF v_mine AND v_grace IS NOT NULL AND clock_timestamp() < v_grace AND r_epoch <= v_base THEN
-        v_in_grace := true;
-        r_expires := least(r_expires, v_grace);
-      ELSIF v_mine THEN
-        -- Idempotent: the caller already holds it. Same epoch, same expiry.
-        -- The answer confirms a grant whose commit the caller may never have
-        -- seen acknowledged (its wait for the synchronous standbys cancelled):
-        -- it must not be acknowledged before the standbys have it. A row lock
-        -- is WAL-logged and gives the transaction an xid, so this call's
-        -- commit (durability raised as for a change) waits for the standbys
-        -- up to its own commit record, which follows the grant's.
-        -- Under READ COMMITTED the lock is FOR KEY SHARE: it conflicts only
-        -- with FOR UPDATE, which no pg_lease call takes on a held row, so it
-        -- never waits. Under REPEATABLE READ / SERIALIZABLE the row read is
-        -- the snapshot's: FOR SHARE (it conflicts with every change of the
-        -- row) raises 40001 if it changed since. A row locked right now by
-        -- another transaction is not waited for (wait is 0 at these levels):
-        -- that is 40001 too. Either lock is released at once.
+  IF v_found AND r_owner IS NOT NULL AND r_expires > v_now THEN
+    -- The caller's own grant: same owner string, and its role (or a member).
+    v_mine := r_owner = v_owner AND (r_role IS NULL OR r_role = v_role OR lease._may_act(r_role));
+    IF v_mine AND v_base IS NULL THEN
+      -- A grant of an earlier era seen during the grace after a timeline
+      -- change may be one whose release was lost with the old primary,
+      -- while a successor's grant, also lost, is still believed: it is not
+      -- handed back by an idempotent acquire until the grace ends (by then
+      -- it has lapsed: its ttl was at most max_ttl). Renewals with its
+      -- token go on. (Outside a grace this costs one timeline read.)
+      SELECT g.base, g.grace_until INTO v_base, v_grace FROM lease._grant_context() g;
+    END IF;
+    IF v_mine AND v_grace IS NOT NULL AND clock_timestamp() < v_grace AND r_epoch <= v_base THEN
+      v_in_grace := true;
+      r_expires := least(r_expires, v_grace);
+    ELSIF v_mine THEN
+      -- Idempotent: the caller already holds it. Same epoch, same expiry.
+      -- The answer confirms a grant whose commit the caller may never have
+      -- seen acknowledged (its wait for the synchronous standbys cancelled):
+      -- it must not be acknowledged before the standbys have it. A row lock
+      -- is WAL-logged and gives the transaction an xid, so this call's
+      -- commit (durability raised as for a change) waits for the standbys
+      -- up to its own commit record, which follows the grant's.
+      -- Under READ COMMITTED the lock is FOR KEY SHARE: it conflicts only
+      -- with FOR UPDATE, which no pg_lease call takes on a held row (clean-up
+      -- skips locked rows), so it never waits and makes no one wait; it is
+      -- kept until the transaction ends. Under REPEATABLE READ / SERIALIZABLE
+      -- the row read is the snapshot's: FOR SHARE (it conflicts with every
+      -- change of the row) raises 40001 if it changed since. A row locked
+      -- right now by another transaction is not waited for (wait is 0 at
+      -- these levels): that is 40001 too. That lock is released at once.
+      IF v_rc THEN
+        PERFORM FROM lease.leases l WHERE l.key = v_key FOR KEY SHARE;
+      ELSE
         BEGIN
-          IF v_rc THEN
-            PERFORM FROM lease.leases l WHERE l.key = v_key FOR KEY SHARE;
-          ELSE
-            PERFORM FROM lease.leases l WHERE l.key = v_key FOR SHARE NOWAIT;
-          END IF;
+          PERFORM FROM lease.leases l WHERE l.key = v_key FOR SHARE NOWAIT;
           RAISE EXCEPTION USING ERRCODE = 'LEASE';
         EXCEPTION
           WHEN SQLSTATE 'LEASE' THEN
@@ -1110,24 +1136,94 @@ BEGIN
               USING ERRCODE = '40001',
                     HINT = 'Retry the transaction.';
         END;
-        IF current_setting('synchronous_commit') IN ('off', 'local') THEN
-          PERFORM set_config('synchronous_commit', 'on', true);
-        END IF;
-        acquired := true; epoch := r_epoch; expires_at := r_expires;
-        RETURN;
       END IF;
-      -- Held by another owner (or by this owner string under another role):
-      -- fall through to denial or wait.
+      IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+      END IF;
+      acquired := true; epoch := r_epoch; expires_at := r_expires;
+      RETURN;
+    END IF;
+    -- Held by another owner (or by this owner string under another role):
+    -- fall through to denial or wait.
+  ELSE
+    -- A grant path: the timeline, once per call, outside any subtransaction.
+    IF v_base IS NULL THEN
+      SELECT g.base, g.grace_until INTO v_base, v_grace FROM lease._grant_context() g;
+    END IF;
+    IF v_grace IS NOT NULL AND clock_timestamp() < v_grace THEN
+      -- After a timeline change: no new grant before the grace ends.
+      v_in_grace := true;
+      r_expires := v_grace;
     ELSE
-      -- A grant path: the timeline, once per call, outside any subtransaction.
-      IF v_base IS NULL THEN
-        SELECT g.base, g.grace_until INTO v_base, v_grace FROM lease._grant_context() g;
-      END IF;
-      IF v_grace IS NOT NULL AND clock_timestamp() < v_grace THEN
-        -- After a timeline change: no new grant before the grace ends.
-        v_in_grace := true;
-        r_expires := v_grace;
-      ELSE
+      IF v_fast AND v_found THEN
+        -- The common case (wait 0, a free or lapsed row), one statement and
+        -- no subtransaction: the row is locked only when it is free or
+        -- lapsed at a clock read when the lock is taken (now, also the
+        -- grant's start), and a row another transaction has locked is
+        -- skipped, never waited for. max_ttl was read with the key's row
+        -- (no lock wait since). Anything else: the full way below.
+        WITH g AS (
+          SELECT x.key, x.owner, x.epoch, x.expires_at, clock_timestamp() AS now FROM lease.leases x
+           WHERE x.key = v_key AND (x.owner IS NULL OR x.expires_at <= clock_timestamp())
+             FOR NO KEY UPDATE SKIP LOCKED)
+        UPDATE lease.leases l
+           SET owner = v_owner, epoch = greatest(l.epoch, v_base) + 1,
+               expires_at = g.now + v_ttl, acquired_at = g.now, holder_role = v_role,
+               lapsed_owner = g.owner, lapsed_epoch = CASE WHEN g.owner IS NOT NULL THEN g.epoch END
+          FROM g
+         WHERE l.key = g.key
+        RETURNING g.owner, g.epoch, g.expires_at, g.now, l.epoch, l.expires_at
+             INTO r_owner, r_epoch, r_expires, v_now, epoch, expires_at;
+        IF FOUND THEN
+          IF v_grace IS NOT NULL AND r_epoch <= v_base AND v_grace > r_expires THEN
+            PERFORM lease._record(v_key, 'promotion_grace', false, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                                  format('no new grant before %s: the grace after %s',
+                                         v_grace, lease._grace_cause()), v_now);
+          END IF;
+            -- The history (lease._record) and whether a session listens for
+            -- the key (lease._changed), in one statement begun after the lock.
+            WITH p AS (
+              SELECT coalesce((SELECT s.keep_rows FROM lease.history_settings s), 100) AS keep,
+                     coalesce(h.seq, 0) + 1 AS seq,
+                     coalesce(h.grants, 0) + 1 AS grants,
+                     h.trimmed_at,
+                     coalesce(a.actor_seq, 0) + 1 AS aseq
+                FROM (SELECT 1) one
+                LEFT JOIN LATERAL (SELECT x.seq, x.grants, x.trimmed_at FROM lease.history x
+                                    WHERE x.key = v_key ORDER BY x.seq DESC LIMIT 1) h ON true
+                LEFT JOIN LATERAL (SELECT x.actor_seq FROM lease.history x
+                                    WHERE x.key = v_key AND x.actor = v_role ORDER BY x.actor_seq DESC LIMIT 1) a ON true
+            ), d AS (
+              DELETE FROM lease.history h
+               WHERE h.key = v_key AND h.actor = v_role
+                 AND h.actor_seq > (SELECT p.aseq - p.keep - 8 FROM p WHERE p.keep > 0 AND p.aseq > p.keep)
+                 AND h.actor_seq <= (SELECT p.aseq - p.keep FROM p WHERE p.keep > 0 AND p.aseq > p.keep)
+              RETURNING h.at
+            ), i AS (
+              INSERT INTO lease.history (key, seq, at, event, owner, holder_role, epoch, actor, previous_owner,
+                                         previous_epoch, vacant_since, ttl, grants, detail, actor_seq, trimmed_at)
+              SELECT v_key, p.seq, v_now, CASE WHEN r_owner IS NULL THEN 'acquired' ELSE 'taken_over' END,
+                     v_owner, v_role, epoch, v_role, r_owner, CASE WHEN r_owner IS NOT NULL THEN r_epoch END,
+                     r_expires, v_ttl, p.grants, NULL, p.aseq, greatest(p.trimmed_at, (SELECT max(d.at) FROM d))
+                FROM p
+               WHERE p.keep > 0
+            )
+            SELECT EXISTS (SELECT 1 FROM lease.listeners w WHERE w.key = v_key OR w.key = '*') INTO v_listened;
+            -- The durability and notification of lease._changed.
+            IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+              PERFORM set_config('synchronous_commit', 'on', true);  -- as lease._changed
+            END IF;
+            v_mode := coalesce(lower(current_setting('pg_lease.notify', true)), '');
+            IF v_mode NOT IN ('off', 'false', 'no', '0', 'f', 'n')
+               AND (v_listened OR v_mode IN ('on', 'always', 'true', 'yes', '1', 't', 'y')
+                    OR current_setting('transaction_isolation') <> 'read committed') THEN
+              PERFORM pg_notify('pg_lease', json_build_object(
+                'event', 'acquired', 'key', v_key, 'owner', v_owner, 'epoch', epoch)::text);
+            END IF;
+            acquired := true;
+            RETURN;
+          END IF;
+        END IF;
         v_lt := current_setting('lock_timeout');
         BEGIN
           -- Every lock wait below is bounded by what is left of the wait.
@@ -1273,7 +1369,14 @@ $$;
 
 -- Extends the caller's current grant to now + ttl (same epoch). status is
 -- ok, or not_owner, lapsed or epoch_mismatch (then nothing changes). Locks
--- the key's row only when it is the caller's grant (lease._renew_key).
+-- the key's row only when it is the caller's grant. The common case is one
+-- UPDATE: its subquery locks the row only when it names the caller's grant,
+-- unexpired at a clock read when the lock is taken (key, owner, epoch, a
+-- role the caller may act for), and skips a row another transaction has
+-- locked, so it never waits and a refusal locks nothing. Any other case
+-- (refused, or the row locked by another transaction) goes the full way:
+-- lease._renew_key in a subtransaction, which waits for the lock and
+-- decides at a clock read after it.
 CREATE OR REPLACE FUNCTION lease.renew(key text, owner text, epoch bigint, ttl interval,
                             OUT status text, OUT expires_at timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -1285,32 +1388,64 @@ DECLARE
   v_owner text := owner;
   v_epoch bigint := epoch;
   v_ttl   interval;
+  v_max   interval;
+  v_tl    boolean;
 BEGIN
-  -- The fast path accepts only arguments the full checks accept.
-  IF lease._renew_fast(v_key, v_owner, v_epoch, ttl, (SELECT s.max_ttl FROM lease.settings s)) IS NOT TRUE THEN
+  -- The fast path accepts only arguments the full checks accept, max_ttl
+  -- apart (a simple expression: no statement runs); max_ttl is read with
+  -- the renewal, and a ttl above it undoes it (22023).
+  IF lease._renew_fast(v_key, v_owner, v_epoch, ttl, interval '100 years') IS NOT TRUE THEN
     PERFORM lease._raise_invalid(lease._renew_violations(v_key, v_owner, v_epoch, ttl));
   END IF;
   IF current_setting('transaction_read_only') = 'on' THEN
+    IF extract(epoch FROM ttl) > extract(epoch FROM lease._max_ttl()) THEN
+      PERFORM lease._raise_invalid(lease._renew_violations(v_key, v_owner, v_epoch, ttl));
+    END IF;
     PERFORM lease._raise_read_only('lease.renew');
   END IF;
   v_ttl := lease._seconds(ttl);
 
-  BEGIN
-    SELECT r.status, r.expires_at INTO status, expires_at
-      FROM lease._renew_key(v_key, v_owner, v_epoch, v_ttl, NULL) r;
-    IF status <> 'ok' THEN
-      RAISE EXCEPTION USING ERRCODE = 'LEASE';
+  -- v_tl: the server's timeline and start are the recorded ones.
+  UPDATE lease.leases l SET expires_at = clock_timestamp() + v_ttl
+   WHERE l.key = (SELECT x.key FROM lease.leases x
+                   WHERE x.key = v_key AND x.owner = v_owner AND x.epoch = v_epoch
+                     AND x.expires_at > clock_timestamp()
+                     AND (x.holder_role IS NULL OR x.holder_role = session_user::text OR lease._may_act(x.holder_role))
+                     FOR NO KEY UPDATE SKIP LOCKED)
+  RETURNING l.expires_at, (SELECT s.max_ttl FROM lease.settings s),
+            (SELECT t.timeline = lease._timeline() AND t.started = pg_catalog.pg_postmaster_start_time()
+               FROM lease.timeline_state t
+              ORDER BY t.era DESC, t.restarts DESC, t.grace_until ASC NULLS FIRST, t.timeline DESC, t.started DESC NULLS LAST
+              LIMIT 1)
+    INTO expires_at, v_max, v_tl;
+  IF FOUND THEN
+    IF extract(epoch FROM ttl) > extract(epoch FROM coalesce(v_max, interval '1 hour')) THEN
+      PERFORM lease._raise_invalid(lease._renew_violations(v_key, v_owner, v_epoch, ttl));
     END IF;
-  EXCEPTION WHEN SQLSTATE 'LEASE' THEN
-    RETURN;  -- status says why; the lock went with the subtransaction
-  END;
+    status := 'ok';
+  ELSE
+    IF extract(epoch FROM ttl) > extract(epoch FROM lease._max_ttl()) THEN
+      PERFORM lease._raise_invalid(lease._renew_violations(v_key, v_owner, v_epoch, ttl));
+    END IF;
+    BEGIN
+      SELECT r.status, r.expires_at INTO status, expires_at
+        FROM lease._renew_key(v_key, v_owner, v_epoch, v_ttl, NULL) r;
+      IF status <> 'ok' THEN
+        RAISE EXCEPTION USING ERRCODE = 'LEASE';
+      END IF;
+    EXCEPTION WHEN SQLSTATE 'LEASE' THEN
+      RETURN;  -- status says why; the lock went with the subtransaction
+    END;
+  END IF;
   -- Durability as in lease._changed, but no notification (a renewal wakes nobody).
   IF current_setting('synchronous_commit') IN ('off', 'local') THEN
     PERFORM set_config('synchronous_commit', 'on', true);
   END IF;
   -- A renewal is the first call on a promoted server in a switchover where
   -- leaders keep renewing: it records the timeline change (the grace starts).
-  PERFORM lease._grant_context();
+  IF v_tl IS NOT TRUE THEN
+    PERFORM lease._grant_context();
+  END IF;
 END
 $$;
 
@@ -1496,13 +1631,82 @@ DECLARE
   r_lowner  text;
   r_lepoch  bigint;
   r_role    text;
+  v_listened boolean;
+  v_mode    text;
+  v_actor   text := session_user;
 BEGIN
-  PERFORM lease._raise_invalid(ARRAY[
-    lease._text_violation('key', v_key),
-    lease._text_violation('owner', v_owner),
-    lease._epoch_violation(v_epoch)]);
+  -- The common case of valid arguments: a simple expression, no statement.
+  IF NOT coalesce(v_key <> '' AND v_owner <> ''
+                  AND octet_length(v_key) <= 1024 AND octet_length(v_owner) <= 1024
+                  AND v_key !~ '[\x01-\x1f\x7f]' AND v_owner !~ '[\x01-\x1f\x7f]'
+                  AND v_epoch >= 1, false) THEN
+    PERFORM lease._raise_invalid(ARRAY[
+      lease._text_violation('key', v_key),
+      lease._text_violation('owner', v_owner),
+      lease._epoch_violation(v_epoch)]);
+  END IF;
   IF current_setting('transaction_read_only') = 'on' THEN
     PERFORM lease._raise_read_only('lease.release');
+  END IF;
+
+  -- The common case, one statement: the caller's unexpired grant (key,
+  -- owner, epoch, a role it may act for) and no strategy of the caller's on
+  -- the key, freed at a clock read when the row lock is taken. A row another
+  -- transaction has locked is skipped, never waited for, and a refusal
+  -- locks nothing. Anything else goes the full way below.
+  WITH g AS (
+    SELECT x.key, x.holder_role FROM lease.leases x
+     WHERE x.key = v_key AND x.owner = v_owner AND x.epoch = v_epoch
+       AND x.expires_at > clock_timestamp()
+       AND (x.holder_role IS NULL OR x.holder_role = session_user::text OR lease._may_act(x.holder_role))
+       AND NOT EXISTS (SELECT 1 FROM lease.strategies s WHERE s.key = v_key AND s.role = session_user::text)
+       FOR NO KEY UPDATE SKIP LOCKED)
+  UPDATE lease.leases l SET owner = NULL, epoch = l.epoch + 1, expires_at = clock_timestamp(), holder_role = NULL
+    FROM g
+   WHERE l.key = g.key
+  RETURNING g.holder_role, l.expires_at INTO r_role, v_now;
+  IF FOUND THEN
+    status := 'ok';
+    -- The history (lease._record) and whether a session listens for the key
+    -- (lease._changed), in one statement begun after the lock.
+    WITH p AS (
+      SELECT coalesce((SELECT s.keep_rows FROM lease.history_settings s), 100) AS keep,
+             coalesce(h.seq, 0) + 1 AS seq,
+             coalesce(h.grants, 0) AS grants,
+             h.trimmed_at,
+             coalesce(a.actor_seq, 0) + 1 AS aseq
+        FROM (SELECT 1) one
+        LEFT JOIN LATERAL (SELECT x.seq, x.grants, x.trimmed_at FROM lease.history x
+                            WHERE x.key = v_key ORDER BY x.seq DESC LIMIT 1) h ON true
+        LEFT JOIN LATERAL (SELECT x.actor_seq FROM lease.history x
+                            WHERE x.key = v_key AND x.actor = v_actor ORDER BY x.actor_seq DESC LIMIT 1) a ON true
+    ), d AS (
+      DELETE FROM lease.history h
+       WHERE h.key = v_key AND h.actor = v_actor
+         AND h.actor_seq > (SELECT p.aseq - p.keep - 8 FROM p WHERE p.keep > 0 AND p.aseq > p.keep)
+         AND h.actor_seq <= (SELECT p.aseq - p.keep FROM p WHERE p.keep > 0 AND p.aseq > p.keep)
+      RETURNING h.at
+    ), i AS (
+      INSERT INTO lease.history (key, seq, at, event, owner, holder_role, epoch, actor, previous_owner,
+                                 previous_epoch, vacant_since, ttl, grants, detail, actor_seq, trimmed_at)
+      SELECT v_key, p.seq, v_now, 'released', v_owner, r_role, v_epoch, v_actor, NULL, NULL, NULL, NULL,
+             p.grants, NULL, p.aseq, greatest(p.trimmed_at, (SELECT max(d.at) FROM d))
+        FROM p
+       WHERE p.keep > 0
+    )
+    SELECT EXISTS (SELECT 1 FROM lease.listeners w WHERE w.key = v_key OR w.key = '*') INTO v_listened;
+    -- The durability and notification of lease._changed.
+    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+      PERFORM set_config('synchronous_commit', 'on', true);  -- as lease._changed
+    END IF;
+    v_mode := coalesce(lower(current_setting('pg_lease.notify', true)), '');
+    IF v_mode NOT IN ('off', 'false', 'no', '0', 'f', 'n')
+       AND (v_listened OR v_mode IN ('on', 'always', 'true', 'yes', '1', 't', 'y')
+            OR current_setting('transaction_isolation') <> 'read committed') THEN
+      PERFORM pg_notify('pg_lease', json_build_object(
+        'event', 'released', 'key', v_key, 'owner', v_owner, 'epoch', v_epoch)::text);
+    END IF;
+    RETURN;
   END IF;
 
   BEGIN

@@ -15,6 +15,9 @@
 // times scratch variants of lease.renew (scratch.sql) and profiles W1 with
 // pg_stat_statements (track = all). <w>_nohistory runs <w> with the leadership
 // history turned off (lease.configure_history(0)): the difference is its cost.
+// <w>@<version> runs <w> in a second database of the same server where
+// pg_lease <version> is installed (-baseline, default 0.3.0), beside the
+// same bare baselines, so that both versions' ratios come from one run.
 //
 //	go run ./bench/pgbench -out bench/results/x -duration 8s
 package main
@@ -24,6 +27,7 @@ import (
 	"context"
 	"embed"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"log"
@@ -31,6 +35,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -78,6 +83,7 @@ var (
 	modesF   = flag.String("modes", "durable,stmt", "durable (fsync on) and/or stmt (fsync off)")
 	variants = flag.Bool("variants", true, "time scratch variants of lease.renew and profile W1 (stmt mode)")
 	reportF  = flag.String("report", "", "only rewrite pgbench.md in -out from this pgbench.json")
+	baseline = flag.String("baseline", "0.3.0", "an older pg_lease version installed into a second database (bench_base); \"\": none")
 	only     = flag.String("only", "", "comma-separated workloads of the main matrix to run (default: all); \"none\": only the variants")
 )
 
@@ -167,6 +173,11 @@ func runMode(ctx context.Context, mode string, clients []int, tmp string) (modeR
 		return res, err
 	}
 	benchDSN = dsn
+	if *baseline != "" {
+		if err := createBaseline(ctx, s); err != nil {
+			return res, err
+		}
+	}
 	if res.Server, err = benchutil.ReadServerInfo(ctx, dsn); err != nil {
 		return res, err
 	}
@@ -176,20 +187,33 @@ func runMode(ctx context.Context, mode string, clients []int, tmp string) (modeR
 	}
 	defer conn.Close(ctx)
 	log.Printf("%s: %s fsync=%s", mode, res.Server.Version, res.Server.Fsync)
-	if err := createRenewCandidates(ctx, conn); err != nil {
+	candidates, err := createRenewCandidates(ctx, conn)
+	if err != nil {
 		return res, err
 	}
 
 	// Warm-up: create the W1 and W2 keys of pg_lease and fill the caches.
-	for _, w := range []string{"w1_lease", "w1_bare", "w2_lease", "w2_bare", "r_lease", "r_bare"} {
-		if _, err := pgbench(s, tmp, w, 16, time.Second, nil); err != nil {
-			return res, err
+	warm := []string{"w1_lease", "w1_bare", "w2_lease", "w2_bare", "r_lease", "r_bare"}
+	if *baseline != "" {
+		warm = append(warm, "w1_lease@"+*baseline, "w2_lease@"+*baseline, "r_lease@"+*baseline)
+	}
+	// On a loaded machine 16 connections may take the whole warm-up to open:
+	// a warm-up that ran no transaction is only logged.
+	for _, w := range warm {
+		if _, err := pgbench(s, tmp, w, 16, 2*time.Second, nil); err != nil {
+			if !errors.Is(err, errNoTransactions) {
+				return res, err
+			}
+			log.Printf("warm-up %s: %v", w, err)
 		}
 	}
 
 	main := []string{"w1_lease", "w1_lease_nonotify", "w1_lease_nohistory", "w1_lease_always", "w1_lease_wother", "w1_lease_wsame", "w1_bare", "w1_select1",
 		"w2_lease", "w2_lease_nohistory", "w2_bare", "w2_select1",
 		"r_lease", "r_lease_nonotify", "r_bare", "r_plupdate", "r_emptydef", "r_select1"}
+	if *baseline != "" {
+		main = append(main, "w1_lease@"+*baseline, "w2_lease@"+*baseline, "r_lease@"+*baseline)
+	}
 	if *only == "none" {
 		main = nil
 	} else if *only != "" {
@@ -225,6 +249,9 @@ func runMode(ctx context.Context, mode string, clients []int, tmp string) (modeR
 	if *variants && (mode == "stmt" || *only != "") {
 		vs := []string{"r_lease", "r_nosubtx", "r_nosp", "r_noval", "r_nonotifyfn", "r_min", "r_oneupdate",
 			"r04_copy", "r04_fullval", "r04_noval", "r04_nosubtx", "r_bare", "r_plupdate", "r_emptydef", "r_emptyfn", "r_select1"}
+		if !candidates {
+			vs = slices.DeleteFunc(vs, func(w string) bool { return strings.HasPrefix(w, "r04_") })
+		}
 		lat := map[string][]float64{}
 		tps := map[string]float64{}
 		for r := 0; r < *rounds; r++ {
@@ -251,11 +278,84 @@ func runMode(ctx context.Context, mode string, clients []int, tmp string) (modeR
 	return res, nil
 }
 
+// summary writes the two ratios the targets are set on, for this module's
+// pg_lease and the -baseline version, each beside the bare baseline of the
+// same run: renew ÷ bare UPDATE in stmt mode (fsync off), and the
+// acquire + renew + release cycle ÷ three bare commits in durable mode
+// (fsync on), by p50 latency and by throughput (bare tps ÷ lease tps).
+func summary(b *strings.Builder, results []modeResult) {
+	type pair struct{ mode, lease, bare, what string }
+	pairs := []pair{{"stmt", "r_lease", "r_bare", "renew ÷ bare UPDATE (fsync off)"},
+		{"durable", "w1_lease", "w1_bare", "acquire + renew + release ÷ three bare commits (fsync on)"}}
+	fmt.Fprintf(b, "\n### The two ratios, each beside its baseline from this run\n\n")
+	fmt.Fprintf(b, "| ratio | pg_lease | clients | lease p50 µs | bare p50 µs | by p50 | by tps | load after |\n|---|---|---|---|---|---|---|---|\n")
+	for _, pr := range pairs {
+		for _, m := range results {
+			if m.Mode != pr.mode {
+				continue
+			}
+			runs := map[string]run{}
+			var cs []int
+			for _, r := range m.Runs {
+				if r.Mode != m.Mode {
+					continue
+				}
+				runs[fmt.Sprintf("%s/%d", r.Workload, r.Clients)] = r
+				if r.Workload == pr.bare {
+					cs = append(cs, r.Clients)
+				}
+			}
+			for _, c := range cs {
+				bb := runs[fmt.Sprintf("%s/%d", pr.bare, c)]
+				for _, v := range []struct{ w, name string }{{pr.lease + "@" + *baseline, *baseline}, {pr.lease, m.Server.ExtensionVersion}} {
+					r, ok := runs[fmt.Sprintf("%s/%d", v.w, c)]
+					if !ok {
+						continue
+					}
+					fmt.Fprintf(b, "| %s | %s | %d | %.0f | %.0f | %.2f× | %.2f× | %.2f |\n", pr.what, v.name, c,
+						r.Lat.P50, bb.Lat.P50, r.Lat.P50/bb.Lat.P50, bb.TPS/r.TPS, r.Load)
+				}
+			}
+		}
+	}
+}
+
+// createBaseline creates database bench_base with pg_lease at -baseline
+// and the keys of the lease workloads, as in database bench.
+func createBaseline(ctx context.Context, s *pgtest.Server) error {
+	dsn, err := s.CreateDatabase(ctx, "bench_base")
+	if err != nil {
+		return err
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	for _, q := range []string{
+		fmt.Sprintf(`CREATE EXTENSION pg_lease VERSION '%s'`, *baseline),
+		`DO $$ BEGIN IF to_regprocedure('lease.configure(interval)') IS NOT NULL OR to_regprocedure('lease.configure(interval,text)') IS NOT NULL THEN
+		   PERFORM lease.configure(max_ttl => interval '1000 h'); END IF; END $$`,
+		`SELECT count(*) FROM generate_series(0, 63) g, lease.acquire('r-' || g, 'c' || g, interval '100 h') a WHERE a.acquired AND a.epoch = 1`,
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			return fmt.Errorf("bench_base: %.80s: %w", q, err)
+		}
+	}
+	var v string
+	if err := conn.QueryRow(ctx, `SELECT extversion FROM pg_extension WHERE extname = 'pg_lease'`).Scan(&v); err != nil || v != *baseline {
+		return fmt.Errorf("bench_base: pg_lease %q (%v), want %s", v, err, *baseline)
+	}
+	return nil
+}
+
 // w2Epochs is the sum of the W2 keys' epochs in the table workload w writes
 // (each takeover adds one), or 0 for other workloads.
 func w2Epochs(ctx context.Context, conn *pgx.Conn, w string) int64 {
 	var q string
 	switch {
+	case strings.Contains(w, "@"):
+		return 0
 	case strings.HasPrefix(w, "w2_lease"): // w2_lease and its variants (w2_lease_nohistory)
 		q = `SELECT coalesce(sum(epoch), 0) FROM lease.leases WHERE key LIKE 'w2-%'`
 	case w == "w2_bare":
@@ -270,6 +370,9 @@ func w2Epochs(ctx context.Context, conn *pgx.Conn, w string) int64 {
 	return n
 }
 
+// errNoTransactions: a pgbench run that logged no transaction.
+var errNoTransactions = errors.New("no transactions logged")
+
 type pgbenchOut struct {
 	tps float64
 	lat []float64
@@ -279,6 +382,10 @@ var tpsRe = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection tim
 
 func pgbench(s *pgtest.Server, tmp, workload string, clients int, d time.Duration, env []string) (pgbenchOut, error) {
 	var o pgbenchOut
+	db := "bench"
+	if base, ok := strings.CutSuffix(workload, "@"+*baseline); ok && *baseline != "" {
+		workload, db = base, "bench_base"
+	}
 	// <w>_nonotify: workload w with NOTIFY turned off by pg_lease's own
 	// setting (SET pg_lease.notify = off), everything else unchanged.
 	if base, ok := strings.CutSuffix(workload, "_nonotify"); ok {
@@ -337,7 +444,7 @@ func pgbench(s *pgtest.Server, tmp, workload string, clients int, d time.Duratio
 	}
 	args := []string{"-n", "-M", "prepared", "-c", strconv.Itoa(clients), "-j", strconv.Itoa(jobs),
 		"-T", strconv.Itoa(secs), "-D", "e=1", "-f", scriptPath, "-l", "--log-prefix", filepath.Join(logDir, "tx"),
-		"-h", s.SocketDir(), "-p", strconv.Itoa(s.Port()), "-U", "postgres", "bench"}
+		"-h", s.SocketDir(), "-p", strconv.Itoa(s.Port()), "-U", "postgres", db}
 	cmd := exec.Command(pgbenchBin(s), args...)
 	cmd.Env = append(os.Environ(), env...)
 	outb, err := cmd.CombinedOutput()
@@ -367,7 +474,7 @@ func pgbench(s *pgtest.Server, tmp, workload string, clients int, d time.Duratio
 		f.Close()
 	}
 	if len(o.lat) == 0 {
-		return o, fmt.Errorf("pgbench %s: no transactions logged\n%s", workload, outb)
+		return o, fmt.Errorf("pgbench %s: %w\n%s", workload, errNoTransactions, outb)
 	}
 	return o, nil
 }
@@ -489,6 +596,7 @@ func profile(ctx context.Context, s *pgtest.Server, conn *pgx.Conn, tmp string, 
 
 func report(results []modeResult) string {
 	var b strings.Builder
+	summary(&b, results)
 	for _, m := range results {
 		fmt.Fprintf(&b, "\n### pgbench, %s mode (fsync=%s, synchronous_commit=%s)\n\n", m.Mode, m.Server.Fsync, m.Server.SynchronousCommit)
 		fmt.Fprintf(&b, "| workload | clients | tps | p50 µs | p95 µs | p99 µs | ratio p50 | ratio p95 | ratio p99 | W2 grants |\n|---|---|---|---|---|---|---|---|---|---|\n")
@@ -554,13 +662,19 @@ func report(results []modeResult) string {
 //	                 renewal would keep its row lock: the lock discipline's cost)
 //
 // Each replacement must match exactly once, or the benchmark stops: a
-// candidate that silently equals the original would measure nothing.
-func createRenewCandidates(ctx context.Context, conn *pgx.Conn) error {
+// candidate that silently equals the original would measure nothing. A
+// lease.renew of another shape (0.5.0's: one UPDATE, the subtransaction only
+// off the common case) gets no candidates: false.
+func createRenewCandidates(ctx context.Context, conn *pgx.Conn) (bool, error) {
 	var def string
 	if err := conn.QueryRow(ctx, `SELECT pg_get_functiondef('lease.renew(text,text,bigint,interval)'::regprocedure)`).Scan(&def); err != nil {
-		return fmt.Errorf("reading lease.renew: %w", err)
+		return false, fmt.Errorf("reading lease.renew: %w", err)
 	}
 	fast := "IF lease._renew_fast(v_key, v_owner, v_epoch, ttl, (SELECT s.max_ttl FROM lease.settings s)) IS NOT TRUE THEN"
+	if !strings.Contains(def, fast) {
+		log.Printf("lease.renew is not of 0.4.0's shape: no renew04_* candidates")
+		return false, nil
+	}
 	val := regexp.MustCompile(`(?s)  IF lease\._renew_fast\(.*?END IF;\n`)
 	type edit func(string) (string, error)
 	one := func(re *regexp.Regexp, repl func(string) string) edit {
@@ -589,22 +703,22 @@ func createRenewCandidates(ctx context.Context, conn *pgx.Conn) error {
 		for _, e := range edits {
 			var err error
 			if b, err = e(b); err != nil {
-				return fmt.Errorf("candidate %s: %w", name, err)
+				return false, fmt.Errorf("candidate %s: %w", name, err)
 			}
 		}
 		if name != "copy" && b == orig {
-			return fmt.Errorf("candidate %s equals lease.renew", name)
+			return false, fmt.Errorf("candidate %s equals lease.renew", name)
 		}
 		if _, err := conn.Exec(ctx, b); err != nil {
-			return fmt.Errorf("candidate %s: %w\n%s", name, err, b)
+			return false, fmt.Errorf("candidate %s: %w\n%s", name, err, b)
 		}
 		// Each renews like the original: ok for the holder, not_owner for another owner.
 		for _, c := range [][2]string{{"c0", "ok"}, {"intruder", "not_owner"}} {
 			var st string
 			if err := conn.QueryRow(ctx, `SELECT status FROM scratch.renew04_`+name+`('r-0', $1, 1, interval '1 h')`, c[0]).Scan(&st); err != nil || st != c[1] {
-				return fmt.Errorf("candidate %s renewing r-0 as %s: %q %v, want %s", name, c[0], st, err, c[1])
+				return false, fmt.Errorf("candidate %s renewing r-0 as %s: %q %v, want %s", name, c[0], st, err, c[1])
 			}
 		}
 	}
-	return nil
+	return true, nil
 }

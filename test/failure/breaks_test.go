@@ -69,14 +69,18 @@ var breaks = []breakDef{
 				") WITH (fillfactor = 50);\nALTER TABLE lease.leases ADD COLUMN holder_pid int DEFAULT pg_backend_pid();")
 			// the unlocked read, then the locked re-reads of a free or lapsed
 			// key (NOWAIT for wait 0, waiting otherwise)
+			// (a wait-0 grant's one-statement common case locks only a row
+			// that is free or lapsed by its expiry: such a grant goes the full
+			// way, through the locked re-read)
 			s = replaceIn(t, s, "acquire",
-				"SELECT l.owner, l.epoch, l.expires_at, l.holder_role INTO r_owner, r_epoch, r_expires, r_role",
-				"SELECT l.owner, l.epoch, "+alive+", l.holder_role INTO r_owner, r_epoch, r_expires, r_role", 1)
+				"SELECT l.key IS NOT NULL, l.owner, l.epoch, l.expires_at, l.holder_role,",
+				"SELECT l.key IS NOT NULL, l.owner, l.epoch, "+alive+", l.holder_role,", 1)
 			s = replaceIn(t, s, "acquire", "SELECT l.owner, l.epoch, l.expires_at INTO r_owner, r_epoch, r_expires",
 				"SELECT l.owner, l.epoch, "+alive+" INTO r_owner, r_epoch, r_expires", 2)
 			// a first grant gets the column's default; a takeover sets it
+			// (both ways: the common case and the full one)
 			return replaceIn(t, s, "acquire", "SET owner = v_owner, epoch = greatest(l.epoch, v_base) + 1,",
-				"SET owner = v_owner, epoch = greatest(l.epoch, v_base) + 1, holder_pid = pg_backend_pid(),", 1)
+				"SET owner = v_owner, epoch = greatest(l.epoch, v_base) + 1, holder_pid = pg_backend_pid(),", 2)
 		},
 	},
 	{
@@ -84,8 +88,9 @@ var breaks = []breakDef{
 		what: "acquire of a free or lapsed key keeps the row's epoch instead of incrementing it",
 		fns:  []string{"acquire"},
 		sql: func(t *testing.T, s string) string {
+			// the common case (wait 0) and the full way
 			return replaceIn(t, s, "acquire", "SET owner = v_owner, epoch = greatest(l.epoch, v_base) + 1,",
-				"SET owner = v_owner, epoch = greatest(l.epoch, v_base),", 1)
+				"SET owner = v_owner, epoch = greatest(l.epoch, v_base),", 2)
 		},
 	},
 	{
@@ -117,7 +122,7 @@ var breaks = []breakDef{
 		fns:  []string{"acquire"},
 		sql: func(t *testing.T, s string) string {
 			return replaceIn(t, s, "acquire", "SET owner = v_owner, epoch = greatest(l.epoch, v_base) + 1,",
-				"SET owner = v_owner, epoch = (extract(epoch FROM v_now) * 1000)::bigint - 1700000000000,", 1)
+				"SET owner = v_owner, epoch = (extract(epoch FROM v_now) * 1000)::bigint - 1700000000000,", 2)
 		},
 	},
 	{
@@ -143,11 +148,16 @@ var breaks = []breakDef{
 	},
 	{
 		name: "no_sync_forcing",
-		what: "lease._changed no longer raises synchronous_commit from off or local to on",
-		fns:  []string{"_changed"},
+		what: "lease._changed (and its copies in the common case of acquire and release) no longer raises synchronous_commit from off or local to on",
+		fns:  []string{"_changed", "acquire", "release"},
 		sql: func(t *testing.T, s string) string {
-			return replaceIn(t, s, "_changed", "    PERFORM set_config('synchronous_commit', 'on', true);\n",
+			s = replaceIn(t, s, "_changed", "    PERFORM set_config('synchronous_commit', 'on', true);\n",
 				"    NULL;\n", 1)
+			for _, fn := range []string{"acquire", "release"} {
+				s = replaceIn(t, s, fn, "PERFORM set_config('synchronous_commit', 'on', true);  -- as lease._changed\n",
+					"NULL;\n", 1)
+			}
+			return s
 		},
 	},
 	{

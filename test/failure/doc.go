@@ -13,5 +13,5 @@
 // named break applied (as a plain schema, without touching the server's
 // extension directory). The breaks and the failures they cause are listed in
 // README.md. PGLEASE_FAILURE_SQL=<file> installs that script instead of the
-// repository's, the same way (hack/defects.sh, docs/defects.md).
+// repository's, the same way (hack/defects.sh, docs/audit/defects.md).
 package failure

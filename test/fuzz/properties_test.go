@@ -1,6 +1,6 @@
 package fuzz
 
-// Properties that the mutation pass (hack/mutate.py, docs/defects.md) found
+// Properties that the mutation pass (hack/mutate.py, docs/audit/defects.md) found
 // no suite checking: each test here kills the mutants named in its comment.
 
 import (
