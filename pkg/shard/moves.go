@@ -199,8 +199,12 @@ func (r *Sharder) handedUnlisted(ctx context.Context, have []lease.Token) []leas
 	for s := range shardKeys {
 		shardKeys[s] = Key(r.cfg.Controller, s)
 	}
-	states, err := r.c.List(ctx, shardKeys...)
-	if err != nil {
+	var states []lease.State
+	if err := inBatches(len(shardKeys), func(lo, hi int) error {
+		sts, err := r.c.List(ctx, shardKeys[lo:hi]...)
+		states = append(states, sts...)
+		return err
+	}); err != nil {
 		return nil
 	}
 	seen := map[string]bool{}

@@ -67,12 +67,13 @@ func (r *Sharder) Run(ctx context.Context) error {
 			if !ok {
 				changes = nil
 			}
+			changes = drained(changes) // one round for every change already notified
 		}
 	}
 }
 
 // renewLoop renews the member key and every live shard key in one
-// statement (lease.renew_many), on sctx, each RenewEvery until stop ends.
+// statement (lease.renew_many; one per lease.MaxBatch keys), on sctx, each RenewEvery until stop ends.
 // A failed renewal of the member key wakes the loop, which acquires it
 // again.
 func (r *Sharder) renewLoop(stop, sctx context.Context) {
@@ -98,7 +99,7 @@ func (r *Sharder) renewLoop(stop, sctx context.Context) {
 			}
 		}
 		r.mu.Unlock()
-		errs := r.c.RenewTerms(sctx, terms)
+		errs := r.renewAll(sctx, terms)
 		for i, err := range errs {
 			if err != nil && stop.Err() == nil {
 				r.cfg.Logger.Warn("shard: renewal", "key", terms[i].Grant().Key, "err", err)

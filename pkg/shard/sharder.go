@@ -61,9 +61,10 @@ import (
 	"github.com/pglease/pg_lease/pkg/listen"
 )
 
-// MaxShards is the most shards of one controller: every shard key and the
-// member key are renewed in one lease.renew_many call.
-const MaxShards = lease.MaxBatch - 1
+// MaxShards is the most shards of one controller. A replica renews its
+// member key and its shards in one lease.renew_many call while it holds
+// fewer than lease.MaxBatch keys, else in calls of lease.MaxBatch keys.
+const MaxShards = 4096
 
 // ErrInvalidConfig matches every error of New for a bad Config.
 var ErrInvalidConfig = errors.New("shard: invalid config")

@@ -35,7 +35,8 @@ type cluster struct {
 	mu       sync.Mutex
 	active   map[int]string // shard -> replica acting under it now
 	overlaps []string
-	last     []string // the owners at the last settled state
+	last     []string            // the owners at the last settled state
+	poolOpts []pgtest.PoolOption // of every replica's pool
 	replicas map[string]*replica
 }
 
@@ -56,7 +57,7 @@ func newCluster(t *testing.T, n int, ttl time.Duration) *cluster {
 // (failing on another replica's mark), works 2 ms, and unmarks it.
 func (c *cluster) start(id string) *replica {
 	t := c.t
-	pool := pgtest.NewPool(t, c.dsn)
+	pool := pgtest.NewPool(t, c.dsn, c.poolOpts...)
 	cfg, err := pgx.ParseConfig(c.dsn)
 	if err != nil {
 		t.Fatal(err)
