@@ -1052,8 +1052,8 @@ $$;
 -- 3. The API: every role (EXECUTE granted to PUBLIC).
 -- ---------------------------------------------------------------------------
 
--- The calls on a handoff's path (acquire, renew, renew_many, release,
--- force_release, fence, listen) run with generic plans: each of their
+-- The calls on a handoff's path (acquire, acquire_many, renew, renew_many,
+-- release, release_many, force_release, fence, listen) run with generic plans: each of their
 -- statements is planned once per connection (on the first call, or by
 -- lease.WarmConn in Go), not again on each of the first five calls.
 
@@ -1830,6 +1830,136 @@ BEGIN
     PERFORM lease._changed('handover', v_key, v_next, v_nepoch);
   END IF;
   RETURN;
+END
+$$;
+
+-- The violations of a batch's keys (and of its epochs, when epochs is given):
+-- each element's, then repeats, at most ten and a count of the rest; the
+-- array-level rules are the caller's.
+CREATE OR REPLACE FUNCTION lease._batch_violations(keys text[], epochs bigint[])
+RETURNS text[] LANGUAGE sql IMMUTABLE
+AS $$
+  SELECT CASE WHEN cardinality(v) > 10 THEN v[1:10] || format('and %s more', cardinality(v) - 10) ELSE v END
+    FROM (SELECT ARRAY(
+      SELECT x.v FROM (
+        SELECT 1 AS arg, u.n, lease._text_violation(format('keys[%s]', u.n), u.k) AS v
+          FROM unnest(keys) WITH ORDINALITY u(k, n)
+        UNION ALL
+        SELECT 1, d.n, format('keys[%s] repeats keys[%s]', d.n, d.first)
+          FROM (SELECT u.n, first_value(u.n) OVER (PARTITION BY u.k ORDER BY u.n) AS first
+                  FROM unnest(keys) WITH ORDINALITY u(k, n)
+                 WHERE lease._text_violation('key', u.k) IS NULL) d
+         WHERE d.n <> d.first
+        UNION ALL
+        SELECT 3, u.n, CASE WHEN u.e IS NULL THEN format('epochs[%s] must not be NULL', u.n)
+                            WHEN u.e < 1 THEN format('epochs[%s] must be at least 1', u.n) END
+          FROM unnest(epochs) WITH ORDINALITY u(e, n)) x
+       WHERE x.v IS NOT NULL
+       ORDER BY x.arg, x.n) AS v) y
+$$;
+
+-- The array-level violation of a batch's keys: NULL, 2-D, over 1000 keys.
+CREATE OR REPLACE FUNCTION lease._keys_violation(keys text[])
+RETURNS text LANGUAGE sql IMMUTABLE
+AS $$
+  SELECT CASE WHEN keys IS NULL THEN 'keys must not be NULL'
+              WHEN array_ndims(keys) > 1 THEN 'keys must be a one-dimensional array'
+              WHEN cardinality(keys) > 1000 THEN format('keys must hold at most 1000 keys (%s given)', cardinality(keys)) END
+$$;
+
+-- lease.acquire(key, owner, ttl, wait 0) for each of keys, in byte order of
+-- the keys (so that concurrent batches lock rows in one order), in one
+-- statement and one transaction; rows in input order, each as acquire
+-- answers it. Nothing waits for a holder.
+CREATE OR REPLACE FUNCTION lease.acquire_many(keys text[], owner text, ttl interval)
+RETURNS TABLE (key text, acquired boolean, epoch bigint, expires_at timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+  v_keys  text[] := keys;
+  v_owner text := owner;
+  v_ttl   interval := ttl;
+  v_k     text;
+  v_a     boolean;
+  v_e     bigint;
+  v_x     timestamptz;
+  res_k   text[] := '{}';
+  res_a   boolean[] := '{}';
+  res_e   bigint[] := '{}';
+  res_x   timestamptz[] := '{}';
+BEGIN
+  PERFORM lease._raise_invalid(ARRAY[
+    lease._keys_violation(v_keys),
+    lease._text_violation('owner', v_owner),
+    lease._duration_violation('ttl', v_ttl, true)]
+    || CASE WHEN lease._keys_violation(v_keys) IS NULL THEN lease._batch_violations(v_keys, NULL) ELSE '{}' END);
+  IF current_setting('transaction_read_only') = 'on' THEN
+    PERFORM lease._raise_read_only('lease.acquire_many');
+  END IF;
+  FOR v_k IN SELECT u.k FROM unnest(v_keys) u(k) ORDER BY u.k COLLATE "C" LOOP
+    SELECT a.acquired, a.epoch, a.expires_at INTO v_a, v_e, v_x
+      FROM lease.acquire(v_k, v_owner, v_ttl, interval '0') a;
+    res_k := res_k || v_k;
+    res_a := res_a || v_a;
+    res_e := res_e || v_e;
+    res_x := res_x || v_x;
+  END LOOP;
+  RETURN QUERY
+    SELECT i.k, r.a, r.e, r.x
+      FROM unnest(v_keys) WITH ORDINALITY i(k, n)
+      JOIN unnest(res_k, res_a, res_e, res_x) r(k, a, e, x) ON r.k = i.k
+     ORDER BY i.n;
+END
+$$;
+
+-- lease.release(key, owner, epoch) for each key and its epoch, in byte
+-- order of the keys, in one statement and one transaction; rows in input
+-- order, each with the status release answers. Each release hands its key
+-- over as release does (a strategy of the releasing role and a ready
+-- candidate), so a replica that leaves hands every shard to its successor
+-- at once.
+CREATE OR REPLACE FUNCTION lease.release_many(keys text[], owner text, epochs bigint[])
+RETURNS TABLE (key text, status text)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+  v_keys   text[] := keys;
+  v_owner  text := owner;
+  v_epochs bigint[] := epochs;
+  v_k      text;
+  v_e      bigint;
+  v_st     text;
+  res_k    text[] := '{}';
+  res_s    text[] := '{}';
+BEGIN
+  PERFORM lease._raise_invalid(ARRAY[
+    lease._keys_violation(v_keys),
+    lease._text_violation('owner', v_owner),
+    CASE WHEN v_epochs IS NULL THEN 'epochs must not be NULL'
+         WHEN array_ndims(v_epochs) > 1 THEN 'epochs must be a one-dimensional array'
+         WHEN v_keys IS NOT NULL AND cardinality(v_keys) <> cardinality(v_epochs)
+           THEN format('keys and epochs must have the same length (%s keys, %s epochs)',
+                       cardinality(v_keys), cardinality(v_epochs)) END]
+    || CASE WHEN lease._keys_violation(v_keys) IS NULL AND v_epochs IS NOT NULL AND array_ndims(v_epochs) <= 1
+              AND cardinality(v_keys) = cardinality(v_epochs)
+            THEN lease._batch_violations(v_keys, v_epochs) ELSE '{}' END);
+  IF current_setting('transaction_read_only') = 'on' THEN
+    PERFORM lease._raise_read_only('lease.release_many');
+  END IF;
+  FOR v_k, v_e IN SELECT u.k, u.e FROM unnest(v_keys, v_epochs) u(k, e) ORDER BY u.k COLLATE "C" LOOP
+    v_st := lease.release(v_k, v_owner, v_e);
+    res_k := res_k || v_k;
+    res_s := res_s || v_st;
+  END LOOP;
+  RETURN QUERY
+    SELECT i.k, r.s
+      FROM unnest(v_keys) WITH ORDINALITY i(k, n)
+      JOIN unnest(res_k, res_s) r(k, s) ON r.k = i.k
+     ORDER BY i.n;
 END
 $$;
 
@@ -2736,6 +2866,8 @@ GRANT EXECUTE ON FUNCTION lease.acquire(text, text, interval, interval) TO PUBLI
 GRANT EXECUTE ON FUNCTION lease.renew(text, text, bigint, interval) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION lease.renew_many(text[], text, bigint[], interval) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION lease.release(text, text, bigint) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION lease.acquire_many(text[], text, interval) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION lease.release_many(text[], text, bigint[]) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION lease.inspect(text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION lease.list(text[]) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION lease.fence(text, text, bigint) TO PUBLIC;

@@ -19,8 +19,8 @@ func (a *app) shardsCmd() *cobra.Command {
 		Short: "Show a sharded controller's members, who owns each shard, and the shards owned by nobody",
 		Long: `Show the members of a controller sharded with pkg/shard (replicas holding
 CONTROLLER/member/ID), the shards each owns, and every shard key
-(CONTROLLER/shard/S): its holder, epoch and time left, and the member rendezvous
-hashing assigns it to. A shard held by nobody is "unowned"; one held by another
+(CONTROLLER/shard/S): its holder, epoch and time left, and the member the
+balanced assignment gives it to. A shard held by nobody is "unowned"; one held by another
 member than its assigned one is being handed over ("moving"). Without --shards,
 N is the highest shard key seen plus one.`,
 		Args: args(1, 1, "exactly one CONTROLLER"),

@@ -11,7 +11,8 @@ import (
 
 // TestShards: pglease shards lists the live members, what each owns and is
 // assigned, and every shard: owned by its assigned member, moving (held by
-// another), or unowned (never acquired, or released).
+// another process, here one that left), or unowned (never acquired, or
+// released).
 func TestShards(t *testing.T) {
 	ctx, dsn, c := leaseSetup(t)
 	e := dsnEnv(dsn)
@@ -20,14 +21,12 @@ func TestShards(t *testing.T) {
 		acquire(t, ctx, c, shard.MemberKey("ctl", m), m, time.Minute)
 	}
 	acquire(t, ctx, c, shard.MemberKey("other", "r9"), "r9", time.Minute) // another controller's member
-	assign := shard.Assign(4, members)
-	// shard 0 with its assigned member, shard 1 with the other one (moving),
-	// shard 2 released, shard 3 never acquired.
+	// shard 0 with its assigned member, shard 1 with a process that is no
+	// member (it left: moving), shard 2 released, shard 3 never acquired.
+	first := shard.Assign(4, members)[0]
+	assign := shard.Balance(4, members, []string{first, "", "", ""})
 	acquire(t, ctx, c, shard.Key("ctl", 0), assign[0], time.Minute)
-	wrong := members[0]
-	if assign[1] == wrong {
-		wrong = members[1]
-	}
+	wrong := "r3-gone"
 	acquire(t, ctx, c, shard.Key("ctl", 1), wrong, time.Minute)
 	g := acquire(t, ctx, c, shard.Key("ctl", 2), assign[2], time.Minute)
 	if err := c.Release(ctx, g.Token); err != nil {

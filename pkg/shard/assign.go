@@ -2,6 +2,7 @@ package shard
 
 import (
 	"hash/fnv"
+	"slices"
 	"sort"
 )
 
@@ -38,43 +39,158 @@ func mix(x uint64) uint64 {
 	return x
 }
 
-// Assign maps each of n shards to one of members by rendezvous (highest
-// random weight) hashing: shard s goes to the member with the highest
-// weight(s, member), ties to the lower name. Every replica that sees the
-// same members computes the same map, with no state of its own. When a
-// member joins, only the shards it now wins move, all to it; when one
-// leaves, only its shards move, spread over the others. No member: nil.
-func Assign(n int, members []string) []string {
-	first, _ := ranked(n, members)
-	return first
+// Assign is Balance with no shard held: the assignment a controller starts
+// from. No member: nil.
+func Assign(n int, members []string) []string { return Balance(n, members, nil) }
+
+// Balance maps each of n shards to one of members so that the members'
+// shard counts differ by at most one, moving as few shards as possible from
+// holders, where holders[s] names the member holding shard s ("" or a name
+// that is no member: nobody; nil: no shard held). Every replica that sees
+// the same members and holders computes the same map:
+//
+//   - caps: with n = q*len(members) + r, r members may hold q+1 shards and
+//     the others q; the r go first to members holding more than q shards,
+//     then in the order of a hash of the name;
+//   - a member keeps the shards it holds up to its cap (those of highest
+//     rendezvous weight for it);
+//   - every other shard goes to the member of highest rendezvous weight
+//     for it among those with room, taken in order of weight over all
+//     (shard, member) pairs.
+//
+// So a join moves shards only to the joiner, a leave moves only the leaver's
+// shards, and a crash only the crashed member's: exactly the shards that
+// must move (once the holders match an earlier Balance). The answer is
+// stable while those moves run: the map from holders part-way through is
+// the same.
+func Balance(n int, members []string, holders []string) []string {
+	ms := slices.Compact(slices.Sorted(slices.Values(members)))
+	if len(ms) == 0 || n <= 0 {
+		return nil
+	}
+	idx := make(map[string]int, len(ms))
+	for i, m := range ms {
+		idx[m] = i
+	}
+	held := make([][]int, len(ms))
+	for s, h := range holders {
+		if i, ok := idx[h]; ok && s < n {
+			held[i] = append(held[i], s)
+		}
+	}
+	room := caps(n, ms, held)
+	out := make([]string, n)
+	for i, m := range ms {
+		hs := held[i]
+		sort.Slice(hs, func(a, b int) bool { return heavier(hs[a], hs[b], m) })
+		for _, s := range hs[:min(len(hs), room[i])] {
+			out[s] = m
+		}
+		room[i] -= min(len(hs), room[i])
+	}
+	fill(out, ms, room)
+	return out
 }
 
-// ranked returns, for each of n shards, the member Assign names (first) and
-// the member it would name were that one gone (second, "" with one
-// member): the replica a leaving owner hands the shard to.
-func ranked(n int, members []string) (first, second []string) {
-	if len(members) == 0 {
-		return nil, nil
+// caps returns each member's cap: q, or q+1 for r of them (those holding
+// more than q first, then by the hash of the name, then by name).
+func caps(n int, ms []string, held [][]int) []int {
+	q, r := n/len(ms), n%len(ms)
+	order := make([]int, len(ms))
+	for i := range order {
+		order[i] = i
 	}
-	ms := append([]string(nil), members...)
-	sort.Strings(ms)
-	first, second = make([]string, n), make([]string, n)
-	for s := range n {
-		best, next := -1, -1
-		var bw, nw uint64
+	sort.Slice(order, func(a, b int) bool {
+		i, j := order[a], order[b]
+		if ovi, ovj := len(held[i]) > q, len(held[j]) > q; ovi != ovj {
+			return ovi
+		}
+		if hi, hj := weight(-1, ms[i]), weight(-1, ms[j]); hi != hj {
+			return hi > hj
+		}
+		return ms[i] < ms[j]
+	})
+	c := make([]int, len(ms))
+	for k, i := range order {
+		c[i] = q
+		if k < r {
+			c[i]++
+		}
+	}
+	return c
+}
+
+// heavier orders shards by member's weight, highest first (ties: lower shard).
+func heavier(a, b int, member string) bool {
+	if wa, wb := weight(a, member), weight(b, member); wa != wb {
+		return wa > wb
+	}
+	return a < b
+}
+
+// fill gives every shard out leaves "" to a member with room, over all
+// (shard, member) pairs in order of weight, highest first.
+func fill(out []string, ms []string, room []int) {
+	type pair struct {
+		s, i int
+		w    uint64
+	}
+	var pairs []pair
+	for s, o := range out {
+		if o != "" {
+			continue
+		}
 		for i, m := range ms {
-			switch w := weight(s, m); {
-			case best < 0 || w > bw:
-				next, nw = best, bw
-				best, bw = i, w
-			case next < 0 || w > nw:
-				next, nw = i, w
+			if room[i] > 0 {
+				pairs = append(pairs, pair{s, i, weight(s, m)})
 			}
 		}
-		first[s] = ms[best]
-		if next >= 0 {
-			second[s] = ms[next]
+	}
+	sort.Slice(pairs, func(a, b int) bool {
+		if pairs[a].w != pairs[b].w {
+			return pairs[a].w > pairs[b].w
+		}
+		if pairs[a].s != pairs[b].s {
+			return pairs[a].s < pairs[b].s
+		}
+		return pairs[a].i < pairs[b].i
+	})
+	for _, p := range pairs {
+		if out[p.s] == "" && room[p.i] > 0 {
+			out[p.s] = ms[p.i]
+			room[p.i]--
 		}
 	}
-	return first, second
+}
+
+// runnersUp returns the shards that would come to self were one other
+// member to leave: for each member y but self, the shards y holds that
+// Balance without y gives self. A leaving owner's release hands each of
+// them to self.
+func runnersUp(n int, members, holders []string, self string) map[int]bool {
+	out := map[int]bool{}
+	for _, y := range members {
+		if y == self {
+			continue
+		}
+		rest := slices.DeleteFunc(slices.Clone(members), func(m string) bool { return m == y })
+		hs := slices.Clone(holders)
+		var mine []int
+		for s, h := range hs {
+			if h == y {
+				hs[s] = ""
+				mine = append(mine, s)
+			}
+		}
+		if len(mine) == 0 {
+			continue
+		}
+		after := Balance(n, rest, hs)
+		for _, s := range mine {
+			if after[s] == self {
+				out[s] = true
+			}
+		}
+	}
+	return out
 }

@@ -4,5 +4,7 @@ package shard
 // releasing anything, as a crashed replica would.
 var ErrCrash = errCrash
 
-// Ranked is ranked: each shard's owner and runner-up.
-var Ranked = ranked
+// RunnersUp is runnersUp.
+func RunnersUp(n int, members, holders []string, self string) map[int]bool {
+	return runnersUp(n, members, holders, self)
+}

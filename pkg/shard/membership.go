@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sort"
 	"time"
 
 	"github.com/pglease/pg_lease/pkg/handover"
@@ -14,7 +16,8 @@ import (
 // shards in want (with their priorities) and withdraws the others: a
 // release of such a shard by its owner grants it here in the same
 // transaction, so the shard is never free. Registrations last a TTL and
-// are renewed with the batch renewal (refresh) or when want changes.
+// are refreshed all together when refresh is set (each renewal period);
+// otherwise only the new and changed ones are registered.
 func (r *Sharder) candidacies(ctx context.Context, want map[int]int32, refresh bool) error {
 	changed := len(want) != len(r.cands)
 	for s, p := range want {
@@ -32,7 +35,10 @@ func (r *Sharder) candidacies(ctx context.Context, want map[int]int32, refresh b
 			unset = append(unset, Key(r.cfg.Controller, s))
 		}
 	}
-	if err := handover.SetStrategyMany(ctx, r.c, unset, handover.StrategyPriority); err != nil {
+	slices.Sort(unset)
+	if err := inBatches(len(unset), func(lo, hi int) error {
+		return handover.SetStrategyMany(ctx, r.c, unset[lo:hi], handover.StrategyPriority)
+	}); err != nil {
 		// One key refused (pg_lease 0.4.0: another role's strategy stays;
 		// or the role's bound): key by key.
 		var set []string
@@ -55,7 +61,10 @@ func (r *Sharder) candidacies(ctx context.Context, want map[int]int32, refresh b
 			gone = append(gone, Key(r.cfg.Controller, s))
 		}
 	}
-	if err := handover.WithdrawMany(ctx, r.c, gone, r.owner); err != nil {
+	slices.Sort(gone)
+	if err := inBatches(len(gone), func(lo, hi int) error {
+		return handover.WithdrawMany(ctx, r.c, gone[lo:hi], r.owner)
+	}); err != nil {
 		return errors.Join(append(errs, err)...)
 	}
 	for s := range r.cands {
@@ -63,17 +72,27 @@ func (r *Sharder) candidacies(ctx context.Context, want map[int]int32, refresh b
 			delete(r.cands, s)
 		}
 	}
+	// Registered: the new and changed candidacies, and all of them at a
+	// refresh (a registration lasts a TTL).
 	keys := make([]string, 0, len(want))
 	prios := make([]int32, 0, len(want))
 	for s, p := range want {
-		keys = append(keys, Key(r.cfg.Controller, s))
-		prios = append(prios, p)
+		if old, ok := r.cands[s]; refresh || !ok || old != p {
+			keys = append(keys, Key(r.cfg.Controller, s))
+			prios = append(prios, p)
+		}
 	}
-	if _, err := handover.RegisterMany(ctx, r.c, keys, prios, handover.Candidate{Owner: r.owner, Ready: true, TTL: r.cfg.TTL}); err != nil {
+	sortByKey(keys, prios)
+	if err := inBatches(len(keys), func(lo, hi int) error {
+		_, err := handover.RegisterMany(ctx, r.c, keys[lo:hi], prios[lo:hi], handover.Candidate{Owner: r.owner, Ready: true, TTL: r.cfg.TTL})
+		return err
+	}); err != nil {
 		return errors.Join(append(errs, err)...)
 	}
 	r.cands = want
-	r.candsAt = r.c.Clock().Now()
+	if refresh {
+		r.candsAt = r.c.Clock().Now()
+	}
 	return errors.Join(errs...)
 }
 
@@ -118,4 +137,40 @@ func (r *Sharder) ensureMember(ctx context.Context) (time.Duration, error) {
 	r.mu.Unlock()
 	r.rival = lease.State{}
 	return 0, nil
+}
+
+// sortByKey sorts keys in byte order, prios along: replicas registering
+// for overlapping keys then lock them in one order.
+func sortByKey(keys []string, prios []int32) {
+	idx := make([]int, len(keys))
+	for i := range idx {
+		idx[i] = i
+	}
+	sort.Slice(idx, func(a, b int) bool { return keys[idx[a]] < keys[idx[b]] })
+	k2, p2 := slices.Clone(keys), slices.Clone(prios)
+	for i, j := range idx {
+		keys[i], prios[i] = k2[j], p2[j]
+	}
+}
+
+// inBatches calls f for [lo, hi) ranges of n items of at most
+// lease.MaxBatch each, and returns the first error.
+func inBatches(n int, f func(lo, hi int) error) error {
+	for lo := 0; lo < n; lo += lease.MaxBatch {
+		if err := f(lo, min(n, lo+lease.MaxBatch)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// renewAll renews terms (lease.Client.RenewTerms) in statements of at most
+// lease.MaxBatch terms: one while this replica holds fewer keys.
+func (r *Sharder) renewAll(ctx context.Context, terms []*lease.Term) []error {
+	errs := make([]error, 0, len(terms))
+	_ = inBatches(len(terms), func(lo, hi int) error {
+		errs = append(errs, r.c.RenewTerms(ctx, terms[lo:hi])...)
+		return nil
+	})
+	return errs
 }

@@ -18,7 +18,7 @@ func (r *Sharder) announce(ctx context.Context) {
 	}
 }
 
-// take acquires the shards (wait 0) in one statement, or takes the grants
+// take acquires the shards (wait 0) in one statement (lease.acquire_many), or takes the grants
 // a handover gave this replica (an acquire answers the caller's own
 // grant), and begins their terms. A shard another owner took meanwhile is
 // left to the next round.
@@ -30,7 +30,7 @@ func (r *Sharder) take(ctx context.Context, shards []int) error {
 		for i, s := range shards[:n] {
 			keys[i] = Key(r.cfg.Controller, s)
 		}
-		grants, denied, err := r.c.AcquireMany(ctx, keys, r.owner, r.cfg.TTL)
+		grants, denied, err := r.c.AcquireOwned(ctx, keys, r.owner, r.cfg.TTL)
 		if err != nil {
 			return errors.Join(append(errs, err)...)
 		}
@@ -95,7 +95,7 @@ func (r *Sharder) releaseAfterWork(os []*owned) {
 		defer cancel()
 		for len(ts) > 0 {
 			n := min(len(ts), lease.MaxBatch)
-			errs, err := r.c.ReleaseMany(ctx, ts[:n])
+			errs, err := r.c.ReleaseOwned(ctx, ts[:n])
 			if err != nil {
 				r.cfg.Logger.Warn("shard: release", "controller", r.cfg.Controller, "shards", n, "err", err)
 			}
@@ -118,101 +118,23 @@ func (r *Sharder) releaseAfterWork(os []*owned) {
 	}()
 }
 
-// leave ends every shard's term (cancelling its work), lists the shard
-// keys, then releases the member key, the grants handed over to it and
-// every shard whose work has ended in one statement, and
-// each other shard as soon as its work ends: a shard's grant moves only
-// after its work, and a slow piece of work holds back its shard alone.
-// A release hands the key to its registered runner-up in the same
+// leave ends every shard's term (cancelling its work), then releases the
+// member key, the grants handed over to this process and every shard in one
+// statement (lease.release_many) once their work ended, waiting a Poll at
+// most for it: a shard whose work runs longer goes in a later statement as
+// soon as it ends, so a slow piece of work holds back its shard alone. A
+// release hands the key to its registered runner-up in the same
 // transaction. Then leave announces the change and withdraws its
 // candidacies.
 func (r *Sharder) leave(stopped time.Time) {
-	r.mu.Lock()
-	var ending []*owned
-	for _, o := range r.owned {
-		if !o.stopping {
-			r.endLocked(o, ErrRebalanced)
-			ending = append(ending, o)
-		}
-	}
-	m := r.member
-	untaken := map[int]lease.Token{} // grants handed over to this process, never taken
-	for s, t := range r.handed {
-		if r.owned[s] == nil {
-			untaken[s] = t
-		}
-	}
-	r.handed = map[int]lease.Token{}
-	r.mu.Unlock()
+	ending, ts := r.endAll()
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.TTL)
 	defer cancel()
 	start := time.Now()
 	// A handover may have granted this process shards no round has listed
 	// yet: they go in the first statement too, not in the sweep at the end.
-	shardKeys := make([]string, r.cfg.Shards)
-	for s := range shardKeys {
-		shardKeys[s] = Key(r.cfg.Controller, s)
-	}
-	if states, err := r.c.List(ctx, shardKeys...); err == nil {
-		r.mu.Lock()
-		for _, st := range states {
-			if s, ok := parseShard(r.cfg.Controller, st.Key, r.cfg.Shards); ok && st.Held && st.Owner == r.owner && r.owned[s] == nil {
-				untaken[s] = lease.Token{Key: st.Key, Owner: st.Owner, Epoch: st.Epoch}
-			}
-		}
-		r.mu.Unlock()
-	}
-	var ts []lease.Token
-	for _, t := range untaken {
-		ts = append(ts, t)
-	}
-	if m != nil {
-		m.End(lease.ErrReleased)
-		ts = append(ts, m.Grant().Token)
-	}
-	// The first statement: the member key, the grants never taken and every
-	// shard with no work running. Then each shard as its work ends,
-	// those that end while a statement runs together in the next one.
-	var busy []*owned
-	for _, o := range ending {
-		select {
-		case <-o.drained:
-			ts = append(ts, o.term.Grant().Token)
-		default:
-			busy = append(busy, o)
-		}
-	}
-	ready := make(chan *owned, len(busy))
-	for _, o := range busy {
-		go func() { <-o.drained; ready <- o }()
-	}
-	var worked time.Duration
-	statements := 0
-	for pending := len(busy); len(ts) > 0 || pending > 0; {
-		if len(ts) == 0 {
-			o := <-ready
-			ts, pending = append(ts, o.term.Grant().Token), pending-1
-		}
-		for more := true; more; {
-			select {
-			case o := <-ready:
-				ts, pending = append(ts, o.term.Grant().Token), pending-1
-			default:
-				more = false
-			}
-		}
-		if pending == 0 && worked == 0 {
-			worked = time.Since(start)
-		}
-		for len(ts) > 0 {
-			n := min(len(ts), lease.MaxBatch)
-			if _, err := r.c.ReleaseMany(ctx, ts[:n]); err != nil {
-				r.cfg.Logger.Warn("shard: release", "controller", r.cfg.Controller, "keys", n, "err", err)
-			}
-			ts = ts[n:]
-			statements++
-		}
-	}
+	ts = append(ts, r.handedUnlisted(ctx, ts)...)
+	worked, statements := r.releaseAsDone(ctx, ts, ending)
 	released := time.Since(start)
 	r.mu.Lock()
 	for _, o := range ending {
@@ -220,6 +142,7 @@ func (r *Sharder) leave(stopped time.Time) {
 			delete(r.owned, o.s)
 		}
 	}
+	m := r.member
 	r.mu.Unlock()
 	if m != nil {
 		r.announce(ctx)
@@ -239,16 +162,131 @@ func (r *Sharder) leave(stopped time.Time) {
 	}
 	_ = handover.WithdrawMany(ctx, r.c, keys, r.owner)
 	r.cands = map[int]int32{}
-	// A handover may have granted this process a shard it never took (it
-	// stopped meanwhile, or was refused): release those too.
-	if states, err := r.c.List(ctx); err == nil {
-		var stray []lease.Token
-		for _, st := range states {
-			if _, ok := parseShard(r.cfg.Controller, st.Key, r.cfg.Shards); ok && st.Held && st.Owner == r.owner {
-				stray = append(stray, lease.Token{Key: st.Key, Owner: st.Owner, Epoch: st.Epoch})
+	r.releaseLeftOver(ctx)
+	r.metrics.owned.Set(0)
+}
+
+// endAll ends the term of every shard not ended yet and of the member key,
+// and returns the shards it ended and the tokens to release at once: the
+// member key's and those of grants handed over to this process and never
+// taken.
+func (r *Sharder) endAll() (ending []*owned, ts []lease.Token) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, o := range r.owned {
+		if !o.stopping {
+			r.endLocked(o, ErrRebalanced)
+			ending = append(ending, o)
+		}
+	}
+	for s, t := range r.handed {
+		if r.owned[s] == nil {
+			ts = append(ts, t)
+		}
+	}
+	r.handed = map[int]lease.Token{}
+	if r.member != nil {
+		r.member.End(lease.ErrReleased)
+		ts = append(ts, r.member.Grant().Token)
+	}
+	return ending, ts
+}
+
+// handedUnlisted lists the shard keys and returns the tokens of those this
+// process holds without a term and that are not in have.
+func (r *Sharder) handedUnlisted(ctx context.Context, have []lease.Token) []lease.Token {
+	shardKeys := make([]string, r.cfg.Shards)
+	for s := range shardKeys {
+		shardKeys[s] = Key(r.cfg.Controller, s)
+	}
+	var states []lease.State
+	if err := inBatches(len(shardKeys), func(lo, hi int) error {
+		sts, err := r.c.List(ctx, shardKeys[lo:hi]...)
+		states = append(states, sts...)
+		return err
+	}); err != nil {
+		return nil
+	}
+	seen := map[string]bool{}
+	for _, t := range have {
+		seen[t.Key] = true
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []lease.Token
+	for _, st := range states {
+		if s, ok := parseShard(r.cfg.Controller, st.Key, r.cfg.Shards); ok && st.Held && st.Owner == r.owner &&
+			r.owned[s] == nil && !seen[st.Key] {
+			out = append(out, lease.Token{Key: st.Key, Owner: st.Owner, Epoch: st.Epoch})
+		}
+	}
+	return out
+}
+
+// releaseAsDone releases ts and each ending shard once its work ended: one
+// statement for all when the work ends within a Poll, else those ended
+// by then, and each other as it ends (those that end while a statement
+// runs together in the next one). It returns when the last work ended
+// (since its start) and how many statements it ran.
+func (r *Sharder) releaseAsDone(ctx context.Context, ts []lease.Token, ending []*owned) (worked time.Duration, statements int) {
+	start := time.Now()
+	ready := make(chan *owned, len(ending))
+	for _, o := range ending {
+		go func() { <-o.drained; ready <- o }()
+	}
+	pending := len(ending)
+	grace := r.c.Clock().NewTimer(r.cfg.Poll)
+	defer grace.Stop()
+	for waiting := pending > 0; waiting; {
+		select {
+		case o := <-ready:
+			ts, pending = append(ts, o.term.Grant().Token), pending-1
+			waiting = pending > 0
+		case <-grace.C():
+			waiting = false
+		}
+	}
+	for len(ts) > 0 || pending > 0 {
+		if len(ts) == 0 {
+			o := <-ready
+			ts, pending = append(ts, o.term.Grant().Token), pending-1
+		}
+		for more := true; more; {
+			select {
+			case o := <-ready:
+				ts, pending = append(ts, o.term.Grant().Token), pending-1
+			default:
+				more = false
 			}
 		}
-		_, _ = r.c.ReleaseMany(ctx, stray)
+		if pending == 0 && worked == 0 {
+			worked = time.Since(start)
+		}
+		for len(ts) > 0 {
+			n := min(len(ts), lease.MaxBatch)
+			if _, err := r.c.ReleaseOwned(ctx, ts[:n]); err != nil {
+				r.cfg.Logger.Warn("shard: release", "controller", r.cfg.Controller, "keys", n, "err", err)
+			}
+			ts = ts[n:]
+			statements++
+		}
 	}
-	r.metrics.owned.Set(0)
+	return worked, statements
+}
+
+// releaseLeftOver releases the shard grants a handover gave this process
+// after it left (it stopped meanwhile, or was refused): the release hands
+// them on.
+func (r *Sharder) releaseLeftOver(ctx context.Context) {
+	states, err := r.c.List(ctx)
+	if err != nil {
+		return
+	}
+	var stray []lease.Token
+	for _, st := range states {
+		if _, ok := parseShard(r.cfg.Controller, st.Key, r.cfg.Shards); ok && st.Held && st.Owner == r.owner {
+			stray = append(stray, lease.Token{Key: st.Key, Owner: st.Owner, Epoch: st.Epoch})
+		}
+	}
+	_, _ = r.c.ReleaseOwned(ctx, stray)
 }

@@ -1,15 +1,20 @@
 // Package shard spreads one controller's objects over every replica: N
 // shards fixed per controller, each a pg_lease key with its own epoch,
-// assigned to the live members by rendezvous hashing and held by one
-// replica at a time.
+// balanced over the live members (counts differ by at most one) and held
+// by one replica at a time.
 //
 // Membership and assignment come from the database alone. Each replica
 // holds a member key (<controller>/member/<identity>) and renews it with
 // all its shard keys in one statement (lease.renew_many). A replica reads
-// the live members from lease.list and computes the owner of every shard
-// with Assign: rendezvous hashing needs no ring or table to store, every
-// replica computes the same answer from the same members, and a change of
-// members moves only the shards that must move.
+// the live members and the shards' holders from lease.list and computes
+// the owner of every shard with Balance: each member keeps the shards it
+// holds up to its cap (n/members, one more for some), the rest go by
+// rendezvous weight to the members with room. Every replica computes the
+// same answer from the same list, a change of members moves only the
+// shards that must move (the fewest any balanced map could), and the
+// answer stays the same while those moves run. A round is a pure plan over
+// (members, holders, the shards this replica tracks, now), decide, applied
+// by a few statements.
 //
 // Rebalancing has no overlap and no orphan:
 //   - a replica that should no longer own shard s first cancels the
@@ -19,14 +24,16 @@
 //     lease.candidate registration under the priority strategy): a joining
 //     replica registers for the shards it will win before it announces
 //     itself, and every replica registers for the shards it would get if
-//     their owner left (the rendezvous runner-up), so a move leaves no
+//     their holder left (Balance without that member), so a move leaves no
 //     shard free; without a registration the key is freed and the new
 //     owner acquires it;
-//   - a replica that stops first releases its member key (the others
-//     recompute without it while its work ends), then its shards;
-//   - a crashed replica's keys lapse at their server expiry, and the
-//     others take its shards over then: they wake at the latest local
-//     bound of that expiry.
+//   - a replica that stops releases its member key and every shard in one
+//     statement (lease.release_many) once their work ended (a shard whose
+//     work outlasts a Poll goes in a later statement);
+//   - a crashed replica's keys lapse at their server expiry (one instant:
+//     they were renewed in one statement), and the others take its shards
+//     over then, each in one statement (lease.acquire_many): they wake at
+//     the latest local bound of that expiry.
 //
 // Every process holds its keys under an owner of its own (Identity#random),
 // so two processes never share a grant: a second process given the
@@ -54,9 +61,10 @@ import (
 	"github.com/pglease/pg_lease/pkg/listen"
 )
 
-// MaxShards is the most shards of one controller: every shard key and the
-// member key are renewed in one lease.renew_many call.
-const MaxShards = lease.MaxBatch - 1
+// MaxShards is the most shards of one controller. A replica renews its
+// member key and its shards in one lease.renew_many call while it holds
+// fewer than lease.MaxBatch keys, else in calls of lease.MaxBatch keys.
+const MaxShards = 4096
 
 // ErrInvalidConfig matches every error of New for a bad Config.
 var ErrInvalidConfig = errors.New("shard: invalid config")

@@ -17,7 +17,7 @@ type View struct {
 	Shards []ShardState
 }
 
-// ShardState is one shard's key and the member Assign names for it.
+// ShardState is one shard's key and the member Balance names for it.
 type ShardState struct {
 	Shard int
 	// State of the shard's key (Exists false: never acquired).
@@ -60,7 +60,13 @@ func Read(ctx context.Context, c *lease.Client, controller string, n int) (View,
 		}
 	}
 	sort.Strings(v.Members)
-	assign := Assign(n, v.Members)
+	holders := make([]string, n)
+	for s, st := range byShard {
+		if st.Held && s < n {
+			holders[s] = byOwner[st.Owner]
+		}
+	}
+	assign := Balance(n, v.Members, holders)
 	for s := range n {
 		st, ok := byShard[s]
 		if !ok {

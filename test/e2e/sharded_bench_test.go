@@ -33,7 +33,9 @@ import (
 //
 // Opt-in (minutes): PGLEASE_SHARDED_BENCH=1 go test -run TestShardedBenchmark -v ./test/e2e/
 // PGLEASE_SHARDED_OBJECTS and PGLEASE_SHARDED_CHAOS_STEPS shrink it (bench/run.sh smoke:
-// every phase still runs, the numbers mean nothing).
+// every phase still runs, the numbers mean nothing); PGLEASE_SHARDED_REPLICAS lists the
+// replica counts (default 1,2,3), PGLEASE_SHARDED_SHARDS sets N (default 64) and
+// PGLEASE_SHARDED_CHAOS_REPLICAS the most replicas the chaos run keeps live (default 5).
 var shardedBench = shardedParams{objects: 3000, shards: 64, workers: 8, work: 50 * time.Millisecond,
 	ttl: 2 * time.Second}
 
@@ -52,13 +54,34 @@ func envCount(t *testing.T, name string, def int) int {
 	return n
 }
 
+// envCounts is the comma-separated positive numbers in the variable name,
+// or def when unset.
+func envCounts(t *testing.T, name string, def []int) []int {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	var out []int
+	for _, f := range strings.Split(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			t.Fatalf("%s=%q: want positive numbers separated by commas", name, v)
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
 func TestShardedBenchmark(t *testing.T) {
 	if os.Getenv("PGLEASE_SHARDED_BENCH") == "" {
 		t.Skip("opt-in benchmark: set PGLEASE_SHARDED_BENCH=1")
 	}
 	p := shardedBench
 	p.objects = envCount(t, "PGLEASE_SHARDED_OBJECTS", p.objects)
+	p.shards = envCount(t, "PGLEASE_SHARDED_SHARDS", p.shards)
 	steps := envCount(t, "PGLEASE_SHARDED_CHAOS_STEPS", shardedChaosSteps)
+	counts := envCounts(t, "PGLEASE_SHARDED_REPLICAS", []int{1, 2, 3})
+	chaosMax := envCount(t, "PGLEASE_SHARDED_CHAOS_REPLICAS", 5)
 	r, kube := newShRun(t, p, "bench")
 	ctx := pgtest.Context(t, 30*time.Minute) // the whole run: minutes on a loaded host
 	createObjects(t, kube, r.namespace, p.objects)
@@ -72,9 +95,10 @@ func TestShardedBenchmark(t *testing.T) {
 		overlaps           int
 		orphan             float64
 		split              string
+		maxMin             int // the largest difference in shard counts at a settled state
 	}
 	results := map[int]result{}
-	for _, n := range []int{1, 2, 3} {
+	for _, n := range counts {
 		var res result
 		if _, err := r.store.Exec(ctx, `TRUNCATE sharded_results, sharded_fence`); err != nil && !strings.Contains(err.Error(), "does not exist") {
 			t.Fatal(err)
@@ -87,14 +111,12 @@ func TestShardedBenchmark(t *testing.T) {
 			r.start(ctl, id)
 		}
 		r.settled(ctl, ids...)
+		var counts []int
+		res.split, counts = r.split(ctl, ids)
+		res.maxMin = slices.Max(counts) - slices.Min(counts)
 		start := time.Now()
 		relabel(t, kube, r.namespace, ctl, p.objects)
 		res.elapsed = r.reconciled(ids...).Sub(start)
-		var split []string
-		for _, id := range ids {
-			split = append(split, fmt.Sprint(countOf(shard.Assign(p.shards, ids), id)))
-		}
-		res.split = strings.Join(split, "/")
 
 		stopChurn := make(chan struct{})
 		churning := churn(t, kube, r.namespace, p.objects, stopChurn)
@@ -103,10 +125,13 @@ func TestShardedBenchmark(t *testing.T) {
 		joinedAt := r.joined(ctl, x)
 		at, u1 := r.settled(ctl, append(slices.Clone(ids), x)...)
 		res.join = at.Sub(joinedAt)
+		_, counts = r.split(ctl, append(slices.Clone(ids), x))
+		res.maxMin = max(res.maxMin, slices.Max(counts)-slices.Min(counts))
+		xs := r.shardsOf(ctl, x)
 		left, exited := r.signal(x, syscall.SIGTERM)
 		at, u2 := r.settled(ctl, ids...)
 		res.leave = at.Sub(left)
-		t.Logf("replicas=%d: the leaver's shards were last granted by %v", n, r.lastGrants(ctl, x, append(slices.Clone(ids), x)))
+		t.Logf("replicas=%d: the leaver's %d shards were last granted by %v", n, len(xs), r.lastGrants(ctl, xs))
 		exited()
 		y := ctl + "-y"
 		r.start(ctl, y)
@@ -115,6 +140,8 @@ func TestShardedBenchmark(t *testing.T) {
 		lapse := r.lastExpiry(y)
 		at, u3 := r.settled(ctl, ids...)
 		res.crash = at.Sub(crashed)
+		_, counts = r.split(ctl, ids)
+		res.maxMin = max(res.maxMin, slices.Max(counts)-slices.Min(counts))
 		t.Logf("replicas=%d: the killed replica's last key lapsed %d ms after the kill, its shards settled %d ms after that",
 			n, lapse.Sub(crashed).Milliseconds(), at.Sub(lapse).Milliseconds())
 		close(stopChurn)
@@ -124,11 +151,11 @@ func TestShardedBenchmark(t *testing.T) {
 		res.orphan = u1 + u2 + u3
 		results[n] = res
 	}
-	for _, n := range []int{1, 2, 3} {
+	for _, n := range counts {
 		res := results[n]
-		line := fmt.Sprintf("shards: replicas=%d speedup=%.2f join=%d ms leave=%d ms crash=%d ms overlaps=%d orphan-seconds=%.3f",
-			n, results[1].elapsed.Seconds()/res.elapsed.Seconds(), res.join.Milliseconds(), res.leave.Milliseconds(),
-			res.crash.Milliseconds(), res.overlaps, res.orphan)
+		line := fmt.Sprintf("shards: replicas=%d speedup=%.2f join=%d ms leave=%d ms crash=%d ms overlaps=%d orphan-seconds=%.3f max-min=%d",
+			n, results[counts[0]].elapsed.Seconds()/res.elapsed.Seconds(), res.join.Milliseconds(), res.leave.Milliseconds(),
+			res.crash.Milliseconds(), res.overlaps, res.orphan, res.maxMin)
 		t.Logf("%s (all %d objects in %v; shards per replica %s of %d, %v per reconcile, %d workers per replica, ttl %v)",
 			line, p.objects, res.elapsed.Round(time.Millisecond), res.split, p.shards, p.work, p.workers, p.ttl)
 		fmt.Println(line)
@@ -137,7 +164,8 @@ func TestShardedBenchmark(t *testing.T) {
 		}
 	}
 
-	r.chaos(kube, steps, 20250) // after bench-3: its objects carry bench-3's label
+	// after the last throughput run: its objects carry its label
+	r.chaos(kube, steps, 20250, fmt.Sprintf("bench-%d", counts[len(counts)-1]), chaosMax)
 }
 
 // chaos runs replicas of one controller through steps random joins,
@@ -145,14 +173,14 @@ func TestShardedBenchmark(t *testing.T) {
 // with objects updated throughout, then checks that no two replicas
 // reconciled one shard at once and that the store accepted no write of a
 // former owner after its shard's next grant.
-func (r *shRun) chaos(kube client.Client, steps int, seed uint64) {
+func (r *shRun) chaos(kube client.Client, steps int, seed uint64, label string, most int) {
 	t := r.t
 	ctx := pgtest.Context(t, 0)
 	const ctl = "chaos"
 	rnd := rand.New(rand.NewPCG(seed, 1))
 	// The objects of the last throughput run, relabelled for it before; the
 	// store forgets that run's epochs (they are another controller's keys).
-	r.labels = map[string]string{ctl: "bench-3"}
+	r.labels = map[string]string{ctl: label}
 	if _, err := r.store.Exec(ctx, `TRUNCATE sharded_results, sharded_fence, sharded_writes`); err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +195,7 @@ func (r *shRun) chaos(kube client.Client, steps int, seed uint64) {
 		r.start(ctl, id)
 		live = append(live, id)
 	}
-	for range 3 {
+	for range min(3, most) {
 		join("")
 	}
 	r.settled(ctl, live...)
@@ -177,7 +205,7 @@ func (r *shRun) chaos(kube client.Client, steps int, seed uint64) {
 	var exits []func()
 	for range steps {
 		switch k := rnd.IntN(4); {
-		case len(live) < 2 || (k == 0 && len(live) < 5):
+		case len(live) < 2 || (k == 0 && len(live) < most):
 			if len(crashed) > 0 && rnd.IntN(2) == 0 {
 				id := crashed[0] // a restart under a crashed replica's identity
 				crashed = crashed[1:]
@@ -286,16 +314,51 @@ func (r *shRun) formerOwnerWrites(ctx context.Context, controller string) int {
 	return n
 }
 
-// lastGrants counts how the shards Assign gave id among members were last
-// granted: handed_over (by the release), acquired or taken_over.
-func (r *shRun) lastGrants(controller, id string, members []string) map[string]int {
+// shardsOf lists the shards the process of id holds.
+func (r *shRun) shardsOf(controller, id string) []int {
+	r.t.Helper()
+	v, err := shard.Read(pgtest.Context(r.t, 0), r.leases, controller, r.p.shards)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	var out []int
+	for _, s := range v.Shards {
+		if s.Member == id {
+			out = append(out, s.Shard)
+		}
+	}
+	return out
+}
+
+// split reads the shard counts of ids ("a/b/c" and as numbers).
+func (r *shRun) split(controller string, ids []string) (string, []int) {
+	r.t.Helper()
+	v, err := shard.Read(pgtest.Context(r.t, 0), r.leases, controller, r.p.shards)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	var counts []int
+	var parts []string
+	for _, id := range ids {
+		n := 0
+		for _, s := range v.Shards {
+			if s.Member == id {
+				n++
+			}
+		}
+		counts = append(counts, n)
+		parts = append(parts, fmt.Sprint(n))
+	}
+	return strings.Join(parts, "/"), counts
+}
+
+// lastGrants counts how the shards were last granted: handed_over (by the
+// release), acquired or taken_over.
+func (r *shRun) lastGrants(controller string, shards []int) map[string]int {
 	r.t.Helper()
 	ctx := pgtest.Context(r.t, 0)
 	kinds := map[string]int{}
-	for s, m := range shard.Assign(r.p.shards, members) {
-		if m != id {
-			continue
-		}
+	for _, s := range shards {
 		h, err := leaseadmin.History(ctx, r.leases, shard.Key(controller, s), 10000)
 		if err != nil {
 			r.t.Fatal(err)
@@ -380,7 +443,8 @@ func newShRun(t *testing.T, p shardedParams, ns string) (*shRun, client.Client) 
 		storeDSN: storeDSN, namespace: ns, leases: lease.New(leasePool), store: newPool(t, storeDSN),
 		logDir: shardedLogDir(t), procs: map[string]*exec.Cmd{}}
 	t.Cleanup(r.stopAll)
-	if err := kube.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+	// A context of its own: building the example can take minutes on a loaded host.
+	if err := kube.Create(pgtest.Context(t, 0), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 		t.Fatal(err)
 	}
 	return r, kube

@@ -1,0 +1,218 @@
+package shard
+
+import (
+	"slices"
+	"time"
+
+	"github.com/pglease/pg_lease/pkg/lease"
+)
+
+// snapshot is one lease.list of a controller's keys, as one replica reads
+// it: a pure function of the listed states.
+type snapshot struct {
+	// members are the live members, sorted: those whose member key is
+	// held, but for a member key of this identity held by another process.
+	members []string
+	// memberOwners maps the holder of each live member key to its member.
+	memberOwners map[string]string
+	// shards holds each shard's state (Exists false: never leased).
+	shards []lease.State
+	// expires is, per shard, the local bound of its holder's expiry
+	// (lease.State.ExpiresLocal; zero when not held).
+	expires []time.Time
+	// holders names, per shard, the live member holding it ("": nobody).
+	holders []string
+	// memberLapse is the earliest local bound of another member's expiry
+	// after listed (0: none): a crashed member's keys lapse then.
+	memberLapse time.Duration
+}
+
+// readSnapshot builds the snapshot of states, listed at local time listed,
+// for the replica identity whose process holds its keys as owner.
+func readSnapshot(controller string, n int, identity, owner string, states []lease.State, listed time.Time) snapshot {
+	exp := make([]time.Time, len(states))
+	for i, st := range states {
+		exp[i] = st.ExpiresLocal()
+	}
+	return buildSnapshot(controller, n, identity, owner, states, exp, listed)
+}
+
+// buildSnapshot is readSnapshot with each state's local expiry bound given
+// (exp[i] for states[i]).
+func buildSnapshot(controller string, n int, identity, owner string, states []lease.State, exp []time.Time, listed time.Time) snapshot {
+	sn := snapshot{memberOwners: map[string]string{}, shards: make([]lease.State, n),
+		expires: make([]time.Time, n), holders: make([]string, n)}
+	for s := range n {
+		sn.shards[s] = lease.State{Key: Key(controller, s)}
+	}
+	for i, st := range states {
+		if mem, ok := memberOf(controller, st.Key); ok && st.Held {
+			if mem == identity && st.Owner != owner {
+				continue // another process of this identity: ensureMember decides
+			}
+			sn.members = append(sn.members, mem)
+			sn.memberOwners[st.Owner] = mem
+			if d := exp[i].Sub(listed); mem != identity && d > 0 && (sn.memberLapse == 0 || d < sn.memberLapse) {
+				sn.memberLapse = d
+			}
+			continue
+		}
+		if s, ok := parseShard(controller, st.Key, n); ok {
+			sn.shards[s], sn.expires[s] = st, exp[i]
+		}
+	}
+	slices.Sort(sn.members)
+	sn.members = slices.Compact(sn.members)
+	sn.setHolders()
+	return sn
+}
+
+func (sn *snapshot) setHolders() {
+	for s, st := range sn.shards {
+		sn.holders[s] = ""
+		if st.Held {
+			sn.holders[s] = sn.memberOwners[st.Owner]
+		}
+	}
+}
+
+// withSelf is sn with this replica among the members (it is joining: its
+// member key is not held yet, or not seen).
+func (sn snapshot) withSelf(identity, owner string) snapshot {
+	out := sn
+	out.memberOwners = make(map[string]string, len(sn.memberOwners)+1)
+	for o, m := range sn.memberOwners {
+		out.memberOwners[o] = m
+	}
+	out.memberOwners[owner] = identity
+	if !slices.Contains(sn.members, identity) {
+		out.members = slices.Sorted(slices.Values(append(slices.Clone(sn.members), identity)))
+	}
+	out.holders = make([]string, len(sn.shards))
+	out.setHolders()
+	return out
+}
+
+// joinCandidacies returns the shards a joining replica registers for before
+// the others see it: those Balance gives it that another process holds.
+// Their owners' releases then hand them to it.
+func joinCandidacies(n int, sn snapshot, identity, owner string) map[int]int32 {
+	with := sn.withSelf(identity, owner)
+	cands := map[int]int32{}
+	for s, o := range Balance(n, with.members, with.holders) {
+		if st := with.shards[s]; o == identity && st.Held && st.Owner != owner {
+			cands[s] = priorityAssigned
+		}
+	}
+	return cands
+}
+
+// planInput is what a round decides from: the snapshot (with this replica
+// among its members), the shards this replica tracks, and its settings.
+type planInput struct {
+	n               int
+	identity, owner string
+	snap            snapshot
+	// own has an entry per shard this replica tracks: true while it acts
+	// under it, false while it is giving it up.
+	own    map[int]bool
+	listed time.Time
+	next   time.Duration // the longest wait before the next round
+	poll   time.Duration
+	waiter bool // a Waiter wakes the replica at releases
+}
+
+// plan is a round's decision.
+type plan struct {
+	assign []string
+	// give are the shards this replica acts under and must give up.
+	give []int
+	// take are the shards to acquire now (in shard order).
+	take []int
+	// handed are the shards of take already granted to this process (a
+	// handover): taken by an acquire that answers the caller's own grant.
+	handed map[int]lease.Token
+	// stray are grants handed to this process for shards not assigned to
+	// it: to release again (the release hands them on).
+	stray []lease.Token
+	// lapsing are shards assigned here whose holder is no live member:
+	// taken when their grant lapses, at this local time.
+	lapsing map[int]time.Time
+	// cands are the handover candidacies to hold: priorityAssigned for
+	// shards assigned here and held by another, priorityRunnerUp for shards
+	// that come here if their holder leaves.
+	cands map[int]int32
+	// next is when to run the next round.
+	next time.Duration
+}
+
+// decide computes the round's plan: a pure function of in.
+func decide(in planInput) plan {
+	sn := in.snap
+	p := plan{assign: Balance(in.n, sn.members, sn.holders), handed: map[int]lease.Token{},
+		lapsing: map[int]time.Time{}, cands: map[int]int32{}, next: in.next}
+	if sn.memberLapse > 0 {
+		p.next = min(p.next, sn.memberLapse)
+	}
+	runnerUp := runnersUp(in.n, sn.members, sn.holders, in.identity)
+	for s := range in.n {
+		st := sn.shards[s]
+		active, tracked := in.own[s]
+		mine := p.assign != nil && p.assign[s] == in.identity
+		switch {
+		case !mine:
+			if tracked && active {
+				p.give = append(p.give, s)
+			}
+			if !tracked && st.Held && st.Owner == in.owner {
+				p.stray = append(p.stray, lease.Token{Key: st.Key, Owner: st.Owner, Epoch: st.Epoch})
+			}
+			if runnerUp[s] {
+				p.cands[s] = priorityRunnerUp
+			}
+		case tracked:
+		case st.Held && st.Owner != in.owner:
+			p.cands[s] = priorityAssigned
+			p.waitFor(s, st, sn.expires[s], sn, in)
+		default:
+			if st.Held {
+				p.handed[s] = lease.Token{Key: st.Key, Owner: st.Owner, Epoch: st.Epoch}
+			}
+			p.take = append(p.take, s)
+		}
+	}
+	return p
+}
+
+// waitFor notes when to try shard s again, held by another: a live member
+// is releasing it, and a release notifies (with a Waiter), so poll as
+// well; a holder that is no member left or crashed, and its grant lapses
+// at its expiry (the latest bound on the local clock).
+func (p *plan) waitFor(s int, st lease.State, exp time.Time, sn snapshot, in planInput) {
+	d := exp.Sub(in.listed)
+	_, member := sn.memberOwners[st.Owner]
+	switch {
+	case member || d <= 0:
+		p.next = min(p.next, in.poll)
+	case !in.waiter:
+		p.next = min(p.next, in.poll, d)
+		p.lapsing[s] = exp
+	default:
+		p.lapsing[s] = exp
+	}
+}
+
+// due returns the shards of lapsing whose grant lapsed by now, in order,
+// and removes them; first is the earliest instant left (zero: none).
+func due(lapsing map[int]time.Time, now time.Time) (shards []int, first time.Time) {
+	for s, at := range lapsing {
+		if !at.After(now) {
+			shards = append(shards, s)
+			delete(lapsing, s)
+		} else if first.IsZero() || at.Before(first) {
+			first = at
+		}
+	}
+	slices.Sort(shards)
+	return shards, first
+}

@@ -1,0 +1,248 @@
+package shard
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/pglease/pg_lease/pkg/lease"
+)
+
+// world is a controller's keys for the plan's table tests: no database.
+type world struct {
+	n      int
+	now    time.Time
+	states []lease.State
+	exp    []time.Time
+}
+
+func newWorld(n int) *world { return &world{n: n, now: time.Unix(1000, 0)} }
+
+// member adds a held member key of id, held by owner id#1, expiring in d.
+func (w *world) member(id string, d time.Duration) *world {
+	w.states = append(w.states, lease.State{Key: MemberKey("ctl", id), Exists: true, Held: true, Owner: id + "#1", Epoch: 1})
+	w.exp = append(w.exp, w.now.Add(d))
+	return w
+}
+
+// shard adds shard s held by owner ("" free), expiring in d.
+func (w *world) shard(s int, owner string, d time.Duration) *world {
+	st := lease.State{Key: Key("ctl", s), Exists: true, Held: owner != "", Owner: owner, Epoch: int64(s + 1)}
+	w.states = append(w.states, st)
+	var e time.Time
+	if owner != "" {
+		e = w.now.Add(d)
+	}
+	w.exp = append(w.exp, e)
+	return w
+}
+
+// settled adds every shard held as Assign over ids gives it.
+func (w *world) settled(ids ...string) *world {
+	for s, id := range Assign(w.n, ids) {
+		w.shard(s, id+"#1", 10*time.Second)
+	}
+	return w
+}
+
+func (w *world) snap(id string) snapshot {
+	return buildSnapshot("ctl", w.n, id, id+"#1", w.states, w.exp, w.now)
+}
+
+func (w *world) decide(id string, own map[int]bool) plan {
+	return decide(planInput{n: w.n, identity: id, owner: id + "#1", snap: w.snap(id).withSelf(id, id+"#1"),
+		own: own, listed: w.now, next: 3 * time.Second, poll: 50 * time.Millisecond, waiter: true})
+}
+
+func ownOf(ids []string, id string) map[int]bool {
+	own := map[int]bool{}
+	for s, o := range ids {
+		if o == id {
+			own[s] = true
+		}
+	}
+	return own
+}
+
+func shardsOf(assign []string, id string) []int {
+	var out []int
+	for s, o := range assign {
+		if o == id {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// TestPlanSettled: a replica owning what Balance gives it gives up and
+// takes nothing, and registers as runner-up for exactly the shards that
+// come to it when another member leaves; the next round is at the renewal
+// period or the earliest member expiry.
+func TestPlanSettled(t *testing.T) {
+	ids := []string{"a", "b", "c"}
+	w := newWorld(64).member("a", 9*time.Second).member("b", 2*time.Second).member("c", 9*time.Second).settled(ids...)
+	assign := Assign(64, ids)
+	p := w.decide("a", ownOf(assign, "a"))
+	if len(p.give)+len(p.take)+len(p.stray)+len(p.lapsing)+len(p.handed) != 0 {
+		t.Fatalf("settled: give %v take %v stray %v lapsing %v handed %v", p.give, p.take, p.stray, p.lapsing, p.handed)
+	}
+	if !slices.Equal(p.assign, assign) {
+		t.Fatal("settled: the assignment moved")
+	}
+	want := RunnersUp(64, ids, assign, "a")
+	if len(want) == 0 {
+		t.Fatal("a is the runner-up of no shard")
+	}
+	for s, prio := range p.cands {
+		if prio != priorityRunnerUp || !want[s] {
+			t.Errorf("shard %d: candidacy %d, runner-up %v", s, prio, want[s])
+		}
+	}
+	if len(p.cands) != len(want) {
+		t.Errorf("%d candidacies, %d runner-up shards", len(p.cands), len(want))
+	}
+	if p.next != 2*time.Second {
+		t.Errorf("next %v, want b's expiry in 2s", p.next)
+	}
+}
+
+// TestPlanJoin: a joiner registers, before it is a member, for exactly the
+// shards it will win; each owner then gives up exactly those, and the
+// joiner, once a member, waits for them (polls) with an assigned candidacy
+// rather than acquiring a held key.
+func TestPlanJoin(t *testing.T) {
+	ids := []string{"a", "b", "c"}
+	w := newWorld(64).member("a", 9*time.Second).member("b", 9*time.Second).member("c", 9*time.Second).settled(ids...)
+	before := Assign(64, ids)
+	after := Balance(64, []string{"a", "b", "c", "d"}, before)
+	wins := shardsOf(after, "d")
+	cands := joinCandidacies(64, w.snap("d"), "d", "d#1")
+	if got := slices.Sorted(maps.Keys(cands)); !slices.Equal(got, wins) {
+		t.Fatalf("joiner registers for %v, wins %v", got, wins)
+	}
+	w.member("d", 9*time.Second)
+	var given []int
+	for _, id := range ids {
+		p := w.decide(id, ownOf(before, id))
+		given = append(given, p.give...)
+		if len(p.take) != 0 {
+			t.Errorf("%s takes %v on a join", id, p.take)
+		}
+	}
+	if slices.Sort(given); !slices.Equal(given, wins) {
+		t.Errorf("the owners give up %v, the joiner wins %v", given, wins)
+	}
+	p := w.decide("d", nil)
+	if len(p.take) != 0 || p.next != 50*time.Millisecond {
+		t.Errorf("joiner: take %v next %v; want nothing taken, a poll", p.take, p.next)
+	}
+	for _, s := range wins {
+		if p.cands[s] != priorityAssigned {
+			t.Errorf("joiner: shard %d candidacy %d", s, p.cands[s])
+		}
+	}
+}
+
+// TestPlanCrash: a crashed member's lapsed shards are taken at once, each
+// by the replica Balance names, all of them in one round; a grant still
+// running waits for its lapse (lapsing, at its local expiry).
+func TestPlanCrash(t *testing.T) {
+	ids := []string{"a", "b", "c"}
+	before := Assign(64, ids)
+	w := newWorld(64).member("a", 9*time.Second).member("b", 9*time.Second) // c's member key lapsed
+	later := -1
+	for s, id := range before {
+		switch {
+		case id != "c":
+			w.shard(s, id+"#1", 9*time.Second)
+		case later < 0:
+			later = s
+			w.shard(s, "c#1", 30*time.Millisecond) // renewed after the others
+		default:
+			w.shard(s, "", 0) // lapsed: list shows it not held
+		}
+	}
+	after := Balance(64, []string{"a", "b"}, before)
+	var took []int
+	for _, id := range []string{"a", "b"} {
+		p := w.decide(id, ownOf(before, id))
+		if len(p.give) != 0 {
+			t.Errorf("%s gives up %v", id, p.give)
+		}
+		for _, s := range p.take {
+			if after[s] != id {
+				t.Errorf("%s takes shard %d of %s", id, s, after[s])
+			}
+		}
+		took = append(took, p.take...)
+		if after[later] == id {
+			if at, ok := p.lapsing[later]; !ok || !at.Equal(w.now.Add(30*time.Millisecond)) {
+				t.Errorf("%s: shard %d lapsing %v", id, later, p.lapsing)
+			}
+		} else if len(p.lapsing) != 0 {
+			t.Errorf("%s: lapsing %v", id, p.lapsing)
+		}
+	}
+	if slices.Sort(took); len(took) != len(shardsOf(before, "c"))-1 {
+		t.Errorf("took %v of c's %d shards (one still running)", took, len(shardsOf(before, "c")))
+	}
+}
+
+// TestPlanStrayAndHanded: a grant handed to this process for a shard
+// assigned here is taken (an acquire answers it) and noted as handed; one
+// for a shard assigned elsewhere is released again; an owned shard that
+// is no longer this replica's is given up, one being given up is left.
+func TestPlanStrayAndHanded(t *testing.T) {
+	ids := []string{"a", "b"}
+	assign := Assign(8, ids)
+	mine, theirs := shardsOf(assign, "a"), shardsOf(assign, "b")
+	w := newWorld(8).member("a", 9*time.Second).member("b", 9*time.Second)
+	for s := range 8 {
+		w.shard(s, "a#1", 9*time.Second) // every shard handed to a
+	}
+	own := map[int]bool{theirs[0]: true, theirs[1]: false}
+	p := w.decide("a", own)
+	if !slices.Equal(p.take, mine) {
+		t.Errorf("take %v, want %v", p.take, mine)
+	}
+	for _, s := range mine {
+		if p.handed[s].Epoch != int64(s+1) {
+			t.Errorf("shard %d handed %v", s, p.handed[s])
+		}
+	}
+	if !slices.Equal(p.give, theirs[:1]) {
+		t.Errorf("give %v, want %v", p.give, theirs[:1])
+	}
+	var stray []int
+	for _, tk := range p.stray {
+		s, _ := parseShard("ctl", tk.Key, 8)
+		stray = append(stray, s)
+	}
+	if !slices.Equal(stray, theirs[2:]) {
+		t.Errorf("stray %v, want %v", stray, theirs[2:])
+	}
+}
+
+// TestPlanAnotherProcessOfThisIdentity: a member key of this identity held
+// by another process is not this replica: it joins as itself.
+func TestPlanAnotherProcessOfThisIdentity(t *testing.T) {
+	w := newWorld(4)
+	w.states = append(w.states, lease.State{Key: MemberKey("ctl", "a"), Exists: true, Held: true, Owner: "a#old"})
+	w.exp = append(w.exp, w.now.Add(time.Second))
+	sn := w.snap("a")
+	if len(sn.members) != 0 || sn.memberLapse != 0 {
+		t.Errorf("members %v lapse %v", sn.members, sn.memberLapse)
+	}
+}
+
+// TestDue: shards whose lapse passed come out in order, the rest stay.
+func TestDue(t *testing.T) {
+	now := time.Unix(0, 0)
+	l := map[int]time.Time{3: now, 1: now.Add(-time.Second), 2: now.Add(time.Second), 5: now.Add(2 * time.Second)}
+	got, first := due(l, now)
+	if fmt.Sprint(got) != "[1 3]" || !first.Equal(now.Add(time.Second)) || len(l) != 2 {
+		t.Errorf("due %v first %v left %v", got, first, l)
+	}
+}

@@ -1,0 +1,255 @@
+package shard
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/listen"
+)
+
+// drained receives the events already waiting on ch, and returns ch, or nil
+// once it is closed: a burst of notifications (a leave hands every shard
+// over at once) costs one round, not one per shard.
+func drained(ch <-chan listen.Event) <-chan listen.Event {
+	for ch != nil {
+		select {
+		case _, ok := <-ch:
+			if !ok {
+				return nil
+			}
+		default:
+			return ch
+		}
+	}
+	return nil
+}
+
+// round is one step of the loop: the members and shards as the database
+// has them, the member key, then the plan (decide) applied: the shards to
+// give up and to take, and the handover candidacies. Its statements run on
+// ctx; once stop ends, it returns between two of them. It returns when to
+// run again. Renewals run in renewLoop: a slow round never delays them.
+func (r *Sharder) round(stop, ctx context.Context) (time.Duration, error) {
+	clk := r.c.Clock()
+	warn := r.warner(stop)
+	r.stopEnded()
+	states, err := r.c.List(ctx)
+	if err != nil {
+		warn("shard: list", "controller", r.cfg.Controller, "err", err)
+		return min(r.cfg.RenewEvery, r.cfg.Poll), nil
+	}
+	if stop.Err() != nil {
+		return r.cfg.RenewEvery, nil
+	}
+	listed := clk.Now()
+	sn := readSnapshot(r.cfg.Controller, r.cfg.Shards, r.cfg.Identity, r.owner, states, listed)
+	r.mu.Lock()
+	joined := r.member != nil && r.member.Err() == nil
+	r.mu.Unlock()
+	if !joined {
+		// The member key: acquired at the first round, and again when its
+		// term ended. The others learn of it from announce, after the
+		// candidacies.
+		if wait, done, err := r.join(stop, ctx, sn); done {
+			return wait, err
+		}
+	}
+	sn = sn.withSelf(r.cfg.Identity, r.owner)
+	p := r.plan(sn, listed)
+	if stop.Err() != nil {
+		return p.next, nil // leave releases the grants handed to this process
+	}
+	r.takeNow(ctx, stop, &p, listed)
+	r.takeLapsing(stop, ctx, &p)
+	if stop.Err() != nil {
+		return p.next, nil // leave releases the strays and withdraws
+	}
+	r.releaseStray(ctx, stop, p.stray)
+	if err := r.candidacies(ctx, p.cands, clk.Since(r.candsAt) >= r.cfg.RenewEvery); err != nil {
+		warn("shard: handover candidacies", "controller", r.cfg.Controller, "err", err)
+	}
+	r.mu.Lock()
+	r.metrics.owned.Set(float64(len(r.owned)))
+	r.mu.Unlock()
+	return max(p.next, time.Millisecond), nil
+}
+
+// warner logs a warning unless stop ended: once stopping, the errors are
+// the cancellation's.
+func (r *Sharder) warner(stop context.Context) func(msg string, args ...any) {
+	return func(msg string, args ...any) {
+		if stop.Err() == nil {
+			r.cfg.Logger.Warn(msg, args...)
+		}
+	}
+}
+
+// stopEnded stops the shards whose term ended (lost, or its deadline
+// passed) and releases them after their work.
+func (r *Sharder) stopEnded() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var ended []*owned
+	for _, o := range r.owned {
+		if !o.stopping && o.term.Err() != nil {
+			r.endLocked(o, o.term.Err())
+			ended = append(ended, o)
+		}
+	}
+	r.releaseAfterWork(ended)
+}
+
+// join registers the candidacies of a joining replica (the shards it will
+// win, so that their owners' releases hand them over), acquires the member
+// key and announces it. done reports that the round ends here, with wait
+// and err as its result.
+func (r *Sharder) join(stop, ctx context.Context, sn snapshot) (wait time.Duration, done bool, err error) {
+	warn := r.warner(stop)
+	next := min(r.cfg.RenewEvery, max(sn.memberLapse, 0))
+	if next == 0 {
+		next = r.cfg.RenewEvery
+	}
+	cands := joinCandidacies(r.cfg.Shards, sn, r.cfg.Identity, r.owner)
+	if err := r.candidacies(ctx, cands, true); err != nil {
+		warn("shard: handover candidacies", "controller", r.cfg.Controller, "err", err)
+	}
+	if stop.Err() != nil {
+		return next, true, nil
+	}
+	wait, err = r.ensureMember(ctx)
+	if err != nil {
+		if err := r.candidacies(ctx, nil, false); err != nil {
+			warn("shard: handover candidacies", "controller", r.cfg.Controller, "err", err)
+		}
+		if errors.Is(err, ErrIdentityTaken) {
+			return 0, true, err
+		}
+		warn("shard: member key", "controller", r.cfg.Controller, "err", err)
+		return max(min(next, wait), time.Millisecond), true, nil
+	}
+	if stop.Err() != nil {
+		return next, true, nil // leave releases the member key and announces that
+	}
+	r.announce(ctx)
+	return 0, false, nil
+}
+
+// plan decides the round from sn and applies its local part under mu: the
+// view, the metrics, the shards given up (released after their work) and
+// the grants handed over to this process.
+func (r *Sharder) plan(sn snapshot, listed time.Time) plan {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	own := make(map[int]bool, len(r.owned))
+	for s, o := range r.owned {
+		own[s] = !o.stopping
+	}
+	p := decide(planInput{n: r.cfg.Shards, identity: r.cfg.Identity, owner: r.owner, snap: sn, own: own,
+		listed: listed, next: r.cfg.RenewEvery, poll: r.cfg.Poll, waiter: r.cfg.Waiter != nil})
+	r.members, r.assign = sn.members, p.assign
+	r.noteUnowned(sn, listed)
+	var moving []*owned
+	for _, s := range p.give {
+		r.endLocked(r.owned[s], ErrRebalanced)
+		moving = append(moving, r.owned[s])
+	}
+	for s, t := range p.handed {
+		r.handed[s] = t
+	}
+	r.releaseAfterWork(moving)
+	return p
+}
+
+// noteUnowned updates the unowned metrics: a shard nobody held at two lists
+// in a row was unowned for the time between them, as far as this replica
+// can tell.
+func (r *Sharder) noteUnowned(sn snapshot, listed time.Time) {
+	var unowned int
+	for s, st := range sn.shards {
+		if !st.Held {
+			unowned++
+			if r.unowned[s] && !r.lastList.IsZero() {
+				r.metrics.unownedSeconds.Add(listed.Sub(r.lastList).Seconds())
+			}
+			r.unowned[s] = true
+		} else {
+			delete(r.unowned, s)
+		}
+	}
+	r.lastList = listed
+	r.metrics.unowned.Set(float64(unowned))
+	r.metrics.members.Set(float64(len(sn.members)))
+}
+
+// takeNow takes the plan's shards in one statement: after a leave or a
+// crash, a replica may take many at once.
+func (r *Sharder) takeNow(ctx, stop context.Context, p *plan, listed time.Time) {
+	clk := r.c.Clock()
+	takeAt := clk.Now()
+	if err := r.take(ctx, p.take); err != nil {
+		r.warner(stop)("shard: acquire", "controller", r.cfg.Controller, "shards", len(p.take), "err", err)
+		p.next = min(p.next, r.cfg.Poll)
+	}
+	if len(p.take) > 0 {
+		r.cfg.Logger.Info("shard: took", "controller", r.cfg.Controller, "identity", r.cfg.Identity,
+			"shards", len(p.take), "list_age", takeAt.Sub(listed), "took", clk.Since(takeAt))
+	}
+}
+
+// takeLapsing takes the grants of a crashed or departed holder that lapse
+// within a Poll as they lapse, before the round's other statements: a
+// crashed replica's shards lapse at one instant when it renewed them in
+// one statement, else at several, and a round per instant would add a
+// list and the candidacies between two takes.
+func (r *Sharder) takeLapsing(stop, ctx context.Context, p *plan) {
+	clk := r.c.Clock()
+	for stop.Err() == nil {
+		_, first := due(p.lapsing, time.Time{})
+		if first.IsZero() || first.Sub(clk.Now()) > r.cfg.Poll {
+			break
+		}
+		if d := first.Sub(clk.Now()); d > 0 {
+			t := clk.NewTimer(d)
+			select {
+			case <-t.C():
+			case <-stop.Done():
+				t.Stop()
+				continue
+			}
+		}
+		now := clk.Now()
+		shards, _ := due(p.lapsing, now)
+		if err := r.take(ctx, shards); err != nil {
+			r.warner(stop)("shard: acquire", "controller", r.cfg.Controller, "shards", len(shards), "err", err)
+			p.next = min(p.next, r.cfg.Poll)
+		}
+		for _, s := range shards {
+			if r.Owns(s) {
+				delete(p.cands, s)
+			}
+		}
+		r.cfg.Logger.Info("shard: took", "controller", r.cfg.Controller, "identity", r.cfg.Identity,
+			"shards", len(shards), "lapsed", clk.Since(first), "took", clk.Since(now))
+	}
+	for _, at := range p.lapsing {
+		p.next = min(p.next, max(at.Sub(clk.Now()), time.Millisecond))
+	}
+}
+
+// releaseStray releases, in one statement, grants handed to this process
+// for shards assigned elsewhere: the release hands them on.
+func (r *Sharder) releaseStray(ctx, stop context.Context, stray []lease.Token) {
+	warn := r.warner(stop)
+	errs, err := r.c.ReleaseOwned(ctx, stray)
+	if err != nil {
+		warn("shard: release", "controller", r.cfg.Controller, "shards", len(stray), "err", err)
+		return
+	}
+	for i, err := range errs {
+		if err != nil && !errors.Is(err, lease.ErrLost) {
+			warn("shard: release", "key", stray[i].Key, "err", err)
+		}
+	}
+}
