@@ -5,7 +5,7 @@ export PATH := $(PATH):/usr/local/go/bin
 # the servers run as "nobody", which cannot enter /root: cache outside it.
 export PGLEASE_CACHE ?= $(if $(filter 0,$(shell id -u)),/var/cache/pg_lease,$(HOME)/.cache/pg_lease)
 
-.PHONY: all build test stress test-ha test-matrix install installcheck demo robustness robustness-hostile bench bench-smoke defects fuzz mutate fmt vet
+.PHONY: all build test model stress test-ha test-matrix install installcheck demo robustness robustness-hostile bench bench-smoke defects fuzz mutate fmt vet
 
 all: build
 
@@ -16,6 +16,12 @@ build:
 ## test: install what is missing, then run every suite on throwaway servers
 test:
 	hack/test.sh
+
+## model: the Quint model of the protocol (specs/model) at length: MAX_SAMPLES (default 300) random runs
+## of MAX_STEPS (25) steps from SEED on every invariant, and each case with and without its guard;
+## make test runs 30 runs and the cases with their guards; test/model replays traces against the SQL
+model:
+	SEED=$(or $(SEED),20261207) MAX_SAMPLES=$(or $(MAX_SAMPLES),300) MAX_STEPS=$(or $(MAX_STEPS),25) GUARDS=1 hack/model.sh
 
 ## stress: each package's tests COUNT times (default 5) beside CPU hogs (one per core) and a compile
 ## loop; PKGS="./pkg/lease/ ./pkg/elector/" RUN=regexp SKIP=regexp; every failure with its log

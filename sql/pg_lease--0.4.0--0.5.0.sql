@@ -2519,7 +2519,8 @@ $$;
 -- be believed, also ones in flight now. Only when no grant is held and no
 -- other transaction is changing lease.leases (a SHARE lock taken NOWAIT,
 -- kept until this transaction ends) is nothing believed: then the lower
--- grace applies at once (a fresh database, a quiet one).
+-- grace applies at once (a fresh database, a quiet one). A new server life
+-- (promotion, restart) is recorded first, with the grace before the change.
 DROP FUNCTION IF EXISTS lease.configure(interval);
 CREATE FUNCTION lease.configure(max_ttl interval DEFAULT NULL, promotion text DEFAULT NULL,
                                 OUT configured_max_ttl interval, OUT promotion_grace interval,
@@ -2547,6 +2548,12 @@ BEGIN
     PERFORM lease._raise_read_only('lease.configure');
   END IF;
   IF v_max IS NOT NULL OR v_mode IS NOT NULL THEN
+    -- A server life not recorded yet (after a promotion or a restart) is
+    -- recorded first, with its grace from the settings before this change: a
+    -- grant the old life made and this one lost may still be believed, and
+    -- lease.leases cannot show it (so "no grant held" below proves nothing
+    -- about it).
+    PERFORM lease._grant_context();
     v_old := lease._grace();
     INSERT INTO lease.settings AS s (max_ttl, promotion)
       VALUES (coalesce(lease._seconds(v_max), interval '1 hour'), v_mode)
