@@ -27,7 +27,9 @@
 #                  ratio, lease.cleanup size benefit
 #   waiters.*      1,000 waiters on one key (goroutines over 50 listen connections)
 #                  vs 1 waiter: release-to-grant, one winner per release, server
-#                  CPU and statements per release
+#                  CPU and statements per release beside the baseline's and the
+#                  target's (listen.AwaitAcquire; full: also each waiter with its
+#                  own acquire, as before it)
 #
 #   rollout.log    rolling updates of a 3-replica examples/operator on
 #                  the real kube-apiserver: leader changes and leaderless time
@@ -69,7 +71,7 @@ full)
 	sharded_env=(PGLEASE_SHARDED_BENCH=1)
 	scale_args=(-duration 30s -rounds 2 -keys 1000,10000,100000 -renewals 10000000 -cleanup-keys 100000)
 	firstcalls_n=300x
-	waiters_args=(-waiters 1000 -conns 50 -pool 50 -releases 30)
+	waiters_args=(-waiters 1000 -conns 50 -pool 50 -releases 30 -each)
 	account_args=(-n 2000)
 	;;
 smoke)

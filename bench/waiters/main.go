@@ -1,9 +1,12 @@
 // Command waiters measures many waiters on one key: W
-// waiters (goroutines, each a follower in listen.(*Waiter).Await on the key,
-// then a wait-0 acquire when it sees the key free) spread over N
-// listen.Waiters (N listen connections: N simulated processes, each
-// registering the key once with lease.listen), reading and acquiring through
-// one pgxpool of P connections. The key is always held: each round the
+// waiters (goroutines, each a follower in listen.AwaitAcquire on the key,
+// which acquires when the key may be free; the waiters of one listen.Waiter
+// send one acquire per wake-up between them) spread over N listen.Waiters
+// (N listen connections: N simulated processes, each registering the key
+// once with lease.listen), reading and acquiring through one pgxpool of P
+// connections. With -each, every shape also runs the way before
+// AwaitAcquire: each waiter in listen.Await, then its own wait-0 acquire
+// when it sees the key free. The key is always held: each round the
 // driver releases the current holder's grant and the herd competes; the one
 // winner holds until the next round.
 //
@@ -15,10 +18,12 @@
 //   - the server's CPU (utime+stime of every server process, from
 //     /proc/<pid>/stat, before and after the rounds) and the number of
 //     statements (pg_stat_statements calls, top level) per release, i.e.
-//     the herd's cost;
+//     the herd's cost, beside the baseline's and the target's;
 //
 // for the herd (-waiters over -conns) and, in the same run, a baseline of
-// -baseline waiters on one connection. Nothing asserts a time.
+// -baseline waiters on one connection. Nothing asserts a time. The target
+// of statements per release is about one acquire per listen connection
+// (statementTarget).
 //
 // Why goroutines over ~50 connections: one listen connection per simulated
 // process is what a real deployment has, but 1,000 backends on a 2-core
@@ -58,7 +63,15 @@ var (
 	settle    = flag.Duration("settle", 300*time.Millisecond, "pause after each grant, so each round's herd has finished before the next release")
 	fsync     = flag.String("fsync", "on", "server fsync (on: durable commits)")
 	handoverF = flag.Bool("handover", false, "run every shape twice: the waiters race (as without candidates), then each waiter is a registered candidate and the key's strategy is priority, so each release grants the key to one of them")
+	observeF  = flag.Bool("observe", true, "set the pool up as the README says, with lease.ObserveCommits (a change is one statement); false: a plain pool, on which each change is three (BEGIN, the call, COMMIT)")
+	eachF     = flag.Bool("each", false, "also run every shape with each waiter sending its own acquire (listen.Await, then Acquire), as before listen.AwaitAcquire")
 )
+
+// statementTarget is the most statements per release a herd of waiters
+// over conns listen connections should cost without a handover: one
+// acquire per connection, the release, and ten for the winner's reads and
+// the registrations.
+func statementTarget(conns int) float64 { return float64(conns + 10) }
 
 const key = "hot"
 
@@ -74,6 +87,9 @@ type result struct {
 	Statements   float64              `json:"statements_per_release"`
 	Load         float64              `json:"load"`
 	Handover     bool                 `json:"handover"`
+	Each         bool                 `json:"each_acquires"` // every waiter its own acquire
+	Target       float64              `json:"statements_per_release_target,omitempty"`
+	Observe      bool                 `json:"observe_commits"` // the pool: lease.ObserveCommits
 	Server       benchutil.ServerInfo `json:"server"`
 }
 
@@ -121,18 +137,24 @@ func main() {
 	if *handoverF {
 		modes = append(modes, true)
 	}
+	eachModes := []bool{false}
+	if *eachF {
+		eachModes = append(eachModes, true)
+	}
 	for _, sh := range shapes {
-		for _, ho := range modes {
-			r, err := run(ctx, dsn, sh[0], sh[1], ho)
-			r.Server = info
-			if err != nil {
-				log.Printf("waiters=%d conns=%d handover=%v: %v", sh[0], sh[1], ho, err)
-				failed = true
-				continue
+		for _, each := range eachModes {
+			for _, ho := range modes {
+				r, err := run(ctx, dsn, sh[0], sh[1], ho, each)
+				r.Server = info
+				if err != nil {
+					log.Printf("waiters=%d conns=%d handover=%v each=%v: %v", sh[0], sh[1], ho, each, err)
+					failed = true
+					continue
+				}
+				results = append(results, r)
+				log.Printf("waiters=%d conns=%d handover=%v each=%v releases=%d: release-to-grant p50=%.0fus p99=%.0fus max=%.0fus; winners per release %d..%d; server CPU %.2f ms and %.1f statements per release (%s)",
+					r.Waiters, r.Conns, r.Handover, r.Each, r.Releases, r.ReleaseGrant.P50, r.ReleaseGrant.P99, r.ReleaseGrant.Max, r.MinWinners, r.MaxWinners, r.CPUms, r.Statements, beside(r, results[0]))
 			}
-			results = append(results, r)
-			log.Printf("waiters=%d conns=%d handover=%v releases=%d: release-to-grant p50=%.0fus p99=%.0fus max=%.0fus; winners per release %d..%d; server CPU %.2f ms and %.1f statements per release",
-				r.Waiters, r.Conns, r.Handover, r.Releases, r.ReleaseGrant.P50, r.ReleaseGrant.P99, r.ReleaseGrant.Max, r.MinWinners, r.MaxWinners, r.CPUms, r.Statements)
 		}
 	}
 	if err := benchutil.WriteResults(*out, "waiters", results, report(results)); err != nil {
@@ -148,8 +170,25 @@ type win struct {
 	at time.Time
 }
 
-func run(ctx context.Context, dsn string, nWaiters, nConns int, candidates bool) (result, error) {
-	res := result{Waiters: nWaiters, Conns: nConns, Pool: min(*poolF, nWaiters+1), Releases: *releases, Handover: candidates}
+// beside says r's statements per release beside the baseline's (the first
+// row) and, for a herd without a handover, the target's.
+func beside(r, base result) string {
+	s := fmt.Sprintf("baseline %d waiter(s): %.1f", base.Waiters, base.Statements)
+	if r.Target > 0 {
+		met := "met"
+		if r.Statements > r.Target {
+			met = "not met"
+		}
+		s += fmt.Sprintf("; target <= %.0f: %s", r.Target, met)
+	}
+	return s
+}
+
+func run(ctx context.Context, dsn string, nWaiters, nConns int, candidates, each bool) (result, error) {
+	res := result{Waiters: nWaiters, Conns: nConns, Pool: min(*poolF, nWaiters+1), Releases: *releases, Handover: candidates, Each: each, Observe: *observeF}
+	if nConns > 1 && !candidates && !each && *observeF {
+		res.Target = statementTarget(nConns)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	admin, err := pgx.Connect(ctx, dsn)
@@ -168,6 +207,9 @@ func run(ctx context.Context, dsn string, nWaiters, nConns int, candidates bool)
 		return res, err
 	}
 	pcfg.MaxConns = int32(res.Pool)
+	if *observeF {
+		lease.ObserveCommits(&pcfg.ConnConfig.Config)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return res, err
@@ -186,7 +228,12 @@ func run(ctx context.Context, dsn string, nWaiters, nConns int, candidates bool)
 			return res, err
 		}
 	}
-	held, ok, err := c.Acquire(ctx, key, "driver", time.Minute)
+	reads0, err := inspects(ctx, admin)
+	if err != nil {
+		return res, err
+	}
+	// (ten minutes: the herd's setup, on a loaded host, takes minutes)
+	held, ok, err := c.Acquire(ctx, key, "driver", 10*time.Minute)
 	if err != nil || !ok {
 		return res, fmt.Errorf("driver's first grant: %v %v", ok, err)
 	}
@@ -205,34 +252,25 @@ func run(ctx context.Context, dsn string, nWaiters, nConns int, candidates bool)
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			w, owner := ws[i%nConns], "w"+strconv.Itoa(i)
-			var won int64 // the epoch this waiter last won
-			for ctx.Err() == nil {
-				// Free (the race), or handed to this waiter (a handover).
-				if _, err := w.Await(ctx, c, key, 5*time.Second, func(s lease.State) bool {
-					return !s.Held || (s.Owner == owner && s.Epoch > won)
-				}); err != nil {
-					continue
-				}
-				g, ok, err := c.Acquire(ctx, key, owner, time.Minute)
-				if err == nil && ok && g.Epoch > won {
-					won = g.Epoch
-					wins <- win{g, time.Now()}
-				}
-			}
+			follow(ctx, ws[i%nConns], c, "w"+strconv.Itoa(i), each, wins)
 		}(i)
 	}
-	// Every listen connection registered the key, and the herd has read it.
-	for deadline := time.Now().Add(time.Minute); ; {
+	// Every listen connection registered the key, and the herd has read it
+	// (each waiter's first read, which the rounds are not to count).
+	for deadline := time.Now().Add(5 * time.Minute); ; {
 		var n int
 		if err := admin.QueryRow(ctx, `SELECT count(DISTINCT pid) FROM lease.listeners WHERE key = $1`, key).Scan(&n); err != nil {
 			return res, err
 		}
-		if n >= nConns {
+		reads, err := inspects(ctx, admin)
+		if err != nil {
+			return res, err
+		}
+		if n >= nConns && reads-reads0 >= int64(nWaiters) {
 			break
 		}
 		if time.Now().After(deadline) {
-			return res, fmt.Errorf("only %d of %d listen connections registered %q", n, nConns, key)
+			return res, fmt.Errorf("only %d of %d listen connections registered %q, %d of %d waiters read it", n, nConns, key, reads-reads0, nWaiters)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -287,6 +325,49 @@ func run(ctx context.Context, dsn string, nWaiters, nConns int, candidates bool)
 	return res, nil
 }
 
+// follow is one waiter: it waits for the key and acquires it, each time
+// it is free (the race) or handed to owner (a handover), until ctx ends,
+// and sends each new grant to wins.
+func follow(ctx context.Context, w *listen.Waiter, c *lease.Client, owner string, each bool, wins chan<- win) {
+	var won int64 // the epoch this waiter last won
+	for ctx.Err() == nil {
+		if each {
+			won = eachAcquires(ctx, w, c, owner, won, wins)
+			continue
+		}
+		// Free (the race), or handed to this waiter (a handover).
+		g, err := listen.AwaitAcquire(ctx, w, c, key, owner, time.Minute, 5*time.Second)
+		if err != nil {
+			continue
+		}
+		if g.Epoch > won {
+			won = g.Epoch
+			wins <- win{g, time.Now()}
+		}
+		// Held until the driver releases it.
+		_, _ = listen.Await(ctx, w, c, key, 5*time.Second, func(s lease.State) bool {
+			return !s.Held || s.Owner != owner || s.Epoch != g.Epoch
+		})
+	}
+}
+
+// eachAcquires is one round of a waiter that sends its own acquire: it
+// waits until the key is free (the race) or handed to owner (a handover)
+// with listen.Await, then acquires. It returns the epoch owner last won.
+func eachAcquires(ctx context.Context, w *listen.Waiter, c *lease.Client, owner string, won int64, wins chan<- win) int64 {
+	if _, err := listen.Await(ctx, w, c, key, 5*time.Second, func(s lease.State) bool {
+		return !s.Held || (s.Owner == owner && s.Epoch > won)
+	}); err != nil {
+		return won
+	}
+	g, ok, err := c.Acquire(ctx, key, owner, time.Minute)
+	if err == nil && ok && g.Epoch > won {
+		wins <- win{g, time.Now()}
+		return g.Epoch
+	}
+	return won
+}
+
 // clkTck is USER_HZ, the unit of utime and stime in /proc/<pid>/stat
 // (100 on every Linux ABI Go supports).
 const clkTck = 100
@@ -328,6 +409,12 @@ func snapshot(ctx context.Context, admin *pgx.Conn) (cpuMs float64, statements i
 	return float64(ticks) * 1000 / clkTck, statements, nil
 }
 
+// inspects is the number of lease.inspect statements run so far.
+func inspects(ctx context.Context, admin *pgx.Conn) (n int64, err error) {
+	err = admin.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements WHERE query LIKE '%lease.inspect(%'`).Scan(&n)
+	return n, err
+}
+
 func postmasterPID(backend int32) (int32, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", backend))
 	if err != nil {
@@ -344,15 +431,19 @@ func postmasterPID(backend int32) (int32, error) {
 func report(rs []result) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "### waiters: many waiters on one key (release, herd, one winner)\n\n")
-	fmt.Fprintf(&b, "| waiters | listen conns | pool | on release | releases | release-to-grant p50 µs | p99 µs | max µs | winners/release | server CPU ms/release | statements/release | load |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| waiters | listen conns | pool | on release | acquires | releases | release-to-grant p50 µs | p99 µs | max µs | winners/release | server CPU ms/release | statements/release | beside | load |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rs {
 		mode := "race"
 		if r.Handover {
 			mode = "handover"
 		}
-		fmt.Fprintf(&b, "| %d | %d | %d | %s | %d | %.0f | %.0f | %.0f | %d..%d | %.2f | %.1f | %.1f |\n",
-			r.Waiters, r.Conns, r.Pool, mode, r.Releases, r.ReleaseGrant.P50, r.ReleaseGrant.P99, r.ReleaseGrant.Max,
-			r.MinWinners, r.MaxWinners, r.CPUms, r.Statements, r.Load)
+		acq := "shared per listen connection"
+		if r.Each {
+			acq = "one per waiter"
+		}
+		fmt.Fprintf(&b, "| %d | %d | %d | %s | %s | %d | %.0f | %.0f | %.0f | %d..%d | %.2f | %.1f | %s | %.1f |\n",
+			r.Waiters, r.Conns, r.Pool, mode, acq, r.Releases, r.ReleaseGrant.P50, r.ReleaseGrant.P99, r.ReleaseGrant.Max,
+			r.MinWinners, r.MaxWinners, r.CPUms, r.Statements, beside(r, rs[0]), r.Load)
 	}
 	if len(rs) >= 2 && rs[0].Statements > 0 && rs[0].ReleaseGrant.P50 > 0 {
 		fmt.Fprintf(&b, "\nVs the first row (same run):\n\n")
@@ -366,8 +457,8 @@ func report(rs []result) string {
 			return fmt.Sprintf("server CPU %.1f×", r.CPUms/rs[0].CPUms)
 		}
 		for _, r := range rs[1:] {
-			fmt.Fprintf(&b, "- %d waiters over %d (handover %v): release-to-grant p50 %.2f×, p99 %.2f×; %s; statements %.1f×\n",
-				r.Waiters, r.Conns, r.Handover, r.ReleaseGrant.P50/rs[0].ReleaseGrant.P50, r.ReleaseGrant.P99/rs[0].ReleaseGrant.P99,
+			fmt.Fprintf(&b, "- %d waiters over %d (handover %v, each its own acquire %v): release-to-grant p50 %.2f×, p99 %.2f×; %s; statements %.1f×\n",
+				r.Waiters, r.Conns, r.Handover, r.Each, r.ReleaseGrant.P50/rs[0].ReleaseGrant.P50, r.ReleaseGrant.P99/rs[0].ReleaseGrant.P99,
 				cpuRatio(r), r.Statements/rs[0].Statements)
 		}
 	}

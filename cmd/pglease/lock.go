@@ -263,7 +263,7 @@ func (a *app) lock(ctx context.Context, o lockOpts) error {
 }
 
 // waitFor waits for the key, up to o.timeout, and acquires it. It tries
-// again whenever lease's wake policy (Waiter.Await) sees the key free.
+// again whenever lease's wake policy (listen.Await) sees the key free.
 func (a *app) waitFor(ctx context.Context, sess *session, c *lease.Client, o lockOpts) (lease.Grant, error) {
 	wctx := ctx
 	if o.timeout > 0 {
@@ -280,7 +280,7 @@ func (a *app) waitFor(ctx context.Context, sess *session, c *lease.Client, o loc
 	}
 	var grace *lease.GraceError // the last denial, when it was the grace's
 	for {
-		_, err := w.Await(wctx, c, o.key, time.Second, func(s lease.State) bool { return !s.Held })
+		_, err := listen.Await(wctx, w, c, o.key, time.Second, func(s lease.State) bool { return !s.Held })
 		if err == nil {
 			var g lease.Grant
 			var ok bool

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/cobra"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/yaml"
 
 	"github.com/pglease/pg_lease/pkg/lease"
@@ -95,11 +96,14 @@ func (a *app) watch(ctx context.Context, keys []string, format string, poll time
 	}
 	defer w.Close()
 	// Subscribe before reading the state: nothing is missed in between.
-	events := w.Watch(ctx, keys...)
+	changes := listen.Subscribe(ctx, w, clock.RealClock{}, keys...)
+	defer changes.Close()
 
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
 	resync, first := true, true
+	var (
+		events []listen.Event // received, not yet shown
+		closed bool           // the subscription ended
+	)
 	for {
 		if resync {
 			if err := wt.step(ctx, func(conn *pgx.Conn) error {
@@ -114,28 +118,29 @@ func (a *app) watch(ctx context.Context, keys []string, format string, poll time
 			}
 			resync = false
 		}
-		// Wake at the next poll or the earliest expiry, whichever first.
-		// A lapse sends no notification: its local instant is the
-		// client's (lease.State.ExpiresLocal, never early).
-		wake := time.Hour
-		if poll > 0 {
-			wake = poll
-		}
-		for _, s := range wt.known {
-			if at := s.ExpiresLocal(); !at.IsZero() {
-				wake = min(wake, time.Until(at))
-			}
-		}
-		timer.Reset(max(wake, 0))
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-timer.C:
-			resync = true
-		case ev, ok := <-events:
-			if !ok {
+		if len(events) == 0 {
+			if closed {
 				return ctx.Err()
 			}
+			// Wake at the next poll or the earliest expiry, whichever first.
+			// A lapse sends no notification: its local instant is the
+			// client's (lease.State.ExpiresLocal, never early).
+			wake := time.Hour
+			if poll > 0 {
+				wake = poll
+			}
+			until := time.Now().Add(wake)
+			for _, s := range wt.known {
+				until = listen.WakeAt(until, s.State)
+			}
+			wk, err := changes.Wait(ctx, until, nil)
+			if err != nil {
+				return nil
+			}
+			resync, events, closed = wk.Due, wk.Events, wk.Closed
+		} else {
+			ev := events[0]
+			events = events[1:]
 			if ev.Type == listen.EventResync {
 				resync = true
 				continue

@@ -100,7 +100,7 @@ type Config struct {
 	HealthTolerance time.Duration
 
 	// Waiter, the process's listener, wakes followers when the key is
-	// released (listen.Waiter.Await). Nil: followers poll every
+	// released (listen.Await). Nil: followers poll every
 	// RetryInterval, and wake at the observed grant's expiry either way.
 	Waiter *listen.Waiter
 

@@ -22,7 +22,7 @@
 //	                │
 //	                ▼
 //	┌──────────► CAMPAIGN ◄─────────────────────────────────────────┐
-//	│   acquire: denied → listen.Waiter.Await: read the holder       │
+//	│   acquire: denied → listen.Await: read the holder              │
 //	│   (OnNewLeader), wait for its release or its expiry (poll     │
 //	│   every RetryInterval), try again                             │
 //	│               │ acquire: granted, epoch E > every epoch        │
@@ -114,7 +114,7 @@
 //     It counts identity_taken and logs it at most once a minute;
 //     Status.IdentityTaken is true meanwhile.
 //
-// Followers wait with listen.Waiter.Await: woken by the release's
+// Followers wait with listen.Await: woken by the release's
 // notification when Config.Waiter is set (the process's one listener on
 // channel pg_lease, which pg_lease notifies on grants, releases, handovers
 // and force-releases; the wake reads the key, since any role may send a

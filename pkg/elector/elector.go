@@ -347,7 +347,7 @@ func (e *Elector) follow(ctx context.Context) (lease.State, error) {
 			prev := cancel
 			cancel = func() { tcancel(); prev() }
 		}
-		st, err := c.Waiter.Await(wctx, e.client, c.Key, c.RetryInterval, func(st lease.State) bool {
+		st, err := listen.Await(wctx, c.Waiter, e.client, c.Key, c.RetryInterval, func(st lease.State) bool {
 			if st.Held {
 				e.observe(st.Owner, st.Epoch)
 			}

@@ -1,13 +1,11 @@
 package listen
 
-// The wake policies (Await, WaitOutGrace) and the reads the Awaits of one
-// Waiter share.
+// The wake policies: Await, AwaitAcquire, WaitOutGrace.
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/pglease/pg_lease/pkg/lease"
@@ -29,153 +27,60 @@ import (
 // A notification only wakes it: any role may NOTIFY pg_lease, so what its
 // payload says is never handed to done. Every state done sees was read.
 //
-// It subscribes (Watch, which registers key with lease.listen) before the
-// first read. So a change committed after that read always wakes it, unless
-// pg_lease.notify is off. Each read is bounded by the Waiter's QueryTimeout
-// (10 s without a Waiter): a silently dead connection cannot stall it. It
-// returns the read's error, or ctx's cause when ctx ends. A read that
-// succeeds while w has no connection makes w reconnect at once, instead of
-// at the end of its backoff. w may be nil; then
-// Await polls. Timers run on c's clock.
-func (w *Waiter) Await(ctx context.Context, c *lease.Client, key string, poll time.Duration, done func(lease.State) bool) (lease.State, error) {
+// It subscribes (Subscribe, which registers key with lease.listen) before
+// the first read. So a change committed after that read always wakes it,
+// unless pg_lease.notify is off. Awaits of one key through one client and
+// one Waiter, woken by the same notification, share one read. Each read is
+// bounded by the Waiter's QueryTimeout (10 s without a Waiter): a silently
+// dead connection cannot stall it. It returns the read's error, or ctx's
+// cause when ctx ends. A read that succeeds while w has no connection makes
+// w reconnect at once, instead of at the end of its backoff. w may be nil;
+// then Await polls. Timers run on c's clock.
+func Await(ctx context.Context, w *Waiter, c *lease.Client, key string, poll time.Duration, done func(lease.State) bool) (lease.State, error) {
 	if poll <= 0 {
 		return lease.State{}, fmt.Errorf("listen: Await %q: %w: poll must be positive, got %v", key, lease.ErrInvalidInput, poll)
 	}
-	var events <-chan Event
-	callTimeout := 10 * time.Second
-	if w != nil {
-		wctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		events = w.Watch(wctx, key)
-		callTimeout = w.opts.QueryTimeout
-	}
 	clk := c.Clock()
-	var after uint64 // the events dispatched when this Await woke
-	shared := false  // woken by an event: a read begun since then will do
+	ch := Subscribe(ctx, w, clk, key)
+	defer ch.Close()
+	var wk Wake // what woke the last wait (zero: none yet)
 	for {
-		var (
-			st  lease.State
-			err error
-		)
-		if shared {
-			st, err = w.sharedInspect(ctx, c, key, after, callTimeout)
-		} else {
-			ictx, cancel := context.WithTimeout(ctx, callTimeout)
-			st, err = c.Inspect(ictx, key)
-			cancel()
-		}
-		shared = false
+		st, err := read(ctx, w, c, key, wk)
 		if err != nil {
 			if ctx.Err() != nil {
 				return lease.State{}, fmt.Errorf("listen: await %q: %w", key, context.Cause(ctx))
 			}
 			return lease.State{}, err
 		}
-		if w != nil {
-			w.reached() // a Waiter still in its reconnection backoff connects now
-		}
 		if done(st) {
 			return st, nil
 		}
-		wake := poll
-		if at := st.ExpiresLocal(); !at.IsZero() {
-			wake = min(wake, max(at.Sub(clk.Now()), 0))
-		}
-		timer := clk.NewTimer(wake)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return lease.State{}, fmt.Errorf("listen: await %q: %w", key, context.Cause(ctx))
-		case _, ok := <-events:
-			if !ok {
-				events = nil // the Waiter was closed: poll from now on
-				break
-			}
-			latest(events)
-			after, shared = w.dispatched(), true
-		case <-timer.C():
-		}
-		timer.Stop()
-	}
-}
-
-// latest drains the events already queued: one read covers them all.
-func latest(events <-chan Event) {
-	for {
-		select {
-		case _, ok := <-events:
-			if !ok {
-				return
-			}
-		default:
-			return
+		if wk, err = ch.Wait(ctx, WakeAt(clk.Now().Add(poll), st), nil); err != nil {
+			return lease.State{}, fmt.Errorf("listen: await %q: %w", key, err)
 		}
 	}
 }
 
-// readKey names the reads Awaits of one Waiter may share.
-type readKey struct {
-	c   *lease.Client
-	key string
-}
-
-// sharedRead is one Inspect of a key, shared by the Awaits that the same
-// notification woke. A herd of followers of one key in one process costs one
-// read per notification, not one per follower.
-type sharedRead struct {
-	seq  uint64 // events dispatched when the read began
-	done chan struct{}
-	st   lease.State
-	err  error
-}
-
-// sharedReads are the reads in flight that the Awaits of one Waiter share.
-// They have a lock of their own: the listener never touches them.
-type sharedReads struct {
-	mu sync.Mutex
-	m  map[readKey]*sharedRead
-}
-
-// sharedInspect reads key through c. It joins a read of the same key and
-// client that began after the first after events were dispatched, and so
-// after the change that woke the caller committed. Otherwise it starts one.
-// The read runs to its end (bounded by timeout) for the others, even if the
-// caller stops waiting.
-func (w *Waiter) sharedInspect(ctx context.Context, c *lease.Client, key string, after uint64, timeout time.Duration) (lease.State, error) {
-	k := readKey{c, key}
-	seq := w.dispatched() // read before the read begins: never newer than it
-	rs := &w.reads
-	rs.mu.Lock()
-	r := rs.m[k]
-	joined := r != nil && r.seq >= after
-	if !joined {
-		r = &sharedRead{seq: seq, done: make(chan struct{})}
-		if rs.m == nil {
-			rs.m = map[readKey]*sharedRead{}
-		}
-		rs.m[k] = r
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-		go func() {
-			defer cancel()
-			r.st, r.err = c.Inspect(rctx, key)
-			rs.mu.Lock()
-			if rs.m[k] == r {
-				delete(rs.m, k)
-			}
-			rs.mu.Unlock()
-			close(r.done)
-		}()
+// read reads key. Woken by a notification, it shares a read begun since
+// with the other waits of w; otherwise (the first read, a timer, a closed
+// Waiter) it reads on its own.
+func read(ctx context.Context, w *Waiter, c *lease.Client, key string, wk Wake) (lease.State, error) {
+	var (
+		st  lease.State
+		err error
+	)
+	if w != nil && len(wk.Events) > 0 {
+		st, err = w.reads.inspect(ctx, c, key, wk.after(nil), w.subs.dispatched(), w.opts.QueryTimeout,
+			func() { w.emit.emit(sigReadShared, key) })
+	} else {
+		ictx, cancel := context.WithTimeout(ctx, w.queryTimeout())
+		st, err = c.Inspect(ictx, key)
+		cancel()
 	}
-	rs.mu.Unlock()
-	if joined {
-		w.event("read_shared", key)
+	if err == nil && w != nil {
+		w.reached() // a Waiter still in its reconnection backoff connects now
 	}
-	select {
-	case <-r.done:
-		return r.st, r.err
-	case <-ctx.Done():
-		return lease.State{}, ctx.Err()
-	}
+	return st, err
 }
 
 // WaitOutGrace is the one wake policy for the grace after a promotion: when

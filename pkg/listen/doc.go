@@ -9,10 +9,13 @@
 // at-most-once: after a reconnection or a full channel a subscriber gets an
 // EventResync and should read again.
 //
-// Waiter.Await waits until a key reaches a state. It reads the key, then
-// reads again only on a notification for it, at the observed grant's
-// expiry, or after poll, which bounds how late a change is seen when no
-// notification can arrive. WaitOutGrace waits out the grace after a
+// Changes (Subscribe) is the one wake loop: it waits for any of many keys
+// to change (a notification, a resync) or to become free (WakeAt: the
+// earliest expiry of the held ones, which sends no notification), or for a
+// poll. Await waits until a key reaches a state: it reads the key, then
+// reads again only when Changes wakes it. AwaitAcquire waits until an
+// owner holds a key; the waiters of one Waiter send one acquire per
+// wake-up between them. WaitOutGrace waits out the grace after a
 // promotion, which ends without any notification.
 //
 //	w, err := listen.NewWaiter(ctx, pool.Config().ConnConfig, listen.Options{})
@@ -20,6 +23,6 @@
 //		return err
 //	}
 //	defer w.Close()
-//	st, err := w.Await(ctx, client, "orders", 5*time.Second,
+//	st, err := listen.Await(ctx, w, client, "orders", 5*time.Second,
 //		func(s lease.State) bool { return !s.Held })
 package listen

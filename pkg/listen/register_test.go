@@ -33,9 +33,9 @@ func registrations(t *testing.T, db *testDB, key string) int {
 }
 
 // nextFor waits for the next step of the given kind and detail.
-func (r *recorder) nextFor(t testing.TB, kind, detail string) {
+func (r *recorder) nextFor(t testing.TB, kind listen.Signal, detail string) {
 	t.Helper()
-	r.await(t, kind+" "+strconv.Quote(detail), func(ev hookEvent) bool { return ev.kind == kind && ev.detail == detail })
+	r.await(t, kind.String()+" "+strconv.Quote(detail), func(ev hookEvent) bool { return ev.kind == kind && ev.detail == detail })
 }
 
 // sawNotified drains what the waiter's hook recorded so far and reports
@@ -44,7 +44,7 @@ func (r *recorder) sawNotified(key string) bool {
 	for {
 		select {
 		case ev := <-r.ch:
-			if ev.kind == "notified" && ev.detail == key {
+			if ev.kind == listen.Notified && ev.detail == key {
 				return true
 			}
 		default:
@@ -64,7 +64,7 @@ func TestAwaitRegisters(t *testing.T) {
 	forEachMode(t, func(t *testing.T, db *testDB) {
 		ctx := testCtx(t)
 		w, rec := newWaiter(t, db, listen.Options{ReconnectMin: time.Millisecond})
-		rec.next(t, "listening")
+		rec.next(t, listen.Listening)
 		round := func(key string) {
 			t.Helper()
 			h, ok, err := db.c.Acquire(ctx, key, "holder", never)
@@ -85,7 +85,7 @@ func TestAwaitRegisters(t *testing.T) {
 			if !rec.sawNotified(key) {
 				t.Fatalf("Await on %q returned without the release's notification", key)
 			}
-			rec.nextFor(t, "unlisten", key) // after registrationLinger
+			rec.nextFor(t, listen.Unlisten, key) // after registrationLinger
 			if n := registrations(t, db, key); n != 0 {
 				t.Fatalf("%d registrations of %q after Await returned, want 0", n, key)
 			}
@@ -163,7 +163,7 @@ func TestAwaitRegistersBeforeReading(t *testing.T) {
 		c, reads := watched(db)
 		readsAtListen := make(chan int, 1)
 		rec := &recorder{ch: make(chan hookEvent, 4096), block: func(ev hookEvent) {
-			if ev.kind == "listen" && ev.detail == "order" {
+			if ev.kind == listen.Listen && ev.detail == "order" {
 				readsAtListen <- len(reads)
 			}
 		}}
@@ -223,7 +223,7 @@ func TestAwaitSharesReads(t *testing.T) {
 		res := make(chan awaited, n)
 		for i := 0; i < n; i++ {
 			go func() {
-				st, err := w.Await(ctx, c, "herd", never, next)
+				st, err := listen.Await(ctx, w, c, "herd", never, next)
 				res <- awaited{st, err}
 			}()
 		}
@@ -238,7 +238,7 @@ func TestAwaitSharesReads(t *testing.T) {
 			t.Fatal(ok, err)
 		}
 		for i := 0; i < n-1; i++ {
-			rec.next(t, "read_shared")
+			rec.next(t, listen.ReadShared)
 		}
 		close(gate)
 		for i := 0; i < n; i++ {
@@ -282,14 +282,14 @@ func TestWatchBesideAnOpenCleanup(t *testing.T) {
 			t.Fatal("eve's listen locked no registration of the gone backends")
 		}
 		w, rec := newWaiter(t, db, listen.Options{})
-		rec.next(t, "listening")
+		rec.next(t, listen.Listening)
 		watched := make(chan (<-chan listen.Event), 1)
 		go func() { watched <- w.Watch(ctx, "k") }()
 		rec.await(t, `listen "k"`, func(ev hookEvent) bool {
-			if ev.kind == "listen_locked" {
+			if ev.kind == listen.ListenLocked {
 				t.Fatalf("the waiter's listen of %s waited for eve's locks (listen_locked)", ev.detail)
 			}
-			return ev.kind == "listen" && ev.detail == "k"
+			return ev.kind == listen.Listen && ev.detail == "k"
 		})
 		events := <-watched
 		if _, _, err := db.c.Acquire(ctx, "k", "holder", time.Minute); err != nil {
@@ -314,7 +314,7 @@ func TestWatchBehindALockedRow(t *testing.T) {
 	forEachMode(t, func(t *testing.T, db *testDB) {
 		ctx := testCtx(t)
 		w, rec := newWaiter(t, db, listen.Options{})
-		rec.next(t, "listening")
+		rec.next(t, listen.Listening)
 		other := w.Watch(ctx, "other")
 		if _, _, err := db.c.Acquire(ctx, "locked", "holder", never); err != nil {
 			t.Fatal(err)
@@ -325,7 +325,7 @@ func TestWatchBehindALockedRow(t *testing.T) {
 		}
 		watched := make(chan (<-chan listen.Event), 1)
 		go func() { watched <- w.Watch(ctx, "locked") }()
-		rec.next(t, "listen_locked")
+		rec.next(t, listen.ListenLocked)
 		if _, _, err := db.c.Acquire(ctx, "other", "holder", never); err != nil {
 			t.Fatal(err)
 		}

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -14,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 
 	"github.com/pglease/pg_lease/pkg/lease"
+	"k8s.io/utils/clock"
 )
 
 // Options configure a Waiter. The zero value is ready to use.
@@ -34,6 +33,11 @@ type Options struct {
 	// listens, every Watch subscriber gets an EventResync. A process that
 	// starts during a database restart then waits instead of failing.
 	ConnectInBackground bool
+	// Clock is the clock the Waiter reads and arms its timers on (the
+	// reconnection backoff, the registrations' linger, the keepalive).
+	// Nil: the real clock. Await and the other waits run on their
+	// lease.Client's clock.
+	Clock clock.WithTicker
 }
 
 // withDefaults returns o with every zero field set to its default, and
@@ -59,6 +63,9 @@ func (o Options) withDefaults() (Options, error) {
 	if o.ReconnectMax < o.ReconnectMin {
 		return o, fmt.Errorf("%w: listen.Options.ReconnectMax (%v) is below ReconnectMin (%v)", lease.ErrInvalidInput, o.ReconnectMax, o.ReconnectMin)
 	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
 	switch {
 	case o.WatchBuffer == 0:
 		o.WatchBuffer = 256
@@ -79,6 +86,8 @@ type Event struct {
 	Epoch int64
 	// Received is when this process read the notification.
 	Received time.Time
+
+	seq uint64 // notifications dispatched when it was (Changes only)
 }
 
 // EventType is the kind of an Event: what pg_lease's NOTIFY payload names,
@@ -112,47 +121,23 @@ const (
 type Waiter struct {
 	cfg  *pgx.ConnConfig
 	opts Options
+	clk  clock.WithTicker
+	emit hook // tests: see export_test.go
 
 	ctx      context.Context // ends at Close
 	cancel   context.CancelFunc
 	loopDone chan struct{}
-	// reachedC ends the reconnection backoff: a read through a lease.Client just
-	// reached the server (reached).
+	// reachedC ends the reconnection backoff: a read through a lease.Client
+	// just reached the server (reached).
 	reachedC chan struct{}
 
-	mu       sync.Mutex
-	closed   bool
-	watchers map[*watcher]struct{}
-	regs     registry
-	seq      uint64 // notifications and resyncs dispatched
-
-	reads sharedReads // Await's reads in flight, shared (their own lock)
-
-	hook func(kind, detail string) // tests: see export_test.go
+	subs     fanout      // the Watch subscriptions (their own lock)
+	regs     registry    // the lease.listen registrations (their own lock)
+	reads    sharedReads // Await's reads in flight (their own lock)
+	acquires sharedAcquires
 
 	waiting atomic.Bool // the connection waits for notifications (interrupter)
 }
-
-// interrupter ends a wait for notifications at once, by a deadline on the
-// socket, and lets a query run on for up to delay after its context ended.
-// pgx closes a connection whose query it interrupted and sends a cancel
-// request as it does, whatever the handler; PgBouncer 1.18 can crash on
-// one. An interrupted wait sends nothing and keeps the connection.
-type interrupter struct {
-	conn    net.Conn
-	waiting *atomic.Bool
-	delay   time.Duration
-}
-
-func (h *interrupter) HandleCancel(context.Context) {
-	d := h.delay
-	if h.waiting.Load() {
-		d = 0
-	}
-	_ = h.conn.SetDeadline(time.Now().Add(d))
-}
-
-func (h *interrupter) HandleUnwatchAfterCancel() { _ = h.conn.SetDeadline(time.Time{}) }
 
 // NewWaiter connects with cfg and returns a Waiter listening on channel
 // pg_lease. cfg is copied, so the caller may change it afterwards. Pass
@@ -167,7 +152,7 @@ func NewWaiter(ctx context.Context, cfg *pgx.ConnConfig, opts Options) (*Waiter,
 	return newWaiter(ctx, cfg, opts, nil)
 }
 
-func newWaiter(ctx context.Context, cfg *pgx.ConnConfig, opts Options, hook func(kind, detail string)) (*Waiter, error) {
+func newWaiter(ctx context.Context, cfg *pgx.ConnConfig, opts Options, h hook) (*Waiter, error) {
 	if cfg == nil {
 		return nil, fmt.Errorf("%w: NewWaiter: nil config", lease.ErrInvalidInput)
 	}
@@ -176,7 +161,9 @@ func newWaiter(ctx context.Context, cfg *pgx.ConnConfig, opts Options, hook func
 		return nil, err
 	}
 	cfg = cfg.Copy()
-	w := &Waiter{opts: opts, loopDone: make(chan struct{}), reachedC: make(chan struct{}, 1), watchers: map[*watcher]struct{}{}, hook: hook}
+	w := &Waiter{opts: opts, clk: opts.Clock, emit: h, loopDone: make(chan struct{}), reachedC: make(chan struct{}, 1)}
+	w.subs.clk = w.clk
+	w.regs = registry{clk: w.clk, timeout: opts.QueryTimeout, emit: h, subs: &w.subs}
 	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &interrupter{conn: c.Conn(), waiting: &w.waiting, delay: opts.QueryTimeout}
 	}
@@ -192,7 +179,7 @@ func newWaiter(ctx context.Context, cfg *pgx.ConnConfig, opts Options, hook func
 	case err == nil:
 		w.regs.up = true // before run starts: a Watch from now on waits for its registration
 	case opts.ConnectInBackground:
-		w.event("connect_failed", err.Error()) // run connects
+		w.emit.emit(sigConnectFailed, err.Error()) // run connects
 	default:
 		return nil, err
 	}
@@ -204,9 +191,7 @@ func newWaiter(ctx context.Context, cfg *pgx.ConnConfig, opts Options, hook func
 // Close stops the Waiter: Watch channels are closed (Await then polls), and
 // the connection is closed. It waits for the background goroutine to end.
 func (w *Waiter) Close() error {
-	w.mu.Lock()
-	w.closed = true
-	w.mu.Unlock()
+	w.subs.close()
 	w.cancel()
 	<-w.loopDone
 	return nil
@@ -225,11 +210,16 @@ func (w *Waiter) Close() error {
 // that with pg_lease.notify = waiters every change committed after Watch
 // returns is notified. It also returns when the connection is down, when ctx
 // ends, or after QueryTimeout. In the last case the registration completes
-// in the background and an EventResync follows. The registrations are dropped (lease.unlisten) a
-// second (registrationLinger) after the last subscription of a key ends,
-// and all of them at Close.
+// in the background and an EventResync follows. The registrations are
+// dropped (lease.unlisten) a second (registrationLinger) after the last
+// subscription of a key ends, and all of them at Close.
 func (w *Waiter) Watch(ctx context.Context, keys ...string) <-chan Event {
-	wt := &watcher{ch: make(chan Event, w.opts.WatchBuffer)}
+	return w.watch(ctx, false, keys)
+}
+
+// watch is Watch; seqs: the events carry their dispatch count.
+func (w *Waiter) watch(ctx context.Context, seqs bool, keys []string) <-chan Event {
+	wt := &watcher{ch: make(chan Event, w.opts.WatchBuffer), seqs: seqs, stop: func() bool { return false }}
 	regKeys := []string{"*"}
 	if len(keys) > 0 {
 		wt.keys = map[string]bool{}
@@ -241,60 +231,39 @@ func (w *Waiter) Watch(ctx context.Context, keys ...string) <-chan Event {
 			wt.keys[k] = true
 		}
 	}
-	w.mu.Lock()
-	if w.closed {
-		w.mu.Unlock()
+	if !w.subs.add(wt) {
 		close(wt.ch)
 		return wt.ch
 	}
-	w.watchers[wt] = struct{}{}
-	pending := w.registerLocked(regKeys)
-	wt.stop = context.AfterFunc(ctx, func() {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		if _, ok := w.watchers[wt]; ok {
-			delete(w.watchers, wt)
-			close(wt.ch)
-			w.unregisterLocked(regKeys)
+	pending := w.regs.register(regKeys)
+	stop := context.AfterFunc(ctx, func() {
+		if w.subs.remove(wt) {
+			w.regs.unregister(regKeys)
 		}
 	})
-	w.mu.Unlock()
-	if len(pending) > 0 {
-		t := time.NewTimer(w.opts.QueryTimeout)
-		defer t.Stop()
-		for _, ch := range pending {
-			select {
-			case <-ch:
-			case <-ctx.Done():
-				return wt.ch
-			case <-t.C:
-				w.event("register_slow", "")
-				return wt.ch
-			}
+	w.subs.setStop(wt, stop)
+	if len(pending) == 0 {
+		return wt.ch
+	}
+	t := w.clk.NewTimer(w.opts.QueryTimeout)
+	defer t.Stop()
+	for _, ch := range pending {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return wt.ch
+		case <-t.C():
+			w.emit.emit(sigRegisterSlow, "")
+			return wt.ch
 		}
 	}
 	return wt.ch
 }
 
-func (w *Waiter) event(kind, detail string) {
-	if w.hook != nil {
-		w.hook(kind, detail)
+// queryTimeout bounds each read of a wait (10 s without a Waiter).
+func (w *Waiter) queryTimeout() time.Duration {
+	if w == nil {
+		return 10 * time.Second
 	}
-}
-
-// shutdown closes every Watch channel.
-func (w *Waiter) shutdown() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.closed = true
-	w.regs.up = false
-	for k, ch := range w.regs.ready { // a Watch waiting for a registration returns
-		close(ch)
-		delete(w.regs.ready, k)
-	}
-	for wt := range w.watchers {
-		wt.stop()
-		delete(w.watchers, wt)
-		close(wt.ch)
-	}
+	return w.opts.QueryTimeout
 }

@@ -36,13 +36,13 @@ func TestWaiterConnectsInBackground(t *testing.T) {
 		t.Fatalf("NewWaiter with ConnectInBackground while the server is down: %v", err)
 	}
 	defer w.Close()
-	rec.next(t, "connect_failed")
+	rec.next(t, listen.ConnectFailed)
 	events := w.Watch(ctx, "k") // returns at once: nothing listens yet
 
 	if err := srv.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	rec.next(t, "listening") // k is registered by now
+	rec.next(t, listen.Listening) // k is registered by now
 	next := func() listen.Event {
 		t.Helper()
 		select {
@@ -80,7 +80,7 @@ func TestWaiterReconnectsWhenAReadReachesTheServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	rec.next(t, "listening")
+	rec.next(t, listen.Listening)
 	holder := lease.New(newPool(t, dsn))
 	g, ok, err := holder.Acquire(ctx, "k", "holder", never)
 	if err != nil || !ok {
@@ -90,13 +90,13 @@ func TestWaiterReconnectsWhenAReadReachesTheServer(t *testing.T) {
 	if err := srv.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	rec.next(t, "connect_failed") // now in its backoff
+	rec.next(t, listen.ConnectFailed) // now in its backoff
 	if err := srv.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	c := lease.New(newPool(t, dsn))
 	res := awaitAsync(ctx, w, c, "k", never)
-	rec.next(t, "listening")
+	rec.next(t, listen.Listening)
 	// The holder's pool lost its connections with the server.
 	if err := lease.New(newPool(t, dsn)).Release(ctx, g.Token); err != nil {
 		t.Fatal(err)

@@ -52,7 +52,7 @@ func BenchmarkA2(b *testing.B) {
 		c, reads := watched(db)
 		ch := make(chan took, 1)
 		go func() {
-			_, err := w.Await(ctx, c, key, time.Hour, func(s lease.State) bool { return !s.Held })
+			_, err := listen.Await(ctx, w, c, key, time.Hour, func(s lease.State) bool { return !s.Held })
 			if err != nil {
 				b.Error(err)
 			}

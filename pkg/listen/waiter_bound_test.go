@@ -38,7 +38,7 @@ func TestWatchBeyondTheRegistrationBound(t *testing.T) {
 	forEachMode(t, func(t *testing.T, db *testDB) {
 		ctx := testCtx(t)
 		w, rec := newWaiter(t, db, listen.Options{})
-		rec.next(t, "listening")
+		rec.next(t, listen.Listening)
 		if _, err := db.pool.Exec(ctx, `INSERT INTO lease.listeners (pid, key, since)
 			SELECT a.pid, 'filler-' || i, clock_timestamp()
 			  FROM pg_stat_activity a, generate_series(1, 1000) i
@@ -63,7 +63,7 @@ func TestWatchAllEndsKeepsKeys(t *testing.T) {
 	forEachMode(t, func(t *testing.T, db *testDB) {
 		ctx := testCtx(t)
 		w, rec := newWaiter(t, db, listen.Options{})
-		rec.next(t, "listening")
+		rec.next(t, listen.Listening)
 		one := w.Watch(ctx, "kept")
 		actx, endAll := context.WithCancel(ctx)
 		all := w.Watch(actx)
@@ -75,7 +75,7 @@ func TestWatchAllEndsKeepsKeys(t *testing.T) {
 		tctx, endTick := context.WithCancel(ctx)
 		w.Watch(tctx, "tick")
 		endTick()
-		rec.nextFor(t, "unlisten", "tick")
+		rec.nextFor(t, listen.Unlisten, "tick")
 		// A Watch returns once registered: after the pass that dropped tick.
 		w.Watch(ctx, "probe")
 		if n := registrations(t, db, "kept"); n != 1 {

@@ -19,7 +19,10 @@ import (
 )
 
 // hookEvent is one step of a waiter's goroutine (see NewWaiterWithHook).
-type hookEvent struct{ kind, detail string }
+type hookEvent struct {
+	kind   listen.Signal
+	detail string
+}
 
 // recorder collects a waiter's steps so that tests wait on them.
 type recorder struct {
@@ -27,7 +30,7 @@ type recorder struct {
 	block func(hookEvent) // called first, may block the waiter
 }
 
-func (r *recorder) hook(kind, detail string) {
+func (r *recorder) hook(kind listen.Signal, detail string) {
 	ev := hookEvent{kind, detail}
 	if r.block != nil {
 		r.block(ev)
@@ -39,9 +42,9 @@ func (r *recorder) hook(kind, detail string) {
 }
 
 // next waits for the next step of the given kind.
-func (r *recorder) next(t testing.TB, kind string) {
+func (r *recorder) next(t testing.TB, kind listen.Signal) {
 	t.Helper()
-	r.await(t, kind, func(ev hookEvent) bool { return ev.kind == kind })
+	r.await(t, kind.String(), func(ev hookEvent) bool { return ev.kind == kind })
 }
 
 // await reads steps until one matches; it fails the test ("waiter step
@@ -112,7 +115,7 @@ type awaited struct {
 func awaitAsync(ctx context.Context, w *listen.Waiter, c *lease.Client, key string, poll time.Duration) <-chan awaited {
 	ch := make(chan awaited, 1)
 	go func() {
-		st, err := w.Await(ctx, c, key, poll, func(s lease.State) bool { return !s.Held })
+		st, err := listen.Await(ctx, w, c, key, poll, func(s lease.State) bool { return !s.Held })
 		ch <- awaited{st, err}
 	}()
 	return ch
@@ -201,7 +204,7 @@ func TestAwaitReadsAfterANotification(t *testing.T) {
 			c, reads := watched(db)
 			res := make(chan awaited, 1)
 			go func() {
-				st, err := w.Await(ctx, c, key, never, done)
+				st, err := listen.Await(ctx, w, c, key, never, done)
 				res <- awaited{st, err}
 			}()
 			<-reads // the first read saw the key held
@@ -265,7 +268,7 @@ func TestAwaitIgnoresForgedNotifications(t *testing.T) {
 	res := make(chan awaited, 1)
 	go func() {
 		// Free, or handed to "follower": what the forged payloads claim.
-		st, err := w.Await(ctx, c, "forged", never, func(s lease.State) bool { return !s.Held || s.Owner == "follower" })
+		st, err := listen.Await(ctx, w, c, "forged", never, func(s lease.State) bool { return !s.Held || s.Owner == "follower" })
 		res <- awaited{st, err}
 	}()
 	<-reads // the first read saw the key held
@@ -276,7 +279,7 @@ func TestAwaitIgnoresForgedNotifications(t *testing.T) {
 		if _, err := fc.Exec(ctx, `SELECT pg_notify('pg_lease', $1)`, payload); err != nil {
 			t.Fatal(err)
 		}
-		rec.await(t, "notified forged", func(ev hookEvent) bool { return ev.kind == "notified" && ev.detail == "forged" })
+		rec.await(t, "notified forged", func(ev hookEvent) bool { return ev.kind == listen.Notified && ev.detail == "forged" })
 	}
 	if err := db.c.Release(ctx, h.Token); err != nil {
 		t.Fatal(err)
@@ -347,7 +350,7 @@ func TestAwaitSurvivesTerminatedConnection(t *testing.T) {
 			onLost func()
 		)
 		rec := &recorder{ch: make(chan hookEvent, 4096), block: func(ev hookEvent) {
-			if ev.kind != "conn_lost" {
+			if ev.kind != listen.ConnLost {
 				return
 			}
 			mu.Lock()
@@ -362,7 +365,7 @@ func TestAwaitSurvivesTerminatedConnection(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer w.Close()
-		rec.next(t, "listening")
+		rec.next(t, listen.Listening)
 		terminate := func() {
 			t.Helper()
 			var n int
@@ -389,7 +392,7 @@ func TestAwaitSurvivesTerminatedConnection(t *testing.T) {
 			t.Fatal(err)
 		}
 		mustFree(t, res)
-		rec.next(t, "listening")
+		rec.next(t, listen.Listening)
 		mu.Lock()
 		onLost = nil
 		mu.Unlock()
@@ -426,7 +429,7 @@ func TestAwaitCancel(t *testing.T) {
 		if r := <-res; !errors.Is(r.err, stop) {
 			t.Fatalf("Await after cancel: %+v, %v", r.st, r.err)
 		}
-		if _, err := w.Await(ctx, c, "c", 0, func(lease.State) bool { return true }); !errors.Is(err, lease.ErrInvalidInput) {
+		if _, err := listen.Await(ctx, w, c, "c", 0, func(lease.State) bool { return true }); !errors.Is(err, lease.ErrInvalidInput) {
 			t.Fatalf("poll 0: %v", err)
 		}
 
@@ -508,7 +511,7 @@ func TestWatch(t *testing.T) {
 			WHERE application_name = 'pg_lease waiter' AND datname = current_database()`).Scan(&n); err != nil || n != 1 {
 			t.Fatal(n, err)
 		}
-		rec.next(t, "conn_lost")
+		rec.next(t, listen.ConnLost)
 		if ev := <-all; ev.Type != "resync" {
 			t.Fatalf("after reconnecting: %+v, want resync", ev)
 		}

@@ -66,7 +66,7 @@
 //
 // With Options.Waiter, a follower's Get (the lock holds no grant, and the
 // record it last returned does not name this identity) waits, through
-// listen.Waiter.Await (the module's one wake policy), until the record differs
+// listen.Await (the module's one wake policy), until the record differs
 // from the last one it returned in what matters to an election: the holder
 // or the epoch (a grant, a release, a takeover, the server-side lapse of the
 // grant; a renewal is not news). It is woken by the release's notification

@@ -329,7 +329,7 @@ func (l *Lock) await(ctx context.Context, w *listen.Waiter, last rawRecord) (lea
 			waitCtx, stopReady = l.reg.WatchReady(ctx)
 		}
 		wctx, cancel := context.WithTimeout(waitCtx, limit)
-		s, err := w.Await(wctx, l.client, l.key, l.followerPoll(), changed)
+		s, err := listen.Await(wctx, w, l.client, l.key, l.followerPoll(), changed)
 		cancel()
 		stopReady()
 		if err == nil || ctx.Err() != nil || wctx.Err() == nil {

@@ -6,25 +6,7 @@ import (
 	"time"
 
 	"github.com/pglease/pg_lease/pkg/lease"
-	"github.com/pglease/pg_lease/pkg/listen"
 )
-
-// drained receives the events already waiting on ch, and returns ch, or nil
-// once it is closed: a burst of notifications (a leave hands every shard
-// over at once) costs one round, not one per shard.
-func drained(ch <-chan listen.Event) <-chan listen.Event {
-	for ch != nil {
-		select {
-		case _, ok := <-ch:
-			if !ok {
-				return nil
-			}
-		default:
-			return ch
-		}
-	}
-	return nil
-}
 
 // round is one step of the loop: the members and shards as the database
 // has them, the member key, then the plan (decide) applied: the shards to

@@ -15,17 +15,13 @@ import (
 // returns nil. It returns ErrIdentityTaken, holding nothing, when another
 // live process holds this replica's member key.
 func (r *Sharder) Run(ctx context.Context) error {
-	var changes <-chan listen.Event
-	if r.cfg.Waiter != nil {
-		keys := []string{changedKey(r.cfg.Controller)}
-		for s := range r.cfg.Shards {
-			keys = append(keys, Key(r.cfg.Controller, s))
-		}
-		wctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		changes = r.cfg.Waiter.Watch(wctx, keys...)
-	}
 	clk := r.c.Clock()
+	keys := []string{changedKey(r.cfg.Controller)}
+	for s := range r.cfg.Shards {
+		keys = append(keys, Key(r.cfg.Controller, s))
+	}
+	changes := listen.Subscribe(ctx, r.cfg.Waiter, clk, keys...)
+	defer changes.Close()
 	// A statement running when ctx ends runs to its end (a TTL at most): a
 	// connection cut mid-statement would leave the releases a new one, and
 	// the server finishes the statement anyway. The loops stop after it.
@@ -49,25 +45,13 @@ func (r *Sharder) Run(ctx context.Context) error {
 			r.leave(time.Time{})
 			return err
 		}
-		t := clk.NewTimer(next)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if _, err := changes.Wait(ctx, clk.Now().Add(next), r.kick); err != nil {
 			<-renewing
 			if errors.Is(context.Cause(ctx), errCrash) {
 				return nil // tests: a replica that stops renewing, as a crashed one
 			}
 			r.leave(<-stopped)
 			return nil
-		case <-t.C():
-		case <-r.kick:
-			t.Stop()
-		case _, ok := <-changes:
-			t.Stop()
-			if !ok {
-				changes = nil
-			}
-			changes = drained(changes) // one round for every change already notified
 		}
 	}
 }

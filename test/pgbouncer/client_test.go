@@ -140,7 +140,7 @@ func testWaiter(t *testing.T, s *setup) {
 		}
 		woke := make(chan time.Time, 1)
 		go func() {
-			_, err := w.Await(ctx, c, key, poll, func(s lease.State) bool { return !s.Held })
+			_, err := listen.Await(ctx, w, c, key, poll, func(s lease.State) bool { return !s.Held })
 			if err != nil {
 				t.Errorf("await: %v", err)
 			}
