@@ -135,6 +135,7 @@ func (r *Sharder) ensureMember(ctx context.Context) (time.Duration, error) {
 	r.mu.Lock()
 	r.member = t
 	r.mu.Unlock()
+	r.keep.Add(t)
 	r.rival = lease.State{}
 	return 0, nil
 }
@@ -162,15 +163,4 @@ func inBatches(n int, f func(lo, hi int) error) error {
 		}
 	}
 	return nil
-}
-
-// renewAll renews terms (lease.Client.RenewTerms) in statements of at most
-// lease.MaxBatch terms: one while this replica holds fewer keys.
-func (r *Sharder) renewAll(ctx context.Context, terms []*lease.Term) []error {
-	errs := make([]error, 0, len(terms))
-	_ = inBatches(len(terms), func(lo, hi int) error {
-		errs = append(errs, r.c.RenewTerms(ctx, terms[lo:hi])...)
-		return nil
-	})
-	return errs
 }

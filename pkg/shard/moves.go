@@ -50,6 +50,7 @@ func (r *Sharder) take(ctx context.Context, shards []int) error {
 			r.owned[s] = newOwned(s, t)
 			delete(r.handed, s)
 			r.mu.Unlock()
+			r.keep.Add(t)
 			r.metrics.rebalances.WithLabelValues("acquired").Inc()
 			if r.cfg.OnAcquired != nil {
 				r.cfg.OnAcquired(s)

@@ -12,7 +12,7 @@ import (
 // has them, the member key, then the plan (decide) applied: the shards to
 // give up and to take, and the handover candidacies. Its statements run on
 // ctx; once stop ends, it returns between two of them. It returns when to
-// run again. Renewals run in renewLoop: a slow round never delays them.
+// run again. Renewals run in the keep-alive (r.keep): a slow round never delays them.
 func (r *Sharder) round(stop, ctx context.Context) (time.Duration, error) {
 	clk := r.c.Clock()
 	warn := r.warner(stop)

@@ -3,7 +3,6 @@ package shard
 import (
 	"context"
 	"errors"
-	"slices"
 	"time"
 
 	"github.com/pglease/pg_lease/pkg/lease"
@@ -31,7 +30,7 @@ func (r *Sharder) Run(ctx context.Context) error {
 	defer stopGrace()
 	rctx, stopRenewing := context.WithCancel(ctx)
 	renewing := make(chan struct{})
-	go func() { defer close(renewing); r.renewLoop(rctx, sctx) }()
+	go func() { defer close(renewing); r.keep.Run(rctx) }()
 	defer func() { stopRenewing(); <-renewing }()
 	stopped := make(chan time.Time, 1) // when ctx ended: shard: left says what the stop cost
 	context.AfterFunc(ctx, func() { stopped <- clk.Now() })
@@ -56,43 +55,16 @@ func (r *Sharder) Run(ctx context.Context) error {
 	}
 }
 
-// renewLoop renews the member key and every live shard key in one
-// statement (lease.renew_many; one per lease.MaxBatch keys), on sctx, each RenewEvery until stop ends.
-// A failed renewal of the member key wakes the loop, which acquires it
-// again.
-func (r *Sharder) renewLoop(stop, sctx context.Context) {
-	clk := r.c.Clock()
-	for {
-		t := clk.NewTimer(r.cfg.RenewEvery)
-		select {
-		case <-stop.Done():
-			t.Stop()
-			return
-		case <-t.C():
-		}
-		r.mu.Lock()
-		m := r.member
-		if m == nil || m.Err() != nil {
-			r.mu.Unlock()
-			continue
-		}
-		terms := []*lease.Term{m}
-		for _, o := range r.owned {
-			if !o.stopping && o.term.Err() == nil {
-				terms = append(terms, o.term)
-			}
-		}
-		r.mu.Unlock()
-		errs := r.renewAll(sctx, terms)
-		for i, err := range errs {
-			if err != nil && stop.Err() == nil {
-				r.cfg.Logger.Warn("shard: renewal", "key", terms[i].Grant().Key, "err", err)
-			}
-		}
-		if slices.ContainsFunc(errs, func(err error) bool { return err != nil }) {
-			r.wake() // the round stops lost shards and acquires the member key again
-		}
+// renewed is the keep-alive's report of one renewal: a failed one wakes
+// the round, which stops lost shards and acquires the member key again.
+func (r *Sharder) renewed(t *lease.Term, _ time.Duration, err error) {
+	if err == nil {
+		return
 	}
+	if !errors.Is(err, context.Canceled) {
+		r.cfg.Logger.Warn("shard: renewal", "key", t.Grant().Key, "err", err)
+	}
+	r.wake()
 }
 
 func (r *Sharder) wake() {

@@ -86,7 +86,8 @@ type Config struct {
 	Identity string
 	// TTL of the member and shard keys. Default 10 s.
 	TTL time.Duration
-	// RenewEvery is the period of the batch renewal. Default TTL/3.
+	// RenewEvery is the period of the batch renewal. Default
+	// lease.RenewInterval(TTL).
 	RenewEvery time.Duration
 	// Margin of each term (lease.CheckMargin). Zero: the default.
 	Margin time.Duration
@@ -132,7 +133,7 @@ func (c *Config) fill() error {
 		errs = append(errs, fmt.Errorf("TTL and Margin: %w", err))
 	}
 	if c.RenewEvery == 0 {
-		c.RenewEvery = c.TTL / 3
+		c.RenewEvery = lease.RenewInterval(c.TTL)
 	}
 	if c.RenewEvery < 0 || c.RenewEvery >= c.TTL {
 		errs = append(errs, fmt.Errorf("RenewEvery must be positive and below TTL (%v), got %v", c.TTL, c.RenewEvery))
@@ -159,6 +160,7 @@ type Sharder struct {
 	owner   string // the owner of this process's keys: Identity#<instance>
 	metrics *replicaMetrics
 	kick    chan struct{}
+	keep    *lease.KeepAliveSet // the member key and every live shard key
 
 	mu       sync.Mutex
 	member   *lease.Term
@@ -217,10 +219,12 @@ func New(cfg Config) (*Sharder, error) {
 	if err := lease.CheckOwner(owner); err != nil {
 		return nil, fmt.Errorf("%w: Identity: %w", ErrInvalidConfig, err)
 	}
-	return &Sharder{cfg: cfg, c: cfg.Client, owner: owner, kick: make(chan struct{}, 1),
+	r := &Sharder{cfg: cfg, c: cfg.Client, owner: owner, kick: make(chan struct{}, 1),
 		owned: map[int]*owned{}, unowned: map[int]bool{}, handed: map[int]lease.Token{},
 		cands: map[int]int32{}, strategy: map[int]bool{},
-		metrics: newReplicaMetrics(cfg.Controller, cfg.Identity)}, nil
+		metrics: newReplicaMetrics(cfg.Controller, cfg.Identity)}
+	r.keep = cfg.Client.NewKeepAliveSet(lease.KeepAliveOptions{Interval: cfg.RenewEvery, Observe: r.renewed})
+	return r, nil
 }
 
 // Identity is this replica's member name.
