@@ -142,6 +142,10 @@ if defect == 'control':
 elif defect == '1_release_keeps_epoch':
     sub('release', 'SET owner = NULL, epoch = l.epoch + 1, expires_at = v_now',
                    'SET owner = NULL, epoch = l.epoch, expires_at = v_now', 1)
+    # 0.5.0: the common case's one-statement release too
+    if 'SET owner = NULL, epoch = l.epoch + 1, expires_at = clock_timestamp()' in body('release'):
+        sub('release', 'SET owner = NULL, epoch = l.epoch + 1, expires_at = clock_timestamp()',
+                       'SET owner = NULL, epoch = l.epoch, expires_at = clock_timestamp()', 1)
 elif defect == '2_now_not_clock':
     # every reading of "now" that an expiry is compared with or computed from
     sub('acquire', 'v_now := clock_timestamp();', 'v_now := now();', 4)

@@ -231,6 +231,12 @@ func runMode(ctx context.Context, mode string, clients []int, tmp string) (modeR
 			for _, w := range main {
 				before := w2Epochs(ctx, conn, w)
 				xs, err := pgbench(s, tmp, w, c, per, nil)
+				if errors.Is(err, errNoTransactions) {
+					// A loaded machine: the round measured nothing (its tps
+					// counts as 0; n in the report says how many were logged).
+					log.Printf("%s c=%d %s round %d: %v", mode, c, w, r, errNoTransactions)
+					continue
+				}
 				if err != nil {
 					return res, err
 				}
