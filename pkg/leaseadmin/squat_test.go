@@ -327,3 +327,59 @@ func TestDescribeIgnoresSearchPath(t *testing.T) {
 	mustExec(t, admin, `RESET search_path`)
 	assertNothingRan(t, admin, squatter, "Describe")
 }
+
+// TestClientOperatorCallsTrustTheSchema documents a known limit: lease.Client's
+// ForceRelease and Cleanup call schema lease without the install check, so a
+// superuser who calls them on a database where another role prepared schema
+// lease runs that role's functions (as superuser). leaseadmin's ForceRelease
+// and Cleanup refuse the same install and run nothing.
+func TestClientOperatorCallsTrustTheSchema(t *testing.T) {
+	pgtest.SharedExtensionFiles(t)
+	ctx := testCtx(t)
+	dsn := pgtest.NewDatabase(t)
+	admin := connect(t, dsn) // a superuser
+	squatter := newRole(t, admin, "lease_squatter", true)
+	sq := connect(t, pgtest.WithUser(dsn, squatter))
+	plantRecorder(t, sq)
+	squats[0].plant(t, sq, squatter)
+	c := lease.New(admin)
+
+	if _, _, _, err := leaseadmin.ForceRelease(ctx, c, "k"); !errors.Is(err, leaseadmin.ErrSquatted) {
+		t.Fatalf("leaseadmin.ForceRelease: %v, want ErrSquatted", err)
+	}
+	if _, _, err := leaseadmin.Cleanup(ctx, c, time.Hour, 10); !errors.Is(err, leaseadmin.ErrSquatted) {
+		t.Fatalf("leaseadmin.Cleanup: %v, want ErrSquatted", err)
+	}
+	assertNothingRan(t, admin, squatter, "leaseadmin's calls")
+
+	// The limit: the Client's own calls run the squatter's functions.
+	if _, _, _, err := c.ForceRelease(ctx, "k"); err != nil {
+		t.Fatalf("Client.ForceRelease: %v", err)
+	}
+	if _, _, err := c.Cleanup(ctx, time.Hour, 10); err != nil {
+		t.Fatalf("Client.Cleanup: %v", err)
+	}
+	var ran []string
+	rows, err := admin.Query(ctx, `SELECT what FROM squat.ran ORDER BY what`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		ran = append(ran, s)
+	}
+	if rows.Err() != nil {
+		t.Fatal(rows.Err())
+	}
+	var super bool
+	if err := admin.QueryRow(ctx, `SELECT rolsuper FROM pg_roles WHERE rolname = $1`, squatter).Scan(&super); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(ran, ",") != "lease.cleanup,lease.force_release" || !super {
+		t.Fatalf("the Client's operator calls ran %v, squatter superuser %v; if they now check the install, "+
+			"remove this limit from specs/THREATS.md and fold this test into TestSquattedSchemaIsNeverCalled", ran, super)
+	}
+}
