@@ -16,7 +16,9 @@ import (
 // from PUBLIC). released is false when the key was not granted (never
 // leased, or already free). A commit whose wait for the synchronous
 // standbys was cancelled returns ErrCommitUnknown: run it again once the
-// standbys are back.
+// standbys are back. It does not check who owns schema lease: run by a
+// superuser on a database where another role prepared that schema, it runs
+// that role's function as superuser. Operators call leaseadmin.ForceRelease.
 func (c *Client) ForceRelease(ctx context.Context, key string) (released bool, previousOwner string, epoch int64, err error) {
 	var prev *string
 	var ep *int64
@@ -37,7 +39,8 @@ func (c *Client) ForceRelease(ctx context.Context, key string) (released bool, p
 // over) for at least freeFor, first raising the database's epoch floor to
 // the highest epoch it deletes, so that a key that comes back still gets a
 // greater epoch than it ever had. It returns how many keys it removed and
-// the floor afterwards.
+// the floor afterwards. It does not check who owns schema lease (see
+// ForceRelease): operators call leaseadmin.Cleanup.
 func (c *Client) Cleanup(ctx context.Context, freeFor time.Duration, maxRows int) (removed, epochFloor int64, err error) {
 	if err := CheckCleanup(freeFor, maxRows); err != nil {
 		return 0, 0, err
