@@ -1208,7 +1208,15 @@ BEGIN
                 FROM p
                WHERE p.keep > 0
             )
-            SELECT EXISTS (SELECT 1 FROM lease.listeners w WHERE w.key = v_key OR w.key = '*') INTO v_listened;
+            SELECT EXISTS (SELECT 1 FROM lease.listeners w WHERE w.key = v_key OR w.key = '*'),
+                   (SELECT s.max_ttl FROM lease.settings s)
+              INTO v_listened, v_max;
+            -- The UPDATE may have waited for lease.configure's table lock
+            -- (configure lowering max_ttl when no grant is held): this
+            -- statement, begun after it, reads the max_ttl in force.
+            IF extract(epoch FROM v_ttl) > extract(epoch FROM coalesce(v_max, interval '1 hour')) THEN
+              PERFORM lease._check_ttl_now(v_ttl);
+            END IF;
             -- The durability and notification of lease._changed.
             IF current_setting('synchronous_commit') IN ('off', 'local') THEN
               PERFORM set_config('synchronous_commit', 'on', true);  -- as lease._changed
@@ -1330,6 +1338,10 @@ BEGIN
             END IF;
             CONTINUE;
         END;
+        -- The grant's write may have waited for lease.configure's table lock
+        -- (configure lowering max_ttl when no grant is held): read the
+        -- max_ttl in force after it.
+        PERFORM lease._check_ttl_now(v_ttl);
         PERFORM lease._changed('acquired', v_key, v_owner, epoch);
         RETURN;
       END IF;
