@@ -7,19 +7,22 @@ import (
 	"time"
 )
 
-// The operator's writes. They call pg_lease's functions without checking
-// who owns the schema they call: pkg/leaseadmin's ForceRelease and Cleanup
-// check the install first and are what an operator's tool should call.
+// The operator's writes. They run only on a client told that the install
+// is trusted (TrustInstall); otherwise they return ErrInstallNotChecked.
+// pkg/leaseadmin's ForceRelease and Cleanup check the install, then call
+// them: they are what an operator's tool should call.
 
 // ForceRelease frees key whatever its holder and moves its epoch past the
 // current grant, fencing the former holder (lease.force_release, revoked
 // from PUBLIC). released is false when the key was not granted (never
 // leased, or already free). A commit whose wait for the synchronous
 // standbys was cancelled returns ErrCommitUnknown: run it again once the
-// standbys are back. It does not check who owns schema lease: run by a
-// superuser on a database where another role prepared that schema, it runs
-// that role's function as superuser. Operators call leaseadmin.ForceRelease.
+// standbys are back. It runs only on a TrustInstall client (else
+// ErrInstallNotChecked); operators call leaseadmin.ForceRelease.
 func (c *Client) ForceRelease(ctx context.Context, key string) (released bool, previousOwner string, epoch int64, err error) {
+	if !c.checked {
+		return false, "", 0, fmt.Errorf("force_release: %w", ErrInstallNotChecked)
+	}
 	var prev *string
 	var ep *int64
 	t := Token{Key: key}
@@ -39,9 +42,12 @@ func (c *Client) ForceRelease(ctx context.Context, key string) (released bool, p
 // over) for at least freeFor, first raising the database's epoch floor to
 // the highest epoch it deletes, so that a key that comes back still gets a
 // greater epoch than it ever had. It returns how many keys it removed and
-// the floor afterwards. It does not check who owns schema lease (see
-// ForceRelease): operators call leaseadmin.Cleanup.
+// the floor afterwards. It runs only on a TrustInstall client (else
+// ErrInstallNotChecked); operators call leaseadmin.Cleanup.
 func (c *Client) Cleanup(ctx context.Context, freeFor time.Duration, maxRows int) (removed, epochFloor int64, err error) {
+	if !c.checked {
+		return 0, 0, fmt.Errorf("cleanup: %w", ErrInstallNotChecked)
+	}
 	if err := CheckCleanup(freeFor, maxRows); err != nil {
 		return 0, 0, err
 	}

@@ -32,7 +32,8 @@
 // candidates and strategies of a handover (Client.RegisterCandidate,
 // SetStrategy, Candidates, ...; pkg/handover names them for electors and
 // locks), the operator's writes (Client.ForceRelease, Cleanup; pkg/leaseadmin
-// checks the install before it calls them), and the error mapping of every
+// checks the install, then calls them on Client.TrustInstall; without it
+// they refuse), and the error mapping of every
 // call (WrapError, for code that reads pg_lease's functions on a Querier of
 // its own). pkg/elector imports neither pkg/leaseadmin nor the SQL scripts.
 //

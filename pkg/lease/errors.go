@@ -33,6 +33,12 @@ var (
 	// SQLSTATE 22021). Constructors of pkg/ without a sentinel of their own
 	// wrap it too, for an option they refuse (the error names the field).
 	ErrInvalidInput = errors.New("lease: invalid input")
+
+	// ErrInstallNotChecked: ForceRelease or Cleanup on a client that was
+	// not told the install is trusted (Client.TrustInstall). Nothing was
+	// sent. Operators call leaseadmin.ForceRelease and leaseadmin.Cleanup,
+	// which check the install first.
+	ErrInstallNotChecked = errors.New("lease: operator call on an install nobody checked (use leaseadmin.ForceRelease or leaseadmin.Cleanup)")
 	// ErrWaitTimeout: a server-side blocking acquire saw the key held for its
 	// whole wait (SQLSTATE 57014, message "timeout").
 	ErrWaitTimeout = errors.New("lease: wait timed out")

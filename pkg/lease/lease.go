@@ -102,8 +102,9 @@ func (s State) ExpiresLocal() time.Time {
 
 // Client calls the pg_lease SQL functions through a Querier.
 type Client struct {
-	db    Querier
-	clock clock.WithDelayedExecution
+	db      Querier
+	clock   clock.WithDelayedExecution
+	checked bool // TrustInstall: the operator calls may run
 }
 
 // New returns a client that runs every call on db, on the real clock.
@@ -115,7 +116,17 @@ func New(db Querier) *Client { return &Client{db: db, clock: realClock} }
 // clock from their client, so a fake clock (k8s.io/utils/clock/testing)
 // drives deadlines and margins in tests without a server's help.
 func (c *Client) WithClock(clk clock.WithDelayedExecution) *Client {
-	return &Client{db: c.db, clock: clk}
+	return &Client{db: c.db, clock: clk, checked: c.checked}
+}
+
+// TrustInstall returns a client on the same Querier and clock whose
+// operator calls (ForceRelease, Cleanup) run. Without it they return
+// ErrInstallNotChecked and send nothing: run by a superuser in a database
+// where another role prepared schema lease, they would run that role's
+// functions as superuser. Call it only after checking the install, as
+// leaseadmin.ForceRelease and leaseadmin.Cleanup do (leaseadmin.Describe).
+func (c *Client) TrustInstall() *Client {
+	return &Client{db: c.db, clock: c.clock, checked: true}
 }
 
 // Clock is the clock the client reads (the real clock unless WithClock).

@@ -23,7 +23,7 @@ func ForceRelease(ctx context.Context, c *lease.Client, key string) (released bo
 	if _, err := trusted(ctx, c.Querier(), "force_release"); err != nil {
 		return false, "", 0, err
 	}
-	return c.ForceRelease(ctx, key)
+	return c.TrustInstall().ForceRelease(ctx, key)
 }
 
 // Cleanup is lease.cleanup: it deletes at most maxRows keys that have been
@@ -42,7 +42,7 @@ func Cleanup(ctx context.Context, c *lease.Client, freeFor time.Duration, maxRow
 	if err != nil {
 		return 0, 0, err
 	}
-	removed, epochFloor, err = c.Cleanup(ctx, freeFor, maxRows)
+	removed, epochFloor, err = c.TrustInstall().Cleanup(ctx, freeFor, maxRows)
 	var pg *pgconn.PgError
 	if errors.As(err, &pg) && pg.Code == "42883" {
 		return 0, 0, &VersionError{Op: "cleanup", Function: "lease.cleanup", Since: "0.2.0", Installed: in.Version, err: err}

@@ -328,12 +328,12 @@ func TestDescribeIgnoresSearchPath(t *testing.T) {
 	assertNothingRan(t, admin, squatter, "Describe")
 }
 
-// TestClientOperatorCallsTrustTheSchema documents a known limit: lease.Client's
-// ForceRelease and Cleanup call schema lease without the install check, so a
-// superuser who calls them on a database where another role prepared schema
-// lease runs that role's functions (as superuser). leaseadmin's ForceRelease
-// and Cleanup refuse the same install and run nothing.
-func TestClientOperatorCallsTrustTheSchema(t *testing.T) {
+// TestClientOperatorCallsRefuseUncheckedInstall: on a database where another
+// role prepared schema lease, a superuser's leaseadmin.ForceRelease and
+// Cleanup refuse the install, and lease.Client's own ForceRelease and
+// Cleanup (no TrustInstall) refuse to run: none runs the squatter's
+// functions, which would make it superuser.
+func TestClientOperatorCallsRefuseUncheckedInstall(t *testing.T) {
 	pgtest.SharedExtensionFiles(t)
 	ctx := testCtx(t)
 	dsn := pgtest.NewDatabase(t)
@@ -352,34 +352,20 @@ func TestClientOperatorCallsTrustTheSchema(t *testing.T) {
 	}
 	assertNothingRan(t, admin, squatter, "leaseadmin's calls")
 
-	// The limit: the Client's own calls run the squatter's functions.
-	if _, _, _, err := c.ForceRelease(ctx, "k"); err != nil {
-		t.Fatalf("Client.ForceRelease: %v", err)
+	// The Client's own operator calls refuse without TrustInstall, and
+	// send nothing.
+	if _, _, _, err := c.ForceRelease(ctx, "k"); !errors.Is(err, lease.ErrInstallNotChecked) {
+		t.Fatalf("Client.ForceRelease: %v, want ErrInstallNotChecked", err)
 	}
-	if _, _, err := c.Cleanup(ctx, time.Hour, 10); err != nil {
-		t.Fatalf("Client.Cleanup: %v", err)
+	if _, _, err := c.Cleanup(ctx, time.Hour, 10); !errors.Is(err, lease.ErrInstallNotChecked) {
+		t.Fatalf("Client.Cleanup: %v, want ErrInstallNotChecked", err)
 	}
-	var ran []string
-	rows, err := admin.Query(ctx, `SELECT what FROM squat.ran ORDER BY what`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		ran = append(ran, s)
-	}
-	if rows.Err() != nil {
-		t.Fatal(rows.Err())
-	}
+	assertNothingRan(t, admin, squatter, "the Client's operator calls")
 	var super bool
 	if err := admin.QueryRow(ctx, `SELECT rolsuper FROM pg_roles WHERE rolname = $1`, squatter).Scan(&super); err != nil {
 		t.Fatal(err)
 	}
-	if strings.Join(ran, ",") != "lease.cleanup,lease.force_release" || !super {
-		t.Fatalf("the Client's operator calls ran %v, squatter superuser %v; if they now check the install, "+
-			"remove this limit from specs/THREATS.md and fold this test into TestSquattedSchemaIsNeverCalled", ran, super)
+	if super {
+		t.Fatal("the squatter became superuser")
 	}
 }
