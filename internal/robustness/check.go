@@ -42,6 +42,8 @@ type Result struct {
 	// that hold across a promotion were checked (see Check).
 	FailoverMode bool
 	// Denials: acquire denials (wait 0) and acquire_wait timeouts;
+	// GraceDenials: those of them modelled as grace-possible (classifyGrace).
+	GraceDenials int
 	// BusyDenials: those of them modelled as busy-possible (see Check).
 	Denials     int
 	BusyDenials int
@@ -161,6 +163,7 @@ func Check(h *History, opts CheckOptions) *Result {
 	c.classifyFresh()
 	c.classifyBusy()
 	c.res.busy = c.busyOps
+	c.classifyGrace()
 	for _, f := range h.Faults {
 		if f.Kind == FaultFailover {
 			c.failover = true
@@ -203,6 +206,7 @@ type checker struct {
 
 	freshOps map[int]bool
 	busyOps  map[int]bool // busy-possible denials and timeouts (see Check)
+	graceOps map[int]bool // grace-possible denials and timeouts (classifyGrace)
 	failover bool         // the history has failover faults: see Check
 	bases    []int64      // the epoch bases observed (mop.bases)
 }
@@ -426,6 +430,80 @@ func (c *checker) classifyBusy() {
 					c.res.BusyDenials++
 					break
 				}
+			}
+		}
+	}
+}
+
+// classifyGrace: a denial or timeout d is grace-possible when the server's
+// clock at d read earlier than an instant a server life may have recorded
+// as the end of its grace. A life (the first, and one after each kill
+// fault's restart) records it when it first needs it; with no grace to give
+// (promotion 'synchronous') it is the life's start or that call's clock,
+// and lease._grant_context keeps the latest one across restarts. After a
+// backward step of the server's clock that instant lies ahead again, and
+// the server withholds every grant, the holder's idempotent one included,
+// until its clock passes it (a step shifts every recorded instant in real
+// time by the step). A life's instant is no later than its first grant's
+// T1; before any grant, no later than its clock when d was sent (or at its
+// kill), bounded from an operation e of that life that returned before:
+// e.T1, plus the time since, plus any forward step.
+func (c *checker) classifyGrace() {
+	c.graceOps = map[int]bool{}
+	var cuts []int64 // where each life after the first begins
+	for _, f := range c.h.Faults {
+		if f.Kind == FaultKill {
+			cuts = append(cuts, f.Start)
+		}
+	}
+	lifeOf := func(t int64) int { return sort.Search(len(cuts), func(i int) bool { return cuts[i] > t }) }
+	// recorded: the latest instant life l may have recorded, for a d sent at until.
+	recorded := func(l int, until int64) int64 {
+		var first, firstRet, ext int64
+		for j := range c.h.Ops {
+			e := &c.h.Ops[j]
+			if e.T1 == 0 || e.Outcome != OK || e.Return >= until || lifeOf(e.Call) != l {
+				continue
+			}
+			granted := (e.Kind == KAcquire || e.Kind == KAcquireWait) && e.Status == SGranted
+			if granted && (firstRet == 0 || e.Return < firstRet) {
+				first, firstRet = e.T1, e.Return
+			}
+			at := e.T1 + (until-e.Return)/1000
+			for _, f := range c.clock {
+				if f.Start >= e.Return && f.Start <= until && f.OffsetAfter > f.OffsetBefore {
+					at += (f.OffsetAfter - f.OffsetBefore) / 1000
+				}
+			}
+			ext = max(ext, at)
+		}
+		if firstRet != 0 {
+			return first
+		}
+		return ext
+	}
+	back := int64(-1) // the first backward step: before it, no recorded instant lies ahead
+	for _, f := range c.clock {
+		if f.OffsetAfter < f.OffsetBefore && (back < 0 || f.Start < back) {
+			back = f.Start
+		}
+	}
+	if back < 0 {
+		return
+	}
+	past := make([]int64, len(cuts)+1) // past[l]: the latest of lives before l, at their ends
+	for l := 1; l <= len(cuts); l++ {
+		past[l] = max(past[l-1], recorded(l-1, cuts[l-1]))
+	}
+	for _, ops := range c.byKey {
+		for _, d := range ops {
+			if !denial(d) || d.Call < back {
+				continue
+			}
+			l := lifeOf(d.Call)
+			if d.T0 == 0 || d.T0 < max(past[l], recorded(l, d.Call)) {
+				c.graceOps[d.ID] = true
+				c.res.GraceDenials++
 			}
 		}
 	}
@@ -869,7 +947,7 @@ func (c *checker) checkGuard(key string) {
 func (c *checker) mops(key string) []porcupine.Operation {
 	var out []porcupine.Operation
 	for _, o := range c.byKey[key] {
-		m := mop{Op: o, b0: o.T0, b1: o.T1, busy: c.busyOps[o.ID], bases: c.bases}
+		m := mop{Op: o, b0: o.T0, b1: o.T1, busy: c.busyOps[o.ID], grace: c.graceOps[o.ID], bases: c.bases}
 		if c.loose(o) || o.Outcome != OK || o.Status == STimeout {
 			// (a timeout is an error: the statement's clock readings
 			// never reach the client)
@@ -1058,7 +1136,7 @@ func Summary(w io.Writer, h *History, r *Result) {
 	fmt.Fprintf(w, "faults: %d  %s\n", len(h.Faults), strings.Join(fk, " "))
 	fmt.Fprintf(w, "unknown outcomes: %d (unbounded: %d); operations overlapping a clock step: %d\n", r.UnknownOps, r.UnboundedOps, r.LooseBrackets)
 	fmt.Fprintf(w, "grants observed: %d (deciding acquire seen: %d); I1 pairs compared: %d, skipped: %d\n", r.Grants, r.FreshGrants, r.I1Pairs, r.I1Skipped)
-	fmt.Fprintf(w, "denials (wait 0) and timeouts: %d, busy-possible (may have found the row locked): %d\n", r.Denials, r.BusyDenials)
+	fmt.Fprintf(w, "denials (wait 0) and timeouts: %d, busy-possible (may have found the row locked): %d, grace-possible (after a restart behind a backward clock step): %d\n", r.Denials, r.BusyDenials, r.GraceDenials)
 	if r.FailoverMode {
 		fmt.Fprintf(w, "failover run: checked I1, one owner per epoch, fresh grants above every earlier observation; not I9, I11, FENCE, LIN; renewals ok after the owner's own release (lost): %d\n", r.RenewAfterRelease)
 	}

@@ -622,3 +622,42 @@ func TestCheckBaseAfterRestart(t *testing.T) {
 	b.last().OutEpoch = 3
 	wantLin(t, check(t, b), porcupine.Illegal)
 }
+
+// After a backward step of the server's clock, the instant a server life
+// recorded as the end of its grace (its start, in promotion mode
+// 'synchronous') lies ahead again: the server withholds every grant, the
+// holder's idempotent one included, until its clock passes it. Such a
+// denial is legal only after a backward step, and only before the instant
+// the life may have recorded (its first grant).
+func TestCheckGraceAfterBackwardStep(t *testing.T) {
+	b := &hb{}
+	b.acquire(0, "A", 0, 0, 10_000, 1)
+	b.clockBack5s()
+	b.denied(0, "A", 10, 10-5000, 10_000) // the holder's own acquire, behind the first grant's clock
+	b.span(20)
+	r := check(t, b)
+	wantLin(t, r, porcupine.Ok)
+	if r.GraceDenials != 1 {
+		t.Errorf("grace-possible %d, want 1", r.GraceDenials)
+	}
+
+	// No step: the holder's acquire is idempotent, never denied.
+	b = &hb{}
+	b.acquire(0, "A", 0, 0, 10_000, 1)
+	b.denied(0, "A", 10, 10, 10_000)
+	b.span(20)
+	r = check(t, b)
+	wantLin(t, r, porcupine.Illegal)
+	if r.GraceDenials != 0 {
+		t.Errorf("grace-possible %d without a step, want 0", r.GraceDenials)
+	}
+
+	// After the step, once the clock is past the first grant's: no grace.
+	b = &hb{}
+	b.acquire(0, "A", 0, 0, 10_000, 1)
+	b.clockBack5s()
+	b.denied(0, "A", 5100, 5100-5000, 10_000)
+	b.span(5200)
+	r = check(t, b)
+	wantLin(t, r, porcupine.Illegal)
+}

@@ -46,6 +46,11 @@ type mop struct {
 	// locked by another operation (locksRow, mayBlock): it may answer the
 	// lock rather than a holder (see Check, "Busy denials").
 	busy bool
+	// grace: a denial or timeout that may have met a grace recorded by an
+	// earlier server life, its end moved later by a backward step of the
+	// server's clock (classifyGrace): no grant of any key, the caller's
+	// idempotent one included, until it ends.
+	grace bool
 	// bases: every epoch base (epoch >> baseBits) the history observed, in
 	// ascending order (see freshEpochOK).
 	bases []int64
@@ -171,6 +176,8 @@ func step(s kstate, o mop) []kstate {
 				out = append(out, n)
 			}
 			return out
+		case o.grace && (o.Status == SDenied || o.Status == STimeout):
+			return []kstate{s} // withheld by a grace: no effect, in every state
 		case o.busy && (o.Status == SDenied || o.Status == STimeout):
 			// Busy-possible: the answer to a locked row or to a holder. The
 			// unlocked read that precedes every lock saw either a holder
