@@ -258,6 +258,15 @@ func (c *Client) ReleaseMany(ctx context.Context, ts []Token) ([]error, error) {
 	return errs, nil
 }
 
+// checkAcquireMany checks a batch of n keys (t names the first) before
+// anything is sent: at most MaxBatch keys, a valid ttl.
+func checkAcquireMany(t Token, n int, ttl time.Duration) error {
+	if n > MaxBatch {
+		return fmt.Errorf("acquire_many: %w: %d keys, at most %d", ErrInvalidInput, n, MaxBatch)
+	}
+	return checkTTL("acquire_many", t, "ttl", ttl, false)
+}
+
 // AcquireMany tries once to take every key of keys for owner for ttl, as
 // Acquire would each, in one statement and one commit, in byte order of the
 // keys (as ReleaseMany) so that concurrent batches lock rows in one order. A key the owner already holds
@@ -270,10 +279,7 @@ func (c *Client) AcquireMany(ctx context.Context, keys []string, owner string, t
 		return nil, nil, nil
 	}
 	t := Token{Key: keys[0], Owner: owner}
-	if len(keys) > MaxBatch {
-		return nil, nil, fmt.Errorf("acquire_many: %w: %d keys, at most %d", ErrInvalidInput, len(keys), MaxBatch)
-	}
-	if err := checkTTL("acquire_many", t, "ttl", ttl, false); err != nil {
+	if err := checkAcquireMany(t, len(keys), ttl); err != nil {
 		return nil, nil, err
 	}
 	sorted := append([]string(nil), keys...)

@@ -82,10 +82,7 @@ func (c *Client) AcquireOwned(ctx context.Context, keys []string, owner string, 
 		return nil, nil, nil
 	}
 	t := Token{Key: keys[0], Owner: owner}
-	if len(keys) > MaxBatch {
-		return nil, nil, fmt.Errorf("acquire_many: %w: %d keys, at most %d", ErrInvalidInput, len(keys), MaxBatch)
-	}
-	if err := checkTTL("acquire_many", t, "ttl", ttl, false); err != nil {
+	if err := checkAcquireMany(t, len(keys), ttl); err != nil {
 		return nil, nil, err
 	}
 	type row struct {
