@@ -416,7 +416,9 @@ func describe(o obs) string {
 	return b.String()
 }
 
-func interval(units int64) string { return strconv.FormatInt(units*int64(unit/time.Second), 10) + " seconds" }
+func interval(units int64) string {
+	return strconv.FormatInt(units*int64(unit/time.Second), 10) + " seconds"
+}
 
 func sqlstate(err error) string {
 	var pe *pgconn.PgError
