@@ -18,7 +18,7 @@ func (r *Sharder) announce(ctx context.Context) {
 	}
 }
 
-// take acquires the shards (wait 0) in one statement (lease.acquire_many), or takes the grants
+// take acquires the shards (wait 0) in one statement (lease.Client.AcquireMany), or takes the grants
 // a handover gave this replica (an acquire answers the caller's own
 // grant), and begins their terms. A shard another owner took meanwhile is
 // left to the next round.
@@ -30,7 +30,7 @@ func (r *Sharder) take(ctx context.Context, shards []int) error {
 		for i, s := range shards[:n] {
 			keys[i] = Key(r.cfg.Controller, s)
 		}
-		grants, denied, err := r.c.AcquireOwned(ctx, keys, r.owner, r.cfg.TTL)
+		grants, denied, err := r.c.AcquireMany(ctx, keys, r.owner, r.cfg.TTL)
 		if err != nil {
 			return errors.Join(append(errs, err)...)
 		}
@@ -96,7 +96,7 @@ func (r *Sharder) releaseAfterWork(os []*owned) {
 		defer cancel()
 		for len(ts) > 0 {
 			n := min(len(ts), lease.MaxBatch)
-			errs, err := r.c.ReleaseOwned(ctx, ts[:n])
+			errs, err := r.c.ReleaseMany(ctx, ts[:n])
 			if err != nil {
 				r.cfg.Logger.Warn("shard: release", "controller", r.cfg.Controller, "shards", n, "err", err)
 			}
@@ -121,7 +121,7 @@ func (r *Sharder) releaseAfterWork(os []*owned) {
 
 // leave ends every shard's term (cancelling its work), then releases the
 // member key, the grants handed over to this process and every shard in one
-// statement (lease.release_many) once their work ended, waiting a Poll at
+// statement (lease.Client.ReleaseMany) once their work ended, waiting a Poll at
 // most for it: a shard whose work runs longer goes in a later statement as
 // soon as it ends, so a slow piece of work holds back its shard alone. A
 // release hands the key to its registered runner-up in the same
@@ -265,7 +265,7 @@ func (r *Sharder) releaseAsDone(ctx context.Context, ts []lease.Token, ending []
 		}
 		for len(ts) > 0 {
 			n := min(len(ts), lease.MaxBatch)
-			if _, err := r.c.ReleaseOwned(ctx, ts[:n]); err != nil {
+			if _, err := r.c.ReleaseMany(ctx, ts[:n]); err != nil {
 				r.cfg.Logger.Warn("shard: release", "controller", r.cfg.Controller, "keys", n, "err", err)
 			}
 			ts = ts[n:]
@@ -289,5 +289,5 @@ func (r *Sharder) releaseLeftOver(ctx context.Context) {
 			stray = append(stray, lease.Token{Key: st.Key, Owner: st.Owner, Epoch: st.Epoch})
 		}
 	}
-	_, _ = r.c.ReleaseOwned(ctx, stray)
+	_, _ = r.c.ReleaseMany(ctx, stray)
 }

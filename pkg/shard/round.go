@@ -224,7 +224,7 @@ func (r *Sharder) takeLapsing(stop, ctx context.Context, p *plan) {
 // for shards assigned elsewhere: the release hands them on.
 func (r *Sharder) releaseStray(ctx, stop context.Context, stray []lease.Token) {
 	warn := r.warner(stop)
-	errs, err := r.c.ReleaseOwned(ctx, stray)
+	errs, err := r.c.ReleaseMany(ctx, stray)
 	if err != nil {
 		warn("shard: release", "controller", r.cfg.Controller, "shards", len(stray), "err", err)
 		return

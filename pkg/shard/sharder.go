@@ -28,11 +28,11 @@
 //     shard free; without a registration the key is freed and the new
 //     owner acquires it;
 //   - a replica that stops releases its member key and every shard in one
-//     statement (lease.release_many) once their work ended (a shard whose
+//     statement (lease.Client.ReleaseMany) once their work ended (a shard whose
 //     work outlasts a Poll goes in a later statement);
 //   - a crashed replica's keys lapse at their server expiry (one instant:
 //     they were renewed in one statement), and the others take its shards
-//     over then, each in one statement (lease.acquire_many): they wake at
+//     over then, each in one statement (lease.Client.AcquireMany): they wake at
 //     the latest local bound of that expiry.
 //
 // Every process holds its keys under an owner of its own (Identity#random),
