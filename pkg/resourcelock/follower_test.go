@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/tools/leaderelection"
 
 	"github.com/pglease/pg_lease/internal/pgtest"
@@ -77,11 +78,12 @@ func mustGet(t *testing.T, ch <-chan getResult) getResult {
 }
 
 // TestFollowerGetWaitsForNews: with a Waiter, a follower's Get returns at
-// once the first time, then waits while nothing that matters to an
-// election happens (a renewal is not news), and returns at the release
-// (notification) and at the server-side lapse (the grant's expiry), each
-// reported as a free key. The holder's Get never waits, and a waiting Get
-// returns its context's error when the context ends.
+// once the first time, then, while another holds the key, waits while
+// nothing that matters to an election happens (a renewal is not news), and
+// returns at the release (notification) and at the server-side lapse (the
+// grant's expiry), each reported as a free key. The holder's Get never
+// waits, and a waiting Get returns its context's error when the context
+// ends.
 func TestFollowerGetWaitsForNews(t *testing.T) {
 	dsn := newDB(t)
 	ctx := context.Background()
@@ -103,7 +105,16 @@ func TestFollowerGetWaitsForNews(t *testing.T) {
 	}
 	cancel()
 
-	waiting := getAsync(ctx, f)
+	// Cancellation.
+	cctx, cancelWait := context.WithCancel(ctx)
+	waiting := getAsync(cctx, f)
+	notYet(t, waiting, "nothing happened")
+	cancelWait()
+	if r := <-waiting; !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("after cancel: %+v", r)
+	}
+
+	waiting = getAsync(ctx, f)
 	notYet(t, waiting, "nothing happened")
 	if err := h.Update(ctx, rec("holder")); err != nil { // renew
 		t.Fatal(err)
@@ -114,15 +125,6 @@ func TestFollowerGetWaitsForNews(t *testing.T) {
 	}
 	if r := mustGet(t, waiting); r.holder != "" || r.epoch != 2 {
 		t.Fatalf("after the release: %+v, want the key free at epoch 2", r)
-	}
-
-	// Cancellation.
-	cctx, cancelWait := context.WithCancel(ctx)
-	waiting = getAsync(cctx, f)
-	notYet(t, waiting, "nothing happened since the release")
-	cancelWait()
-	if r := <-waiting; !errors.Is(r.err, context.Canceled) {
-		t.Fatalf("after cancel: %+v", r)
 	}
 
 	// A lapse, decided by the server, wakes it at the grant's expiry.
@@ -138,6 +140,54 @@ func TestFollowerGetWaitsForNews(t *testing.T) {
 	}
 	if r := mustGet(t, getAsync(ctx, f)); r.holder != "" || r.epoch != 3 {
 		t.Fatalf("after short's grant lapsed: %+v, want the key free at epoch 3", r)
+	}
+}
+
+// TestFollowerGetAfterFailedAcquireReadsAtOnce: a follower that last read
+// the key free (or absent) and whose acquire then failed (a connection lost
+// in a failover) reads at once on its next Get. No change will come to wake
+// a wait: every candidate in the same place would wait for the others.
+func TestFollowerGetAfterFailedAcquireReadsAtOnce(t *testing.T) {
+	dsn := newDB(t)
+	ctx := context.Background()
+	w := newWaiter(t, dsn)
+	failed, stop := context.WithCancel(ctx)
+	stop()
+
+	// Absent: Get gives NotFound, Create fails, Get again.
+	f := mustLock(t, newClient(t, dsn), "k", "follower", resourcelock.Options{LeaseDuration: time.Minute, Waiter: w})
+	if _, _, err := f.Get(ctx); !apierrors.IsNotFound(err) {
+		t.Fatalf("first Get of an absent key: %v, want NotFound", err)
+	}
+	if err := f.Create(failed, rec("follower")); err == nil {
+		t.Fatal("Create with a cancelled context succeeded")
+	}
+	gctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	_, _, err := f.Get(gctx)
+	cancel()
+	if !apierrors.IsNotFound(err) {
+		t.Fatalf("Get after a failed Create of an absent key: %v, want NotFound at once", err)
+	}
+
+	// Free: Get gives the free record, Update fails, Get again.
+	h := mustLock(t, newClient(t, dsn), "k", "holder", resourcelock.Options{LeaseDuration: time.Minute})
+	if err := h.Create(ctx, rec("holder")); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Update(ctx, rec("")); err != nil { // release
+		t.Fatal(err)
+	}
+	if r := mustGet(t, getAsync(ctx, f)); r.holder != "" {
+		t.Fatalf("Get after the release: %+v, want the key free", r)
+	}
+	if err := f.Update(failed, rec("follower")); err == nil {
+		t.Fatal("Update with a cancelled context succeeded")
+	}
+	gctx, cancel = context.WithTimeout(ctx, 30*time.Second)
+	r, _, err := f.Get(gctx)
+	cancel()
+	if err != nil || r.HolderIdentity != "" {
+		t.Fatalf("Get after a failed acquire of a free key: %+v, %v, want the free record at once", r, err)
 	}
 }
 

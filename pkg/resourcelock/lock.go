@@ -174,7 +174,7 @@ const maxFollowerWait = 10 * time.Minute
 // leased gives an error for which apierrors.IsNotFound is true.
 //
 // A follower's Get (the lock holds no grant, and the record it last
-// returned does not name this identity) waits, when the lock has a Waiter,
+// returned names another holder) waits, when the lock has a Waiter,
 // until the record differs from the last one it returned in what matters
 // to an election (the holder or the epoch: a grant, a release, a takeover,
 // the server-side lapse of the grant), or maxFollowerWait, or ctx ends
@@ -213,7 +213,10 @@ func (l *Lock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error
 			}
 		}
 		s, err = l.inspect(ctx, follower)
-	} else if w := l.opts.Waiter; follower && returned && w != nil {
+	} else if w := l.opts.Waiter; follower && returned && w != nil && last.Holder != "" {
+		// Held by another when last read: wait for news. A key last read
+		// free (or absent) is read at once: client-go then acquires it, and
+		// if that acquire failed, no change would come to wake a wait.
 		s, err = l.await(ctx, w, last)
 	} else if follower && w != nil && l.reg != nil {
 		// A candidate's first Get waits while another holds the key:
