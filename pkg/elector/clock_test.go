@@ -3,9 +3,13 @@ package elector_test
 import (
 	"context"
 	"errors"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/pglease/pg_lease/pkg/elector"
@@ -63,5 +67,82 @@ func TestDeadlineAndCheckOnTheInjectedClock(t *testing.T) {
 	fake.SetTime(deadline.Add(5*time.Second + time.Millisecond))
 	if err := el.Check(nil); err == nil {
 		t.Fatal("Check passed with the callback running past the deadline + HealthTolerance")
+	}
+}
+
+// lateAnswers steps the fake clock by steps[call] as the first answer of
+// each call named in steps arrives: an answer that took that long on the
+// client's clock.
+type lateAnswers struct {
+	*pgxpool.Pool
+	clk   *clocktesting.FakeClock
+	steps map[string]time.Duration
+	mu    sync.Mutex
+	late  map[string]bool
+}
+
+func (q *lateAnswers) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	r := q.Pool.QueryRow(ctx, sql, args...)
+	for call, step := range q.steps {
+		if !strings.Contains(sql, call) {
+			continue
+		}
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		if !q.late[call] {
+			q.late[call] = true
+			return lateRow{r, q.clk, step}
+		}
+	}
+	return r
+}
+
+type lateRow struct {
+	pgx.Row
+	clk  *clocktesting.FakeClock
+	step time.Duration
+}
+
+func (r lateRow) Scan(dest ...any) error {
+	err := r.Row.Scan(dest...)
+	r.clk.Step(r.step)
+	return err
+}
+
+// TestLateGrantAskedAgainAtOnce: a grant whose answer came with too little
+// of its TTL left, and whose renewal came after the grant's end, is asked
+// for again at once, not after RetryInterval: the elector leads with a
+// whole term while the clock stands still (a sleep on the fake clock would
+// never end).
+func TestLateGrantAskedAgainAtOnce(t *testing.T) {
+	dsn := installed(t, nil)
+	const ttl = time.Minute
+	fake := clocktesting.NewFakeClock(time.Now())
+	client := lease.New(&lateAnswers{Pool: newPool(t, dsn), clk: fake, late: map[string]bool{},
+		steps: map[string]time.Duration{"lease.acquire(": ttl - 5*time.Second, "lease.renew(": ttl}}).WithClock(fake)
+	started := make(chan context.Context, 1)
+	el, err := elector.New(client, elector.Config{
+		Key: "late", Identity: "me", TTL: ttl,
+		Callbacks: elector.Callbacks{OnStartedLeading: func(ctx context.Context) { started <- ctx }},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(testCtx(t))
+	done := make(chan error, 1)
+	go func() { done <- el.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	select {
+	case <-started:
+	case <-time.After(time.Minute):
+		t.Fatal("no term after a late grant while the clock stood still: the elector slept instead of asking again")
+	}
+	if left := el.Status().Deadline.Sub(fake.Now()); left < ttl/2 {
+		t.Fatalf("the term ends in %v, want at least half the TTL (%v)", left, ttl/2)
 	}
 }

@@ -250,8 +250,10 @@ func (e *Elector) campaign(ctx context.Context) (lease.Grant, error) {
 				rg, err := e.client.Renew(rctx, g.Token, c.TTL)
 				cancel()
 				if err != nil || rg.ValidUntil().Sub(e.clock.Now()) <= c.Margin {
-					log.Info("grant arrived too late to lead under; retrying", "epoch", g.Epoch, "err", err)
-					e.sleep(ctx, c.RetryInterval)
+					// Ask again at once: the next acquire returns this
+					// grant, or a new one if it lapsed. One that fails
+					// pauses RetryInterval as any failed acquire does.
+					log.Info("grant arrived too late to lead under; asking again", "epoch", g.Epoch, "err", err)
 					continue
 				}
 				g = rg
