@@ -153,9 +153,17 @@ elif defect == '2_now_not_clock':
     # never ends and the suites hang instead of failing)
     sub('acquire', '    v_now := now();\n    IF v_now >= v_deadline THEN',
                    '    v_now := clock_timestamp();\n    IF v_now >= v_deadline THEN', 1)
-    sub('renew', 'v_now := clock_timestamp();', 'v_now := now();', 1)
+    if 'v_now := clock_timestamp();' in body('renew'):
+        sub('renew', 'v_now := clock_timestamp();', 'v_now := now();', 1)
+    else:
+        # 0.5.0: the one-statement renewal, and the per-key routine behind
+        # its other answers and renew_many
+        sub('renew', 'clock_timestamp()', 'now()', 2)
+        sub('_renew_key', 'now := coalesce(now, clock_timestamp());', 'now := coalesce(now, now());', 1)
     sub('release', 'v_now := clock_timestamp();', 'v_now := now();', 1)
-    sub('fence', 'v_owner, v_epoch, clock_timestamp());', 'v_owner, v_epoch, now());', 1)
+    # 0.5.0 reads the row twice (without a lock, then locked): both
+    pat = 'v_owner, v_epoch, clock_timestamp());'
+    sub('fence', pat, 'v_owner, v_epoch, now());', max(1, body('fence').count(pat)))
     sub('inspect', 'l.expires_at > clock_timestamp() AS h', 'l.expires_at > now() AS h', 1)
     sub('list', 'l.expires_at > clock_timestamp() AS h', 'l.expires_at > now() AS h', 1)
 elif defect == '3_no_sync_forcing':
@@ -174,7 +182,13 @@ elif defect == '4_lock_while_waiting':
         '    PERFORM 1 FROM lease.leases l WHERE l.key = v_key FOR UPDATE;  -- DEFECT: kept while sleeping\n'
         '    PERFORM pg_sleep(greatest(0.0005, least(\n', 1)
 elif defect == '5_renew_no_epoch_check':
-    sub('renew', 'v_owner, v_epoch, v_now);', 'v_owner, r_epoch, v_now);', 1)
+    if 'v_owner, v_epoch, v_now);' in body('renew'):
+        sub('renew', 'v_owner, v_epoch, v_now);', 'v_owner, r_epoch, v_now);', 1)
+    else:
+        # 0.5.0: the one-statement renewal, and the per-key routine behind
+        # its other answers and renew_many
+        sub('renew', 'AND x.epoch = v_epoch', 'AND x.epoch = x.epoch', 1)
+        sub('_renew_key', 'r_lepoch, o, e, now);', 'r_lepoch, o, r_epoch, now);', 1)
 elif defect == '6_inspect_lapsed_as_held':
     sub('inspect', 'l.owner IS NOT NULL AND l.expires_at > clock_timestamp() AS h', 'l.owner IS NOT NULL AS h', 1)
 else:

@@ -21,8 +21,9 @@ SELECT released, previous_owner, epoch FROM lease.force_release('ks-forced');
 SELECT clock_timestamp() AS t3 \gset
 SELECT acquired, epoch FROM lease.acquire('ks-lapsed', 'o-lapsed', interval '0.2s');
 SELECT acquired, epoch FROM lease.acquire('ks-taken', 'o-old', interval '0.2s');
-DO $$ BEGIN
-  WHILE (SELECT held FROM lease.inspect('ks-lapsed')) OR (SELECT held FROM lease.inspect('ks-taken')) LOOP
+DO $$ DECLARE d timestamptz := clock_timestamp() + interval '60 s'; BEGIN
+  WHILE ((SELECT held FROM lease.inspect('ks-lapsed')) OR (SELECT held FROM lease.inspect('ks-taken')))
+        AND clock_timestamp() < d LOOP
     PERFORM pg_sleep(0.05);
   END LOOP;
 END $$;
@@ -50,8 +51,8 @@ SELECT count(*) AS rows_for_never FROM lease.inspect('ks-never');
 -- A held grant reports lapsed, with its holder, once its expiry passes.
 SELECT acquired, epoch FROM lease.acquire('ks-soon', 'o-soon', interval '0.2s');
 SELECT held, state, last_owner FROM lease.inspect('ks-soon');
-DO $$ BEGIN
-  WHILE (SELECT held FROM lease.inspect('ks-soon')) LOOP PERFORM pg_sleep(0.05); END LOOP;
+DO $$ DECLARE d timestamptz := clock_timestamp() + interval '60 s'; BEGIN
+  WHILE (SELECT held FROM lease.inspect('ks-soon')) AND clock_timestamp() < d LOOP PERFORM pg_sleep(0.05); END LOOP;
 END $$;
 SELECT held, owner, state, last_owner FROM lease.inspect('ks-soon');
 
