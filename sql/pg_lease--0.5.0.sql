@@ -1737,17 +1737,20 @@ BEGIN
 
   -- The common case, one statement: the caller's unexpired grant (key,
   -- owner, epoch, a role it may act for) and no strategy of the caller's on
-  -- the key, freed at a clock read when the row lock is taken. A row another
-  -- transaction has locked is skipped, never waited for, and a refusal
-  -- locks nothing. Anything else goes the full way below.
+  -- the key, freed at a clock read when the row lock is taken: that one
+  -- reading decides and is the release's time (the row's expires_at, the
+  -- history's). A row another transaction has locked is skipped, never
+  -- waited for, and a refusal locks nothing. Anything else goes the full
+  -- way below.
   WITH g AS (
-    SELECT x.key, x.holder_role FROM lease.leases x
+    SELECT x.key, x.holder_role, n.now FROM lease.leases x
+     CROSS JOIN LATERAL (SELECT clock_timestamp() AS now OFFSET 0) n
      WHERE x.key = v_key AND x.owner = v_owner AND x.epoch = v_epoch
-       AND x.expires_at > clock_timestamp()
+       AND x.expires_at > n.now
        AND (x.holder_role IS NULL OR x.holder_role = session_user::text OR lease._may_act(x.holder_role))
        AND NOT EXISTS (SELECT 1 FROM lease.strategies s WHERE s.key = v_key AND s.role = session_user::text)
-       FOR NO KEY UPDATE SKIP LOCKED)
-  UPDATE lease.leases l SET owner = NULL, epoch = l.epoch + 1, expires_at = clock_timestamp(), holder_role = NULL
+       FOR NO KEY UPDATE OF x SKIP LOCKED)
+  UPDATE lease.leases l SET owner = NULL, epoch = l.epoch + 1, expires_at = g.now, holder_role = NULL
     FROM g
    WHERE l.key = g.key
   RETURNING g.holder_role, l.expires_at INTO r_role, v_now;
