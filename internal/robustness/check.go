@@ -1,8 +1,10 @@
 package robustness
 
 import (
+	"cmp"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -48,6 +50,7 @@ type Result struct {
 	Denials     int
 	BusyDenials int
 	busy        map[int]bool // op IDs of the busy-possible ones (for Report)
+	grace       map[int]bool // op IDs of the grace-possible ones (for Report)
 	// RenewAfterRelease: failover runs, renewals reported ok for a token
 	// its owner had released (the release lost with the old primary); not
 	// taken as the owner's belief by I1.
@@ -164,6 +167,7 @@ func Check(h *History, opts CheckOptions) *Result {
 	c.classifyBusy()
 	c.res.busy = c.busyOps
 	c.classifyGrace()
+	c.res.grace = c.graceOps
 	for _, f := range h.Faults {
 		if f.Kind == FaultFailover {
 			c.failover = true
@@ -442,46 +446,17 @@ func (c *checker) classifyBusy() {
 // (promotion 'synchronous') it is the life's start or that call's clock,
 // and lease._grant_context keeps the latest one across restarts. After a
 // backward step of the server's clock that instant lies ahead again, and
-// the server withholds every grant, the holder's idempotent one included,
-// until its clock passes it (a step shifts every recorded instant in real
-// time by the step). A life's instant is no later than its first grant's
-// T1; before any grant, no later than its clock when d was sent (or at its
-// kill), bounded from an operation e of that life that returned before:
-// e.T1, plus the time since, plus any forward step.
+// the server withholds every new grant (and a holder's grant of an earlier
+// life) until its clock passes it (a step shifts every recorded instant in
+// real time by the step). The instant is bounded (graceBound) by a fresh
+// grant of the life: the server granted at its decision time, so the
+// grace had ended then. A grant handed back to its holder is no bound: a
+// grant of the current life goes on during the grace. Before any fresh
+// grant the instant is no later than the server's clock at some time of the
+// life up to d's call (clockMax), or than the life before's instant, which
+// it keeps when later.
 func (c *checker) classifyGrace() {
 	c.graceOps = map[int]bool{}
-	var cuts []int64 // where each life after the first begins
-	for _, f := range c.h.Faults {
-		if f.Kind == FaultKill {
-			cuts = append(cuts, f.Start)
-		}
-	}
-	lifeOf := func(t int64) int { return sort.Search(len(cuts), func(i int) bool { return cuts[i] > t }) }
-	// recorded: the latest instant life l may have recorded, for a d sent at until.
-	recorded := func(l int, until int64) int64 {
-		var first, firstRet, ext int64
-		for j := range c.h.Ops {
-			e := &c.h.Ops[j]
-			if e.T1 == 0 || e.Outcome != OK || e.Return >= until || lifeOf(e.Call) != l {
-				continue
-			}
-			granted := (e.Kind == KAcquire || e.Kind == KAcquireWait) && e.Status == SGranted
-			if granted && (firstRet == 0 || e.Return < firstRet) {
-				first, firstRet = e.T1, e.Return
-			}
-			at := e.T1 + (until-e.Return)/1000
-			for _, f := range c.clock {
-				if f.Start >= e.Return && f.Start <= until && f.OffsetAfter > f.OffsetBefore {
-					at += (f.OffsetAfter - f.OffsetBefore) / 1000
-				}
-			}
-			ext = max(ext, at)
-		}
-		if firstRet != 0 {
-			return first
-		}
-		return ext
-	}
 	back := int64(-1) // the first backward step: before it, no recorded instant lies ahead
 	for _, f := range c.clock {
 		if f.OffsetAfter < f.OffsetBefore && (back < 0 || f.Start < back) {
@@ -491,22 +466,161 @@ func (c *checker) classifyGrace() {
 	if back < 0 {
 		return
 	}
-	past := make([]int64, len(cuts)+1) // past[l]: the latest of lives before l, at their ends
-	for l := 1; l <= len(cuts); l++ {
-		past[l] = max(past[l-1], recorded(l-1, cuts[l-1]))
-	}
+	g := c.newGraceBound()
 	for _, ops := range c.byKey {
 		for _, d := range ops {
 			if !denial(d) || d.Call < back {
 				continue
 			}
-			l := lifeOf(d.Call)
-			if d.T0 == 0 || d.T0 < max(past[l], recorded(l, d.Call)) {
+			if d.T0 == 0 || d.T0 < g.bound(g.lifeOf(d.Call), d.Call) {
 				c.graceOps[d.ID] = true
 				c.res.GraceDenials++
 			}
 		}
 	}
+}
+
+// graceBound: upper bounds of the instant each server life may have
+// recorded as the end of its grace (classifyGrace). Server times in
+// microseconds, local times (Mono) in nanoseconds.
+type graceBound struct {
+	cuts  []int64 // where each life after the first begins (a kill fault's start)
+	fresh [][]*Op // per life: its fresh grants, by Return
+	// byRet: the clock readings (T1 of answered operations), by Return;
+	// minKey[i]: the least key (clockMax) of byRet[:i+1].
+	byRet  []*Op
+	minKey []int64
+	fwd    []Fault       // forward clock steps
+	backs  []Fault       // backward clock steps
+	past   map[int]int64 // bound(l, cuts[l]): life l's at its end
+}
+
+func (c *checker) newGraceBound() *graceBound {
+	g := &graceBound{past: map[int]int64{}}
+	for _, f := range c.h.Faults {
+		if f.Kind == FaultKill {
+			g.cuts = append(g.cuts, f.Start)
+		}
+	}
+	slices.Sort(g.cuts)
+	for _, f := range c.clock {
+		if f.OffsetAfter > f.OffsetBefore {
+			g.fwd = append(g.fwd, f)
+		} else if f.OffsetAfter < f.OffsetBefore {
+			g.backs = append(g.backs, f)
+		}
+	}
+	g.fresh = make([][]*Op, len(g.cuts)+1)
+	for i := range c.h.Ops {
+		e := &c.h.Ops[i]
+		if e.Outcome != OK || e.T1 == 0 {
+			continue
+		}
+		g.byRet = append(g.byRet, e)
+		if c.fresh(e) {
+			l := g.lifeOf(e.Call)
+			g.fresh[l] = append(g.fresh[l], e)
+		}
+	}
+	byReturn := func(a, b *Op) int { return cmp.Compare(a.Return, b.Return) }
+	slices.SortStableFunc(g.byRet, byReturn)
+	for _, f := range g.fresh {
+		slices.SortStableFunc(f, byReturn)
+	}
+	for i, e := range g.byRet {
+		k := e.T1 - e.Call/1000 - g.fwdEndedBefore(e.Call)
+		if i > 0 {
+			k = min(k, g.minKey[i-1])
+		}
+		g.minKey = append(g.minKey, k)
+	}
+	return g
+}
+
+func (g *graceBound) lifeOf(t int64) int {
+	return sort.Search(len(g.cuts), func(i int) bool { return g.cuts[i] > t })
+}
+
+// fwdEndedBefore: the forward steps that ended before t, in µs.
+func (g *graceBound) fwdEndedBefore(t int64) int64 {
+	var s int64
+	for _, f := range g.fwd {
+		if f.End < t {
+			s += (f.OffsetAfter - f.OffsetBefore) / 1000
+		}
+	}
+	return s
+}
+
+// fwdStartedBy: the forward steps that started by t, in µs.
+func (g *graceBound) fwdStartedBy(t int64) int64 {
+	var s int64
+	for _, f := range g.fwd {
+		if f.Start <= t {
+			s += (f.OffsetAfter - f.OffsetBefore) / 1000
+		}
+	}
+	return s
+}
+
+// clockAt: an upper bound of the server's clock at t (local), from the
+// operations answered by before (<= t). An operation e read T1 at some
+// local time r in [e.Call, e.Return] (its answer may reach the client
+// late: a stopped worker); from r to t the clock advanced by t - r at most,
+// plus the forward steps that took effect in between (started by t, ended
+// after e.Call): T1 + (t - e.Call) + those steps, whose least value over
+// the operations is e's key (T1 - e.Call - the steps ended before e.Call)
+// + t + the steps started by t. Backward steps only lower the clock.
+// math.MaxInt64 when no operation answered by then.
+func (g *graceBound) clockAt(t, before int64) int64 {
+	i := sort.Search(len(g.byRet), func(i int) bool { return g.byRet[i].Return > before })
+	if i == 0 {
+		return math.MaxInt64
+	}
+	return g.minKey[i-1] + t/1000 + g.fwdStartedBy(t)
+}
+
+// clockMax: an upper bound of the server's clock over the local interval
+// [from, until]: at until, and just before each backward step in it (the
+// clock rises between steps).
+func (g *graceBound) clockMax(from, until int64) int64 {
+	m := g.clockAt(until, until)
+	for _, f := range g.backs {
+		if f.End >= from && f.Start <= until {
+			m = max(m, g.clockAt(f.End, f.Start))
+		}
+	}
+	return m
+}
+
+// bound: the latest instant life l may have recorded as the end of its
+// grace, as seen by a call at until: a fresh grant of l answered before
+// until granted at its decision time, so the recorded instant was no later
+// (and a later call reads no later one: the state is the earliest
+// grace_until of the life's rows); else no later than the clock over the
+// life up to until, or than what the lives before may have recorded.
+func (g *graceBound) bound(l int, until int64) int64 {
+	first := int64(math.MaxInt64)
+	for _, e := range g.fresh[l] {
+		if e.Return >= until {
+			break
+		}
+		first = min(first, e.Expires-e.TTL)
+	}
+	if first != math.MaxInt64 {
+		return first
+	}
+	var from, past int64
+	if l > 0 {
+		from = g.cuts[l-1]
+		p, ok := g.past[l-1]
+		if !ok {
+			p = g.bound(l-1, g.cuts[l-1])
+			g.past[l-1] = p
+		}
+		past = p
+	}
+	return max(past, g.clockMax(from, until))
 }
 
 // mayBlock: a row lock of l's may have been what d found (l locksRow, d a
@@ -1020,6 +1134,8 @@ func describeOp(o *Op) string {
 			fmt.Fprintf(&b, " epoch=%d", o.OutEpoch)
 		case o.Status == SAccepted:
 			fmt.Fprintf(&b, " write=%d", o.GuardSeq)
+		case o.Status == SDenied && o.GraceUntil != 0:
+			fmt.Fprintf(&b, " grace_until=%s", fmtMicros(o.GraceUntil))
 		}
 		if o.T0 != 0 {
 			fmt.Fprintf(&b, " server=[%s, %s]", fmtMicros(o.T0), fmtMicros(o.T1))
@@ -1089,6 +1205,9 @@ func Report(w io.Writer, h *History, r *Result, limit int) {
 			busy := ""
 			if r.busy[o.ID] {
 				busy = " (busy-possible: may have found the row locked)"
+			}
+			if r.grace[o.ID] {
+				busy += " (grace-possible: behind a grace a server life may have recorded)"
 			}
 			fmt.Fprintf(w, "%s op %d client %d [%.3f, %s] %s%s\n", mark, o.ID, o.Client, float64(o.Call-h.Meta.Start)/1e9, rt, describeOp(o), busy)
 		}

@@ -661,3 +661,113 @@ func TestCheckGraceAfterBackwardStep(t *testing.T) {
 	r = check(t, b)
 	wantLin(t, r, porcupine.Illegal)
 }
+
+// kill records a kill fault (a restart of the server: a new server life)
+// from startMs to endMs, local.
+func (b *hb) kill(startMs, endMs int64) {
+	b.h.Faults = append(b.h.Faults, Fault{Kind: FaultKill, Start: startMs * int64(time.Millisecond), End: endMs * int64(time.Millisecond)})
+}
+
+// clockStep records a step of the server clock by stepMs (negative: back)
+// from atMs to atMs+1, local.
+func (b *hb) clockStep(atMs, stepMs int64) {
+	b.h.Faults = append(b.h.Faults, Fault{Kind: FaultClock, Start: atMs * int64(time.Millisecond), End: (atMs + 1) * int64(time.Millisecond),
+		OffsetBefore: 0, OffsetAfter: stepMs * int64(time.Millisecond)})
+}
+
+// The shape of seed 113433553: after a restart, C's acquire of k2 (outcome
+// unknown) made the life's first grant before the server's clock stepped
+// back; C's next acquire is handed that grant back (idempotent: a grant of
+// the current life goes on during a grace), its clock readings behind the
+// grant's decision. That hand-back is no evidence that the grace had ended
+// at its clock: the free key k stays withheld (denied, grace-possible) until
+// the clock passes the instant the life recorded again (here at most 300,
+// the clock of its first call). Only a fresh grant bounds the grace. Server
+// time is local time until the step, local - 1 s after it.
+func TestCheckGraceIdempotentGrantIsNoBound(t *testing.T) {
+	const restart1 = int64(1)<<baseBits + 1
+	b := &hb{}
+	b.acquire(0, "A", 0, 0, 50, 1)
+	b.release(0, "A", 10, 10, 1, SOk)
+	b.kill(100, 200)
+	b.unknown(Op{Client: 2, Kind: KAcquire, Key: "k2", Owner: "C", TTL: 1_500_000}, 300, 1050*int64(time.Millisecond))
+	b.inspectFree(3, 400, 400, 2)
+	b.clockStep(1000, -1000)
+	b.add(Op{Client: 2, Kind: KAcquire, Key: "k2", Owner: "C", TTL: 1_500_000, Status: SGranted, OutEpoch: restart1,
+		Expires: srv(300 + 1500), T0: srv(100) - 100, T1: srv(100) + 100}, 1100)
+	b.denied(1, "B", 1150, 150, 500)
+	b.add(Op{Client: 1, Kind: KAcquire, Key: "k", Owner: "B", TTL: 500_000, Status: SGranted, OutEpoch: restart1,
+		Expires: srv(500 + 500), T0: srv(500) - 100, T1: srv(500) + 100}, 1500)
+	r := check(t, b)
+	wantLin(t, r, porcupine.Ok)
+	if len(r.Violations) != 0 {
+		t.Errorf("violations: %v", r.Violations)
+	}
+	if r.GraceDenials != 1 {
+		t.Errorf("grace-possible %d, want 1", r.GraceDenials)
+	}
+
+	// A fresh grant of the life after the step bounds it: a denial past
+	// that grant's decision is a violation.
+	b.h.Ops = b.h.Ops[:len(b.h.Ops)-2]
+	b.add(Op{Client: 4, Kind: KAcquire, Key: "k3", Owner: "D", TTL: 500_000, Status: SGranted, OutEpoch: restart1,
+		Expires: srv(120 + 500), T0: srv(120) - 100, T1: srv(120) + 100}, 1120)
+	b.denied(1, "B", 1150, 150, 500)
+	r = check(t, b)
+	wantLin(t, r, porcupine.Illegal)
+}
+
+// The instant a life records is bounded by the server's clock over the
+// life, up to the denial: before a backward step, through the readings of
+// any earlier operation (of an earlier life too: the clock is the
+// machine's), each from its call (its answer may have been read late).
+func TestCheckGraceClockBoundOverTheLife(t *testing.T) {
+	// No operation of the new life answered before the step (its first
+	// calls, which recorded the life, have unknown outcomes): after the step
+	// back by 1.5 s the free key is withheld until the clock passes the
+	// life's start again.
+	const restart1 = int64(1)<<baseBits + 1
+	b := &hb{}
+	b.acquire(0, "A", 0, 0, 500, 1)
+	b.release(0, "A", 10, 10, 1, SOk)
+	b.kill(2000, 2100)
+	b.unknown(Op{Client: 2, Kind: KAcquire, Key: "k2", Owner: "C", TTL: 1_500_000}, 2200, 3150*int64(time.Millisecond))
+	b.clockStep(3000, -1500)
+	b.denied(1, "B", 3200, 3200-1500, 500)
+	b.add(Op{Client: 1, Kind: KAcquire, Key: "k", Owner: "B", TTL: 500_000, Status: SGranted, OutEpoch: restart1,
+		Expires: srv(2500 + 500), T0: srv(2500) - 100, T1: srv(2500) + 100}, 4000)
+	r := check(t, b)
+	wantLin(t, r, porcupine.Ok)
+	if r.GraceDenials != 1 {
+		t.Errorf("grace-possible %d, want 1", r.GraceDenials)
+	}
+
+	// The life's only answer before the step was read late (its client
+	// stopped): its clock reading bounds the clock from its call, not from
+	// its answer. The first call of the life may record its own clock (a
+	// start that cannot be placed): at 2800 here, after that reading; the
+	// denial at 2700 (the clock stepped back by 0.5 s) is then legal.
+	b = &hb{}
+	b.acquire(0, "A", 0, 0, 500, 1)
+	b.release(0, "A", 10, 10, 1, SOk)
+	b.kill(2000, 2100)
+	b.inspectFree(3, 2200, 2200, 2)
+	b.span(2900)
+	b.unknown(Op{Client: 2, Kind: KAcquire, Key: "k2", Owner: "C", TTL: 1_500_000}, 2800, 3150*int64(time.Millisecond))
+	b.clockStep(3000, -500)
+	b.denied(1, "B", 3200, 3200-500, 500)
+	b.add(Op{Client: 1, Kind: KAcquire, Key: "k", Owner: "B", TTL: 500_000, Status: SGranted, OutEpoch: restart1,
+		Expires: srv(3500 + 500), T0: srv(3500) - 100, T1: srv(3500) + 100}, 4000)
+	r = check(t, b)
+	wantLin(t, r, porcupine.Ok)
+	if r.GraceDenials != 1 {
+		t.Errorf("grace-possible %d, want 1", r.GraceDenials)
+	}
+
+	// Past every bound (the clock back past the pre-step reading): a
+	// violation.
+	b.h.Ops[len(b.h.Ops)-2].T0, b.h.Ops[len(b.h.Ops)-2].T1 = srv(3100)-100, srv(3100)+100
+	b.h.Faults[len(b.h.Faults)-1].OffsetAfter = int64(100 * time.Millisecond)
+	r = check(t, b)
+	wantLin(t, r, porcupine.Illegal)
+}

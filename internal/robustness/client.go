@@ -356,6 +356,9 @@ func (c *client) acquire(ctx context.Context, key string, ttl, wait time.Duratio
 			op.Status, op.OutEpoch, op.Expires = SGranted, *epoch, micros(*exp)
 		} else {
 			op.Status = SDenied
+			if exp != nil {
+				op.GraceUntil = micros(*exp)
+			}
 		}
 	}
 	if c.finish(op, err) && op.Status == SGranted {

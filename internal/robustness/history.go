@@ -102,6 +102,9 @@ type Op struct {
 	GuardSeq int64  `json:"guard_seq,omitempty"` // guard accepted: the row's write counter after the write
 	Err      string `json:"err,omitempty"`
 	Failed   int64  `json:"failed,omitempty"` // Unknown: Mono() when the client saw the error
+	// GraceUntil: an acquire denied with an expires_at (0.4.0: the server
+	// withheld the grant in a grace, which ends then). Shown, not checked.
+	GraceUntil int64 `json:"grace_until,omitempty"`
 }
 
 // Fault is one injected fault: [Start, End] in Mono() time.

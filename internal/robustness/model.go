@@ -46,10 +46,10 @@ type mop struct {
 	// locked by another operation (locksRow, mayBlock): it may answer the
 	// lock rather than a holder (see Check, "Busy denials").
 	busy bool
-	// grace: a denial or timeout that may have met a grace recorded by an
-	// earlier server life, its end moved later by a backward step of the
-	// server's clock (classifyGrace): no grant of any key, the caller's
-	// idempotent one included, until it ends.
+	// grace: a denial or timeout that may have met a grace recorded by a
+	// server life, its end moved later by a backward step of the server's
+	// clock (classifyGrace): no new grant of any key, nor a holder's grant
+	// of an earlier life, until it ends.
 	grace bool
 	// bases: every epoch base (epoch >> baseBits) the history observed, in
 	// ascending order (see freshEpochOK).
