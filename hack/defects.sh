@@ -158,9 +158,12 @@ elif defect == '2_now_not_clock':
     else:
         # 0.5.0: the one-statement renewal, and the per-key routine behind
         # its other answers and renew_many
-        sub('renew', 'clock_timestamp()', 'now()', 2)
+        sub('renew', 'SELECT clock_timestamp() AS now OFFSET 0', 'SELECT now() AS now OFFSET 0', 1)
         sub('_renew_key', 'now := coalesce(now, clock_timestamp());', 'now := coalesce(now, now());', 1)
     sub('release', 'v_now := clock_timestamp();', 'v_now := now();', 1)
+    if 'SELECT clock_timestamp() AS now OFFSET 0' in body('release'):
+        # 0.5.0: the one-statement release
+        sub('release', 'SELECT clock_timestamp() AS now OFFSET 0', 'SELECT now() AS now OFFSET 0', 1)
     # 0.5.0 reads the row twice (without a lock, then locked): both
     pat = 'v_owner, v_epoch, clock_timestamp());'
     sub('fence', pat, 'v_owner, v_epoch, now());', max(1, body('fence').count(pat)))
