@@ -165,11 +165,10 @@ func run(ctx context.Context, c config) error {
 	}, funcr.Options{}).WithValues("id", c.id))
 	emit(event{Event: "start", PID: os.Getpid()})
 
-	leaseCfg, err := pgxpool.ParseConfig(c.leaseDSN)
+	leaseCfg, err := leasePoolConfig(c.leaseDSN)
 	if err != nil {
-		return errors.New("the lease DSN does not parse") // the parser's error may quote it
+		return err
 	}
-	lease.ObserveCommits(&leaseCfg.ConnConfig.Config)
 	leasePool, err := pgxpool.NewWithConfig(ctx, leaseCfg)
 	if err != nil {
 		return fmt.Errorf("lease database: %w", err)
@@ -248,6 +247,20 @@ func run(ctx context.Context, c config) error {
 		return err
 	}
 	return mgr.Start(ctx)
+}
+
+// leasePoolConfig is the lease database's pool: commits observed, and each
+// connection warmed (lease.WarmConn) when it opens, so that the first
+// release, handover and acquire of a rebalance on it do not plan their
+// statements then.
+func leasePoolConfig(dsn string) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, errors.New("the lease DSN does not parse") // the parser's error may quote it
+	}
+	lease.ObserveCommits(&cfg.ConnConfig.Config)
+	cfg.AfterConnect = lease.WarmConn
+	return cfg, nil
 }
 
 // reconciler waits c.work, then writes the ConfigMap's data to the store
