@@ -145,6 +145,34 @@ func TestPlanJoin(t *testing.T) {
 	}
 }
 
+// TestPlanRunnerUpsDuringAJoin: while a joiner's shards still move (it is
+// a member and holds none), each member registers as runner-up for exactly
+// the shards it registers for once the join settled: its candidacies change
+// once per join, and a leave during the moves finds them in place.
+func TestPlanRunnerUpsDuringAJoin(t *testing.T) {
+	ids := []string{"a", "b", "c"}
+	all := []string{"a", "b", "c", "d"}
+	before := Assign(64, ids)
+	after := Balance(64, all, before)
+	moving := newWorld(64).member("a", 9*time.Second).member("b", 9*time.Second).member("c", 9*time.Second).
+		settled(ids...).member("d", 9*time.Second)
+	done := newWorld(64).member("a", 9*time.Second).member("b", 9*time.Second).member("c", 9*time.Second).
+		member("d", 9*time.Second)
+	for s, id := range after {
+		done.shard(s, id+"#1", 9*time.Second)
+	}
+	for _, id := range ids {
+		mid := moving.decide(id, ownOf(before, id)).cands
+		end := done.decide(id, ownOf(after, id)).cands
+		if len(end) == 0 {
+			t.Fatalf("%s is the runner-up of no shard after the join", id)
+		}
+		if !maps.Equal(mid, end) {
+			t.Errorf("%s: candidacies while the shards move %v, after %v", id, mid, end)
+		}
+	}
+}
+
 // TestPlanCrash: a crashed member's lapsed shards are taken at once, each
 // by the replica Balance names, all of them in one round; a grant still
 // running waits for its lapse (lapsing, at its local expiry).
