@@ -41,12 +41,17 @@ func (r *Sharder) take(ctx context.Context, shards []int) error {
 				}
 				continue
 			}
+			r.mu.Lock()
+			if o := r.owned[s]; o != nil && !o.stopping && o.term.Err() == nil && o.term.Grant().Epoch == grants[i].Epoch {
+				r.mu.Unlock()
+				continue // taken already: a handover's notification and a round both took it
+			}
 			t, err := r.c.Begin(grants[i], r.cfg.Margin, nil)
 			if err != nil {
+				r.mu.Unlock()
 				errs = append(errs, err)
 				continue
 			}
-			r.mu.Lock()
 			r.owned[s] = newOwned(s, t)
 			delete(r.handed, s)
 			r.mu.Unlock()

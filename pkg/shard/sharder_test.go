@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -319,25 +320,7 @@ func leaveHandsOver(t *testing.T, c *cluster) {
 	c.waitSettled("a", "b", "c")
 	owners := c.last
 	after := shard.Balance(c.n, []string{"a", "c"}, owners)
-	// Wait for the runner-ups' registrations (the server's answer).
-	for s := range c.n {
-		if owners[s] != "b" {
-			continue
-		}
-		want := c.replicas[after[s]].r.Owner()
-		waitFor(t, fmt.Sprintf("%s registered as the candidate of shard %d", want, s), func() bool {
-			_, cands, err := handover.Candidates(ctx, lc, shard.Key("ctl", s))
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, cs := range cands {
-				if cs.Owner == want && cs.Rank == 1 {
-					return true
-				}
-			}
-			return false
-		})
-	}
+	c.waitRunnersUp(owners, after, "b")
 	b := c.replicas["b"]
 	bOwner := b.r.Owner()
 	b.cancel(context.Canceled)
@@ -359,6 +342,110 @@ func leaveHandsOver(t *testing.T, c *cluster) {
 		if len(h) != 1 || h[0].Kind != "handed_over" || h[0].PreviousOwner != bOwner || h[0].Owner != want {
 			t.Errorf("shard %d: last history %+v, want handed_over from %s to %s", s, h, bOwner, want)
 		}
+	}
+}
+
+// waitRunnersUp waits until, for each shard leaver holds in owners, the
+// replica after names is the first candidate of a release (the server's
+// answer).
+func (c *cluster) waitRunnersUp(owners, after []string, leaver string) {
+	t := c.t
+	ctx := pgtest.Context(t, 0)
+	lc := lease.New(c.pool)
+	for s := range c.n {
+		if owners[s] != leaver {
+			continue
+		}
+		want := c.replicas[after[s]].r.Owner()
+		waitFor(t, fmt.Sprintf("%s registered as the candidate of shard %d", want, s), func() bool {
+			_, cands, err := handover.Candidates(ctx, lc, shard.Key("ctl", s))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, cs := range cands {
+				if cs.Owner == want && cs.Rank == 1 {
+					return true
+				}
+			}
+			return false
+		})
+	}
+}
+
+// listGate holds back a replica's lease.list statements while closed.
+type listGate struct {
+	mu     sync.Mutex
+	closed chan struct{} // nil while open
+}
+
+func (g *listGate) close() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed == nil {
+		g.closed = make(chan struct{})
+	}
+}
+
+func (g *listGate) open() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed != nil {
+		close(g.closed)
+		g.closed = nil
+	}
+}
+
+func (g *listGate) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, "lease.list(") {
+		g.mu.Lock()
+		closed := g.closed
+		g.mu.Unlock()
+		if closed != nil {
+			select {
+			case <-closed:
+			case <-ctx.Done():
+			}
+		}
+	}
+	return ctx
+}
+
+func (g *listGate) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestHandoverTakenOnItsNotification: the replicas a leaving replica hands
+// its shards to take them as the handovers' notifications arrive, in one
+// acquire and without listing the keys first: with every list of theirs
+// held back, they own and act under those shards.
+func TestHandoverTakenOnItsNotification(t *testing.T) {
+	c := newCluster(t, 16, 3*time.Second)
+	gate := &listGate{}
+	defer gate.open()
+	c.poolOpts = []pgtest.PoolOption{func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = gate }}
+	c.start("a")
+	c.start("c")
+	c.poolOpts = nil
+	c.start("b")
+	c.waitSettled("a", "b", "c")
+	owners := c.last
+	after := shard.Balance(c.n, []string{"a", "c"}, owners)
+	c.waitRunnersUp(owners, after, "b")
+
+	gate.close()
+	b := c.replicas["b"]
+	b.cancel(context.Canceled)
+	<-b.done
+	for s := range c.n {
+		if owners[s] != "b" {
+			continue
+		}
+		r := c.replicas[after[s]].r
+		waitFor(t, fmt.Sprintf("%s acting under shard %d with its lists held back", after[s], s), func() bool { return r.Owns(s) })
+	}
+	gate.open()
+	c.waitSettled("a", "c")
+	c.checkNoOverlap()
+	if !slices.Equal(c.last, after) {
+		t.Errorf("b's shards went to %v, want %v", c.last, after)
 	}
 }
 
