@@ -240,6 +240,13 @@ func (r *Sharder) takeHandedOver(ctx, stmts context.Context, handovers *listen.C
 		if err != nil {
 			return
 		}
+		// Decided under moves: a round that took these grants meanwhile
+		// leaves nothing to acquire again.
+		r.moves.Lock()
+		if ctx.Err() != nil {
+			r.moves.Unlock()
+			return
+		}
 		acting := map[int]bool{}
 		r.mu.Lock()
 		for s, o := range r.owned {
@@ -248,12 +255,8 @@ func (r *Sharder) takeHandedOver(ctx, stmts context.Context, handovers *listen.C
 		r.mu.Unlock()
 		shards := handedTo(r.cfg.Controller, r.cfg.Shards, r.owner, wk.Events, acting)
 		if len(shards) == 0 {
-			continue
-		}
-		r.moves.Lock()
-		if ctx.Err() != nil {
 			r.moves.Unlock()
-			return
+			continue
 		}
 		at := clk.Now()
 		if err := r.take(stmts, shards); err != nil {
