@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -67,5 +68,34 @@ func TestLeasePoolWarmsConnections(t *testing.T) {
 		if !log.ran(fn) {
 			t.Errorf("the new connection did not run %s before its first use", fn)
 		}
+	}
+}
+
+// TestLeasePoolKeepsWarmConnectionsIdle: with one connection in use (a
+// round's statement), the pool opens and warms others in the background,
+// so a handover's acquire does not open one on its way.
+func TestLeasePoolKeepsWarmConnectionsIdle(t *testing.T) {
+	dsn := pgtest.NewLeaseDatabase(t)
+	ctx := pgtest.Context(t, 0)
+	cfg, err := leasePoolConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	busy, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Release()
+	deadline := time.Now().Add(time.Minute)
+	for pool.Stat().IdleConns() < leaseIdleConns {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d idle connections beside one in use after a minute, want %d", pool.Stat().IdleConns(), leaseIdleConns)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
