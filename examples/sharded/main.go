@@ -165,11 +165,10 @@ func run(ctx context.Context, c config) error {
 	}, funcr.Options{}).WithValues("id", c.id))
 	emit(event{Event: "start", PID: os.Getpid()})
 
-	leaseCfg, err := pgxpool.ParseConfig(c.leaseDSN)
+	leaseCfg, err := leasePoolConfig(c.leaseDSN)
 	if err != nil {
-		return errors.New("the lease DSN does not parse") // the parser's error may quote it
+		return err
 	}
-	lease.ObserveCommits(&leaseCfg.ConnConfig.Config)
 	leasePool, err := pgxpool.NewWithConfig(ctx, leaseCfg)
 	if err != nil {
 		return fmt.Errorf("lease database: %w", err)
@@ -249,6 +248,28 @@ func run(ctx context.Context, c config) error {
 	}
 	return mgr.Start(ctx)
 }
+
+// leasePoolConfig is the lease database's pool: commits observed, and each
+// connection warmed (lease.WarmConn) when it opens, so that the first
+// release, handover and acquire of a rebalance on it do not plan their
+// statements then. Two connections are kept idle beyond those in use
+// (opened and warmed in the background): a handover's acquire or a leave's
+// release, which run beside a round and a renewal, find one ready rather
+// than open and warm it then.
+func leasePoolConfig(dsn string) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, errors.New("the lease DSN does not parse") // the parser's error may quote it
+	}
+	lease.ObserveCommits(&cfg.ConnConfig.Config)
+	cfg.AfterConnect = lease.WarmConn
+	cfg.MinIdleConns = leaseIdleConns
+	cfg.MaxConns = max(cfg.MaxConns, leaseIdleConns+4)
+	return cfg, nil
+}
+
+// leaseIdleConns is how many warm lease connections stay idle.
+const leaseIdleConns = 2
 
 // reconciler waits c.work, then writes the ConfigMap's data to the store
 // under the shard's token.

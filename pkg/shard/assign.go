@@ -164,9 +164,10 @@ func fill(out []string, ms []string, room []int) {
 }
 
 // runnersUp returns the shards that would come to self were one other
-// member to leave: for each member y but self, the shards y holds that
-// Balance without y gives self. A leaving owner's release hands each of
-// them to self.
+// member to leave: for each member y but self, the shards holders gives y
+// that Balance without y gives self. A leaving owner's release hands each
+// of them to self. A round passes the assignment as holders: the state the
+// moves under way lead to.
 func runnersUp(n int, members, holders []string, self string) map[int]bool {
 	out := map[int]bool{}
 	for _, y := range members {

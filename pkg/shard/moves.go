@@ -3,6 +3,7 @@ package shard
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/pglease/pg_lease/pkg/handover"
@@ -41,12 +42,17 @@ func (r *Sharder) take(ctx context.Context, shards []int) error {
 				}
 				continue
 			}
+			r.mu.Lock()
+			if o := r.owned[s]; o != nil && !o.stopping && o.term.Err() == nil && o.term.Grant().Epoch == grants[i].Epoch {
+				r.mu.Unlock()
+				continue // taken already: a handover's notification and a round both took it
+			}
 			t, err := r.c.Begin(grants[i], r.cfg.Margin, nil)
 			if err != nil {
+				r.mu.Unlock()
 				errs = append(errs, err)
 				continue
 			}
-			r.mu.Lock()
 			r.owned[s] = newOwned(s, t)
 			delete(r.handed, s)
 			r.mu.Unlock()
@@ -125,7 +131,9 @@ func (r *Sharder) releaseAfterWork(os []*owned) {
 // most for it: a shard whose work runs longer goes in a later statement as
 // soon as it ends, so a slow piece of work holds back its shard alone. A
 // release hands the key to its registered runner-up in the same
-// transaction. Then leave announces the change and withdraws its
+// transaction. No statement runs before the release: grants handed over
+// that this process has not seen yet are found by a list beside it and
+// released right after. Then leave announces the change and withdraws its
 // candidacies.
 func (r *Sharder) leave(stopped time.Time) {
 	ending, ts := r.endAll()
@@ -133,9 +141,17 @@ func (r *Sharder) leave(stopped time.Time) {
 	defer cancel()
 	start := time.Now()
 	// A handover may have granted this process shards no round has listed
-	// yet: they go in the first statement too, not in the sweep at the end.
-	ts = append(ts, r.handedUnlisted(ctx, ts)...)
+	// nor notification brought: a list, run beside the first release and
+	// not before it, finds them for a second statement at once (none, as a
+	// rule), not for the sweep at the end.
+	unlisted := make(chan []lease.Token, 1)
+	have := slices.Clone(ts)
+	go func() { unlisted <- r.handedUnlisted(ctx, have) }()
 	worked, statements := r.releaseAsDone(ctx, ts, ending)
+	if more := <-unlisted; len(more) > 0 {
+		w, n := r.releaseAsDone(ctx, more, nil)
+		worked, statements = max(worked, w), statements+n
+	}
 	released := time.Since(start)
 	r.mu.Lock()
 	for _, o := range ending {
@@ -194,7 +210,8 @@ func (r *Sharder) endAll() (ending []*owned, ts []lease.Token) {
 }
 
 // handedUnlisted lists the shard keys and returns the tokens of those this
-// process holds without a term and that are not in have.
+// process holds without a term (it tracks no shard of that number) and
+// that are not in have.
 func (r *Sharder) handedUnlisted(ctx context.Context, have []lease.Token) []lease.Token {
 	shardKeys := make([]string, r.cfg.Shards)
 	for s := range shardKeys {

@@ -140,7 +140,7 @@ type plan struct {
 	lapsing map[int]time.Time
 	// cands are the handover candidacies to hold: priorityAssigned for
 	// shards assigned here and held by another, priorityRunnerUp for shards
-	// that come here if their holder leaves.
+	// that come here if the member they are assigned to leaves.
 	cands map[int]int32
 	// next is when to run the next round.
 	next time.Duration
@@ -154,7 +154,10 @@ func decide(in planInput) plan {
 	if sn.memberLapse > 0 {
 		p.next = min(p.next, sn.memberLapse)
 	}
-	runnerUp := runnersUp(in.n, sn.members, sn.holders, in.identity)
+	// Runner-ups of the assignment, not of the holders: while shards move
+	// (a join), the candidacies are already those of the state the moves
+	// lead to, so they change once, and a leave meanwhile finds them.
+	runnerUp := runnersUp(in.n, sn.members, p.assign, in.identity)
 	for s := range in.n {
 		st := sn.shards[s]
 		active, tracked := in.own[s]

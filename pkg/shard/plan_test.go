@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/listen"
 )
 
 // world is a controller's keys for the plan's table tests: no database.
@@ -145,6 +146,34 @@ func TestPlanJoin(t *testing.T) {
 	}
 }
 
+// TestPlanRunnerUpsDuringAJoin: while a joiner's shards still move (it is
+// a member and holds none), each member registers as runner-up for exactly
+// the shards it registers for once the join settled: its candidacies change
+// once per join, and a leave during the moves finds them in place.
+func TestPlanRunnerUpsDuringAJoin(t *testing.T) {
+	ids := []string{"a", "b", "c"}
+	all := []string{"a", "b", "c", "d"}
+	before := Assign(64, ids)
+	after := Balance(64, all, before)
+	moving := newWorld(64).member("a", 9*time.Second).member("b", 9*time.Second).member("c", 9*time.Second).
+		settled(ids...).member("d", 9*time.Second)
+	done := newWorld(64).member("a", 9*time.Second).member("b", 9*time.Second).member("c", 9*time.Second).
+		member("d", 9*time.Second)
+	for s, id := range after {
+		done.shard(s, id+"#1", 9*time.Second)
+	}
+	for _, id := range ids {
+		mid := moving.decide(id, ownOf(before, id)).cands
+		end := done.decide(id, ownOf(after, id)).cands
+		if len(end) == 0 {
+			t.Fatalf("%s is the runner-up of no shard after the join", id)
+		}
+		if !maps.Equal(mid, end) {
+			t.Errorf("%s: candidacies while the shards move %v, after %v", id, mid, end)
+		}
+	}
+}
+
 // TestPlanCrash: a crashed member's lapsed shards are taken at once, each
 // by the replica Balance names, all of them in one round; a grant still
 // running waits for its lapse (lapsing, at its local expiry).
@@ -244,5 +273,33 @@ func TestDue(t *testing.T) {
 	got, first := due(l, now)
 	if fmt.Sprint(got) != "[1 3]" || !first.Equal(now.Add(time.Second)) || len(l) != 2 {
 		t.Errorf("due %v first %v left %v", got, first, l)
+	}
+}
+
+// TestHandedTo: of a wake's events, the handovers of this controller's
+// shards to this process, in order, once each, but for shards it acts
+// under already; releases, grants, other owners, other controllers' keys
+// and shards out of range are not.
+func TestHandedTo(t *testing.T) {
+	ev := func(typ listen.EventType, key, owner string) listen.Event {
+		return listen.Event{Type: typ, Key: key, Owner: owner, Epoch: 7}
+	}
+	acting := map[int]bool{2: true, 4: false} // 4: being given up
+	events := []listen.Event{
+		ev(listen.EventHandover, Key("ctl", 9), "a#1"),
+		ev(listen.EventHandover, Key("ctl", 1), "a#1"),
+		ev(listen.EventHandover, Key("ctl", 9), "a#1"),
+		ev(listen.EventHandover, Key("ctl", 2), "a#1"),   // acts under it
+		ev(listen.EventHandover, Key("ctl", 4), "a#1"),   // giving it up: a new grant
+		ev(listen.EventHandover, Key("ctl", 3), "b#1"),   // another owner
+		ev(listen.EventHandover, Key("other", 5), "a#1"), // another controller
+		ev(listen.EventHandover, Key("ctl", 64), "a#1"),  // no such shard
+		ev(listen.EventReleased, Key("ctl", 6), "a#1"),
+		ev(listen.EventAcquired, Key("ctl", 7), "a#1"),
+		ev(listen.EventHandover, "ctl/changed", "a#1"),
+	}
+	got := handedTo("ctl", 64, "a#1", events, acting)
+	if want := []int{1, 4, 9}; !slices.Equal(got, want) {
+		t.Errorf("handedTo: %v, want %v", got, want)
 	}
 }

@@ -3,9 +3,11 @@ package shard
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/pglease/pg_lease/pkg/lease"
+	"github.com/pglease/pg_lease/pkg/listen"
 )
 
 // round is one step of the loop: the members and shards as the database
@@ -39,16 +41,21 @@ func (r *Sharder) round(stop, ctx context.Context) (time.Duration, error) {
 		}
 	}
 	sn = sn.withSelf(r.cfg.Identity, r.owner)
+	r.moves.Lock()
 	p := r.plan(sn, listed)
 	if stop.Err() != nil {
+		r.moves.Unlock()
 		return p.next, nil // leave releases the grants handed to this process
 	}
 	r.takeNow(ctx, stop, &p, listed)
+	if stop.Err() == nil {
+		r.releaseStray(ctx, stop, p.stray)
+	}
+	r.moves.Unlock()
 	r.takeLapsing(stop, ctx, &p)
 	if stop.Err() != nil {
 		return p.next, nil // leave releases the strays and withdraws
 	}
-	r.releaseStray(ctx, stop, p.stray)
 	if err := r.candidacies(ctx, p.cands, clk.Since(r.candsAt) >= r.cfg.RenewEvery); err != nil {
 		warn("shard: handover candidacies", "controller", r.cfg.Controller, "err", err)
 	}
@@ -218,6 +225,62 @@ func (r *Sharder) takeLapsing(stop, ctx context.Context, p *plan) {
 	for _, at := range p.lapsing {
 		p.next = min(p.next, max(at.Sub(clk.Now()), time.Millisecond))
 	}
+}
+
+// takeHandedOver takes, until ctx ends, the grants that a release hands to
+// this process, as the notification of each handover arrives: one
+// statement (lease.Client.AcquireMany answers the caller's own grant),
+// with no list before it and whatever the rounds are doing. A notification
+// is only a sign: the acquire takes nothing another process holds, and a
+// shard taken that is assigned elsewhere is given up by the next round.
+func (r *Sharder) takeHandedOver(ctx, stmts context.Context, handovers *listen.Changes) {
+	clk := r.c.Clock()
+	for {
+		wk, err := handovers.Wait(ctx, time.Time{}, nil)
+		if err != nil {
+			return
+		}
+		// Decided under moves: a round that took these grants meanwhile
+		// leaves nothing to acquire again.
+		r.moves.Lock()
+		if ctx.Err() != nil {
+			r.moves.Unlock()
+			return
+		}
+		acting := map[int]bool{}
+		r.mu.Lock()
+		for s, o := range r.owned {
+			acting[s] = !o.stopping && o.term.Err() == nil
+		}
+		r.mu.Unlock()
+		shards := handedTo(r.cfg.Controller, r.cfg.Shards, r.owner, wk.Events, acting)
+		if len(shards) == 0 {
+			r.moves.Unlock()
+			continue
+		}
+		at := clk.Now()
+		if err := r.take(stmts, shards); err != nil {
+			r.warner(ctx)("shard: acquire", "controller", r.cfg.Controller, "shards", len(shards), "err", err)
+		}
+		r.moves.Unlock()
+		r.cfg.Logger.Info("shard: took handed over", "controller", r.cfg.Controller, "identity", r.cfg.Identity,
+			"shards", len(shards), "notified", at.Sub(wk.Events[0].Received), "took", clk.Since(at))
+	}
+}
+
+// handedTo returns, in order, the shards that events say a release handed
+// to owner, but for those this replica acts under already (acting).
+func handedTo(controller string, n int, owner string, events []listen.Event, acting map[int]bool) []int {
+	var out []int
+	for _, ev := range events {
+		s, ok := parseShard(controller, ev.Key, n)
+		if !ok || ev.Type != listen.EventHandover || ev.Owner != owner || acting[s] {
+			continue
+		}
+		out = append(out, s)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // releaseStray releases, in one statement, grants handed to this process

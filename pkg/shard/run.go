@@ -32,6 +32,18 @@ func (r *Sharder) Run(ctx context.Context) error {
 	renewing := make(chan struct{})
 	go func() { defer close(renewing); r.keep.Run(rctx) }()
 	defer func() { stopRenewing(); <-renewing }()
+	// Grants a release hands to this process are taken as their
+	// notification arrives, beside the rounds (see takeHandedOver).
+	tctx, cancelTaking := context.WithCancel(ctx)
+	taking := make(chan struct{})
+	if r.cfg.Waiter != nil {
+		handovers := listen.Subscribe(tctx, r.cfg.Waiter, clk, keys[1:]...)
+		go func() { defer close(taking); defer handovers.Close(); r.takeHandedOver(tctx, sctx, handovers) }()
+	} else {
+		close(taking)
+	}
+	stopTaking := func() { cancelTaking(); <-taking }
+	defer stopTaking()
 	stopped := make(chan time.Time, 1) // when ctx ended: shard: left says what the stop cost
 	context.AfterFunc(ctx, func() { stopped <- clk.Now() })
 	for {
@@ -41,11 +53,13 @@ func (r *Sharder) Run(ctx context.Context) error {
 				"identity", r.cfg.Identity, "err", err)
 			stopRenewing()
 			<-renewing
+			stopTaking()
 			r.leave(time.Time{})
 			return err
 		}
 		if _, err := changes.Wait(ctx, clk.Now().Add(next), r.kick); err != nil {
 			<-renewing
+			stopTaking()
 			if errors.Is(context.Cause(ctx), errCrash) {
 				return nil // tests: a replica that stops renewing, as a crashed one
 			}

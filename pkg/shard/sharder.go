@@ -24,9 +24,13 @@
 //     lease.candidate registration under the priority strategy): a joining
 //     replica registers for the shards it will win before it announces
 //     itself, and every replica registers for the shards it would get if
-//     their holder left (Balance without that member), so a move leaves no
-//     shard free; without a registration the key is freed and the new
-//     owner acquires it;
+//     the member they are assigned to left (Balance without that member,
+//     from the assignment, so that the registrations do not change twice
+//     while a join's shards move), so a move leaves no shard free; without
+//     a registration the key is freed and the new owner acquires it;
+//   - the recipient of a handover takes the grant as its notification
+//     arrives (with a Waiter), in one statement, without waiting for a
+//     round to list the keys;
 //   - a replica that stops releases its member key and every shard in one
 //     statement (lease.Client.ReleaseMany) once their work ended (a shard whose
 //     work outlasts a Poll goes in a later statement);
@@ -161,6 +165,11 @@ type Sharder struct {
 	metrics *replicaMetrics
 	kick    chan struct{}
 	keep    *lease.KeepAliveSet // the member key and every live shard key
+
+	// moves orders a round's plan and the acquires and releases that apply
+	// it with the takes of handed-over grants (takeHandedOver): a plan
+	// never releases as stray a grant that is being taken.
+	moves sync.Mutex
 
 	mu       sync.Mutex
 	member   *lease.Term

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -72,7 +73,7 @@ func (c *cluster) start(id string) *replica {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancelCause(context.Background())
+	ctx, cancel := context.WithCancelCause(context.WithValue(context.Background(), runOf{}, id))
 	rep := &replica{r: r, cancel: cancel, done: make(chan struct{})}
 	var wg sync.WaitGroup
 	wg.Add(2)
@@ -319,25 +320,7 @@ func leaveHandsOver(t *testing.T, c *cluster) {
 	c.waitSettled("a", "b", "c")
 	owners := c.last
 	after := shard.Balance(c.n, []string{"a", "c"}, owners)
-	// Wait for the runner-ups' registrations (the server's answer).
-	for s := range c.n {
-		if owners[s] != "b" {
-			continue
-		}
-		want := c.replicas[after[s]].r.Owner()
-		waitFor(t, fmt.Sprintf("%s registered as the candidate of shard %d", want, s), func() bool {
-			_, cands, err := handover.Candidates(ctx, lc, shard.Key("ctl", s))
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, cs := range cands {
-				if cs.Owner == want && cs.Rank == 1 {
-					return true
-				}
-			}
-			return false
-		})
-	}
+	c.waitRunnersUp(owners, after, "b")
 	b := c.replicas["b"]
 	bOwner := b.r.Owner()
 	b.cancel(context.Canceled)
@@ -360,6 +343,169 @@ func leaveHandsOver(t *testing.T, c *cluster) {
 			t.Errorf("shard %d: last history %+v, want handed_over from %s to %s", s, h, bOwner, want)
 		}
 	}
+}
+
+// waitRunnersUp waits until, for each shard leaver holds in owners, the
+// replica after names is the first candidate of a release (the server's
+// answer).
+func (c *cluster) waitRunnersUp(owners, after []string, leaver string) {
+	t := c.t
+	ctx := pgtest.Context(t, 0)
+	lc := lease.New(c.pool)
+	for s := range c.n {
+		if owners[s] != leaver {
+			continue
+		}
+		want := c.replicas[after[s]].r.Owner()
+		waitFor(t, fmt.Sprintf("%s registered as the candidate of shard %d", want, s), func() bool {
+			_, cands, err := handover.Candidates(ctx, lc, shard.Key("ctl", s))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, cs := range cands {
+				if cs.Owner == want && cs.Rank == 1 {
+					return true
+				}
+			}
+			return false
+		})
+	}
+}
+
+// runOf marks the context of a replica's Run (its value: the replica's
+// id), and every statement context derived from it.
+type runOf struct{}
+
+// listGate holds back a replica's lease.list statements while closed:
+// every one, or with outsideRun those whose context does not come from
+// Run's (a stopping replica's own, after the loop ended).
+type listGate struct {
+	outsideRun bool
+	mu         sync.Mutex
+	closed     chan struct{} // nil while open
+	held       int           // statements held back
+}
+
+func (g *listGate) close() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed == nil {
+		g.closed = make(chan struct{})
+	}
+}
+
+func (g *listGate) open() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed != nil {
+		close(g.closed)
+		g.closed = nil
+	}
+}
+
+func (g *listGate) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, "lease.list(") && (!g.outsideRun || ctx.Value(runOf{}) == nil) {
+		g.mu.Lock()
+		closed := g.closed
+		if closed != nil {
+			g.held++
+		}
+		g.mu.Unlock()
+		if closed != nil {
+			<-closed // whatever ctx says: a statement that gives up is no statement held back
+		}
+	}
+	return ctx
+}
+
+func (g *listGate) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestHandoverTakenOnItsNotification: the replicas a leaving replica hands
+// its shards to take them as the handovers' notifications arrive, in one
+// acquire and without listing the keys first: with every list of theirs
+// held back, they own and act under those shards.
+func TestHandoverTakenOnItsNotification(t *testing.T) {
+	c := newCluster(t, 16, 3*time.Second)
+	gate := &listGate{}
+	defer gate.open()
+	c.poolOpts = []pgtest.PoolOption{func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = gate }}
+	c.start("a")
+	c.start("c")
+	c.poolOpts = nil
+	c.start("b")
+	c.waitSettled("a", "b", "c")
+	owners := c.last
+	after := shard.Balance(c.n, []string{"a", "c"}, owners)
+	c.waitRunnersUp(owners, after, "b")
+
+	gate.close()
+	b := c.replicas["b"]
+	b.cancel(context.Canceled)
+	<-b.done
+	for s := range c.n {
+		if owners[s] != "b" {
+			continue
+		}
+		r := c.replicas[after[s]].r
+		waitFor(t, fmt.Sprintf("%s acting under shard %d with its lists held back", after[s], s), func() bool { return r.Owns(s) })
+	}
+	gate.open()
+	c.waitSettled("a", "c")
+	c.checkNoOverlap()
+	if !slices.Equal(c.last, after) {
+		t.Errorf("b's shards went to %v, want %v", c.last, after)
+	}
+}
+
+// TestLeaveReleasesFirst: a leaving replica's first statement is the
+// release that hands its shards over; the list that finds grants handed to
+// it unseen runs beside it: with the leaver's lists held back, the others
+// own and act under its shards.
+func TestLeaveReleasesFirst(t *testing.T) {
+	c := newCluster(t, 16, 3*time.Second)
+	gate := &listGate{outsideRun: true}
+	defer gate.open()
+	c.start("a")
+	c.start("c")
+	c.poolOpts = []pgtest.PoolOption{func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = gate }}
+	c.start("b")
+	c.poolOpts = nil
+	c.waitSettled("a", "b", "c")
+	owners := c.last
+	after := shard.Balance(c.n, []string{"a", "c"}, owners)
+	c.waitRunnersUp(owners, after, "b")
+
+	gate.close()
+	b := c.replicas["b"]
+	bOwner := b.r.Owner()
+	b.cancel(context.Canceled)
+	ctx := pgtest.Context(t, 0)
+	lc := lease.New(c.pool)
+	for s := range c.n {
+		if owners[s] != "b" {
+			continue
+		}
+		r := c.replicas[after[s]].r
+		waitFor(t, fmt.Sprintf("%s acting under shard %d with the leaver's lists held back", after[s], s), func() bool { return r.Owns(s) })
+		// Handed over by the leave's release, not taken when b's grant lapsed.
+		h, err := leaseadmin.History(ctx, lc, shard.Key("ctl", s), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(h) != 1 || h[0].Kind != "handed_over" || h[0].PreviousOwner != bOwner || h[0].Owner != r.Owner() {
+			t.Errorf("shard %d: last history %+v, want handed_over from %s to %s", s, h, bOwner, r.Owner())
+		}
+	}
+	gate.open()
+	<-b.done
+	gate.mu.Lock()
+	held := gate.held
+	gate.mu.Unlock()
+	if held == 0 {
+		t.Error("the leaver listed nothing: the gate tested nothing")
+	}
+	c.waitSettled("a", "c")
+	c.checkNoOverlap()
 }
 
 // TestDuplicateIdentity: a second process given the identity of a live

@@ -91,6 +91,7 @@ func TestShardedBenchmark(t *testing.T) {
 	// leaves again (SIGTERM), and another joins and crashes (SIGKILL).
 	type result struct {
 		elapsed            time.Duration
+		relabel            time.Duration // of elapsed, the updates that hand the objects to the run
 		join, leave, crash time.Duration
 		overlaps           int
 		orphan             float64
@@ -116,6 +117,7 @@ func TestShardedBenchmark(t *testing.T) {
 		res.maxMin = slices.Max(counts) - slices.Min(counts)
 		start := time.Now()
 		relabel(t, kube, r.namespace, ctl, p.objects)
+		res.relabel = time.Since(start)
 		res.elapsed = r.reconciled(ids...).Sub(start)
 
 		stopChurn := make(chan struct{})
@@ -124,21 +126,23 @@ func TestShardedBenchmark(t *testing.T) {
 		r.start(ctl, x)
 		joinedAt := r.joined(ctl, x)
 		at, u1 := r.settled(ctl, append(slices.Clone(ids), x)...)
-		res.join = at.Sub(joinedAt)
+		res.join = r.acting(ctl, r.shardsOf(ctl, x), at).Sub(joinedAt)
 		_, counts = r.split(ctl, append(slices.Clone(ids), x))
 		res.maxMin = max(res.maxMin, slices.Max(counts)-slices.Min(counts))
 		xs := r.shardsOf(ctl, x)
 		left, exited := r.signal(x, syscall.SIGTERM)
 		at, u2 := r.settled(ctl, ids...)
-		res.leave = at.Sub(left)
+		res.leave = r.acting(ctl, xs, at).Sub(left)
 		t.Logf("replicas=%d: the leaver's %d shards were last granted by %v", n, len(xs), r.lastGrants(ctl, xs))
 		exited()
 		y := ctl + "-y"
 		r.start(ctl, y)
 		r.settled(ctl, append(slices.Clone(ids), y)...)
+		ys := r.shardsOf(ctl, y)
 		crashed, _ := r.signal(y, syscall.SIGKILL)
 		lapse := r.lastExpiry(y)
 		at, u3 := r.settled(ctl, ids...)
+		at = r.acting(ctl, ys, at)
 		res.crash = at.Sub(crashed)
 		_, counts = r.split(ctl, ids)
 		res.maxMin = max(res.maxMin, slices.Max(counts)-slices.Min(counts))
@@ -156,8 +160,8 @@ func TestShardedBenchmark(t *testing.T) {
 		line := fmt.Sprintf("shards: replicas=%d speedup=%.2f join=%d ms leave=%d ms crash=%d ms overlaps=%d orphan-seconds=%.3f max-min=%d",
 			n, results[counts[0]].elapsed.Seconds()/res.elapsed.Seconds(), res.join.Milliseconds(), res.leave.Milliseconds(),
 			res.crash.Milliseconds(), res.overlaps, res.orphan, res.maxMin)
-		t.Logf("%s (all %d objects in %v; shards per replica %s of %d, %v per reconcile, %d workers per replica, ttl %v)",
-			line, p.objects, res.elapsed.Round(time.Millisecond), res.split, p.shards, p.work, p.workers, p.ttl)
+		t.Logf("%s (all %d objects in %v, of which the updates that put them in the run %v; shards per replica %s of %d, %v per reconcile, %d workers per replica, ttl %v)",
+			line, p.objects, res.elapsed.Round(time.Millisecond), res.relabel.Round(time.Millisecond), res.split, p.shards, p.work, p.workers, p.ttl)
 		fmt.Println(line)
 		if res.overlaps != 0 {
 			t.Errorf("replicas=%d: %d overlapping reconciles of one shard by two replicas", n, res.overlaps)
@@ -312,6 +316,49 @@ func (r *shRun) formerOwnerWrites(ctx context.Context, controller string) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// acting waits until the holder of each of shards, as the view has it now,
+// acts under its grant (its "acquired" event for that shard and epoch), and
+// returns the latest such instant, or at when later: a rebalance is done
+// when every moved shard is held by a live replica that reconciles under it,
+// not when the key is granted (a handover grants it before its new holder
+// has read it).
+func (r *shRun) acting(controller string, shards []int, at time.Time) time.Time {
+	r.t.Helper()
+	v, err := shard.Read(pgtest.Context(r.t, 0), r.leases, controller, r.p.shards)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		last, missing := at, 0
+		r.mu.Lock()
+		for _, s := range shards {
+			st := v.Shards[s]
+			var seen bool
+			for _, ev := range r.events {
+				if ev.Event == "acquired" && ev.Shard != nil && *ev.Shard == s && ev.ID == st.Member && ev.Epoch == st.State.Epoch {
+					seen = true
+					if ev.Time.After(last) {
+						last = ev.Time
+					}
+					break
+				}
+			}
+			if !seen {
+				missing++
+			}
+		}
+		r.mu.Unlock()
+		if missing == 0 {
+			return last
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("%s: %d of shards %v not acted under by their holders within a minute", controller, missing, shards)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // shardsOf lists the shards the process of id holds.

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pg_lease/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// sqlLog records the statements a connection sends.
+type sqlLog struct {
+	mu  sync.Mutex
+	sql []string
+}
+
+func (l *sqlLog) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	l.mu.Lock()
+	l.sql = append(l.sql, d.SQL)
+	l.mu.Unlock()
+	return ctx
+}
+
+func (l *sqlLog) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (l *sqlLog) ran(fn string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, q := range l.sql {
+		if strings.Contains(q, fn+"(") {
+			return true
+		}
+	}
+	return false
+}
+
+// TestLeasePoolWarmsConnections: a connection of the lease pool has run
+// the paths of a rebalance (a release that hands a key over, a grant)
+// before the Sharder gets it, so a leave's first release does not plan
+// them.
+func TestLeasePoolWarmsConnections(t *testing.T) {
+	dsn := pgtest.NewLeaseDatabase(t)
+	ctx := pgtest.Context(t, 0)
+	cfg, err := leasePoolConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log sqlLog
+	cfg.ConnConfig.Tracer = &log
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.Release()
+	for _, fn := range []string{"lease.acquire", "lease.candidate", "lease.release"} {
+		if !log.ran(fn) {
+			t.Errorf("the new connection did not run %s before its first use", fn)
+		}
+	}
+}
+
+// TestLeasePoolKeepsWarmConnectionsIdle: with one connection in use (a
+// round's statement), the pool opens and warms others in the background,
+// so a handover's acquire does not open one on its way.
+func TestLeasePoolKeepsWarmConnectionsIdle(t *testing.T) {
+	dsn := pgtest.NewLeaseDatabase(t)
+	ctx := pgtest.Context(t, 0)
+	cfg, err := leasePoolConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	busy, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Release()
+	deadline := time.Now().Add(time.Minute)
+	for pool.Stat().IdleConns() < leaseIdleConns {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d idle connections beside one in use after a minute, want %d", pool.Stat().IdleConns(), leaseIdleConns)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
