@@ -153,17 +153,13 @@ elif defect == '2_now_not_clock':
     # never ends and the suites hang instead of failing)
     sub('acquire', '    v_now := now();\n    IF v_now >= v_deadline THEN',
                    '    v_now := clock_timestamp();\n    IF v_now >= v_deadline THEN', 1)
-    if 'v_now := clock_timestamp();' in body('renew'):
-        sub('renew', 'v_now := clock_timestamp();', 'v_now := now();', 1)
-    else:
-        # 0.5.0: the one-statement renewal, and the per-key routine behind
-        # its other answers and renew_many
-        sub('renew', 'SELECT clock_timestamp() AS now OFFSET 0', 'SELECT now() AS now OFFSET 0', 1)
+    sub('renew', 'v_now := clock_timestamp();', 'v_now := now();', 1)
+    if 'lease._renew_key(' in body('renew'):
+        # 0.5.0: the per-key routine behind renew's other answers and renew_many
         sub('_renew_key', 'now := coalesce(now, clock_timestamp());', 'now := coalesce(now, now());', 1)
-    sub('release', 'v_now := clock_timestamp();', 'v_now := now();', 1)
-    if 'SELECT clock_timestamp() AS now OFFSET 0' in body('release'):
-        # 0.5.0: the one-statement release
-        sub('release', 'SELECT clock_timestamp() AS now OFFSET 0', 'SELECT now() AS now OFFSET 0', 1)
+    # 0.5.0 reads it twice (the one-statement release, and the full way)
+    pat = 'v_now := clock_timestamp();'
+    sub('release', pat, 'v_now := now();', max(1, body('release').count(pat)))
     # 0.5.0 reads the row twice (without a lock, then locked): both
     pat = 'v_owner, v_epoch, clock_timestamp());'
     sub('fence', pat, 'v_owner, v_epoch, now());', max(1, body('fence').count(pat)))

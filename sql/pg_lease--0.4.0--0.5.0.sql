@@ -1289,12 +1289,13 @@ $$;
 -- ok, or not_owner, lapsed or epoch_mismatch (then nothing changes). Locks
 -- the key's row only when it is the caller's grant. The common case is one
 -- UPDATE: its subquery locks the row only when it names the caller's grant,
--- unexpired at a clock read when the lock is taken (key, owner, epoch, a
--- role the caller may act for), and skips a row another transaction has
--- locked, so it never waits and a refusal locks nothing. That one reading
--- both decides and sets the expiry (now + ttl): a second reading for the
--- expiry could fall after the grant's expiry, ok for a grant that had
--- lapsed by the renewal's own reading. Any other case
+-- unexpired at the one clock reading below (key, owner, epoch, a role the
+-- caller may act for), and skips a row another transaction has
+-- locked, so it never waits and a refusal locks nothing. One clock
+-- reading, taken just before (the statement never waits), both decides and
+-- sets the expiry (now + ttl): a second reading for the expiry could fall
+-- after the grant's expiry, ok for a grant that had lapsed by the
+-- renewal's own reading. Any other case
 -- (refused, or the row locked by another transaction) goes the full way:
 -- lease._renew_key in a subtransaction, which waits for the lock and
 -- decides at a clock read after it.
@@ -1311,6 +1312,7 @@ DECLARE
   v_ttl   interval;
   v_max   interval;
   v_tl    boolean;
+  v_now   timestamptz;
 BEGIN
   -- The fast path accepts only arguments the full checks accept, max_ttl
   -- apart (a simple expression: no statement runs); max_ttl is read with
@@ -1326,17 +1328,15 @@ BEGIN
   END IF;
   v_ttl := lease._seconds(ttl);
 
-  -- v_tl: the server's timeline and start are the recorded ones.
-  WITH g AS (
-    SELECT x.key, n.now FROM lease.leases x
-     CROSS JOIN LATERAL (SELECT clock_timestamp() AS now OFFSET 0) n
-     WHERE x.key = v_key AND x.owner = v_owner AND x.epoch = v_epoch
-       AND x.expires_at > n.now
-       AND (x.holder_role IS NULL OR x.holder_role = session_user::text OR lease._may_act(x.holder_role))
-       FOR NO KEY UPDATE OF x SKIP LOCKED)
-  UPDATE lease.leases l SET expires_at = g.now + v_ttl
-    FROM g
-   WHERE l.key = g.key
+  -- v_tl: the server's timeline and start are the recorded ones. v_now,
+  -- read once (a simple expression), decides and sets the expiry.
+  v_now := clock_timestamp();
+  UPDATE lease.leases l SET expires_at = v_now + v_ttl
+   WHERE l.key = (SELECT x.key FROM lease.leases x
+                   WHERE x.key = v_key AND x.owner = v_owner AND x.epoch = v_epoch
+                     AND x.expires_at > v_now
+                     AND (x.holder_role IS NULL OR x.holder_role = session_user::text OR lease._may_act(x.holder_role))
+                     FOR NO KEY UPDATE SKIP LOCKED)
   RETURNING l.expires_at, (SELECT s.max_ttl FROM lease.settings s),
             (SELECT t.timeline = lease._timeline() AND t.started = pg_catalog.pg_postmaster_start_time()
                FROM lease.timeline_state t
@@ -1576,20 +1576,20 @@ BEGIN
 
   -- The common case, one statement: the caller's unexpired grant (key,
   -- owner, epoch, a role it may act for) and no strategy of the caller's on
-  -- the key, freed at a clock read when the row lock is taken: that one
-  -- reading decides and is the release's time (the row's expires_at, the
-  -- history's). A row another transaction has locked is skipped, never
-  -- waited for, and a refusal locks nothing. Anything else goes the full
-  -- way below.
+  -- the key, freed at one clock reading taken just before (the statement
+  -- never waits): that reading decides and is the release's time (the
+  -- row's expires_at, the history's). A row another transaction has locked
+  -- is skipped, never waited for, and a refusal locks nothing. Anything
+  -- else goes the full way below.
+  v_now := clock_timestamp();
   WITH g AS (
-    SELECT x.key, x.holder_role, n.now FROM lease.leases x
-     CROSS JOIN LATERAL (SELECT clock_timestamp() AS now OFFSET 0) n
+    SELECT x.key, x.holder_role FROM lease.leases x
      WHERE x.key = v_key AND x.owner = v_owner AND x.epoch = v_epoch
-       AND x.expires_at > n.now
+       AND x.expires_at > v_now
        AND (x.holder_role IS NULL OR x.holder_role = session_user::text OR lease._may_act(x.holder_role))
        AND NOT EXISTS (SELECT 1 FROM lease.strategies s WHERE s.key = v_key AND s.role = session_user::text)
-       FOR NO KEY UPDATE OF x SKIP LOCKED)
-  UPDATE lease.leases l SET owner = NULL, epoch = l.epoch + 1, expires_at = g.now, holder_role = NULL
+       FOR NO KEY UPDATE SKIP LOCKED)
+  UPDATE lease.leases l SET owner = NULL, epoch = l.epoch + 1, expires_at = v_now, holder_role = NULL
     FROM g
    WHERE l.key = g.key
   RETURNING g.holder_role, l.expires_at INTO r_role, v_now;
