@@ -154,6 +154,11 @@ elif defect == '2_now_not_clock':
     sub('acquire', '    v_now := now();\n    IF v_now >= v_deadline THEN',
                    '    v_now := clock_timestamp();\n    IF v_now >= v_deadline THEN', 1)
     sub('renew', 'v_now := clock_timestamp();', 'v_now := now();', 1)
+    # 0.5.0: the one-statement renewal and release decide in their row read
+    pat = 'x.expires_at > clock_timestamp()'
+    for f in ('renew', 'release'):
+        if pat in body(f):
+            sub(f, pat, 'x.expires_at > now()', 1)
     if 'lease._renew_key(' in body('renew'):
         # 0.5.0: the per-key routine behind renew's other answers and renew_many
         sub('_renew_key', 'now := coalesce(now, clock_timestamp());', 'now := coalesce(now, now());', 1)

@@ -1383,13 +1383,14 @@ $$;
 -- ok, or not_owner, lapsed or epoch_mismatch (then nothing changes). Locks
 -- the key's row only when it is the caller's grant. The common case is one
 -- UPDATE: its subquery locks the row only when it names the caller's grant,
--- unexpired at the one clock reading below (key, owner, epoch, a role the
+-- unexpired at a clock read in the row read (key, owner, epoch, a role the
 -- caller may act for), and skips a row another transaction has
--- locked, so it never waits and a refusal locks nothing. One clock
--- reading, taken just before (the statement never waits), both decides and
--- sets the expiry (now + ttl): a second reading for the expiry could fall
--- after the grant's expiry, ok for a grant that had lapsed by the
--- renewal's own reading. Any other case
+-- locked, so it never waits for the row and a refusal locks nothing. The
+-- new expiry starts at a reading taken just before the statement (never
+-- after the deciding one): the statement may still wait for a table lock
+-- on lease.leases (lease.configure's, an operator's DDL), and a renewal
+-- that got the row after the grant's expiry is told lapsed; the expiry is
+-- then shorter by that wait, never longer. Any other case
 -- (refused, or the row locked by another transaction) goes the full way:
 -- lease._renew_key in a subtransaction, which waits for the lock and
 -- decides at a clock read after it.
@@ -1422,13 +1423,13 @@ BEGIN
   END IF;
   v_ttl := lease._seconds(ttl);
 
-  -- v_tl: the server's timeline and start are the recorded ones. v_now,
-  -- read once (a simple expression), decides and sets the expiry.
+  -- v_tl: the server's timeline and start are the recorded ones. v_now
+  -- (a simple expression) starts the expiry; the row read decides.
   v_now := clock_timestamp();
   UPDATE lease.leases l SET expires_at = v_now + v_ttl
    WHERE l.key = (SELECT x.key FROM lease.leases x
                    WHERE x.key = v_key AND x.owner = v_owner AND x.epoch = v_epoch
-                     AND x.expires_at > v_now
+                     AND x.expires_at > clock_timestamp()
                      AND (x.holder_role IS NULL OR x.holder_role = session_user::text OR lease._may_act(x.holder_role))
                      FOR NO KEY UPDATE SKIP LOCKED)
   RETURNING l.expires_at, (SELECT s.max_ttl FROM lease.settings s),
@@ -1670,16 +1671,18 @@ BEGIN
 
   -- The common case, one statement: the caller's unexpired grant (key,
   -- owner, epoch, a role it may act for) and no strategy of the caller's on
-  -- the key, freed at one clock reading taken just before (the statement
-  -- never waits): that reading decides and is the release's time (the
-  -- row's expires_at, the history's). A row another transaction has locked
-  -- is skipped, never waited for, and a refusal locks nothing. Anything
-  -- else goes the full way below.
+  -- the key, unexpired at a clock read in the row read, is freed at a
+  -- reading taken just before the statement (the release's time: the row's
+  -- expires_at, the history's), never after the deciding one: the
+  -- statement may wait for a table lock on lease.leases, and a release
+  -- that got the row after the grant's expiry is told lapsed. A row
+  -- another transaction has locked is skipped, never waited for, and a
+  -- refusal locks nothing. Anything else goes the full way below.
   v_now := clock_timestamp();
   WITH g AS (
     SELECT x.key, x.holder_role FROM lease.leases x
      WHERE x.key = v_key AND x.owner = v_owner AND x.epoch = v_epoch
-       AND x.expires_at > v_now
+       AND x.expires_at > clock_timestamp()
        AND (x.holder_role IS NULL OR x.holder_role = session_user::text OR lease._may_act(x.holder_role))
        AND NOT EXISTS (SELECT 1 FROM lease.strategies s WHERE s.key = v_key AND s.role = session_user::text)
        FOR NO KEY UPDATE SKIP LOCKED)
