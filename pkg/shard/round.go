@@ -259,13 +259,44 @@ func (r *Sharder) takeHandedOver(ctx, stmts context.Context, handovers *listen.C
 			continue
 		}
 		at := clk.Now()
-		if err := r.take(stmts, shards); err != nil {
+		// Any role may NOTIFY: take only the keys a handover did grant to
+		// this owner (one read of them). AcquireMany would also grant a
+		// free key.
+		shards, err = r.heldBy(stmts, shards)
+		if err == nil && len(shards) > 0 {
+			err = r.take(stmts, shards)
+		}
+		if err != nil {
 			r.warner(ctx)("shard: acquire", "controller", r.cfg.Controller, "shards", len(shards), "err", err)
 		}
 		r.moves.Unlock()
 		r.cfg.Logger.Info("shard: took handed over", "controller", r.cfg.Controller, "identity", r.cfg.Identity,
 			"shards", len(shards), "notified", at.Sub(wk.Events[0].Received), "took", clk.Since(at))
 	}
+}
+
+// heldBy returns, of shards, those whose keys the server shows held by
+// this replica's owner, in one read of those keys.
+func (r *Sharder) heldBy(ctx context.Context, shards []int) ([]int, error) {
+	keys := make([]string, len(shards))
+	for i, s := range shards {
+		keys[i] = Key(r.cfg.Controller, s)
+	}
+	states, err := r.c.List(ctx, keys...)
+	if err != nil {
+		return nil, err
+	}
+	held := map[string]bool{}
+	for _, st := range states {
+		held[st.Key] = st.Held && st.Owner == r.owner
+	}
+	var out []int
+	for i, s := range shards {
+		if held[keys[i]] {
+			out = append(out, s)
+		}
+	}
+	return out, nil
 }
 
 // handedTo returns, in order, the shards that events say a release handed

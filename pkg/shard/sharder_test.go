@@ -39,6 +39,7 @@ type cluster struct {
 	last     []string            // the owners at the last settled state
 	poolOpts []pgtest.PoolOption // of every replica's pool
 	replicas map[string]*replica
+	acquired func(id string, s int) // when set, each replica's OnAcquired
 }
 
 type replica struct {
@@ -68,8 +69,12 @@ func (c *cluster) start(id string) *replica {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = w.Close() })
+	var onAcquired func(int)
+	if f := c.acquired; f != nil {
+		onAcquired = func(s int) { f(id, s) }
+	}
 	r, err := shard.New(shard.Config{Client: lease.New(pool), Controller: "ctl", Shards: c.n,
-		Identity: id, TTL: c.ttl, Waiter: w})
+		Identity: id, TTL: c.ttl, Waiter: w, OnAcquired: onAcquired})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -378,9 +383,11 @@ type runOf struct{}
 
 // listGate holds back a replica's lease.list statements while closed:
 // every one, or with outsideRun those whose context does not come from
-// Run's (a stopping replica's own, after the loop ended).
+// Run's (a stopping replica's own, after the loop ended), or with allKeys
+// only the lists of every key (a round's), not a read of named keys.
 type listGate struct {
 	outsideRun bool
+	allKeys    bool
 	mu         sync.Mutex
 	closed     chan struct{} // nil while open
 	held       int           // statements held back
@@ -404,7 +411,11 @@ func (g *listGate) open() {
 }
 
 func (g *listGate) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if strings.Contains(d.SQL, "lease.list(") && (!g.outsideRun || ctx.Value(runOf{}) == nil) {
+	pattern := "lease.list("
+	if g.allKeys {
+		pattern = "lease.list()"
+	}
+	if strings.Contains(d.SQL, pattern) && (!g.outsideRun || ctx.Value(runOf{}) == nil) {
 		g.mu.Lock()
 		closed := g.closed
 		if closed != nil {
@@ -421,12 +432,13 @@ func (g *listGate) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.Trace
 func (g *listGate) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 // TestHandoverTakenOnItsNotification: the replicas a leaving replica hands
-// its shards to take them as the handovers' notifications arrive, in one
-// acquire and without listing the keys first: with every list of theirs
-// held back, they own and act under those shards.
+// its shards to take them as the handovers' notifications arrive, with one
+// read of the handed keys and one acquire, without a round's list of every
+// key: with every such list of theirs held back, they own and act under
+// those shards.
 func TestHandoverTakenOnItsNotification(t *testing.T) {
 	c := newCluster(t, 16, 3*time.Second)
-	gate := &listGate{}
+	gate := &listGate{allKeys: true}
 	defer gate.open()
 	c.poolOpts = []pgtest.PoolOption{func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = gate }}
 	c.start("a")
@@ -577,5 +589,85 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("no %s within a minute", what)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestForgedHandoverTakesNothing: any role may NOTIFY pg_lease. A forged
+// handover naming a replica's owner and a free shard the assignment gives
+// to another member must not make that replica take the shard: a
+// notification is only a sign, and the grant a real handover gave is
+// already the recipient's. Member b is live (its member key held) but runs
+// no replica, so its shards stay free; the barrier is a real handover of
+// one of b's shards to v, sent after the forged one.
+func TestForgedHandoverTakesNothing(t *testing.T) {
+	c := newCluster(t, 4, 3*time.Second)
+	ctx := pgtest.Context(t, 0)
+	lc := lease.New(c.pool)
+	if _, ok, err := lc.Acquire(ctx, shard.MemberKey("ctl", "b"), "b#0", 10*time.Minute); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	want := shard.Balance(c.n, []string{"b", "v"}, nil)
+	var bs []int
+	for s, m := range want {
+		if m == "b" {
+			bs = append(bs, s)
+		}
+	}
+	if len(bs) < 2 {
+		t.Fatalf("assignment %v gives b fewer than two shards", want)
+	}
+	free, barrier := bs[0], bs[1]
+	bg, ok, err := lc.Acquire(ctx, shard.Key("ctl", barrier), "b#0", 10*time.Minute)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	acquired := make(chan int, 64)
+	c.acquired = func(_ string, s int) {
+		select {
+		case acquired <- s:
+		default: // the test has what it needs
+		}
+	}
+	v := c.start("v").r
+	for s, m := range want {
+		if m == "v" {
+			waitFor(t, fmt.Sprintf("v owning shard %d", s), func() bool { return v.Owns(s) })
+		}
+	}
+	waitFor(t, fmt.Sprintf("v registered as the candidate of shard %d", barrier), func() bool {
+		_, cands, err := handover.Candidates(ctx, lc, shard.Key("ctl", barrier))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slices.ContainsFunc(cands, func(x handover.CandidateState) bool { return x.Owner == v.Owner() && x.Rank == 1 })
+	})
+
+	forger := fmt.Sprintf("shard_forger_%d", time.Now().UnixNano())
+	if _, err := c.pool.Exec(ctx, `CREATE ROLE `+forger+` LOGIN`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = c.pool.Exec(context.Background(), `DROP ROLE IF EXISTS `+forger) })
+	fc := pgtest.Connect(t, pgtest.WithUser(c.dsn, forger))
+	payload := fmt.Sprintf(`{"event":"handover","key":%q,"owner":%q,"epoch":1}`, shard.Key("ctl", free), v.Owner())
+	if _, err := fc.Exec(ctx, `SELECT pg_notify('pg_lease', $1)`, payload); err != nil {
+		t.Fatal(err)
+	}
+	if err := lc.Release(ctx, bg.Token); err != nil {
+		t.Fatal(err)
+	}
+	// The barrier taken (by the notification's acquire or a round): the
+	// forged notification, sent before it, has been acted on.
+	for s := range acquired {
+		if s == barrier {
+			break
+		}
+	}
+	var took int
+	if err := c.pool.QueryRow(ctx, `SELECT count(*) FROM lease.history WHERE key = $1 AND owner = $2`,
+		shard.Key("ctl", free), v.Owner()).Scan(&took); err != nil {
+		t.Fatal(err)
+	}
+	if took > 0 {
+		t.Errorf("a forged handover made v take shard %d, which the assignment gives to b (%d events)", free, took)
 	}
 }
