@@ -12,16 +12,30 @@ import (
 // The helpers every suite wrote for itself (testCtx, newPool, connect,
 // newDB), written once.
 
-// Context returns a context cancelled after d (2 minutes when d is zero) or
-// at the test's cleanup, whichever comes first.
+// Context returns a context cancelled at the test's cleanup, or at its
+// deadline: the test binary's own (go test -timeout) less reportMargin, so
+// that a stuck test fails with its own message, and never sooner than d (2
+// minutes when d is zero) from now. d is a floor, not a budget: a loaded
+// machine runs a test's work more slowly, and a test must not fail for that.
 func Context(t testing.TB, d time.Duration) context.Context {
 	if d == 0 {
 		d = 2 * time.Minute
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), d)
+	deadline := time.Now().Add(d)
+	if dt, ok := t.(interface{ Deadline() (time.Time, bool) }); ok {
+		if end, ok := dt.Deadline(); ok && end.Add(-reportMargin).After(deadline) {
+			deadline = end.Add(-reportMargin)
+		}
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	t.Cleanup(cancel)
 	return ctx
 }
+
+// reportMargin is the time left, after a test's context ends at the test
+// binary's deadline, for the test to fail and report before go test stops
+// the binary.
+const reportMargin = 30 * time.Second
 
 // PoolOption adjusts a pool's configuration before NewPool opens it.
 type PoolOption func(*pgxpool.Config)
