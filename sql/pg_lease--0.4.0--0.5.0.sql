@@ -84,6 +84,11 @@ COMMENT ON TABLE lease.timeline_state IS
 ALTER TABLE lease.leases ADD COLUMN life timestamptz;
 COMMENT ON COLUMN lease.leases.life IS
   'pg_lease internal: postmaster start of the server life whose timeline record the last grant or renewal of this row found current';
+-- With the timeline of that grant or renewal: one postmaster may write on
+-- two (a crash restart into recovery, then a promotion).
+ALTER TABLE lease.leases ADD COLUMN life_timeline bigint;
+COMMENT ON COLUMN lease.leases.life_timeline IS
+  'pg_lease internal: the WAL timeline of that grant or renewal (one postmaster may write on two: a crash restart into recovery, then a promotion)';
 
 -- @shared-begin: every install and update script runs this part as written.
 
@@ -888,7 +893,8 @@ BEGIN
   UPDATE lease.leases l
    SET owner = c_owner, epoch = greatest(l.epoch, v_base) + 1,
        expires_at = v_now + new_ttl, acquired_at = v_now, holder_role = c_role,
-       lapsed_owner = NULL, lapsed_epoch = NULL, life = pg_catalog.pg_postmaster_start_time()
+       lapsed_owner = NULL, lapsed_epoch = NULL, life = pg_catalog.pg_postmaster_start_time(),
+       life_timeline = lease._timeline()
    WHERE l.key = v_key
   RETURNING l.owner, l.epoch, l.expires_at, l.holder_role INTO new_owner, new_epoch, new_expires, new_role;
 END
@@ -1083,7 +1089,7 @@ BEGIN
            SET owner = v_owner, epoch = greatest(l.epoch, v_base) + 1,
                expires_at = g.now + v_ttl, acquired_at = g.now, holder_role = v_role,
                lapsed_owner = g.owner, lapsed_epoch = CASE WHEN g.owner IS NOT NULL THEN g.epoch END,
-               life = pg_catalog.pg_postmaster_start_time()
+               life = pg_catalog.pg_postmaster_start_time(), life_timeline = lease._timeline()
           FROM g
          WHERE l.key = g.key
         RETURNING g.owner, g.epoch, g.expires_at, g.now, l.epoch, l.expires_at
@@ -1164,8 +1170,9 @@ BEGIN
             v_first := greatest(lease._floor(NOT v_rc), v_base) + 1;
             PERFORM lease._check_ttl_now(v_ttl);
             v_now := clock_timestamp();
-            INSERT INTO lease.leases AS l (key, owner, epoch, expires_at, acquired_at, holder_role, life)
-              VALUES (v_key, v_owner, v_first, v_now + v_ttl, v_now, v_role, pg_catalog.pg_postmaster_start_time())
+            INSERT INTO lease.leases AS l (key, owner, epoch, expires_at, acquired_at, holder_role, life, life_timeline)
+              VALUES (v_key, v_owner, v_first, v_now + v_ttl, v_now, v_role, pg_catalog.pg_postmaster_start_time(),
+                      lease._timeline())
               ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING
               RETURNING l.epoch, l.expires_at INTO epoch, expires_at;
             IF NOT FOUND THEN
@@ -1209,7 +1216,7 @@ BEGIN
                SET owner = v_owner, epoch = greatest(l.epoch, v_base) + 1,
                    expires_at = v_now + v_ttl, acquired_at = v_now, holder_role = v_role,
                    lapsed_owner = r_owner, lapsed_epoch = CASE WHEN r_owner IS NOT NULL THEN r_epoch END,
-                   life = pg_catalog.pg_postmaster_start_time()
+                   life = pg_catalog.pg_postmaster_start_time(), life_timeline = lease._timeline()
              WHERE l.key = v_key
             RETURNING l.epoch, l.expires_at INTO epoch, expires_at;
             -- History: a grace after a timeline change that ended after the
@@ -1307,7 +1314,7 @@ $$;
 -- that got the row after the grant's expiry is told lapsed; the expiry is
 -- then shorter by that wait, never longer. Any other case (refused, the
 -- row locked by another transaction, or last granted or renewed in another
--- server life) goes the full way: lease._renew_key in a subtransaction,
+-- server life or on another timeline) goes the full way: lease._renew_key in a subtransaction,
 -- which waits for the lock and decides at a clock read after it.
 CREATE OR REPLACE FUNCTION lease.renew(key text, owner text, epoch bigint, ttl interval,
                             OUT status text, OUT expires_at timestamptz)
@@ -1333,14 +1340,17 @@ BEGIN
      AND current_setting('transaction_read_only') = 'off' THEN
     v_ttl := lease._seconds(ttl);
     -- v_now (a simple expression) starts the expiry; the row read decides.
-    -- The row's life is this postmaster's start: there is no timeline
-    -- change to record (a postmaster writes on one timeline only).
+    -- The row's life is this postmaster's start and this timeline: there
+    -- is no timeline change to record. (The start alone is not enough: a
+    -- crash restart keeps the postmaster, and with standby.signal present
+    -- it comes back as a standby, which a promotion moves to a new
+    -- timeline.)
     v_now := clock_timestamp();
     UPDATE lease.leases l SET expires_at = v_now + v_ttl
      WHERE l.key = (SELECT x.key FROM lease.leases x
                      WHERE x.key = v_key AND x.owner = v_owner AND x.epoch = v_epoch
                        AND x.expires_at > clock_timestamp()
-                       AND x.life = pg_catalog.pg_postmaster_start_time()
+                       AND x.life = pg_catalog.pg_postmaster_start_time() AND x.life_timeline = lease._timeline()
                        AND (x.holder_role IS NULL OR x.holder_role = session_user::text OR lease._may_act(x.holder_role))
                        FOR NO KEY UPDATE SKIP LOCKED)
     RETURNING l.expires_at, (SELECT s.max_ttl FROM lease.settings s)
@@ -1385,8 +1395,9 @@ BEGIN
   -- leaders keep renewing: it records the timeline change (the grace
   -- starts), and the row (locked) carries this server life from now on.
   PERFORM lease._grant_context();
-  UPDATE lease.leases l SET life = pg_catalog.pg_postmaster_start_time()
-   WHERE l.key = v_key AND l.life IS DISTINCT FROM pg_catalog.pg_postmaster_start_time();
+  UPDATE lease.leases l SET life = pg_catalog.pg_postmaster_start_time(), life_timeline = lease._timeline()
+   WHERE l.key = v_key
+     AND (l.life, l.life_timeline) IS DISTINCT FROM (pg_catalog.pg_postmaster_start_time(), lease._timeline());
   IF current_setting('synchronous_commit') IN ('off', 'local') THEN
     PERFORM set_config('synchronous_commit', 'on', true);
   END IF;

@@ -75,3 +75,8 @@ COMMENT ON TABLE lease.timeline_state IS
 ALTER TABLE lease.leases ADD COLUMN life timestamptz;
 COMMENT ON COLUMN lease.leases.life IS
   'pg_lease internal: postmaster start of the server life whose timeline record the last grant or renewal of this row found current';
+-- With the timeline of that grant or renewal: one postmaster may write on
+-- two (a crash restart into recovery, then a promotion).
+ALTER TABLE lease.leases ADD COLUMN life_timeline bigint;
+COMMENT ON COLUMN lease.leases.life_timeline IS
+  'pg_lease internal: the WAL timeline of that grant or renewal (one postmaster may write on two: a crash restart into recovery, then a promotion)';
