@@ -1408,8 +1408,9 @@ $$;
 -- that got the row after the grant's expiry is told lapsed; the expiry is
 -- then shorter by that wait, never longer. Any other case (refused, the
 -- row locked by another transaction, or last granted or renewed in another
--- server life or on another timeline) goes the full way: lease._renew_key in a subtransaction,
--- which waits for the lock and decides at a clock read after it.
+-- server life or on another timeline) goes the full way: lease._renew_key
+-- in a subtransaction, which waits for the lock and decides at a clock
+-- read after it.
 CREATE OR REPLACE FUNCTION lease.renew(key text, owner text, epoch bigint, ttl interval,
                             OUT status text, OUT expires_at timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
