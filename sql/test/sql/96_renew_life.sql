@@ -10,6 +10,9 @@
 
 DROP EXTENSION pg_lease;
 CREATE EXTENSION pg_lease;
+-- max_ttl 10 years: the grace (from the timeline's start) outlasts the
+-- test whenever the server started.
+SELECT configured_max_ttl FROM lease.configure(max_ttl => '10 years');
 CREATE FUNCTION pg_temp.life(k text) RETURNS text LANGUAGE sql AS $$
   SELECT CASE WHEN l.life IS NULL AND l.life_timeline IS NULL THEN 'none'
               WHEN l.life = pg_postmaster_start_time() AND l.life_timeline = lease._timeline() THEN 'this life'
