@@ -68,6 +68,8 @@ CREATE TABLE lease.leases (
     lapsed_owner text,
     lapsed_epoch bigint,
     holder_role text,
+    life        timestamptz,
+    life_timeline bigint,
     CONSTRAINT leases_pkey PRIMARY KEY (key),
     CONSTRAINT leases_epoch_positive CHECK (epoch OPERATOR(pg_catalog.>=) 1)
 ) WITH (fillfactor = 50);
@@ -75,6 +77,10 @@ COMMENT ON TABLE lease.leases IS
   'pg_lease internal state; use the lease.* functions, never this table';
 COMMENT ON COLUMN lease.leases.holder_role IS
   'pg_lease internal: session_user of the grant (NULL: granted before 0.3.0, or free)';
+COMMENT ON COLUMN lease.leases.life IS
+  'pg_lease internal: postmaster start of the server life whose timeline record the last grant or renewal of this row found current';
+COMMENT ON COLUMN lease.leases.life_timeline IS
+  'pg_lease internal: the WAL timeline of that grant or renewal (one postmaster may write on two: a crash restart into recovery, then a promotion)';
 
 -- cleanup removes the rows of keys free for long, and first raises this floor
 -- to the highest epoch it removes. A key's first grant is above the floor, so
@@ -1042,7 +1048,8 @@ BEGIN
   UPDATE lease.leases l
    SET owner = c_owner, epoch = greatest(l.epoch, v_base) + 1,
        expires_at = v_now + new_ttl, acquired_at = v_now, holder_role = c_role,
-       lapsed_owner = NULL, lapsed_epoch = NULL
+       lapsed_owner = NULL, lapsed_epoch = NULL, life = pg_catalog.pg_postmaster_start_time(),
+       life_timeline = lease._timeline()
    WHERE l.key = v_key
   RETURNING l.owner, l.epoch, l.expires_at, l.holder_role INTO new_owner, new_epoch, new_expires, new_role;
 END
@@ -1236,7 +1243,8 @@ BEGIN
         UPDATE lease.leases l
            SET owner = v_owner, epoch = greatest(l.epoch, v_base) + 1,
                expires_at = g.now + v_ttl, acquired_at = g.now, holder_role = v_role,
-               lapsed_owner = g.owner, lapsed_epoch = CASE WHEN g.owner IS NOT NULL THEN g.epoch END
+               lapsed_owner = g.owner, lapsed_epoch = CASE WHEN g.owner IS NOT NULL THEN g.epoch END,
+               life = pg_catalog.pg_postmaster_start_time(), life_timeline = lease._timeline()
           FROM g
          WHERE l.key = g.key
         RETURNING g.owner, g.epoch, g.expires_at, g.now, l.epoch, l.expires_at
@@ -1317,8 +1325,9 @@ BEGIN
             v_first := greatest(lease._floor(NOT v_rc), v_base) + 1;
             PERFORM lease._check_ttl_now(v_ttl);
             v_now := clock_timestamp();
-            INSERT INTO lease.leases AS l (key, owner, epoch, expires_at, acquired_at, holder_role)
-              VALUES (v_key, v_owner, v_first, v_now + v_ttl, v_now, v_role)
+            INSERT INTO lease.leases AS l (key, owner, epoch, expires_at, acquired_at, holder_role, life, life_timeline)
+              VALUES (v_key, v_owner, v_first, v_now + v_ttl, v_now, v_role, pg_catalog.pg_postmaster_start_time(),
+                      lease._timeline())
               ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING
               RETURNING l.epoch, l.expires_at INTO epoch, expires_at;
             IF NOT FOUND THEN
@@ -1361,7 +1370,8 @@ BEGIN
             UPDATE lease.leases l
                SET owner = v_owner, epoch = greatest(l.epoch, v_base) + 1,
                    expires_at = v_now + v_ttl, acquired_at = v_now, holder_role = v_role,
-                   lapsed_owner = r_owner, lapsed_epoch = CASE WHEN r_owner IS NOT NULL THEN r_epoch END
+                   lapsed_owner = r_owner, lapsed_epoch = CASE WHEN r_owner IS NOT NULL THEN r_epoch END,
+                   life = pg_catalog.pg_postmaster_start_time(), life_timeline = lease._timeline()
              WHERE l.key = v_key
             RETURNING l.epoch, l.expires_at INTO epoch, expires_at;
             -- History: a grace after a timeline change that ended after the
@@ -1457,10 +1467,11 @@ $$;
 -- after the deciding one): the statement may still wait for a table lock
 -- on lease.leases (lease.configure's, an operator's DDL), and a renewal
 -- that got the row after the grant's expiry is told lapsed; the expiry is
--- then shorter by that wait, never longer. Any other case
--- (refused, or the row locked by another transaction) goes the full way:
--- lease._renew_key in a subtransaction, which waits for the lock and
--- decides at a clock read after it.
+-- then shorter by that wait, never longer. Any other case (refused, the
+-- row locked by another transaction, or last granted or renewed in another
+-- server life or on another timeline) goes the full way: lease._renew_key
+-- in a subtransaction, which waits for the lock and decides at a clock
+-- read after it.
 CREATE OR REPLACE FUNCTION lease.renew(key text, owner text, epoch bigint, ttl interval,
                             OUT status text, OUT expires_at timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -1473,12 +1484,47 @@ DECLARE
   v_epoch bigint := epoch;
   v_ttl   interval;
   v_max   interval;
-  v_tl    boolean;
   v_now   timestamptz;
 BEGIN
-  -- The fast path accepts only arguments the full checks accept, max_ttl
-  -- apart (a simple expression: no statement runs); max_ttl is read with
-  -- the renewal, and a ttl above it undoes it (22023).
+  -- The common case checks the ttl alone (a simple expression: no
+  -- statement runs). The row it renews carries this server life: a grant
+  -- or a full-way renewal of this server made it, after the full checks of
+  -- its key and owner (and the table holds every epoch to >= 1). max_ttl
+  -- is read with the renewal, and a ttl above it undoes it (22023).
+  IF isfinite(ttl) AND extract(epoch FROM ttl) > 0 AND extract(epoch FROM ttl) <= 3155760000
+     AND clock_timestamp() < timestamptz '294000-01-01 00:00:00+00'
+     AND current_setting('transaction_read_only') = 'off' THEN
+    v_ttl := lease._seconds(ttl);
+    -- v_now (a simple expression) starts the expiry; the row read decides.
+    -- The row's life is this postmaster's start and this timeline: there
+    -- is no timeline change to record. (The start alone is not enough: a
+    -- crash restart keeps the postmaster, and with standby.signal present
+    -- it comes back as a standby, which a promotion moves to a new
+    -- timeline.)
+    v_now := clock_timestamp();
+    UPDATE lease.leases l SET expires_at = v_now + v_ttl
+     WHERE l.key = (SELECT x.key FROM lease.leases x
+                     WHERE x.key = v_key AND x.owner = v_owner AND x.epoch = v_epoch
+                       AND x.expires_at > clock_timestamp()
+                       AND x.life = pg_catalog.pg_postmaster_start_time() AND x.life_timeline = lease._timeline()
+                       AND (x.holder_role IS NULL OR x.holder_role = session_user::text OR lease._may_act(x.holder_role))
+                       FOR NO KEY UPDATE SKIP LOCKED)
+    RETURNING l.expires_at, (SELECT s.max_ttl FROM lease.settings s)
+      INTO expires_at, v_max;
+    IF FOUND THEN
+      IF extract(epoch FROM ttl) > extract(epoch FROM coalesce(v_max, interval '1 hour')) THEN
+        PERFORM lease._raise_invalid(lease._renew_violations(v_key, v_owner, v_epoch, ttl));
+      END IF;
+      -- Durability as in lease._changed, but no notification (a renewal wakes nobody).
+      IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+      END IF;
+      status := 'ok';
+      RETURN;
+    END IF;
+  END IF;
+
+  -- The full way: every check, then lease._renew_key.
   IF lease._renew_fast(v_key, v_owner, v_epoch, ttl, interval '100 years') IS NOT TRUE THEN
     PERFORM lease._raise_invalid(lease._renew_violations(v_key, v_owner, v_epoch, ttl));
   END IF;
@@ -1489,49 +1535,27 @@ BEGIN
     PERFORM lease._raise_read_only('lease.renew');
   END IF;
   v_ttl := lease._seconds(ttl);
-
-  -- v_tl: the server's timeline and start are the recorded ones. v_now
-  -- (a simple expression) starts the expiry; the row read decides.
-  v_now := clock_timestamp();
-  UPDATE lease.leases l SET expires_at = v_now + v_ttl
-   WHERE l.key = (SELECT x.key FROM lease.leases x
-                   WHERE x.key = v_key AND x.owner = v_owner AND x.epoch = v_epoch
-                     AND x.expires_at > clock_timestamp()
-                     AND (x.holder_role IS NULL OR x.holder_role = session_user::text OR lease._may_act(x.holder_role))
-                     FOR NO KEY UPDATE SKIP LOCKED)
-  RETURNING l.expires_at, (SELECT s.max_ttl FROM lease.settings s),
-            (SELECT t.timeline = lease._timeline() AND t.started = pg_catalog.pg_postmaster_start_time()
-               FROM lease.timeline_state t
-              ORDER BY t.era DESC, t.restarts DESC, t.grace_until ASC NULLS FIRST, t.timeline DESC, t.started DESC NULLS LAST
-              LIMIT 1)
-    INTO expires_at, v_max, v_tl;
-  IF FOUND THEN
-    IF extract(epoch FROM ttl) > extract(epoch FROM coalesce(v_max, interval '1 hour')) THEN
-      PERFORM lease._raise_invalid(lease._renew_violations(v_key, v_owner, v_epoch, ttl));
-    END IF;
-    status := 'ok';
-  ELSE
-    IF extract(epoch FROM ttl) > extract(epoch FROM lease._max_ttl()) THEN
-      PERFORM lease._raise_invalid(lease._renew_violations(v_key, v_owner, v_epoch, ttl));
-    END IF;
-    BEGIN
-      SELECT r.status, r.expires_at INTO status, expires_at
-        FROM lease._renew_key(v_key, v_owner, v_epoch, v_ttl, NULL) r;
-      IF status <> 'ok' THEN
-        RAISE EXCEPTION USING ERRCODE = 'LEASE';
-      END IF;
-    EXCEPTION WHEN SQLSTATE 'LEASE' THEN
-      RETURN;  -- status says why; the lock went with the subtransaction
-    END;
+  IF extract(epoch FROM ttl) > extract(epoch FROM lease._max_ttl()) THEN
+    PERFORM lease._raise_invalid(lease._renew_violations(v_key, v_owner, v_epoch, ttl));
   END IF;
-  -- Durability as in lease._changed, but no notification (a renewal wakes nobody).
+  BEGIN
+    SELECT r.status, r.expires_at INTO status, expires_at
+      FROM lease._renew_key(v_key, v_owner, v_epoch, v_ttl, NULL) r;
+    IF status <> 'ok' THEN
+      RAISE EXCEPTION USING ERRCODE = 'LEASE';
+    END IF;
+  EXCEPTION WHEN SQLSTATE 'LEASE' THEN
+    RETURN;  -- status says why; the lock went with the subtransaction
+  END;
+  -- A renewal is the first call on a promoted server in a switchover where
+  -- leaders keep renewing: it records the timeline change (the grace
+  -- starts), and the row (locked) carries this server life from now on.
+  PERFORM lease._grant_context();
+  UPDATE lease.leases l SET life = pg_catalog.pg_postmaster_start_time(), life_timeline = lease._timeline()
+   WHERE l.key = v_key
+     AND (l.life, l.life_timeline) IS DISTINCT FROM (pg_catalog.pg_postmaster_start_time(), lease._timeline());
   IF current_setting('synchronous_commit') IN ('off', 'local') THEN
     PERFORM set_config('synchronous_commit', 'on', true);
-  END IF;
-  -- A renewal is the first call on a promoted server in a switchover where
-  -- leaders keep renewing: it records the timeline change (the grace starts).
-  IF v_tl IS NOT TRUE THEN
-    PERFORM lease._grant_context();
   END IF;
 END
 $$;

@@ -212,9 +212,10 @@ func TestLockSleepsThroughGrace(t *testing.T) {
 	for _, q := range []string{
 		"SELECT lease.configure(max_ttl => '3s')",
 		"DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET track_functions = ''pl''', current_database()); END $$",
-		// The promotion, as the SQL sees one: an older timeline recorded, and a
-		// checkpoint on the server's (a promotion requests one at once).
-		"UPDATE lease.timeline_state SET timeline = 0", "CHECKPOINT",
+		// The promotion, as the SQL sees one: an older timeline recorded, the
+		// rows written by the old primary's postmaster, and a checkpoint on the
+		// server's (a promotion requests one at once).
+		"UPDATE lease.timeline_state SET timeline = 0", "UPDATE lease.leases SET life = life - interval '1 day'", "CHECKPOINT",
 	} {
 		if _, err := conn.Exec(ctx, q); err != nil {
 			t.Fatal(err)
@@ -281,9 +282,10 @@ func TestLockTimeoutInGraceExits10(t *testing.T) {
 	conn, _ := connect(t, ctx, dsn)
 	for _, q := range []string{
 		"SELECT lease.configure(max_ttl => '1 min')",
-		// The promotion, as the SQL sees one: an older timeline recorded, and a
-		// checkpoint on the server's (a promotion requests one at once).
-		"UPDATE lease.timeline_state SET timeline = 0", "CHECKPOINT",
+		// The promotion, as the SQL sees one: an older timeline recorded, the
+		// rows written by the old primary's postmaster, and a checkpoint on the
+		// server's (a promotion requests one at once).
+		"UPDATE lease.timeline_state SET timeline = 0", "UPDATE lease.leases SET life = life - interval '1 day'", "CHECKPOINT",
 	} {
 		if _, err := conn.Exec(ctx, q); err != nil {
 			t.Fatal(err)

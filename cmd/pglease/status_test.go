@@ -32,7 +32,8 @@ func TestStatusShowsTheGrace(t *testing.T) {
 	}
 	// A promotion, as the SQL sees one, recorded by a grant path.
 	// (A promotion requests a checkpoint at once: the grace runs from it.)
-	for _, q := range []string{"UPDATE lease.timeline_state SET timeline = 0", "CHECKPOINT"} {
+	for _, q := range []string{"UPDATE lease.timeline_state SET timeline = 0",
+		"UPDATE lease.leases SET life = life - interval '1 day'", "CHECKPOINT"} {
 		if _, err := conn.Exec(ctx, q); err != nil {
 			t.Fatal(err)
 		}

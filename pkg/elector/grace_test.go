@@ -48,8 +48,9 @@ func TestFollowersSleepThroughGrace(t *testing.T) {
 			}
 			const grace = 3 * time.Second
 			execSQL(t, pool, "SELECT lease.configure(max_ttl => '3s')")
-			execSQL(t, pool, "UPDATE lease.timeline_state SET timeline = 0") // the promotion, as the SQL sees one,
-			execSQL(t, pool, "CHECKPOINT")                                   // which requests a checkpoint at once
+			execSQL(t, pool, "UPDATE lease.timeline_state SET timeline = 0")           // the promotion, as the SQL sees one,
+			execSQL(t, pool, "UPDATE lease.leases SET life = life - interval '1 day'") // rows of the old primary's postmaster,
+			execSQL(t, pool, "CHECKPOINT")                                             // which requests a checkpoint at once
 			q := &countingQuerier{Pool: pool}
 			client := lease.New(q)
 			var w *listen.Waiter

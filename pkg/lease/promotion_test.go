@@ -15,13 +15,18 @@ import (
 
 // The promotion path on one server. A promotion is simulated as the SQL sees
 // one: the recorded timeline (lease.timeline_state) differs from the
-// server's. Real promotions are in test/failover.
+// server's, and the rows were written under another postmaster (the old
+// primary's). Real promotions are in test/failover.
+
+// oldPrimaryRows moves every row to an earlier server life.
+const oldPrimaryRows = "UPDATE lease.leases SET life = life - interval '1 day'"
 
 func simulatePromotion(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
-	// The older timeline recorded, and a checkpoint on the server's: a
-	// promotion requests one at once, and the grace runs from it.
-	for _, q := range []string{"UPDATE lease.timeline_state SET timeline = 0", "CHECKPOINT"} {
+	// The older timeline recorded, the rows written by the old primary's
+	// postmaster, and a checkpoint on the server's: a promotion requests one
+	// at once, and the grace runs from it.
+	for _, q := range []string{"UPDATE lease.timeline_state SET timeline = 0", oldPrimaryRows, "CHECKPOINT"} {
 		if _, err := pool.Exec(testCtx(t), q); err != nil {
 			t.Fatal(err)
 		}

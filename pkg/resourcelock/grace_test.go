@@ -27,7 +27,8 @@ func TestFollowersWakeWhenGraceEnds(t *testing.T) {
 	if err := leaseadmin.InstallSchema(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	for _, q := range []string{"SELECT lease.configure(max_ttl => '3s')", "UPDATE lease.timeline_state SET timeline = 0", "CHECKPOINT"} {
+	for _, q := range []string{"SELECT lease.configure(max_ttl => '3s')", "UPDATE lease.timeline_state SET timeline = 0",
+		"UPDATE lease.leases SET life = life - interval '1 day'", "CHECKPOINT"} {
 		if _, err := pool.Exec(ctx, q); err != nil {
 			t.Fatal(err)
 		}

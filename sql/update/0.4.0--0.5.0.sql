@@ -68,3 +68,15 @@ ALTER TABLE lease.timeline_state ADD COLUMN restarts integer NOT NULL DEFAULT 0
   CHECK (restarts OPERATOR(pg_catalog.>=) 0 AND restarts OPERATOR(pg_catalog.<) 65536);
 COMMENT ON TABLE lease.timeline_state IS
   'pg_lease internal: the WAL timeline and postmaster start last seen, its epoch era and restarts, no new grant before grace_until';
+
+-- The server life whose timeline record a grant or renewal of the row found
+-- current: renew's common case reads it instead of the record. The rows of
+-- 0.4.0 keep NULL: their next renewal checks the record.
+ALTER TABLE lease.leases ADD COLUMN life timestamptz;
+COMMENT ON COLUMN lease.leases.life IS
+  'pg_lease internal: postmaster start of the server life whose timeline record the last grant or renewal of this row found current';
+-- With the timeline of that grant or renewal: one postmaster may write on
+-- two (a crash restart into recovery, then a promotion).
+ALTER TABLE lease.leases ADD COLUMN life_timeline bigint;
+COMMENT ON COLUMN lease.leases.life_timeline IS
+  'pg_lease internal: the WAL timeline of that grant or renewal (one postmaster may write on two: a crash restart into recovery, then a promotion)';

@@ -113,11 +113,15 @@ SELECT acquired, epoch = (1::bigint << 24) + 1 AS restart_1 FROM lease.acquire('
 SELECT s.era, s.grace_until <= clock_timestamp() AS no_grace FROM lease.status() s;
 
 -- A renewal records the restart too (the grace starts at the first call,
--- whatever it is).
+-- whatever it is). The grant was made in the life before: its row carries
+-- that life's start.
 UPDATE lease.settings SET promotion = NULL;
 UPDATE lease.timeline_state SET started = started - interval '1 min' WHERE restarts = 1;
+UPDATE lease.leases SET life = life - interval '1 min' WHERE key = 'rs-4';
 SELECT status FROM lease.renew('rs-4', 'n', (1::bigint << 24) + 1, interval '1s');
 SELECT * FROM pg_temp.state();
+-- The row now carries this life: its next renewal has nothing to record.
+SELECT life = pg_postmaster_start_time() AS this_life FROM lease.leases WHERE key = 'rs-4';
 
 -- After the era's last restart (65535) the next one moves to the next era.
 DELETE FROM lease.leases WHERE key LIKE 'rs-%';
