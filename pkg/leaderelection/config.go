@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -195,10 +194,11 @@ func checkTiming(leaseDuration, renewDeadline, retryPeriod, ttl time.Duration, f
 	_, err := resourcelock.Timing(ttl, 0, leaderelection.LeaderElectionConfig{
 		LeaseDuration: leaseDuration, RenewDeadline: renewDeadline, RetryPeriod: retryPeriod,
 	})
+	var fe *resourcelock.FieldError
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, lease.ErrInvalidInput):
+	case errors.As(err, &fe) && (fe.Field == "LeaseDuration" || fe.Field == "Margin"):
 		return field.ErrorList{field.Invalid(fldPath.Child("leaseDuration"), leaseDuration.String(), err.Error())}
 	default:
 		return field.ErrorList{field.Invalid(fldPath.Child("renewDeadline"), renewDeadline.String(), err.Error())}

@@ -215,7 +215,7 @@ func TestNewPgLeaseRunsWithClientGo(t *testing.T) {
 	c.DSNEnv = "TEST_LEASE_DSN"
 	c.Identity = "me"
 	started := make(chan lease.Token, 10)
-	lock, err := pgle.NewResourceLock(context.Background(), c, pgle.ResourceLockOptions{LockOptions: resourcelock.Options{
+	lock, err := pgle.NewResourceLock(context.Background(), c, pgle.ResourceLockOptions{LockOptions: resourcelock.Config{
 		LeaseDuration: time.Hour, // NewResourceLock's own (leaseDuration) wins
 		OnEpochChange: func(_, new lease.Token) {
 			if new.Epoch != 0 {

@@ -29,20 +29,20 @@ type ResourceLockOptions struct {
 	// Labels are set on the Lease by the Kubernetes locks (client-go's
 	// NewWithLabels).
 	Labels map[string]string
-	// LockOptions are the pg_lease lock's options besides what
-	// NewResourceLock derives, e.g. OnEpochChange. It sets over them
-	// LeaseDuration (leaseDuration), Margin (the default, which the timings
-	// were checked with), Waiter (the Waiter below or its own for
+	// LockOptions is the pg_lease lock's configuration besides what
+	// NewResourceLock derives, e.g. OnEpochChange. It sets over it Key
+	// (Config.pgLeaseKey), Identity, LeaseDuration (leaseDuration), Margin
+	// (the default, which the timings were checked with), Waiter (the Waiter below or its own for
 	// "pglease", none for "leases+pglease") and, when EventRecorder is set,
 	// the event fields (about the Lease named above).
-	LockOptions resourcelock.Options
+	LockOptions resourcelock.Config
 	// Pool, when set, is used for the pg_lease lock instead of a pool
 	// NewResourceLock opens from the Config's DSNFile or DSNEnv (and Close
 	// then leaves it open). The pool it opens warms each connection (lease.WarmConn); set
 	// AfterConnect = lease.WarmConn on a pool of your own for the same.
 	Pool *pgxpool.Pool
 	// Waiter, when set, is the process's listener the "pglease" lock waits
-	// on (resourcelock.Options.Waiter), shared with the process's other locks;
+	// on (resourcelock.Config.Waiter), shared with the process's other locks;
 	// Close then leaves it open. When nil, NewResourceLock opens one for the lock (one
 	// connection LISTENing on channel pg_lease, from the pool's connection
 	// settings) and Close closes it. "leases+pglease" never waits (see
@@ -87,7 +87,7 @@ func (l *ResourceLock) Close() {
 //	leases          client-go's LeaseLock (coordination.k8s.io/v1 Lease)
 //	pglease         a pg_lease lock (pkg/resourcelock) on Config.pgLeaseKey,
 //	                TTL = leaseDuration, over a pool opened from the DSN (Config.DSNFile or DSNEnv),
-//	                whose followers wait for news (resourcelock.Options.Waiter):
+//	                whose followers wait for news (resourcelock.Config.Waiter):
 //	                a standby takes over within milliseconds of a release and
 //	                at the server's expiry of a crashed leader's grant
 //	leases+pglease  a NewMigrationLock of both, with one identity (its
@@ -158,6 +158,7 @@ func NewResourceLock(ctx context.Context, c Config, o ResourceLockOptions) (*Res
 		out.pool = pool
 	}
 	opts := o.LockOptions
+	opts.Key, opts.Identity = c.pgLeaseKey(), c.Identity
 	opts.LeaseDuration, opts.Margin = c.LeaseDuration.Duration, 0
 	if opts.Candidacy == nil && kube == nil {
 		opts.Candidacy = c.candidacy(o.Ready)
@@ -180,7 +181,7 @@ func NewResourceLock(ctx context.Context, c Config, o ResourceLockOptions) (*Res
 		}
 		opts.Waiter = w
 	}
-	pg, err := resourcelock.New(lease.New(pool), c.pgLeaseKey(), c.Identity, opts)
+	pg, err := resourcelock.New(lease.New(pool), opts)
 	if err != nil {
 		out.Close()
 		return nil, err

@@ -75,7 +75,7 @@ func (f *Flags) managerConfig(opts manager.Options) Config {
 //     as the health check healthzCheckName, and the manager's Start closes
 //     the pool and the listen connection after the manager stopped (after
 //     the release on cancel). With pglease a standby's elector waits for
-//     news (resourcelock.Options.Waiter): it takes over within milliseconds of
+//     news (resourcelock.Config.Waiter): it takes over within milliseconds of
 //     the leader's release, and at the server's expiry of a crashed
 //     leader's grant, at any RetryPeriod; nothing to configure.
 //

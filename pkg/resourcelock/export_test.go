@@ -10,4 +10,4 @@ import (
 func TermOf(l *Lock) *lease.Term { return l.liveTerm() }
 
 // LeaseDuration is the TTL l sends (Options.LeaseDuration or the default).
-func LeaseDuration(l *Lock) time.Duration { return l.opts.LeaseDuration }
+func LeaseDuration(l *Lock) time.Duration { return l.cfg.LeaseDuration }

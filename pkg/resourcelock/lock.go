@@ -7,12 +7,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pglease/pg_lease/pkg/handover"
 	"github.com/pglease/pg_lease/pkg/internal/candidacy"
 	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/listen"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
 )
@@ -23,75 +21,9 @@ var _ rl.Interface = (*Lock)(nil)
 // API errors this package returns (NotFound, AlreadyExists, Conflict).
 var groupResource = schema.GroupResource{Group: "pglease.io", Resource: "leases"}
 
-// defaultLeaseDuration is the TTL a Lock sends unless Options.LeaseDuration.
-const defaultLeaseDuration = 15 * time.Second
-
 // ErrNotHolding: the lock holds no live term (TokenContext, a release with
 // nothing to release).
 var ErrNotHolding = errors.New("resourcelock: this lock holds no live term")
-
-// Options configure a Lock (New). The zero value is the defaults.
-type Options struct {
-	// LeaseDuration is the TTL sent to the server with every acquire and
-	// renew (default 15s; at least 3ms). The record's LeaseDurationSeconds
-	// (whole seconds, possibly 0) is never used for it.
-	LeaseDuration time.Duration
-	// OnEpochChange, when set, is called synchronously on every change of
-	// the epoch under which this lock holds the key: (old, zero Token) when
-	// a term ends, after its contexts were cancelled; (zero Token, new) when
-	// a term starts, before the Create or Update that obtained it returns
-	// and before Token or TokenContext can return it. Calls never overlap
-	// and an end is always reported before the next start. It must not call
-	// Get, Create or Update, and should return fast.
-	OnEpochChange func(old, new lease.Token)
-	// Waiter makes a follower's Get wait for news (see the package
-	// documentation): the process's listener (one listen.Waiter shared by
-	// every lock and elector of the process). Without it, Get returns at
-	// once and client-go's followers poll every RetryPeriod.
-	Waiter *listen.Waiter
-	// EventRecorder, when set, is what RecordEvent records on, about
-	// EventObject. A nil EventObject is the coordination.k8s.io/v1 Lease
-	// named after the key: a "namespace/name" key is split, any other key
-	// is a name in EventNamespace.
-	EventRecorder  rl.EventRecorder
-	EventObject    runtime.Object
-	EventNamespace string
-	// Candidacy, when set, registers the lock as a candidate of its key
-	// while it follows (every Get renews the registration when due, and a
-	// waiting Get renews it inside the wait, when due and as soon as the
-	// candidate's readiness changes; the first Get waits too while another
-	// identity holds the key), so that the
-	// leader's release may hand the key straight to it: the next Get
-	// returns a record naming this identity, and client-go's Update takes
-	// up the grant. Its Strategy is set on the key.
-	Candidacy *handover.Candidacy
-
-	// Margin is how long before Grant.ValidUntil a term ends when no
-	// renewal moved it: the term margin of lease.CheckMargin (the one
-	// margin rule). Default min(LeaseDuration/3, 100ms + LeaseDuration/1000);
-	// at least the clock-rate drift floor LeaseDuration/1000, at most
-	// LeaseDuration/3.
-	Margin time.Duration
-}
-
-// withDefaults returns o with every zero field set to its default, and
-// validates the result. Each error names the field.
-func (o Options) withDefaults() (Options, error) {
-	if o.LeaseDuration == 0 {
-		o.LeaseDuration = defaultLeaseDuration
-	}
-	m, err := checkTTL(o.LeaseDuration, o.Margin)
-	if err != nil {
-		return o, fmt.Errorf("Options.%w", err)
-	}
-	o.Margin = m
-	if o.Candidacy != nil {
-		if err := o.Candidacy.Check(); err != nil {
-			return o, fmt.Errorf("Options.Candidacy: %w", err)
-		}
-	}
-	return o, nil
-}
 
 // Lock is a client-go resourcelock.Interface over one pg_lease key. See the
 // package documentation for the contract it keeps.
@@ -103,7 +35,7 @@ type Lock struct {
 	client   *lease.Client
 	key      string
 	identity string
-	opts     Options // completed by withDefaults
+	cfg      Config // completed by Config.complete
 	events   *events
 
 	op  sync.Mutex           // serializes Get, Create, Update
@@ -126,34 +58,25 @@ type Lock struct {
 	hookMu sync.Mutex // OnEpochChange calls never overlap
 }
 
-// New returns a Lock on key for identity. It fills the defaults of opts and
-// validates everything once; each error names the field and matches
-// lease.ErrInvalidInput.
-func New(client *lease.Client, key, identity string, opts Options) (*Lock, error) {
+// New returns a Lock as c says. It fills the defaults of c and checks all
+// of it once: the error joins one *FieldError for each offending field
+// (each names the field and matches lease.ErrInvalidInput).
+func New(client *lease.Client, c Config) (*Lock, error) {
 	var errs []error
 	if client == nil {
 		errs = append(errs, fmt.Errorf("%w: client must not be nil", lease.ErrInvalidInput))
 	}
-	if err := lease.CheckKey(key); err != nil {
-		errs = append(errs, err)
-	}
-	if err := lease.CheckOwner(identity); err != nil {
-		errs = append(errs, fmt.Errorf("identity: %w", err))
-	}
-	opts, err := opts.withDefaults()
-	if err != nil {
-		errs = append(errs, err)
-	}
-	if len(errs) > 0 {
+	c, cerrs := c.complete()
+	if errs = append(errs, cerrs...); len(errs) > 0 {
 		return nil, fmt.Errorf("resourcelock.New: %w", errors.Join(errs...))
 	}
-	ev := &events{recorder: opts.EventRecorder, object: opts.EventObject, given: opts.EventObject != nil}
+	ev := &events{recorder: c.EventRecorder, object: c.EventObject, given: c.EventObject != nil}
 	if ev.object == nil {
-		ev.object = eventLease(key, opts.EventNamespace)
+		ev.object = eventLease(c.Key, c.EventNamespace)
 	}
-	l := &Lock{client: client, key: key, identity: identity, opts: opts, events: ev}
-	if opts.Candidacy != nil {
-		l.reg = candidacy.New(client, key, identity, opts.LeaseDuration, *opts.Candidacy)
+	l := &Lock{client: client, key: c.Key, identity: c.Identity, cfg: c, events: ev}
+	if c.Candidacy != nil {
+		l.reg = candidacy.New(client, c.Key, c.Identity, c.LeaseDuration, *c.Candidacy)
 	}
 	return l, nil
 }
@@ -179,7 +102,7 @@ const maxFollowerWait = 10 * time.Minute
 // to an election (the holder or the epoch: a grant, a release, a takeover,
 // the server-side lapse of the grant), or maxFollowerWait, or ctx ends
 // (then it returns ctx's error). The holder's Get never waits, nor does
-// the first Get, but for a candidate (Options.Candidacy): its first Get
+// the first Get, but for a candidate (Config.Candidacy): its first Get
 // waits too while another identity holds the key.
 func (l *Lock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error) {
 	l.op.Lock()
@@ -213,7 +136,7 @@ func (l *Lock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error
 			}
 		}
 		s, err = l.inspect(ctx, follower)
-	} else if w := l.opts.Waiter; follower && returned && w != nil && last.Holder != "" {
+	} else if w := l.cfg.Waiter; follower && returned && w != nil && last.Holder != "" {
 		// Held by another when last read: wait for news. A key last read
 		// free (or absent) is read at once: client-go then acquires it, and
 		// if that acquire failed, no change would come to wake a wait.
@@ -360,12 +283,12 @@ func (l *Lock) inspect(ctx context.Context, follower bool) (lease.State, error) 
 }
 
 // followerTimeout bounds each call a follower makes.
-func (l *Lock) followerTimeout() time.Duration { return max(l.opts.LeaseDuration, time.Second) }
+func (l *Lock) followerTimeout() time.Duration { return max(l.cfg.LeaseDuration, time.Second) }
 
 // followerPoll bounds how late a waiting follower sees a change that sent
 // no notification (pg_lease.notify = off on the writer, the listen
 // connection down).
-func (l *Lock) followerPoll() time.Duration { return min(l.opts.LeaseDuration/2, time.Second) }
+func (l *Lock) followerPoll() time.Duration { return min(l.cfg.LeaseDuration/2, time.Second) }
 
 // Create obtains the first grant of a key that was never leased. If the key
 // exists, it returns an error for which apierrors.IsAlreadyExists is true and
@@ -389,7 +312,7 @@ func (l *Lock) Create(ctx context.Context, ler rl.LeaderElectionRecord) error {
 	if s.Exists {
 		return apierrors.NewAlreadyExists(groupResource, l.key)
 	}
-	g, ok, err := l.client.Acquire(ctx, l.key, l.identity, l.opts.LeaseDuration)
+	g, ok, err := l.client.Acquire(ctx, l.key, l.identity, l.cfg.LeaseDuration)
 	if err != nil {
 		return l.graceConflict(err)
 	}
@@ -460,7 +383,7 @@ func (l *Lock) Update(ctx context.Context, ler rl.LeaderElectionRecord) error {
 
 	actx, cancel := context.WithTimeout(ctx, l.followerTimeout())
 	defer cancel()
-	g, ok, err := l.client.Acquire(actx, l.key, l.identity, l.opts.LeaseDuration)
+	g, ok, err := l.client.Acquire(actx, l.key, l.identity, l.cfg.LeaseDuration)
 	if err != nil {
 		return l.graceConflict(err)
 	}

@@ -31,7 +31,7 @@ func (l *Lock) record(r rawRecord) (*rl.LeaderElectionRecord, []byte, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	secs := int((l.opts.LeaseDuration + time.Second - 1) / time.Second)
+	secs := int((l.cfg.LeaseDuration + time.Second - 1) / time.Second)
 	return &rl.LeaderElectionRecord{
 		HolderIdentity:       r.Holder,
 		LeaseDurationSeconds: secs,
