@@ -68,8 +68,11 @@
 // the pure function resourcelock.Timing: zero ones are filled from the TTL
 // in client-go's proportions, and RenewDeadline + RetryPeriod must stay
 // below the TTL minus the lock's margin (lease.CheckMargin). Each path
-// evaluates it once: Config.validate for a Config, the lock's
-// LeaderElectionConfig for a lock built by hand.
+// evaluates it once: resourcelock.New for a Config (NewResourceLock hands
+// it the TTL and the timings in one resourcelock.Config, and names its
+// complaints as the component config's fields), the lock's
+// LeaderElectionConfig for a manager's timings given to a lock built by
+// hand.
 //
 // controller-runtime runs the real client-go elector with the lock
 // (Options.LeaderElectionResourceLockInterface). The manager does not hand

@@ -31,10 +31,11 @@ type ResourceLockOptions struct {
 	Labels map[string]string
 	// LockOptions is the pg_lease lock's configuration besides what
 	// NewResourceLock derives, e.g. OnEpochChange. It sets over it Key
-	// (Config.pgLeaseKey), Identity, LeaseDuration (leaseDuration), Margin
-	// (the default, which the timings were checked with), Waiter (the Waiter below or its own for
-	// "pglease", none for "leases+pglease") and, when EventRecorder is set,
-	// the event fields (about the Lease named above).
+	// (Config.pgLeaseKey), Identity, LeaseDuration (leaseDuration),
+	// RenewDeadline and RetryPeriod (renewDeadline and retryPeriod), Margin
+	// (the default), Waiter (the Waiter below or its own for "pglease", none
+	// for "leases+pglease") and, when EventRecorder is set, the event fields
+	// (about the Lease named above).
 	LockOptions resourcelock.Config
 	// Pool, when set, is used for the pg_lease lock instead of a pool
 	// NewResourceLock opens from the Config's DSNFile or DSNEnv (and Close
@@ -81,8 +82,8 @@ func (l *ResourceLock) Close() {
 	}
 }
 
-// NewResourceLock validates c (Config.validate) and returns the lock it
-// names:
+// NewResourceLock checks c (component-base's validation, the resource lock
+// name, the handover) and returns the lock it names:
 //
 //	leases          client-go's LeaseLock (coordination.k8s.io/v1 Lease)
 //	pglease         a pg_lease lock (pkg/resourcelock) on Config.pgLeaseKey,
@@ -92,6 +93,15 @@ func (l *ResourceLock) Close() {
 //	                at the server's expiry of a crashed leader's grant
 //	leases+pglease  a NewMigrationLock of both, with one identity (its
 //	                followers poll: see NewMigrationLock)
+//
+// The pg_lease lock is built by one resourcelock.New call with a
+// resourcelock.Config that carries the key, the identity, the TTL
+// (leaseDuration) and the timings (renewDeadline, retryPeriod), after the
+// pool and the listen connection were opened (and they are closed again
+// when it fails). New checks the timings against the TTL
+// (resourcelock.Timing's rule); its complaints about them are named as the
+// fields they came from (leaderElection.renewDeadline) and wrap
+// ErrInvalidConfig.
 //
 // A disabled election (LeaderElect false) is an error: there is no lock to
 // build. NewResourceLock needs no answer from PostgreSQL: the pool and the listen
@@ -157,16 +167,16 @@ func NewResourceLock(ctx context.Context, c Config, o ResourceLockOptions) (*Res
 		}
 		out.pool = pool
 	}
-	opts := o.LockOptions
-	opts.Key, opts.Identity = c.pgLeaseKey(), c.Identity
-	opts.LeaseDuration, opts.Margin = c.LeaseDuration.Duration, 0
-	if opts.Candidacy == nil && kube == nil {
-		opts.Candidacy = c.candidacy(o.Ready)
+	lc := o.LockOptions
+	lc.Key, lc.Identity, lc.Margin = c.pgLeaseKey(), c.Identity, 0
+	lc.LeaseDuration, lc.RenewDeadline, lc.RetryPeriod = c.LeaseDuration.Duration, c.RenewDeadline.Duration, c.RetryPeriod.Duration
+	if lc.Candidacy == nil && kube == nil {
+		lc.Candidacy = c.candidacy(o.Ready)
 	}
 	if o.EventRecorder != nil {
-		opts.EventRecorder, opts.EventNamespace = o.EventRecorder, c.ResourceNamespace
+		lc.EventRecorder, lc.EventNamespace = o.EventRecorder, c.ResourceNamespace
 	}
-	opts.Waiter = nil
+	lc.Waiter = nil
 	if kube == nil {
 		// pglease: followers wait for news. Not for leases+pglease: there
 		// the elector must see the Lease half at every RetryPeriod.
@@ -179,12 +189,12 @@ func NewResourceLock(ctx context.Context, c Config, o ResourceLockOptions) (*Res
 			}
 			out.waiter = w
 		}
-		opts.Waiter = w
+		lc.Waiter = w
 	}
-	pg, err := resourcelock.New(lease.New(pool), opts)
+	pg, err := resourcelock.New(lease.New(pool), lc)
 	if err != nil {
 		out.Close()
-		return nil, err
+		return nil, c.lockError(err, fieldRoot)
 	}
 	out.Lock = pg
 	if kube == nil {
