@@ -87,9 +87,9 @@ func (e *FieldError) Unwrap() error { return e.Err }
 // Is makes every FieldError match lease.ErrInvalidInput: it is bad input.
 func (e *FieldError) Is(target error) bool { return target == lease.ErrInvalidInput }
 
-// complete returns c with every zero field set to its default, and checks
-// the result: one *FieldError for each offending field.
-func (c Config) complete() (Config, []error) {
+// withDefaults returns c with every zero field set to its default, and
+// checks the result: one *FieldError for each offending field.
+func (c Config) withDefaults() (Config, []error) {
 	var errs []error
 	if err := lease.CheckKey(c.Key); err != nil {
 		errs = append(errs, &FieldError{"Key", err})

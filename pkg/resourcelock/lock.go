@@ -35,7 +35,7 @@ type Lock struct {
 	client   *lease.Client
 	key      string
 	identity string
-	cfg      Config // completed by Config.complete
+	cfg      Config // completed by Config.withDefaults
 	events   *events
 
 	op  sync.Mutex           // serializes Get, Create, Update
@@ -66,7 +66,7 @@ func New(client *lease.Client, c Config) (*Lock, error) {
 	if client == nil {
 		errs = append(errs, fmt.Errorf("%w: client must not be nil", lease.ErrInvalidInput))
 	}
-	c, cerrs := c.complete()
+	c, cerrs := c.withDefaults()
 	if errs = append(errs, cerrs...); len(errs) > 0 {
 		return nil, fmt.Errorf("resourcelock.New: %w", errors.Join(errs...))
 	}

@@ -251,7 +251,7 @@ func TestLostRaceIsConflict(t *testing.T) {
 	}
 }
 
-// The TTL sent comes from Options.LeaseDuration, never from the record's
+// The TTL sent comes from Config.LeaseDuration, never from the record's
 // whole-second LeaseDurationSeconds (0 here, and the elector truncates).
 func TestTTLFromOwnConfiguration(t *testing.T) {
 	dsn := newDB(t)
