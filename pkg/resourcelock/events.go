@@ -23,7 +23,7 @@ func (l *Lock) RecordEvent(s string) {
 	if r == nil {
 		return
 	}
-	msg := l.identity + " " + s
+	msg := l.cfg.Identity + " " + s
 	if t := l.liveTerm(); t != nil {
 		msg = fmt.Sprintf("%s (epoch %d)", msg, t.Grant().Epoch)
 	}
@@ -40,7 +40,7 @@ func (l *Lock) SetEventRecorder(r rl.EventRecorder, namespace string) {
 	defer ev.mu.Unlock()
 	ev.recorder = r
 	if !ev.given {
-		ev.object = eventLease(l.key, namespace)
+		ev.object = eventLease(l.cfg.Key, namespace)
 	}
 }
 

@@ -32,11 +32,9 @@ var ErrNotHolding = errors.New("resourcelock: this lock holds no live term")
 // of its own with a unique identity. A Lock is safe for concurrent use; its
 // Get, Create and Update run one at a time.
 type Lock struct {
-	client   *lease.Client
-	key      string
-	identity string
-	cfg      Config // completed by Config.withDefaults
-	events   *events
+	client *lease.Client
+	cfg    Config // completed by Config.withDefaults
+	events *events
 
 	op  sync.Mutex           // serializes Get, Create, Update
 	reg *candidacy.Registrar // nil without a Candidacy; under op
@@ -74,7 +72,7 @@ func New(client *lease.Client, c Config) (*Lock, error) {
 	if ev.object == nil {
 		ev.object = eventLease(c.Key, c.EventNamespace)
 	}
-	l := &Lock{client: client, key: c.Key, identity: c.Identity, cfg: c, events: ev}
+	l := &Lock{client: client, cfg: c, events: ev}
 	if c.Candidacy != nil {
 		l.reg = candidacy.New(client, c.Key, c.Identity, c.LeaseDuration, *c.Candidacy)
 	}
@@ -82,13 +80,13 @@ func New(client *lease.Client, c Config) (*Lock, error) {
 }
 
 // Identity returns the lock's identity (the owner it presents to pg_lease).
-func (l *Lock) Identity() string { return l.identity }
+func (l *Lock) Identity() string { return l.cfg.Identity }
 
 // Key returns the lease key.
-func (l *Lock) Key() string { return l.key }
+func (l *Lock) Key() string { return l.cfg.Key }
 
 // Describe names the lock in client-go's log lines.
-func (l *Lock) Describe() string { return "pg_lease/" + l.key }
+func (l *Lock) Describe() string { return "pg_lease/" + l.cfg.Key }
 
 // maxFollowerWait bounds how long a follower's Get waits for news.
 const maxFollowerWait = 10 * time.Minute
@@ -112,7 +110,7 @@ func (l *Lock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error
 	t, last, returned, graceEnd := l.term, l.obs, l.returned, l.graceEnd
 	l.graceEnd = time.Time{}
 	l.mu.Unlock()
-	follower := t == nil && last.Holder != l.identity
+	follower := t == nil && last.Holder != l.cfg.Identity
 
 	var (
 		s   lease.State
@@ -146,7 +144,7 @@ func (l *Lock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error
 		// client-go's RetryPeriod after a first Get that returned at
 		// once would leave it deaf to a grant handed to it.
 		s, err = l.inspect(ctx, follower)
-		if err == nil && s.Held && s.Owner != l.identity {
+		if err == nil && s.Held && s.Owner != l.cfg.Identity {
 			s, err = l.await(ctx, w, l.recordOf(s))
 		}
 	} else {
@@ -162,14 +160,14 @@ func (l *Lock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error
 
 	// Does the server still say we hold our grant?
 	if t != nil {
-		if g := t.Grant(); !(s.Held && s.Owner == l.identity && s.Epoch == g.Epoch) {
+		if g := t.Grant(); !(s.Held && s.Owner == l.cfg.Identity && s.Epoch == g.Epoch) {
 			var lost error
 			switch {
 			case !s.Exists:
 				// Never leased, or removed by lease.cleanup after it was
 				// free: a grant we held is gone either way.
 				lost = lease.ErrNotOwner
-			case s.Held && s.Owner == l.identity:
+			case s.Held && s.Owner == l.cfg.Identity:
 				lost = lease.ErrEpochMismatch
 			case s.Epoch == g.Epoch && !s.Held:
 				lost = lease.ErrLapsed
@@ -177,11 +175,11 @@ func (l *Lock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error
 				lost = lease.ErrNotOwner
 			}
 			l.lose(t, fmt.Errorf("%w (%w): seen by Get: %s at epoch %d, exists=%v held=%v by %q",
-				lost, lease.ErrLost, l.key, s.Epoch, s.Exists, s.Held, s.Owner))
+				lost, lease.ErrLost, l.cfg.Key, s.Epoch, s.Exists, s.Held, s.Owner))
 		}
 	}
 
-	if s.Held && s.Owner == l.identity && (t == nil || t.Grant().Epoch != s.Epoch) {
+	if s.Held && s.Owner == l.cfg.Identity && (t == nil || t.Grant().Epoch != s.Epoch) {
 		if err := l.checkOwn(ctx, s.Epoch); err != nil {
 			return nil, nil, err
 		}
@@ -191,7 +189,7 @@ func (l *Lock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error
 	l.obs = r
 	l.mu.Unlock()
 	if !s.Exists {
-		return nil, nil, apierrors.NewNotFound(groupResource, l.key)
+		return nil, nil, apierrors.NewNotFound(groupResource, l.cfg.Key)
 	}
 	return l.record(r)
 }
@@ -212,7 +210,7 @@ func (l *Lock) checkOwn(ctx context.Context, epoch int64) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, l.followerTimeout())
 	defer cancel()
-	tok := lease.Token{Key: l.key, Owner: l.identity, Epoch: epoch}
+	tok := lease.Token{Key: l.cfg.Key, Owner: l.cfg.Identity, Epoch: epoch}
 	_, err := l.client.Check(ctx, tok)
 	if err != nil && !errors.Is(err, lease.ErrLost) {
 		return err
@@ -255,7 +253,7 @@ func (l *Lock) await(ctx context.Context, w *listen.Waiter, last rawRecord) (lea
 			waitCtx, stopReady = l.reg.WatchReady(ctx)
 		}
 		wctx, cancel := context.WithTimeout(waitCtx, limit)
-		s, err := listen.Await(wctx, w, l.client, l.key, l.followerPoll(), changed)
+		s, err := listen.Await(wctx, w, l.client, l.cfg.Key, l.followerPoll(), changed)
 		cancel()
 		stopReady()
 		if err == nil || ctx.Err() != nil || wctx.Err() == nil {
@@ -279,7 +277,7 @@ func (l *Lock) inspect(ctx context.Context, follower bool) (lease.State, error) 
 		ctx, cancel = context.WithTimeout(ctx, l.followerTimeout())
 		defer cancel()
 	}
-	return l.client.Inspect(ctx, l.key)
+	return l.client.Inspect(ctx, l.cfg.Key)
 }
 
 // followerTimeout bounds each call a follower makes.
@@ -295,7 +293,7 @@ func (l *Lock) followerPoll() time.Duration { return min(l.cfg.LeaseDuration/2, 
 // changes nothing.
 func (l *Lock) Create(ctx context.Context, ler rl.LeaderElectionRecord) error {
 	l.touch()
-	if ler.HolderIdentity != l.identity {
+	if ler.HolderIdentity != l.cfg.Identity {
 		return l.foreignHolder("Create", ler.HolderIdentity)
 	}
 	l.op.Lock()
@@ -305,19 +303,19 @@ func (l *Lock) Create(ctx context.Context, ler rl.LeaderElectionRecord) error {
 	l.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, l.followerTimeout())
 	defer cancel()
-	s, err := l.client.Inspect(ctx, l.key)
+	s, err := l.client.Inspect(ctx, l.cfg.Key)
 	if err != nil {
 		return err
 	}
 	if s.Exists {
-		return apierrors.NewAlreadyExists(groupResource, l.key)
+		return apierrors.NewAlreadyExists(groupResource, l.cfg.Key)
 	}
-	g, ok, err := l.client.Acquire(ctx, l.key, l.identity, l.cfg.LeaseDuration)
+	g, ok, err := l.client.Acquire(ctx, l.cfg.Key, l.cfg.Identity, l.cfg.LeaseDuration)
 	if err != nil {
 		return l.graceConflict(err)
 	}
 	if !ok {
-		return apierrors.NewAlreadyExists(groupResource, l.key)
+		return apierrors.NewAlreadyExists(groupResource, l.cfg.Key)
 	}
 	// The key did not exist when inspected. (Its first grant carries epoch 1,
 	// or, after lease.cleanup removed free keys, one above the database's
@@ -342,7 +340,7 @@ func (l *Lock) Update(ctx context.Context, ler rl.LeaderElectionRecord) error {
 	if ler.HolderIdentity == "" {
 		return l.release(ctx)
 	}
-	if ler.HolderIdentity != l.identity {
+	if ler.HolderIdentity != l.cfg.Identity {
 		return l.foreignHolder("Update", ler.HolderIdentity)
 	}
 	l.op.Lock()
@@ -352,7 +350,7 @@ func (l *Lock) Update(ctx context.Context, ler rl.LeaderElectionRecord) error {
 	t, seen := l.term, l.seen
 	l.mu.Unlock()
 	if !seen {
-		return apierrors.NewBadRequest(fmt.Sprintf("resourcelock: Update of %s before any Get or Create", l.key))
+		return apierrors.NewBadRequest(fmt.Sprintf("resourcelock: Update of %s before any Get or Create", l.cfg.Key))
 	}
 
 	if t != nil && t.Err() == nil {
@@ -383,12 +381,12 @@ func (l *Lock) Update(ctx context.Context, ler rl.LeaderElectionRecord) error {
 
 	actx, cancel := context.WithTimeout(ctx, l.followerTimeout())
 	defer cancel()
-	g, ok, err := l.client.Acquire(actx, l.key, l.identity, l.cfg.LeaseDuration)
+	g, ok, err := l.client.Acquire(actx, l.cfg.Key, l.cfg.Identity, l.cfg.LeaseDuration)
 	if err != nil {
 		return l.graceConflict(err)
 	}
 	if !ok {
-		return l.conflict(fmt.Errorf("%s is held by another owner", l.key))
+		return l.conflict(fmt.Errorf("%s is held by another owner", l.cfg.Key))
 	}
 	return l.begin(ctx, g)
 }
@@ -418,10 +416,10 @@ func (l *Lock) graceConflict(err error) error {
 }
 
 func (l *Lock) conflict(cause error) error {
-	return &conflictError{StatusError: apierrors.NewConflict(groupResource, l.key, cause), cause: cause}
+	return &conflictError{StatusError: apierrors.NewConflict(groupResource, l.cfg.Key, cause), cause: cause}
 }
 
 func (l *Lock) foreignHolder(op, holder string) error {
 	return apierrors.NewBadRequest(fmt.Sprintf("resourcelock: %s of %s with HolderIdentity %q: this lock only writes its own identity %q",
-		op, l.key, holder, l.identity))
+		op, l.cfg.Key, holder, l.cfg.Identity))
 }
