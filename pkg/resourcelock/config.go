@@ -73,8 +73,9 @@ type Config struct {
 }
 
 // FieldError is the complaint about one field of a Config (New) or of a
-// client-go LeaderElectionConfig (Timing): Field is the field's Go name,
-// and the text of Err names it too. It matches lease.ErrInvalidInput.
+// client-go LeaderElectionConfig (Timing, Lock.LeaderElectionConfig): Field
+// is the field's Go name, and the text of Err names it too. It matches
+// lease.ErrInvalidInput.
 type FieldError struct {
 	Field string
 	Err   error
@@ -121,15 +122,15 @@ func (c Config) withDefaults() (Config, []error) {
 // LeaderElectionConfig for this lock. It sets Lock when nil; a Lock that is
 // set must be this lock. Zero timings are the lock's (Config.RenewDeadline
 // and RetryPeriod; LeaseDuration = the lock's TTL), and all follow Timing
-// with the lock's lease duration and margin. The error names every
-// offending field.
+// with the lock's lease duration and margin. The error joins one
+// *FieldError for each offending field.
 func (l *Lock) LeaderElectionConfig(cfg leaderelection.LeaderElectionConfig) (leaderelection.LeaderElectionConfig, error) {
 	var errs []error
 	switch {
 	case cfg.Lock == nil:
 		cfg.Lock = l
 	case cfg.Lock != l:
-		errs = append(errs, fmt.Errorf("Lock: is %s, not this lock (%s)", cfg.Lock.Describe(), l.Describe()))
+		errs = append(errs, &FieldError{"Lock", fmt.Errorf("Lock: is %s, not this lock (%s)", cfg.Lock.Describe(), l.Describe())})
 	}
 	if cfg.RenewDeadline == 0 {
 		cfg.RenewDeadline = l.cfg.RenewDeadline

@@ -269,6 +269,9 @@ func TestLeaderElectionConfig(t *testing.T) {
 		{"another lock", leaderelection.LeaderElectionConfig{Lock: other}, []string{"Lock: is pg_lease/other"}},
 	} {
 		_, err := one.LeaderElectionConfig(tc.cfg)
+		if !errors.Is(err, lease.ErrInvalidInput) {
+			t.Errorf("%s: %v, want an error matching lease.ErrInvalidInput", tc.name, err)
+		}
 		for _, w := range tc.want {
 			if err == nil || !strings.Contains(err.Error(), w) {
 				t.Errorf("%s: %v, want it to say %q", tc.name, err, w)
