@@ -3,7 +3,7 @@
 //
 //	elector        pkg/elector (with a listen.Waiter) over pg_lease
 //	clientgo-pg    client-go's leaderelection with pkg/resourcelock's Lock
-//	               (Options.Waiter: a follower's Get waits for news; timings
+//	               (Config.Waiter: a follower's Get waits for news; timings
 //	               checked by Lock.LeaderElectionConfig)
 //	clientgo-k8s   client-go's leaderelection with its LeaseLock on a real
 //	               kube-apiserver + etcd (envtest, binaries from
@@ -594,7 +594,7 @@ func clientgoPGCandidate(dsn, key string, warm bool, cand *handover.Candidacy) f
 			return nil, err
 		}
 		closeAll := func() { w.Close(); pool.Close() }
-		lock, err := pgrl.New(lease.New(pool), key, id, pgrl.Options{LeaseDuration: p.ttl, Waiter: w, Candidacy: cand})
+		lock, err := pgrl.New(lease.New(pool), pgrl.Config{Key: key, Identity: id, LeaseDuration: p.ttl, Waiter: w, Candidacy: cand})
 		if err != nil {
 			closeAll()
 			return nil, err

@@ -136,7 +136,8 @@ func run(dsn, key, id string, leaseDuration, renewDeadline, retryPeriod, leadFor
 	}
 	defer w.Close()
 
-	lock, err := resourcelock.New(lease.New(pool), key, id, resourcelock.Options{
+	lock, err := resourcelock.New(lease.New(pool), resourcelock.Config{
+		Key: key, Identity: id,
 		LeaseDuration: leaseDuration,
 		Waiter:        w,
 		OnEpochChange: func(old, new lease.Token) {

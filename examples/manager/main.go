@@ -161,7 +161,8 @@ func run(dsn, key, id, namespace string, sel labels.Selector, leaseDuration time
 	}
 	defer w.Close()
 
-	lock, err := resourcelock.New(lease.New(pool), key, id, resourcelock.Options{
+	lock, err := resourcelock.New(lease.New(pool), resourcelock.Config{
+		Key: key, Identity: id,
 		LeaseDuration: leaseDuration,
 		Waiter:        w,
 		OnEpochChange: func(old, new lease.Token) {

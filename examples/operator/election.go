@@ -70,7 +70,8 @@ func pgleaseElection(ctx context.Context, c config, ready func() bool) (*electio
 		st, _ := handover.ParseStrategy(c.handover) // validated
 		cand = &handover.Candidacy{Strategy: st, Version: c.version, Ready: ready}
 	}
-	lock, err := resourcelock.New(lease.New(pool), c.electionID, c.id, resourcelock.Options{
+	lock, err := resourcelock.New(lease.New(pool), resourcelock.Config{
+		Key: c.electionID, Identity: c.id,
 		LeaseDuration: c.leaseDuration,
 		Waiter:        w,
 		Candidacy:     cand,

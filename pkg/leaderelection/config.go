@@ -7,11 +7,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/resourcelock"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
-	"k8s.io/client-go/tools/leaderelection"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/component-base/config"
 	cbvalidation "k8s.io/component-base/config/validation"
@@ -147,12 +145,13 @@ func (c *Config) pgLeaseKey() string {
 	return c.ResourceNamespace + "/" + c.ResourceName
 }
 
-// Validate checks c with component-base's own validation
-// (ValidateLeaderElectionConfiguration), client-go's rules for the elector,
-// the resource lock name, and, for the pg_lease locks, the timings against
-// the TTL. Every error names the field (field paths under fldPath, e.g.
-// leaderElection.renewDeadline) and wraps ErrInvalidConfig. A disabled
-// election (LeaderElect false) is always valid.
+// validate checks c with component-base's own validation
+// (ValidateLeaderElectionConfiguration: client-go's rules for the elector),
+// the resource lock name and the handover. Every error names
+// the field (field paths under fldPath, e.g. leaderElection.renewDeadline)
+// and wraps ErrInvalidConfig. A disabled election (LeaderElect false) is
+// always valid. The timings against the TTL of the pg_lease locks are
+// resourcelock.New's to check (lockError names them).
 func (c *Config) validate(fldPath *field.Path) error {
 	if !c.LeaderElect {
 		return nil
@@ -167,40 +166,37 @@ func (c *Config) validate(fldPath *field.Path) error {
 			[]string{rl.LeasesResourceLock, resourceLockPgLease, resourceLockMigration}))
 	}
 	errs = append(errs, c.validateHandover(fldPath)...)
-	errs = append(errs, checkTiming(c.LeaseDuration.Duration, c.RenewDeadline.Duration, c.RetryPeriod.Duration,
-		c.pgTTL(), fldPath)...)
 	if len(errs) == 0 {
 		return nil
 	}
 	return fmt.Errorf("%w: %w", ErrInvalidConfig, errs.ToAggregate())
 }
 
-// pgTTL is the TTL the pg_lease lock sends (0 for the Kubernetes locks).
-func (c *Config) pgTTL() time.Duration {
-	if !c.usesPgLease() {
-		return 0
+// lockError is resourcelock.New's error for the lock c describes, with its
+// complaints about the TTL and the timings (resourcelock.Timing's rule)
+// named as the fields they came from, leaseDuration and renewDeadline under
+// fldPath (validate already refused a retryPeriod that is not positive);
+// then it wraps ErrInvalidConfig. An error without such a complaint is
+// returned as it is.
+func (c *Config) lockError(err error, fldPath *field.Path) error {
+	var errs field.ErrorList
+	var joined interface{ Unwrap() []error }
+	if errors.As(err, &joined) {
+		for _, e := range joined.Unwrap() {
+			var fe *resourcelock.FieldError
+			if !errors.As(e, &fe) {
+				continue
+			}
+			switch fe.Field {
+			case "LeaseDuration":
+				errs = append(errs, field.Invalid(fldPath.Child("leaseDuration"), c.LeaseDuration.Duration.String(), fe.Error()))
+			case "RenewDeadline":
+				errs = append(errs, field.Invalid(fldPath.Child("renewDeadline"), c.RenewDeadline.Duration.String(), fe.Error()))
+			}
+		}
 	}
-	return c.LeaseDuration.Duration
-}
-
-// checkTiming applies the one timing rule of the pg_lease locks
-// (resourcelock.Timing, with the default margin) when ttl > 0. A TTL the
-// rule refuses is reported at leaseDuration, any other offence at
-// renewDeadline. The Kubernetes locks have no server TTL: component-base's
-// validation and client-go's own checks apply.
-func checkTiming(leaseDuration, renewDeadline, retryPeriod, ttl time.Duration, fldPath *field.Path) field.ErrorList {
-	if ttl <= 0 || renewDeadline <= 0 || retryPeriod <= 0 {
-		return nil
+	if len(errs) == 0 {
+		return err
 	}
-	_, err := resourcelock.Timing(ttl, 0, leaderelection.LeaderElectionConfig{
-		LeaseDuration: leaseDuration, RenewDeadline: renewDeadline, RetryPeriod: retryPeriod,
-	})
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, lease.ErrInvalidInput):
-		return field.ErrorList{field.Invalid(fldPath.Child("leaseDuration"), leaseDuration.String(), err.Error())}
-	default:
-		return field.ErrorList{field.Invalid(fldPath.Child("renewDeadline"), renewDeadline.String(), err.Error())}
-	}
+	return fmt.Errorf("%w: %w", ErrInvalidConfig, errs.ToAggregate())
 }

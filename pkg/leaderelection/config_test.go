@@ -120,34 +120,52 @@ func TestDecode(t *testing.T) {
 	}
 }
 
-// Every invalid setting is reported with its field path.
+// Every invalid setting is reported with its field path: component-base's
+// rules, the lock name and the handover by the configuration's own check,
+// the timings against the TTL of a pg_lease lock by NewResourceLock (the
+// lock's rule, resourcelock.New's).
 func TestValidateNamesFields(t *testing.T) {
+	t.Setenv("FIELDS_DSN", pgtest.NewLeaseDatabase(t))
 	base := func() pgle.Config {
 		c := pgle.DefaultConfig()
 		c.LeaderElect, c.ResourceLock, c.ResourceName, c.ResourceNamespace = true, "pglease", "op", "ns"
+		c.DSNEnv = "FIELDS_DSN"
 		return c
 	}
 	for _, tc := range []struct {
 		name string
 		mod  func(*pgle.Config)
+		lock bool // found by NewResourceLock, not by the configuration's check
 		want []string
 	}{
-		{"renew deadline + retry past the TTL", func(c *pgle.Config) { c.RenewDeadline.Duration = 13 * time.Second },
+		{"renew deadline + retry past the TTL", func(c *pgle.Config) { c.RenewDeadline.Duration = 13 * time.Second }, true,
 			[]string{"leaderElection.renewDeadline", "RenewDeadline (13s) + RetryPeriod (2s) = 15s must be below", "lease duration (15s) minus its margin"}},
-		{"lease duration not above renew deadline", func(c *pgle.Config) { c.LeaseDuration.Duration = 5 * time.Second },
+		{"lease duration not above renew deadline", func(c *pgle.Config) { c.LeaseDuration.Duration = 5 * time.Second }, false,
 			[]string{"leaderElection.leaseDuration", "must be greater than `RenewDeadline`"}},
-		{"retry jitter", func(c *pgle.Config) { c.RetryPeriod.Duration = 9 * time.Second; c.LeaseDuration.Duration = time.Minute },
+		{"retry jitter", func(c *pgle.Config) { c.RetryPeriod.Duration = 9 * time.Second; c.LeaseDuration.Duration = time.Minute }, true,
 			[]string{"leaderElection.renewDeadline", "JitterFactor"}},
-		{"unknown lock", func(c *pgle.Config) { c.ResourceLock = "endpoints" },
+		{"ttl below 3ms", func(c *pgle.Config) {
+			c.LeaseDuration.Duration, c.RenewDeadline.Duration, c.RetryPeriod.Duration = 2*time.Millisecond, time.Millisecond, 100*time.Microsecond
+		}, true, []string{"leaderElection.leaseDuration", `"2ms"`, "ttl must be at least 3ms"}},
+		{"unknown lock", func(c *pgle.Config) { c.ResourceLock = "endpoints" }, false,
 			[]string{"leaderElection.resourceLock", `"endpoints"`, "pglease"}},
-		{"no name", func(c *pgle.Config) { c.ResourceName = "" }, []string{"leaderElection.resourceName: Required"}},
+		{"no name", func(c *pgle.Config) { c.ResourceName = "" }, false, []string{"leaderElection.resourceName: Required"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := base()
 			tc.mod(&c)
 			err := pgle.Validate(&c, field.NewPath("leaderElection"))
+			if tc.lock {
+				if err != nil {
+					t.Fatalf("Validate: %v, want the lock to find it", err)
+				}
+				var l *pgle.ResourceLock
+				if l, err = pgle.NewResourceLock(context.Background(), c, pgle.ResourceLockOptions{}); err == nil {
+					l.Close()
+				}
+			}
 			if !errors.Is(err, pgle.ErrInvalidConfig) {
-				t.Fatalf("Validate: %v, want ErrInvalidConfig", err)
+				t.Fatalf("error %v, want ErrInvalidConfig", err)
 			}
 			for _, w := range tc.want {
 				if !strings.Contains(err.Error(), w) {
@@ -163,6 +181,9 @@ func TestValidateNamesFields(t *testing.T) {
 	c.RenewDeadline.Duration = 13 * time.Second
 	if err := pgle.Validate(&c, field.NewPath("leaderElection")); err != nil {
 		t.Errorf("leases: %v", err)
+	}
+	if _, err := pgle.NewResourceLock(context.Background(), c, pgle.ResourceLockOptions{KubeConfig: &rest.Config{Host: "http://127.0.0.1:1"}}); err != nil {
+		t.Errorf("leases lock: %v", err)
 	}
 }
 
@@ -215,7 +236,7 @@ func TestNewPgLeaseRunsWithClientGo(t *testing.T) {
 	c.DSNEnv = "TEST_LEASE_DSN"
 	c.Identity = "me"
 	started := make(chan lease.Token, 10)
-	lock, err := pgle.NewResourceLock(context.Background(), c, pgle.ResourceLockOptions{LockOptions: resourcelock.Options{
+	lock, err := pgle.NewResourceLock(context.Background(), c, pgle.ResourceLockOptions{LockOptions: resourcelock.Config{
 		LeaseDuration: time.Hour, // NewResourceLock's own (leaseDuration) wins
 		OnEpochChange: func(_, new lease.Token) {
 			if new.Epoch != 0 {

@@ -49,7 +49,7 @@ type runningManager struct {
 
 func startManager(t *testing.T, dsn, key, id string) *runningManager {
 	t.Helper()
-	lock, err := resourcelock.New(lease.New(newPool(t, dsn)), key, id, resourcelock.Options{LeaseDuration: 2 * time.Second})
+	lock, err := resourcelock.New(lease.New(newPool(t, dsn)), resourcelock.Config{Key: key, Identity: id, LeaseDuration: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

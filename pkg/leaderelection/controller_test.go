@@ -28,7 +28,7 @@ func newClient(t *testing.T) (*lease.Client, string) {
 // configure (NewManager's setup of the options) installs the lock, wrapped,
 // and fills and checks the timings with the lock's rule.
 func TestConfigure(t *testing.T) {
-	lock, err := resourcelock.New(lease.New(nil), "k", "a", resourcelock.Options{LeaseDuration: 15 * time.Second})
+	lock, err := resourcelock.New(lease.New(nil), resourcelock.Config{Key: "k", Identity: "a", LeaseDuration: 15 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func TestConfigure(t *testing.T) {
 		})
 	}
 	for _, ttl := range []time.Duration{1500 * time.Millisecond, 2 * time.Second, 15 * time.Second, time.Minute} {
-		l, err := resourcelock.New(lease.New(nil), "k", "a", resourcelock.Options{LeaseDuration: ttl})
+		l, err := resourcelock.New(lease.New(nil), resourcelock.Config{Key: "k", Identity: "a", LeaseDuration: ttl})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -109,7 +109,7 @@ func (r *recordingReconciler) Reconcile(ctx context.Context, _ reconcile.Request
 func TestFenced(t *testing.T) {
 	client, _ := newClient(t)
 	ctx := context.Background()
-	lock, err := resourcelock.New(client, "k", "a", resourcelock.Options{LeaseDuration: time.Hour})
+	lock, err := resourcelock.New(client, resourcelock.Config{Key: "k", Identity: "a", LeaseDuration: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +164,7 @@ func TestObservedLockMetrics(t *testing.T) {
 	key := fmt.Sprintf("metrics-%s-%d", t.Name(), time.Now().UnixNano())
 	observed := func(id string) *pgle.ObservedLock { // id's lock on key, observed
 		t.Helper()
-		lock, err := resourcelock.New(client, key, id, resourcelock.Options{LeaseDuration: 3 * time.Second})
+		lock, err := resourcelock.New(client, resourcelock.Config{Key: key, Identity: id, LeaseDuration: 3 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -255,7 +255,7 @@ func gather(t *testing.T, key string) map[string]float64 {
 
 // Configure leaves LeaderElectionReleaseOnCancel as the caller set it.
 func TestConfigureReleaseOnCancel(t *testing.T) {
-	lock, err := resourcelock.New(lease.New(nil), "k", "a", resourcelock.Options{})
+	lock, err := resourcelock.New(lease.New(nil), resourcelock.Config{Key: "k", Identity: "a"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,7 +273,7 @@ func TestConfigureReleaseOnCancel(t *testing.T) {
 // Configure takes the pg_lease lock out of a ResourceLock and of a
 // migration lock, and refuses a lock that has none.
 func TestConfigureFindsThePgLeaseLock(t *testing.T) {
-	pg, err := resourcelock.New(lease.New(nil), "ns/k", "a", resourcelock.Options{})
+	pg, err := resourcelock.New(lease.New(nil), resourcelock.Config{Key: "ns/k", Identity: "a"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,12 +43,12 @@
 // reconcile the fencing token of the epoch it runs under with Fenced:
 //
 //	w, _ := listen.NewWaiter(ctx, pool.Config().ConnConfig, listen.Options{}) // one per process; Close after mgr.Start returns
-//	lock, _ := resourcelock.New(lease.New(pool), "my-operator", lease.DefaultOwner(), resourcelock.Options{Waiter: w})
+//	lock, _ := resourcelock.New(lease.New(pool), resourcelock.Config{Key: "my-operator", Identity: lease.DefaultOwner(), Waiter: w})
 //	opts := manager.Options{LeaderElectionReleaseOnCancel: true, ...}
 //	mgr, err := leaderelection.NewManagerForLock(cfg, opts, lock)
 //	ctrl.NewControllerManagedBy(mgr).For(&v1.Thing{}).Complete(leaderelection.Fenced(lock, &ThingReconciler{}))
 //
-// Build the lock with a Waiter (resourcelock.Options.Waiter): a standby's
+// Build the lock with a Waiter (resourcelock.Config.Waiter): a standby's
 // elector then waits for news of the key and takes over within milliseconds
 // of the leader's release (and at the server's expiry of a crashed leader's
 // grant) instead of at its next RetryPeriod (up to 2.4 s at
@@ -68,8 +68,11 @@
 // the pure function resourcelock.Timing: zero ones are filled from the TTL
 // in client-go's proportions, and RenewDeadline + RetryPeriod must stay
 // below the TTL minus the lock's margin (lease.CheckMargin). Each path
-// evaluates it once: Config.validate for a Config, the lock's
-// LeaderElectionConfig for a lock built by hand.
+// evaluates it once: resourcelock.New for a Config (NewResourceLock hands
+// it the TTL and the timings in one resourcelock.Config, and names its
+// complaints as the component config's fields), the lock's
+// LeaderElectionConfig for a manager's timings given to a lock built by
+// hand.
 //
 // controller-runtime runs the real client-go elector with the lock
 // (Options.LeaderElectionResourceLockInterface). The manager does not hand

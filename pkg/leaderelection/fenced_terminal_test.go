@@ -63,7 +63,7 @@ func TestFencedEpochEndedIsNotTerminal(t *testing.T) {
 	client, _ := newClient(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	lock, err := resourcelock.New(client, "k", "a", resourcelock.Options{LeaseDuration: time.Hour})
+	lock, err := resourcelock.New(client, resourcelock.Config{Key: "k", Identity: "a", LeaseDuration: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}

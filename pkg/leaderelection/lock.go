@@ -29,20 +29,21 @@ type ResourceLockOptions struct {
 	// Labels are set on the Lease by the Kubernetes locks (client-go's
 	// NewWithLabels).
 	Labels map[string]string
-	// LockOptions are the pg_lease lock's options besides what
-	// NewResourceLock derives, e.g. OnEpochChange. It sets over them
-	// LeaseDuration (leaseDuration), Margin (the default, which the timings
-	// were checked with), Waiter (the Waiter below or its own for
-	// "pglease", none for "leases+pglease") and, when EventRecorder is set,
-	// the event fields (about the Lease named above).
-	LockOptions resourcelock.Options
+	// LockOptions is the pg_lease lock's configuration besides what
+	// NewResourceLock derives, e.g. OnEpochChange. It sets over it Key
+	// (Config.pgLeaseKey), Identity, LeaseDuration (leaseDuration),
+	// RenewDeadline and RetryPeriod (renewDeadline and retryPeriod), Margin
+	// (the default), Waiter (the Waiter below or its own for "pglease", none
+	// for "leases+pglease") and, when EventRecorder is set, the event fields
+	// (about the Lease named above).
+	LockOptions resourcelock.Config
 	// Pool, when set, is used for the pg_lease lock instead of a pool
 	// NewResourceLock opens from the Config's DSNFile or DSNEnv (and Close
 	// then leaves it open). The pool it opens warms each connection (lease.WarmConn); set
 	// AfterConnect = lease.WarmConn on a pool of your own for the same.
 	Pool *pgxpool.Pool
 	// Waiter, when set, is the process's listener the "pglease" lock waits
-	// on (resourcelock.Options.Waiter), shared with the process's other locks;
+	// on (resourcelock.Config.Waiter), shared with the process's other locks;
 	// Close then leaves it open. When nil, NewResourceLock opens one for the lock (one
 	// connection LISTENing on channel pg_lease, from the pool's connection
 	// settings) and Close closes it. "leases+pglease" never waits (see
@@ -81,17 +82,26 @@ func (l *ResourceLock) Close() {
 	}
 }
 
-// NewResourceLock validates c (Config.validate) and returns the lock it
-// names:
+// NewResourceLock checks c (component-base's validation, the resource lock
+// name, the handover) and returns the lock it names:
 //
 //	leases          client-go's LeaseLock (coordination.k8s.io/v1 Lease)
 //	pglease         a pg_lease lock (pkg/resourcelock) on Config.pgLeaseKey,
 //	                TTL = leaseDuration, over a pool opened from the DSN (Config.DSNFile or DSNEnv),
-//	                whose followers wait for news (resourcelock.Options.Waiter):
+//	                whose followers wait for news (resourcelock.Config.Waiter):
 //	                a standby takes over within milliseconds of a release and
 //	                at the server's expiry of a crashed leader's grant
 //	leases+pglease  a NewMigrationLock of both, with one identity (its
 //	                followers poll: see NewMigrationLock)
+//
+// The pg_lease lock is built by one resourcelock.New call with a
+// resourcelock.Config that carries the key, the identity, the TTL
+// (leaseDuration) and the timings (renewDeadline, retryPeriod), after the
+// pool and the listen connection were opened (and they are closed again
+// when it fails). New checks the timings against the TTL
+// (resourcelock.Timing's rule); its complaints about them are named as the
+// fields they came from (leaderElection.renewDeadline) and wrap
+// ErrInvalidConfig.
 //
 // A disabled election (LeaderElect false) is an error: there is no lock to
 // build. NewResourceLock needs no answer from PostgreSQL: the pool and the listen
@@ -157,15 +167,16 @@ func NewResourceLock(ctx context.Context, c Config, o ResourceLockOptions) (*Res
 		}
 		out.pool = pool
 	}
-	opts := o.LockOptions
-	opts.LeaseDuration, opts.Margin = c.LeaseDuration.Duration, 0
-	if opts.Candidacy == nil && kube == nil {
-		opts.Candidacy = c.candidacy(o.Ready)
+	lc := o.LockOptions
+	lc.Key, lc.Identity, lc.Margin = c.pgLeaseKey(), c.Identity, 0
+	lc.LeaseDuration, lc.RenewDeadline, lc.RetryPeriod = c.LeaseDuration.Duration, c.RenewDeadline.Duration, c.RetryPeriod.Duration
+	if lc.Candidacy == nil && kube == nil {
+		lc.Candidacy = c.candidacy(o.Ready)
 	}
 	if o.EventRecorder != nil {
-		opts.EventRecorder, opts.EventNamespace = o.EventRecorder, c.ResourceNamespace
+		lc.EventRecorder, lc.EventNamespace = o.EventRecorder, c.ResourceNamespace
 	}
-	opts.Waiter = nil
+	lc.Waiter = nil
 	if kube == nil {
 		// pglease: followers wait for news. Not for leases+pglease: there
 		// the elector must see the Lease half at every RetryPeriod.
@@ -178,12 +189,12 @@ func NewResourceLock(ctx context.Context, c Config, o ResourceLockOptions) (*Res
 			}
 			out.waiter = w
 		}
-		opts.Waiter = w
+		lc.Waiter = w
 	}
-	pg, err := resourcelock.New(lease.New(pool), c.pgLeaseKey(), c.Identity, opts)
+	pg, err := resourcelock.New(lease.New(pool), lc)
 	if err != nil {
 		out.Close()
-		return nil, err
+		return nil, c.lockError(err, fieldRoot)
 	}
 	out.Lock = pg
 	if kube == nil {

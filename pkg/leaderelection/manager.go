@@ -75,14 +75,16 @@ func (f *Flags) managerConfig(opts manager.Options) Config {
 //     as the health check healthzCheckName, and the manager's Start closes
 //     the pool and the listen connection after the manager stopped (after
 //     the release on cancel). With pglease a standby's elector waits for
-//     news (resourcelock.Options.Waiter): it takes over within milliseconds of
+//     news (resourcelock.Config.Waiter): it takes over within milliseconds of
 //     the leader's release, and at the server's expiry of a crashed
 //     leader's grant, at any RetryPeriod; nothing to configure.
 //
-// The timings are validated against the TTL once (Config.validate); every
-// error names its field. LeaderElectionReleaseOnCancel is the caller's, never
-// overridden (kubebuilder scaffolds leave it false: a stopped leader's
-// successor then waits for the TTL; set it true to hand over at once).
+// The configuration is checked with component-base's validation and, for
+// the pg_lease locks, the timings against the TTL by the lock itself
+// (resourcelock.New, through NewResourceLock), once; every error names its
+// field. LeaderElectionReleaseOnCancel is the caller's, never overridden
+// (kubebuilder scaffolds leave it false: a stopped leader's successor then
+// waits for the TTL; set it true to hand over at once).
 func (f *Flags) NewManager(cfg *rest.Config, opts manager.Options) (manager.Manager, error) {
 	c := f.managerConfig(opts)
 	if !c.LeaderElect || !c.usesPgLease() {
@@ -109,7 +111,7 @@ func (f *Flags) NewManager(cfg *rest.Config, opts manager.Options) (manager.Mana
 		return nil, err
 	}
 	opts.LeaderElectionID, opts.LeaderElectionNamespace = c.ResourceName, c.ResourceNamespace
-	// NewResourceLock checked the timings (Config.validate).
+	// The lock checked the timings against the TTL (resourcelock.New).
 	t := leaderelection.LeaderElectionConfig{
 		LeaseDuration: c.LeaseDuration.Duration, RenewDeadline: c.RenewDeadline.Duration, RetryPeriod: c.RetryPeriod.Duration,
 	}

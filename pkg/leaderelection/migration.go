@@ -53,7 +53,7 @@ import (
 //	        go stale (or, if the key is free, takes it at the next retry).
 //
 // Get never waits for news, and Lock must be built without
-// resourcelock.Options.Waiter (NewResourceLock builds it so): the Lease half is what keeps
+// resourcelock.Config.Waiter (NewResourceLock builds it so): the Lease half is what keeps
 // old pods out, and client-go's elector learns that a Lease holder is gone
 // only by reading the Lease every RetryPeriod and seeing the same record
 // for LeaseDuration. A waiting pg_lease Get returns only when the key

@@ -40,7 +40,7 @@ func newDSNLock(t *testing.T, identity string) (string, *pgle.ResourceLock) {
 func TestNewPgLeaseFollowerWaits(t *testing.T) {
 	dsn, lock := newDSNLock(t, "standby")
 
-	leader, err := resourcelock.New(lease.New(newPool(t, dsn)), "ns/op", "leader", resourcelock.Options{})
+	leader, err := resourcelock.New(lease.New(newPool(t, dsn)), resourcelock.Config{Key: "ns/op", Identity: "leader"})
 	if err != nil {
 		t.Fatal(err)
 	}

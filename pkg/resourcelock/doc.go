@@ -5,8 +5,8 @@
 // runs under the leadership can carry the grant's epoch as a fencing token.
 //
 //	w, _ := listen.NewWaiter(ctx, pool.Config().ConnConfig, listen.Options{}) // one per process
-//	lock, err := resourcelock.New(lease.New(pool), "my-controller", podName,
-//		resourcelock.Options{LeaseDuration: 15 * time.Second, Waiter: w})
+//	lock, err := resourcelock.New(lease.New(pool), resourcelock.Config{
+//		Key: "my-controller", Identity: podName, LeaseDuration: 15 * time.Second, Waiter: w})
 //	cfg, err := lock.LeaderElectionConfig(leaderelection.LeaderElectionConfig{
 //		ReleaseOnCancel: true, // timings 0: 15s/10s/2s from the lock
 //		Callbacks: leaderelection.LeaderCallbacks{OnStartedLeading: func(ctx context.Context) {
@@ -64,7 +64,7 @@
 //
 // # The waiting Get
 //
-// With Options.Waiter, a follower's Get (the lock holds no grant, and the
+// With Config.Waiter, a follower's Get (the lock holds no grant, and the
 // record it last returned does not name this identity) waits, through
 // listen.Await (the module's one wake policy), until the record differs
 // from the last one it returned in what matters to an election: the holder
@@ -79,7 +79,7 @@
 // once with ctx's error when ctx ends. The first Get, and every Get of the
 // holder, never wait; neither do Create and Update.
 //
-// A candidate (Options.Candidacy) differs in two ways. Its first Get waits
+// A candidate (Config.Candidacy) differs in two ways. Its first Get waits
 // too while another identity holds the key. And it renews its registration
 // inside the wait, when due and as soon as its readiness changes, instead
 // of returning. After any Get returns, client-go sleeps a RetryPeriod; a
@@ -119,14 +119,18 @@
 //
 // # Timings
 //
-// LeaderElectionConfig checks a client-go configuration against the lock,
-// naming every offending field, and fills timings left zero (client-go's
-// 15s/10s/2s proportions of the lock's lease duration). Besides client-go's
-// own rules (which RunOrDie would panic on), it requires RenewDeadline +
-// RetryPeriod below the lock's lease duration minus its margin: client-go
-// ends its leader context only after a whole RenewDeadline round, started
-// RetryPeriod after the last successful renewal, has failed, and with a
-// longer sum that context outlives the grant on the server.
+// One rule, Timing, ties client-go's timings to the lock's lease duration
+// (the TTL). Besides client-go's own rules (which RunOrDie would panic on),
+// it requires RenewDeadline + RetryPeriod below the lock's lease duration
+// minus its margin: client-go ends its leader context only after a whole
+// RenewDeadline round, started RetryPeriod after the last successful
+// renewal, has failed, and with a longer sum that context outlives the
+// grant on the server. New checks the Config's timings (Config.RenewDeadline
+// and RetryPeriod; left zero: client-go's 15s/10s/2s proportions of the
+// lease duration) with it, together with the rest of the Config, once;
+// each offence is a *FieldError naming its field. LeaderElectionConfig
+// fills a client-go configuration's zero timings with the lock's and checks
+// the ones set against the same rule.
 //
 // # Terms and the epoch-change rule
 //
@@ -183,7 +187,7 @@
 //
 //   - the old term's contexts, and every TokenContext made from it, are
 //     cancelled synchronously when the term ends;
-//   - Options.OnEpochChange is then called with (old, zero);
+//   - Config.OnEpochChange is then called with (old, zero);
 //   - only after that can a new grant be obtained: Get, Create and Update
 //     run one at a time, and a Lock acting on an ended term waits until its
 //     end has been reported (lease.Term); the new term is reported with

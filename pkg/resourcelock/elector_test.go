@@ -72,7 +72,7 @@ func (e *election) hook(id string) func(old, new lease.Token) {
 
 func (e *election) lock(t *testing.T, dsn, key, id string) *resourcelock.Lock {
 	l := mustLock(t, newClient(t, dsn), key, id,
-		resourcelock.Options{LeaseDuration: testTTL, OnEpochChange: e.hook(id)})
+		resourcelock.Config{LeaseDuration: testTTL, OnEpochChange: e.hook(id)})
 	e.mu.Lock()
 	e.locks[id] = l
 	e.mu.Unlock()
@@ -239,7 +239,7 @@ func TestElectorLapseThenReacquireSameIdentity(t *testing.T) {
 		newTerm = make(chan lease.Token, 1)
 	)
 	var lock *resourcelock.Lock
-	lock = mustLock(t, newClient(t, dsn), key, "a", resourcelock.Options{LeaseDuration: testTTL,
+	lock = mustLock(t, newClient(t, dsn), key, "a", resourcelock.Config{LeaseDuration: testTTL,
 		OnEpochChange: func(old, new lease.Token) {
 			mu.Lock()
 			defer mu.Unlock()

@@ -23,7 +23,7 @@ func (l *Lock) RecordEvent(s string) {
 	if r == nil {
 		return
 	}
-	msg := l.identity + " " + s
+	msg := l.cfg.Identity + " " + s
 	if t := l.liveTerm(); t != nil {
 		msg = fmt.Sprintf("%s (epoch %d)", msg, t.Grant().Epoch)
 	}
@@ -31,7 +31,7 @@ func (l *Lock) RecordEvent(s string) {
 }
 
 // SetEventRecorder makes RecordEvent record on r from now on, in place of
-// Options.EventRecorder: for a recorder that exists only once the lock is
+// Config.EventRecorder: for a recorder that exists only once the lock is
 // built, such as a controller-runtime manager's. A key without a namespace
 // part names its Lease in namespace.
 func (l *Lock) SetEventRecorder(r rl.EventRecorder, namespace string) {
@@ -40,7 +40,7 @@ func (l *Lock) SetEventRecorder(r rl.EventRecorder, namespace string) {
 	defer ev.mu.Unlock()
 	ev.recorder = r
 	if !ev.given {
-		ev.object = eventLease(l.key, namespace)
+		ev.object = eventLease(l.cfg.Key, namespace)
 	}
 }
 
@@ -49,7 +49,7 @@ type events struct {
 	mu       sync.Mutex
 	recorder rl.EventRecorder
 	object   runtime.Object
-	given    bool // object came from Options.EventObject
+	given    bool // object came from Config.EventObject
 }
 
 // eventLease is the object the lock's events are about: the

@@ -9,5 +9,5 @@ import (
 // TermOf is l's live term, or nil.
 func TermOf(l *Lock) *lease.Term { return l.liveTerm() }
 
-// LeaseDuration is the TTL l sends (Options.LeaseDuration or the default).
-func LeaseDuration(l *Lock) time.Duration { return l.opts.LeaseDuration }
+// LeaseDuration is the TTL l sends (Config.LeaseDuration or the default).
+func LeaseDuration(l *Lock) time.Duration { return l.cfg.LeaseDuration }

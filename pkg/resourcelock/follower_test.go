@@ -88,8 +88,8 @@ func TestFollowerGetWaitsForNews(t *testing.T) {
 	dsn := newDB(t)
 	ctx := context.Background()
 	w := newWaiter(t, dsn)
-	h := mustLock(t, newClient(t, dsn), "k", "holder", resourcelock.Options{LeaseDuration: time.Minute, Waiter: w})
-	f := mustLock(t, newClient(t, dsn), "k", "follower", resourcelock.Options{LeaseDuration: time.Minute, Waiter: w})
+	h := mustLock(t, newClient(t, dsn), "k", "holder", resourcelock.Config{LeaseDuration: time.Minute, Waiter: w})
+	f := mustLock(t, newClient(t, dsn), "k", "follower", resourcelock.Config{LeaseDuration: time.Minute, Waiter: w})
 	if err := h.Create(ctx, rec("holder")); err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func TestFollowerGetWaitsForNews(t *testing.T) {
 	}
 
 	// A lapse, decided by the server, wakes it at the grant's expiry.
-	short := mustLock(t, newClient(t, dsn), "k", "short", resourcelock.Options{LeaseDuration: 1500 * time.Millisecond})
+	short := mustLock(t, newClient(t, dsn), "k", "short", resourcelock.Config{LeaseDuration: 1500 * time.Millisecond})
 	if _, _, err := short.Get(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +155,7 @@ func TestFollowerGetAfterFailedAcquireReadsAtOnce(t *testing.T) {
 	stop()
 
 	// Absent: Get gives NotFound, Create fails, Get again.
-	f := mustLock(t, newClient(t, dsn), "k", "follower", resourcelock.Options{LeaseDuration: time.Minute, Waiter: w})
+	f := mustLock(t, newClient(t, dsn), "k", "follower", resourcelock.Config{LeaseDuration: time.Minute, Waiter: w})
 	if _, _, err := f.Get(ctx); !apierrors.IsNotFound(err) {
 		t.Fatalf("first Get of an absent key: %v, want NotFound", err)
 	}
@@ -170,7 +170,7 @@ func TestFollowerGetAfterFailedAcquireReadsAtOnce(t *testing.T) {
 	}
 
 	// Free: Get gives the free record, Update fails, Get again.
-	h := mustLock(t, newClient(t, dsn), "k", "holder", resourcelock.Options{LeaseDuration: time.Minute})
+	h := mustLock(t, newClient(t, dsn), "k", "holder", resourcelock.Config{LeaseDuration: time.Minute})
 	if err := h.Create(ctx, rec("holder")); err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +216,7 @@ func (stalled) QueryRow(ctx context.Context, _ string, _ ...any) pgx.Row { retur
 // stalls, each returns an error (after the lock's lease duration) instead
 // of hanging.
 func TestFollowerCallsHaveDeadlines(t *testing.T) {
-	l := mustLock(t, lease.New(stalled{}), "k", "a", resourcelock.Options{LeaseDuration: time.Second})
+	l := mustLock(t, lease.New(stalled{}), "k", "a", resourcelock.Config{LeaseDuration: time.Second})
 	done := make(chan error, 3)
 	go func() {
 		_, _, err := l.Get(context.Background())
@@ -238,12 +238,18 @@ func TestFollowerCallsHaveDeadlines(t *testing.T) {
 
 func TestLeaderElectionConfig(t *testing.T) {
 	c := lease.New(nil)
-	lock := mustLock(t, c, "k", "a", resourcelock.Options{LeaseDuration: 15 * time.Second})
+	lock := mustLock(t, c, "k", "a", resourcelock.Config{LeaseDuration: 15 * time.Second})
 	cfg, err := lock.LeaderElectionConfig(leaderelection.LeaderElectionConfig{})
 	if err != nil || cfg.Lock != lock || cfg.LeaseDuration != 15*time.Second || cfg.RenewDeadline != 10*time.Second || cfg.RetryPeriod != 2*time.Second {
 		t.Fatalf("defaults: %+v, %v", cfg, err)
 	}
-	one := mustLock(t, c, "k", "a", resourcelock.Options{LeaseDuration: time.Second})
+	// Timings set in the Config are the ones filled in.
+	set := mustLock(t, c, "k", "a", resourcelock.Config{LeaseDuration: 15 * time.Second, RenewDeadline: 8 * time.Second, RetryPeriod: time.Second})
+	if cfg, err := set.LeaderElectionConfig(leaderelection.LeaderElectionConfig{}); err != nil ||
+		cfg.LeaseDuration != 15*time.Second || cfg.RenewDeadline != 8*time.Second || cfg.RetryPeriod != time.Second {
+		t.Fatalf("the Config's timings: %+v, %v", cfg, err)
+	}
+	one := mustLock(t, c, "k", "a", resourcelock.Config{LeaseDuration: time.Second})
 	if _, err := one.LeaderElectionConfig(leaderelection.LeaderElectionConfig{
 		LeaseDuration: time.Second, RenewDeadline: 700 * time.Millisecond, RetryPeriod: 100 * time.Millisecond,
 	}); err != nil {
@@ -263,6 +269,9 @@ func TestLeaderElectionConfig(t *testing.T) {
 		{"another lock", leaderelection.LeaderElectionConfig{Lock: other}, []string{"Lock: is pg_lease/other"}},
 	} {
 		_, err := one.LeaderElectionConfig(tc.cfg)
+		if !errors.Is(err, lease.ErrInvalidInput) {
+			t.Errorf("%s: %v, want an error matching lease.ErrInvalidInput", tc.name, err)
+		}
 		for _, w := range tc.want {
 			if err == nil || !strings.Contains(err.Error(), w) {
 				t.Errorf("%s: %v, want it to say %q", tc.name, err, w)
@@ -280,7 +289,7 @@ func TestReleaseSurvivesADeadPooledConnection(t *testing.T) {
 	ctx := context.Background()
 	pool := pgtest.NewPool(t, dsn, pgtest.MaxConns(1))
 	admin := newPool(t, dsn)
-	a := mustLock(t, lease.New(pool), "k", "a", resourcelock.Options{LeaseDuration: time.Hour})
+	a := mustLock(t, lease.New(pool), "k", "a", resourcelock.Config{LeaseDuration: time.Hour})
 	if err := a.Create(ctx, rec("a")); err != nil {
 		t.Fatal(err)
 	}

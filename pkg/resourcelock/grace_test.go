@@ -37,7 +37,7 @@ func TestFollowersWakeWhenGraceEnds(t *testing.T) {
 	started := make(chan string, 3)
 	for i := range 3 {
 		id := fmt.Sprintf("c%d", i)
-		lock := mustLock(t, newClient(t, dsn), "k", id, resourcelock.Options{LeaseDuration: 3 * time.Second, Waiter: w})
+		lock := mustLock(t, newClient(t, dsn), "k", id, resourcelock.Config{LeaseDuration: 3 * time.Second, Waiter: w})
 		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 			Lock: lock, Name: "k", LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 500 * time.Millisecond,
 			Callbacks: leaderelection.LeaderCallbacks{

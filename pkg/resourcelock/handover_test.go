@@ -25,7 +25,7 @@ func TestClientGoHandoverToNewestReadyCandidate(t *testing.T) {
 	const key = "handover"
 	w := newWaiter(t, dsn)
 	lock := func(id, version string, ready func() bool) *resourcelock.Lock {
-		l := mustLock(t, newClient(t, dsn), key, id, resourcelock.Options{
+		l := mustLock(t, newClient(t, dsn), key, id, resourcelock.Config{
 			LeaseDuration: testTTL, OnEpochChange: e.hook(id), Waiter: w,
 			Candidacy: &handover.Candidacy{Strategy: handover.StrategyNewestVersion, Version: version, Ready: ready},
 		})
@@ -127,7 +127,7 @@ func TestWaitingCandidateRegistersReadinessAndKeepsWaiting(t *testing.T) {
 		t.Fatalf("acquire: %v %v", ok, err)
 	}
 	var ready atomic.Bool
-	l := mustLock(t, newClient(t, dsn), key, "cand", resourcelock.Options{
+	l := mustLock(t, newClient(t, dsn), key, "cand", resourcelock.Config{
 		LeaseDuration: testTTL, Waiter: newWaiter(t, dsn),
 		Candidacy: &handover.Candidacy{Strategy: handover.StrategyNewestVersion, Version: "2.0.0", Ready: ready.Load},
 	})

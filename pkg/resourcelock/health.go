@@ -28,9 +28,9 @@ func (l *Lock) Check(_ *http.Request) error {
 	if t == nil {
 		return nil
 	}
-	if idle := l.client.Clock().Since(last); idle > 2*l.opts.LeaseDuration {
+	if idle := l.client.Clock().Since(last); idle > 2*l.cfg.LeaseDuration {
 		return fmt.Errorf("resourcelock %s: holding epoch %d but the elector has not called the lock for %v (> 2 x lease duration %v)",
-			l.key, t.Grant().Epoch, idle.Round(time.Millisecond), l.opts.LeaseDuration)
+			l.cfg.Key, t.Grant().Epoch, idle.Round(time.Millisecond), l.cfg.LeaseDuration)
 	}
 	return nil
 }

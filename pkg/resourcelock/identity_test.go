@@ -84,7 +84,7 @@ func testSpoofedIdentity(t *testing.T, useWaiter bool) {
 	}
 
 	pool := newPool(t, pgtest.WithUser(dsn, app))
-	opts := resourcelock.Options{LeaseDuration: testTTL}
+	opts := resourcelock.Config{LeaseDuration: testTTL}
 	if useWaiter {
 		w, err := listen.NewWaiter(ctx, pool.Config().ConnConfig, listen.Options{})
 		if err != nil {

@@ -7,12 +7,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pglease/pg_lease/pkg/handover"
 	"github.com/pglease/pg_lease/pkg/internal/candidacy"
 	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/listen"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
 )
@@ -23,75 +21,9 @@ var _ rl.Interface = (*Lock)(nil)
 // API errors this package returns (NotFound, AlreadyExists, Conflict).
 var groupResource = schema.GroupResource{Group: "pglease.io", Resource: "leases"}
 
-// defaultLeaseDuration is the TTL a Lock sends unless Options.LeaseDuration.
-const defaultLeaseDuration = 15 * time.Second
-
 // ErrNotHolding: the lock holds no live term (TokenContext, a release with
 // nothing to release).
 var ErrNotHolding = errors.New("resourcelock: this lock holds no live term")
-
-// Options configure a Lock (New). The zero value is the defaults.
-type Options struct {
-	// LeaseDuration is the TTL sent to the server with every acquire and
-	// renew (default 15s; at least 3ms). The record's LeaseDurationSeconds
-	// (whole seconds, possibly 0) is never used for it.
-	LeaseDuration time.Duration
-	// OnEpochChange, when set, is called synchronously on every change of
-	// the epoch under which this lock holds the key: (old, zero Token) when
-	// a term ends, after its contexts were cancelled; (zero Token, new) when
-	// a term starts, before the Create or Update that obtained it returns
-	// and before Token or TokenContext can return it. Calls never overlap
-	// and an end is always reported before the next start. It must not call
-	// Get, Create or Update, and should return fast.
-	OnEpochChange func(old, new lease.Token)
-	// Waiter makes a follower's Get wait for news (see the package
-	// documentation): the process's listener (one listen.Waiter shared by
-	// every lock and elector of the process). Without it, Get returns at
-	// once and client-go's followers poll every RetryPeriod.
-	Waiter *listen.Waiter
-	// EventRecorder, when set, is what RecordEvent records on, about
-	// EventObject. A nil EventObject is the coordination.k8s.io/v1 Lease
-	// named after the key: a "namespace/name" key is split, any other key
-	// is a name in EventNamespace.
-	EventRecorder  rl.EventRecorder
-	EventObject    runtime.Object
-	EventNamespace string
-	// Candidacy, when set, registers the lock as a candidate of its key
-	// while it follows (every Get renews the registration when due, and a
-	// waiting Get renews it inside the wait, when due and as soon as the
-	// candidate's readiness changes; the first Get waits too while another
-	// identity holds the key), so that the
-	// leader's release may hand the key straight to it: the next Get
-	// returns a record naming this identity, and client-go's Update takes
-	// up the grant. Its Strategy is set on the key.
-	Candidacy *handover.Candidacy
-
-	// Margin is how long before Grant.ValidUntil a term ends when no
-	// renewal moved it: the term margin of lease.CheckMargin (the one
-	// margin rule). Default min(LeaseDuration/3, 100ms + LeaseDuration/1000);
-	// at least the clock-rate drift floor LeaseDuration/1000, at most
-	// LeaseDuration/3.
-	Margin time.Duration
-}
-
-// withDefaults returns o with every zero field set to its default, and
-// validates the result. Each error names the field.
-func (o Options) withDefaults() (Options, error) {
-	if o.LeaseDuration == 0 {
-		o.LeaseDuration = defaultLeaseDuration
-	}
-	m, err := checkTTL(o.LeaseDuration, o.Margin)
-	if err != nil {
-		return o, fmt.Errorf("Options.%w", err)
-	}
-	o.Margin = m
-	if o.Candidacy != nil {
-		if err := o.Candidacy.Check(); err != nil {
-			return o, fmt.Errorf("Options.Candidacy: %w", err)
-		}
-	}
-	return o, nil
-}
 
 // Lock is a client-go resourcelock.Interface over one pg_lease key. See the
 // package documentation for the contract it keeps.
@@ -100,11 +32,9 @@ func (o Options) withDefaults() (Options, error) {
 // of its own with a unique identity. A Lock is safe for concurrent use; its
 // Get, Create and Update run one at a time.
 type Lock struct {
-	client   *lease.Client
-	key      string
-	identity string
-	opts     Options // completed by withDefaults
-	events   *events
+	client *lease.Client
+	cfg    Config // completed by Config.withDefaults
+	events *events
 
 	op  sync.Mutex           // serializes Get, Create, Update
 	reg *candidacy.Registrar // nil without a Candidacy; under op
@@ -126,46 +56,37 @@ type Lock struct {
 	hookMu sync.Mutex // OnEpochChange calls never overlap
 }
 
-// New returns a Lock on key for identity. It fills the defaults of opts and
-// validates everything once; each error names the field and matches
-// lease.ErrInvalidInput.
-func New(client *lease.Client, key, identity string, opts Options) (*Lock, error) {
+// New returns a Lock as c says. It fills the defaults of c and checks all
+// of it once: the error joins one *FieldError for each offending field
+// (each names the field and matches lease.ErrInvalidInput).
+func New(client *lease.Client, c Config) (*Lock, error) {
 	var errs []error
 	if client == nil {
 		errs = append(errs, fmt.Errorf("%w: client must not be nil", lease.ErrInvalidInput))
 	}
-	if err := lease.CheckKey(key); err != nil {
-		errs = append(errs, err)
-	}
-	if err := lease.CheckOwner(identity); err != nil {
-		errs = append(errs, fmt.Errorf("identity: %w", err))
-	}
-	opts, err := opts.withDefaults()
-	if err != nil {
-		errs = append(errs, err)
-	}
-	if len(errs) > 0 {
+	c, cerrs := c.withDefaults()
+	if errs = append(errs, cerrs...); len(errs) > 0 {
 		return nil, fmt.Errorf("resourcelock.New: %w", errors.Join(errs...))
 	}
-	ev := &events{recorder: opts.EventRecorder, object: opts.EventObject, given: opts.EventObject != nil}
+	ev := &events{recorder: c.EventRecorder, object: c.EventObject, given: c.EventObject != nil}
 	if ev.object == nil {
-		ev.object = eventLease(key, opts.EventNamespace)
+		ev.object = eventLease(c.Key, c.EventNamespace)
 	}
-	l := &Lock{client: client, key: key, identity: identity, opts: opts, events: ev}
-	if opts.Candidacy != nil {
-		l.reg = candidacy.New(client, key, identity, opts.LeaseDuration, *opts.Candidacy)
+	l := &Lock{client: client, cfg: c, events: ev}
+	if c.Candidacy != nil {
+		l.reg = candidacy.New(client, c.Key, c.Identity, c.LeaseDuration, *c.Candidacy)
 	}
 	return l, nil
 }
 
 // Identity returns the lock's identity (the owner it presents to pg_lease).
-func (l *Lock) Identity() string { return l.identity }
+func (l *Lock) Identity() string { return l.cfg.Identity }
 
 // Key returns the lease key.
-func (l *Lock) Key() string { return l.key }
+func (l *Lock) Key() string { return l.cfg.Key }
 
 // Describe names the lock in client-go's log lines.
-func (l *Lock) Describe() string { return "pg_lease/" + l.key }
+func (l *Lock) Describe() string { return "pg_lease/" + l.cfg.Key }
 
 // maxFollowerWait bounds how long a follower's Get waits for news.
 const maxFollowerWait = 10 * time.Minute
@@ -179,7 +100,7 @@ const maxFollowerWait = 10 * time.Minute
 // to an election (the holder or the epoch: a grant, a release, a takeover,
 // the server-side lapse of the grant), or maxFollowerWait, or ctx ends
 // (then it returns ctx's error). The holder's Get never waits, nor does
-// the first Get, but for a candidate (Options.Candidacy): its first Get
+// the first Get, but for a candidate (Config.Candidacy): its first Get
 // waits too while another identity holds the key.
 func (l *Lock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error) {
 	l.op.Lock()
@@ -189,7 +110,7 @@ func (l *Lock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error
 	t, last, returned, graceEnd := l.term, l.obs, l.returned, l.graceEnd
 	l.graceEnd = time.Time{}
 	l.mu.Unlock()
-	follower := t == nil && last.Holder != l.identity
+	follower := t == nil && last.Holder != l.cfg.Identity
 
 	var (
 		s   lease.State
@@ -213,7 +134,7 @@ func (l *Lock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error
 			}
 		}
 		s, err = l.inspect(ctx, follower)
-	} else if w := l.opts.Waiter; follower && returned && w != nil && last.Holder != "" {
+	} else if w := l.cfg.Waiter; follower && returned && w != nil && last.Holder != "" {
 		// Held by another when last read: wait for news. A key last read
 		// free (or absent) is read at once: client-go then acquires it, and
 		// if that acquire failed, no change would come to wake a wait.
@@ -223,7 +144,7 @@ func (l *Lock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error
 		// client-go's RetryPeriod after a first Get that returned at
 		// once would leave it deaf to a grant handed to it.
 		s, err = l.inspect(ctx, follower)
-		if err == nil && s.Held && s.Owner != l.identity {
+		if err == nil && s.Held && s.Owner != l.cfg.Identity {
 			s, err = l.await(ctx, w, l.recordOf(s))
 		}
 	} else {
@@ -239,14 +160,14 @@ func (l *Lock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error
 
 	// Does the server still say we hold our grant?
 	if t != nil {
-		if g := t.Grant(); !(s.Held && s.Owner == l.identity && s.Epoch == g.Epoch) {
+		if g := t.Grant(); !(s.Held && s.Owner == l.cfg.Identity && s.Epoch == g.Epoch) {
 			var lost error
 			switch {
 			case !s.Exists:
 				// Never leased, or removed by lease.cleanup after it was
 				// free: a grant we held is gone either way.
 				lost = lease.ErrNotOwner
-			case s.Held && s.Owner == l.identity:
+			case s.Held && s.Owner == l.cfg.Identity:
 				lost = lease.ErrEpochMismatch
 			case s.Epoch == g.Epoch && !s.Held:
 				lost = lease.ErrLapsed
@@ -254,11 +175,11 @@ func (l *Lock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error
 				lost = lease.ErrNotOwner
 			}
 			l.lose(t, fmt.Errorf("%w (%w): seen by Get: %s at epoch %d, exists=%v held=%v by %q",
-				lost, lease.ErrLost, l.key, s.Epoch, s.Exists, s.Held, s.Owner))
+				lost, lease.ErrLost, l.cfg.Key, s.Epoch, s.Exists, s.Held, s.Owner))
 		}
 	}
 
-	if s.Held && s.Owner == l.identity && (t == nil || t.Grant().Epoch != s.Epoch) {
+	if s.Held && s.Owner == l.cfg.Identity && (t == nil || t.Grant().Epoch != s.Epoch) {
 		if err := l.checkOwn(ctx, s.Epoch); err != nil {
 			return nil, nil, err
 		}
@@ -268,7 +189,7 @@ func (l *Lock) Get(ctx context.Context) (*rl.LeaderElectionRecord, []byte, error
 	l.obs = r
 	l.mu.Unlock()
 	if !s.Exists {
-		return nil, nil, apierrors.NewNotFound(groupResource, l.key)
+		return nil, nil, apierrors.NewNotFound(groupResource, l.cfg.Key)
 	}
 	return l.record(r)
 }
@@ -289,7 +210,7 @@ func (l *Lock) checkOwn(ctx context.Context, epoch int64) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, l.followerTimeout())
 	defer cancel()
-	tok := lease.Token{Key: l.key, Owner: l.identity, Epoch: epoch}
+	tok := lease.Token{Key: l.cfg.Key, Owner: l.cfg.Identity, Epoch: epoch}
 	_, err := l.client.Check(ctx, tok)
 	if err != nil && !errors.Is(err, lease.ErrLost) {
 		return err
@@ -332,7 +253,7 @@ func (l *Lock) await(ctx context.Context, w *listen.Waiter, last rawRecord) (lea
 			waitCtx, stopReady = l.reg.WatchReady(ctx)
 		}
 		wctx, cancel := context.WithTimeout(waitCtx, limit)
-		s, err := listen.Await(wctx, w, l.client, l.key, l.followerPoll(), changed)
+		s, err := listen.Await(wctx, w, l.client, l.cfg.Key, l.followerPoll(), changed)
 		cancel()
 		stopReady()
 		if err == nil || ctx.Err() != nil || wctx.Err() == nil {
@@ -356,23 +277,23 @@ func (l *Lock) inspect(ctx context.Context, follower bool) (lease.State, error) 
 		ctx, cancel = context.WithTimeout(ctx, l.followerTimeout())
 		defer cancel()
 	}
-	return l.client.Inspect(ctx, l.key)
+	return l.client.Inspect(ctx, l.cfg.Key)
 }
 
 // followerTimeout bounds each call a follower makes.
-func (l *Lock) followerTimeout() time.Duration { return max(l.opts.LeaseDuration, time.Second) }
+func (l *Lock) followerTimeout() time.Duration { return max(l.cfg.LeaseDuration, time.Second) }
 
 // followerPoll bounds how late a waiting follower sees a change that sent
 // no notification (pg_lease.notify = off on the writer, the listen
 // connection down).
-func (l *Lock) followerPoll() time.Duration { return min(l.opts.LeaseDuration/2, time.Second) }
+func (l *Lock) followerPoll() time.Duration { return min(l.cfg.LeaseDuration/2, time.Second) }
 
 // Create obtains the first grant of a key that was never leased. If the key
 // exists, it returns an error for which apierrors.IsAlreadyExists is true and
 // changes nothing.
 func (l *Lock) Create(ctx context.Context, ler rl.LeaderElectionRecord) error {
 	l.touch()
-	if ler.HolderIdentity != l.identity {
+	if ler.HolderIdentity != l.cfg.Identity {
 		return l.foreignHolder("Create", ler.HolderIdentity)
 	}
 	l.op.Lock()
@@ -382,19 +303,19 @@ func (l *Lock) Create(ctx context.Context, ler rl.LeaderElectionRecord) error {
 	l.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, l.followerTimeout())
 	defer cancel()
-	s, err := l.client.Inspect(ctx, l.key)
+	s, err := l.client.Inspect(ctx, l.cfg.Key)
 	if err != nil {
 		return err
 	}
 	if s.Exists {
-		return apierrors.NewAlreadyExists(groupResource, l.key)
+		return apierrors.NewAlreadyExists(groupResource, l.cfg.Key)
 	}
-	g, ok, err := l.client.Acquire(ctx, l.key, l.identity, l.opts.LeaseDuration)
+	g, ok, err := l.client.Acquire(ctx, l.cfg.Key, l.cfg.Identity, l.cfg.LeaseDuration)
 	if err != nil {
 		return l.graceConflict(err)
 	}
 	if !ok {
-		return apierrors.NewAlreadyExists(groupResource, l.key)
+		return apierrors.NewAlreadyExists(groupResource, l.cfg.Key)
 	}
 	// The key did not exist when inspected. (Its first grant carries epoch 1,
 	// or, after lease.cleanup removed free keys, one above the database's
@@ -419,7 +340,7 @@ func (l *Lock) Update(ctx context.Context, ler rl.LeaderElectionRecord) error {
 	if ler.HolderIdentity == "" {
 		return l.release(ctx)
 	}
-	if ler.HolderIdentity != l.identity {
+	if ler.HolderIdentity != l.cfg.Identity {
 		return l.foreignHolder("Update", ler.HolderIdentity)
 	}
 	l.op.Lock()
@@ -429,7 +350,7 @@ func (l *Lock) Update(ctx context.Context, ler rl.LeaderElectionRecord) error {
 	t, seen := l.term, l.seen
 	l.mu.Unlock()
 	if !seen {
-		return apierrors.NewBadRequest(fmt.Sprintf("resourcelock: Update of %s before any Get or Create", l.key))
+		return apierrors.NewBadRequest(fmt.Sprintf("resourcelock: Update of %s before any Get or Create", l.cfg.Key))
 	}
 
 	if t != nil && t.Err() == nil {
@@ -460,12 +381,12 @@ func (l *Lock) Update(ctx context.Context, ler rl.LeaderElectionRecord) error {
 
 	actx, cancel := context.WithTimeout(ctx, l.followerTimeout())
 	defer cancel()
-	g, ok, err := l.client.Acquire(actx, l.key, l.identity, l.opts.LeaseDuration)
+	g, ok, err := l.client.Acquire(actx, l.cfg.Key, l.cfg.Identity, l.cfg.LeaseDuration)
 	if err != nil {
 		return l.graceConflict(err)
 	}
 	if !ok {
-		return l.conflict(fmt.Errorf("%s is held by another owner", l.key))
+		return l.conflict(fmt.Errorf("%s is held by another owner", l.cfg.Key))
 	}
 	return l.begin(ctx, g)
 }
@@ -495,10 +416,10 @@ func (l *Lock) graceConflict(err error) error {
 }
 
 func (l *Lock) conflict(cause error) error {
-	return &conflictError{StatusError: apierrors.NewConflict(groupResource, l.key, cause), cause: cause}
+	return &conflictError{StatusError: apierrors.NewConflict(groupResource, l.cfg.Key, cause), cause: cause}
 }
 
 func (l *Lock) foreignHolder(op, holder string) error {
 	return apierrors.NewBadRequest(fmt.Sprintf("resourcelock: %s of %s with HolderIdentity %q: this lock only writes its own identity %q",
-		op, l.key, holder, l.identity))
+		op, l.cfg.Key, holder, l.cfg.Identity))
 }

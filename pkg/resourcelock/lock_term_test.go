@@ -97,10 +97,10 @@ func TestNoSuccessForALostEpoch(t *testing.T) {
 	}
 	const ttl = time.Hour
 	hl := &hookLog{t: t}
-	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.Options{LeaseDuration: ttl,
+	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.Config{LeaseDuration: ttl,
 		OnEpochChange: hl.hook()})
 	// Another process that (wrongly) shares the identity, for epoch_mismatch.
-	twin := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.Options{LeaseDuration: ttl})
+	twin := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.Config{LeaseDuration: ttl})
 	if _, _, err := twin.Get(ctx); err != nil && !apierrors.IsNotFound(err) {
 		t.Fatal(err)
 	}
@@ -209,7 +209,7 @@ func TestLocalDeadlineEndsTerm(t *testing.T) {
 	ctx := context.Background()
 	admin := newClient(t, dsn)
 	a := mustLock(t, newClient(t, dsn), "k", "a",
-		resourcelock.Options{LeaseDuration: time.Second, Margin: 200 * time.Millisecond})
+		resourcelock.Config{LeaseDuration: time.Second, Margin: 200 * time.Millisecond})
 	if err := a.Create(ctx, rec("a")); err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +255,7 @@ func TestDeadlinePassedBeforeItsTimer(t *testing.T) {
 		clk := clocktesting.NewFakeClock(time.Now())
 		c := newClient(t, dsn).WithClock(lateTimers{FakeClock: clk, never: clocktesting.NewFakeClock(clk.Now())})
 		key := fmt.Sprintf("late-%v", release)
-		a := mustLock(t, c, key, "a", resourcelock.Options{LeaseDuration: 10 * time.Second})
+		a := mustLock(t, c, key, "a", resourcelock.Config{LeaseDuration: 10 * time.Second})
 		if _, _, err := a.Get(ctx); !apierrors.IsNotFound(err) {
 			t.Fatal(err)
 		}
@@ -297,7 +297,7 @@ func TestRecordEvent(t *testing.T) {
 	dsn := newDB(t)
 	ctx := context.Background()
 	r := record.NewFakeRecorder(10)
-	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.Options{EventRecorder: r})
+	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.Config{EventRecorder: r})
 	a.RecordEvent("stopped leading")
 	if err := a.Create(ctx, rec("a")); err != nil {
 		t.Fatal(err)
@@ -321,7 +321,7 @@ func TestSetEventRecorder(t *testing.T) {
 		{"op", "other", "other", "op"},
 	} {
 		first := record.NewFakeRecorder(10)
-		l := mustLock(t, newClient(t, dsn), tc.key, "a", resourcelock.Options{EventRecorder: first})
+		l := mustLock(t, newClient(t, dsn), tc.key, "a", resourcelock.Config{EventRecorder: first})
 		later := &objectRecorder{}
 		l.SetEventRecorder(later, tc.ns)
 		l.RecordEvent("became leader")
@@ -396,7 +396,7 @@ func TestKeyRemovedByCleanup(t *testing.T) {
 	ctx := context.Background()
 	admin := newPool(t, dsn)
 	// Long enough for a grant to arrive in time on a loaded machine.
-	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.Options{LeaseDuration: 2 * time.Second})
+	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.Config{LeaseDuration: 2 * time.Second})
 	if err := a.Create(ctx, rec("a")); err != nil {
 		t.Fatal(err)
 	}
@@ -421,7 +421,7 @@ func TestKeyRemovedByCleanup(t *testing.T) {
 func TestCheckDetectsAStuckElector(t *testing.T) {
 	dsn := newDB(t)
 	ctx := context.Background()
-	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.Options{LeaseDuration: time.Second, Margin: 100 * time.Millisecond})
+	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.Config{LeaseDuration: time.Second, Margin: 100 * time.Millisecond})
 	if err := a.Check(nil); err != nil {
 		t.Fatalf("Check with no grant: %v", err)
 	}
@@ -523,7 +523,7 @@ func TestLateGrantRenewedAtOnce(t *testing.T) {
 		clk := clocktesting.NewFakeClock(time.Now())
 		key := fmt.Sprintf("late-%s-%v", op, tc.step)
 		c := lease.New(&lateAnswers{Querier: newPool(t, dsn), clk: clk, step: tc.step}).WithClock(clk)
-		a := mustLock(t, c, key, "a", resourcelock.Options{LeaseDuration: ttl})
+		a := mustLock(t, c, key, "a", resourcelock.Config{LeaseDuration: ttl})
 		if op == "Update" {
 			// A key that exists and is free: Update acquires it.
 			admin := newClient(t, dsn)

@@ -22,18 +22,20 @@ func rec(id string) rl.LeaderElectionRecord {
 	return rl.LeaderElectionRecord{HolderIdentity: id, LeaseDurationSeconds: 15}
 }
 
-// mustLock is New with opts (at most one; none: the defaults).
-func mustLock(t *testing.T, c *lease.Client, key, id string, opts ...resourcelock.Options) *resourcelock.Lock {
+// mustLock is New on key for id with the rest of opts (at most one; none:
+// the defaults).
+func mustLock(t *testing.T, c *lease.Client, key, id string, opts ...resourcelock.Config) *resourcelock.Lock {
 	t.Helper()
-	var o resourcelock.Options
+	var o resourcelock.Config
 	switch len(opts) {
 	case 0:
 	case 1:
 		o = opts[0]
 	default:
-		t.Fatal("mustLock: more than one Options")
+		t.Fatal("mustLock: more than one Config")
 	}
-	l, err := resourcelock.New(c, key, id, o)
+	o.Key, o.Identity = key, id
+	l, err := resourcelock.New(c, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,23 +57,32 @@ func TestNewValidatesEachField(t *testing.T) {
 		name     string
 		client   *lease.Client
 		key, id  string
-		opts     resourcelock.Options
+		opts     resourcelock.Config
 		wantInEr []string
+		fields   []string // the FieldErrors, in order
 	}{
-		{"nil client", nil, "k", "a", resourcelock.Options{}, []string{"client"}},
-		{"empty key and identity", c, "", "", resourcelock.Options{}, []string{"key", "identity"}},
-		{"long key", c, strings.Repeat("k", 1025), "a", resourcelock.Options{}, []string{"key must be at most 1024 bytes"}},
-		{"ttl below 3ms", c, "k", "a", resourcelock.Options{LeaseDuration: 2 * time.Millisecond}, []string{"LeaseDuration"}},
-		{"negative ttl", c, "k", "a", resourcelock.Options{LeaseDuration: -time.Second}, []string{"LeaseDuration"}},
-		{"margin above ttl/3", c, "k", "a", resourcelock.Options{LeaseDuration: time.Second, Margin: time.Second}, []string{"Margin"}},
-		{"negative margin", c, "k", "a", resourcelock.Options{Margin: -1}, []string{"Margin"}},
-		{"candidate version", c, "k", "a", resourcelock.Options{Candidacy: &handover.Candidacy{Version: "one.two"}},
-			[]string{"Candidacy", "not a semantic version"}},
-		{"candidate strategy", c, "k", "a", resourcelock.Options{Candidacy: &handover.Candidacy{Strategy: "fastest"}},
-			[]string{"Candidacy", "strategy"}},
+		{"nil client", nil, "k", "a", resourcelock.Config{}, []string{"client"}, nil},
+		{"empty key and identity", c, "", "", resourcelock.Config{}, []string{"key", "identity"}, []string{"Key", "Identity"}},
+		{"long key", c, strings.Repeat("k", 1025), "a", resourcelock.Config{}, []string{"key must be at most 1024 bytes"}, []string{"Key"}},
+		{"ttl below 3ms", c, "k", "a", resourcelock.Config{LeaseDuration: 2 * time.Millisecond}, []string{"LeaseDuration"}, []string{"LeaseDuration"}},
+		{"negative ttl", c, "k", "a", resourcelock.Config{LeaseDuration: -time.Second}, []string{"LeaseDuration"}, []string{"LeaseDuration"}},
+		{"margin above ttl/3", c, "k", "a", resourcelock.Config{LeaseDuration: time.Second, Margin: time.Second}, []string{"Margin"}, []string{"Margin"}},
+		{"negative margin", c, "k", "a", resourcelock.Config{Margin: -1}, []string{"Margin"}, []string{"Margin"}},
+		{"renew deadline past the TTL", c, "k", "a", resourcelock.Config{LeaseDuration: time.Second, RenewDeadline: 900 * time.Millisecond},
+			[]string{"RenewDeadline (900ms) + RetryPeriod (133.333333ms)", "must be below the lock's lease duration (1s) minus its margin (101ms)"},
+			[]string{"RenewDeadline"}},
+		{"negative retry period", c, "k", "a", resourcelock.Config{RetryPeriod: -1}, []string{"RetryPeriod (-1ns) must be positive"}, []string{"RetryPeriod"}},
+		{"retry jitter", c, "k", "a", resourcelock.Config{LeaseDuration: time.Minute, RenewDeadline: 10 * time.Second, RetryPeriod: 9 * time.Second},
+			[]string{"RenewDeadline (10s) must be greater than RetryPeriod (9s) x JitterFactor"}, []string{"RenewDeadline"}},
+		{"candidate version", c, "k", "a", resourcelock.Config{Candidacy: &handover.Candidacy{Version: "one.two"}},
+			[]string{"Candidacy", "not a semantic version"}, []string{"Candidacy"}},
+		{"candidate strategy", c, "k", "a", resourcelock.Config{Candidacy: &handover.Candidacy{Strategy: "fastest"}},
+			[]string{"Candidacy", "strategy"}, []string{"Candidacy"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := resourcelock.New(tc.client, tc.key, tc.id, tc.opts)
+			cfg := tc.opts
+			cfg.Key, cfg.Identity = tc.key, tc.id
+			_, err := resourcelock.New(tc.client, cfg)
 			if !errors.Is(err, lease.ErrInvalidInput) {
 				t.Fatalf("New: %v, want an error matching lease.ErrInvalidInput", err)
 			}
@@ -80,9 +91,22 @@ func TestNewValidatesEachField(t *testing.T) {
 					t.Errorf("error %q does not name %q", err, w)
 				}
 			}
+			var fields []string
+			var joined interface{ Unwrap() []error }
+			if errors.As(err, &joined) {
+				for _, e := range joined.Unwrap() {
+					var fe *resourcelock.FieldError
+					if errors.As(e, &fe) {
+						fields = append(fields, fe.Field)
+					}
+				}
+			}
+			if strings.Join(fields, ",") != strings.Join(tc.fields, ",") {
+				t.Errorf("FieldErrors %q, want %q", fields, tc.fields)
+			}
 		})
 	}
-	l, err := resourcelock.New(c, "k", "a", resourcelock.Options{})
+	l, err := resourcelock.New(c, resourcelock.Config{Key: "k", Identity: "a"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,14 +251,14 @@ func TestLostRaceIsConflict(t *testing.T) {
 	}
 }
 
-// The TTL sent comes from Options.LeaseDuration, never from the record's
+// The TTL sent comes from Config.LeaseDuration, never from the record's
 // whole-second LeaseDurationSeconds (0 here, and the elector truncates).
 func TestTTLFromOwnConfiguration(t *testing.T) {
 	dsn := newDB(t)
 	ctx := context.Background()
 	admin := newClient(t, dsn)
 	ttl := 50*time.Minute + 500*time.Millisecond // below 0.3.0's default max_ttl (1 hour)
-	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.Options{LeaseDuration: ttl})
+	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.Config{LeaseDuration: ttl})
 	r := rec("a")
 	r.LeaseDurationSeconds = 0
 	if err := a.Create(ctx, r); err != nil {
@@ -258,7 +282,7 @@ func TestTTLFromOwnConfiguration(t *testing.T) {
 	if got.LeaseDurationSeconds != 3001 {
 		t.Fatalf("LeaseDurationSeconds = %d, want 3001 (TTL rounded up)", got.LeaseDurationSeconds)
 	}
-	b := mustLock(t, newClient(t, dsn), "k2", "b", resourcelock.Options{LeaseDuration: 900 * time.Millisecond})
+	b := mustLock(t, newClient(t, dsn), "k2", "b", resourcelock.Config{LeaseDuration: 900 * time.Millisecond})
 	if err := b.Create(ctx, rec("b")); err != nil {
 		t.Fatal(err)
 	}
@@ -277,8 +301,8 @@ func TestRawBytesChangeOnlyOnStateChanges(t *testing.T) {
 	ctx := context.Background()
 	admin := newClient(t, dsn)
 	const ttl = 1500 * time.Millisecond
-	h := mustLock(t, newClient(t, dsn), "k", "holder", resourcelock.Options{LeaseDuration: ttl})
-	f := mustLock(t, newClient(t, dsn), "k", "follower", resourcelock.Options{LeaseDuration: ttl})
+	h := mustLock(t, newClient(t, dsn), "k", "holder", resourcelock.Config{LeaseDuration: ttl})
+	f := mustLock(t, newClient(t, dsn), "k", "follower", resourcelock.Config{LeaseDuration: ttl})
 
 	if err := h.Create(ctx, rec("holder")); err != nil {
 		t.Fatal(err)

@@ -23,7 +23,7 @@ type rawRecord struct {
 
 func (l *Lock) heldRecord(g lease.Grant) rawRecord {
 	exp := g.ExpiresAt.UTC()
-	return rawRecord{Key: l.key, Epoch: g.Epoch, Holder: l.identity, ExpiresAt: &exp}
+	return rawRecord{Key: l.cfg.Key, Epoch: g.Epoch, Holder: l.cfg.Identity, ExpiresAt: &exp}
 }
 
 func (l *Lock) record(r rawRecord) (*rl.LeaderElectionRecord, []byte, error) {
@@ -31,7 +31,7 @@ func (l *Lock) record(r rawRecord) (*rl.LeaderElectionRecord, []byte, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	secs := int((l.opts.LeaseDuration + time.Second - 1) / time.Second)
+	secs := int((l.cfg.LeaseDuration + time.Second - 1) / time.Second)
 	return &rl.LeaderElectionRecord{
 		HolderIdentity:       r.Holder,
 		LeaseDurationSeconds: secs,
@@ -52,7 +52,7 @@ const TakenSuffix = " (held by another session)"
 // record.
 func (l *Lock) recordOf(s lease.State) rawRecord {
 	holder := s.Owner
-	if s.Held && s.Owner == l.identity {
+	if s.Held && s.Owner == l.cfg.Identity {
 		l.mu.Lock()
 		if s.Epoch == l.notMine {
 			holder += TakenSuffix
@@ -64,11 +64,11 @@ func (l *Lock) recordOf(s lease.State) rawRecord {
 		return rawRecord{}
 	case s.Held && s.ExpiresAt.IsZero():
 		// No expiry read: none is named.
-		return rawRecord{Key: l.key, Epoch: s.Epoch, Holder: holder}
+		return rawRecord{Key: l.cfg.Key, Epoch: s.Epoch, Holder: holder}
 	case s.Held:
 		exp := s.ExpiresAt.UTC()
-		return rawRecord{Key: l.key, Epoch: s.Epoch, Holder: holder, ExpiresAt: &exp}
+		return rawRecord{Key: l.cfg.Key, Epoch: s.Epoch, Holder: holder, ExpiresAt: &exp}
 	default:
-		return rawRecord{Key: l.key, Epoch: s.Epoch}
+		return rawRecord{Key: l.cfg.Key, Epoch: s.Epoch}
 	}
 }

@@ -41,7 +41,7 @@ func (l *Lock) Token() (t lease.Token, ok bool) {
 func (l *Lock) TokenContext(parent context.Context) (context.Context, context.CancelFunc, error) {
 	t := l.liveTerm()
 	if t == nil || !l.client.Clock().Now().Before(t.Deadline()) {
-		return nil, nil, fmt.Errorf("%w: %s (identity %q)", ErrNotHolding, l.Describe(), l.identity)
+		return nil, nil, fmt.Errorf("%w: %s (identity %q)", ErrNotHolding, l.Describe(), l.cfg.Identity)
 	}
 	ctx, cancel := t.Context(parent)
 	return ctx, cancel, nil
@@ -56,7 +56,7 @@ func (l *Lock) begin(ctx context.Context, g lease.Grant) error { return l.beginT
 // after its local deadline.
 func (l *Lock) beginTerm(ctx context.Context, g lease.Grant, again bool) error {
 	l.notify(lease.Token{}, g.Token)
-	t, err := l.client.Begin(g, l.opts.Margin, func(tok lease.Token, _ error) { l.notify(tok, lease.Token{}) })
+	t, err := l.client.Begin(g, l.cfg.Margin, func(tok lease.Token, _ error) { l.notify(tok, lease.Token{}) })
 	if err != nil {
 		return err // cannot happen: New checked the margin
 	}
@@ -64,7 +64,7 @@ func (l *Lock) beginTerm(ctx context.Context, g lease.Grant, again bool) error {
 	l.term = t
 	l.obs = l.heldRecord(g)
 	l.mu.Unlock()
-	if t.Err() == nil && t.Deadline().Sub(l.client.Clock().Now()) < l.opts.LeaseDuration/2 {
+	if t.Err() == nil && t.Deadline().Sub(l.client.Clock().Now()) < l.cfg.LeaseDuration/2 {
 		// The answer came late: the call waited most of the TTL (for a new
 		// primary's first commit, say). Renew at once, so that the term
 		// handed out lasts until client-go's next renewal, a RetryPeriod
@@ -97,7 +97,7 @@ func (l *Lock) beginTerm(ctx context.Context, g lease.Grant, again bool) error {
 	}
 	actx, cancel := context.WithTimeout(ctx, l.followerTimeout())
 	defer cancel()
-	g, ok, err := l.client.Acquire(actx, l.key, l.identity, l.opts.LeaseDuration)
+	g, ok, err := l.client.Acquire(actx, l.cfg.Key, l.cfg.Identity, l.cfg.LeaseDuration)
 	if err != nil || !ok {
 		return late
 	}
@@ -134,7 +134,7 @@ func (l *Lock) giveBack(ctx context.Context, t *lease.Term) error {
 	l.drop(t)
 	if err == nil {
 		l.mu.Lock()
-		l.obs = rawRecord{Key: l.key, Epoch: t.Grant().Epoch + 1}
+		l.obs = rawRecord{Key: l.cfg.Key, Epoch: t.Grant().Epoch + 1}
 		l.mu.Unlock()
 	}
 	return nil
@@ -150,7 +150,7 @@ func (l *Lock) release(ctx context.Context) error {
 	t := l.term
 	l.mu.Unlock()
 	if t == nil {
-		return fmt.Errorf("resourcelock: release of %s: %w", l.key, ErrNotHolding)
+		return fmt.Errorf("resourcelock: release of %s: %w", l.cfg.Key, ErrNotHolding)
 	}
 	err := t.Release(ctx)
 	switch {
@@ -163,16 +163,16 @@ func (l *Lock) release(ctx context.Context) error {
 	}
 	l.drop(t)
 	l.mu.Lock()
-	l.obs = rawRecord{Key: l.key, Epoch: t.Grant().Epoch + 1}
+	l.obs = rawRecord{Key: l.cfg.Key, Epoch: t.Grant().Epoch + 1}
 	l.mu.Unlock()
 	return nil
 }
 
 func (l *Lock) notify(old, new lease.Token) {
-	if l.opts.OnEpochChange == nil {
+	if l.cfg.OnEpochChange == nil {
 		return
 	}
 	l.hookMu.Lock()
 	defer l.hookMu.Unlock()
-	l.opts.OnEpochChange(old, new)
+	l.cfg.OnEpochChange(old, new)
 }

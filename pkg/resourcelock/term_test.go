@@ -31,7 +31,7 @@ func TestEndReportedBeforeTheLockActs(t *testing.T) {
 		release = make(chan struct{})
 	)
 	clk := clocktesting.NewFakeClock(time.Now())
-	a := mustLock(t, newClient(t, dsn).WithClock(clk), "k", "a", resourcelock.Options{
+	a := mustLock(t, newClient(t, dsn).WithClock(clk), "k", "a", resourcelock.Config{
 		LeaseDuration: time.Minute,
 		OnEpochChange: func(old, new lease.Token) {
 			mu.Lock()
@@ -83,7 +83,7 @@ func TestEndReportedBeforeTheLockActs(t *testing.T) {
 func TestTokenContextOfDoneParent(t *testing.T) {
 	dsn := newDB(t)
 	ctx := context.Background()
-	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.Options{LeaseDuration: time.Minute})
+	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.Config{LeaseDuration: time.Minute})
 	if err := a.Create(ctx, rec("a")); err != nil {
 		t.Fatal(err)
 	}

@@ -38,7 +38,7 @@ func TestMigrationLockContract(t *testing.T) {
 		return l
 	}
 	pgLock := func(id string) *resourcelock.Lock {
-		l, err := resourcelock.New(leases, key, id, resourcelock.Options{LeaseDuration: 30 * time.Second})
+		l, err := resourcelock.New(leases, resourcelock.Config{Key: key, Identity: id, LeaseDuration: 30 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -166,7 +166,7 @@ func TestElectorsThroughFailover(t *testing.T) {
 					}
 					wg.Go(func() { _ = el.Run(runCtx) })
 				case "client-go":
-					lock, err := resourcelock.New(client, "leader", who, resourcelock.Options{LeaseDuration: ttl})
+					lock, err := resourcelock.New(client, resourcelock.Config{Key: "leader", Identity: who, LeaseDuration: ttl})
 					if err != nil {
 						t.Fatal(err)
 					}

@@ -301,7 +301,7 @@ func (w *world) startClientGo(n int) {
 	for i := range n {
 		who := fmt.Sprintf("client-go-%d", i)
 		pool := w.pool(w.calls.option(key, who))
-		lock, err := resourcelock.New(lease.New(pool), key, who, resourcelock.Options{LeaseDuration: ttl})
+		lock, err := resourcelock.New(lease.New(pool), resourcelock.Config{Key: key, Identity: who, LeaseDuration: ttl})
 		if err != nil {
 			w.t.Fatal(err)
 		}

@@ -109,7 +109,7 @@ func testClientGo(t *testing.T, s *setup) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			l, err := resourcelock.New(lease.New(pool), key, id, resourcelock.Options{LeaseDuration: ttl, Waiter: w})
+			l, err := resourcelock.New(lease.New(pool), resourcelock.Config{Key: key, Identity: id, LeaseDuration: ttl, Waiter: w})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -278,7 +278,8 @@ func (e *env) clientGoIncarnation(ctx context.Context, id string, n int) error {
 	defer w.Close()
 	c := &cgCandidate{e: e, id: id, party: fmt.Sprintf("client-go/%s#%d", id, n),
 		starts: map[int64]time.Duration{}, deadlines: map[int64]time.Duration{}}
-	c.lock, err = resourcelock.New(lease.New(pool), clientGoKey, id, resourcelock.Options{
+	c.lock, err = resourcelock.New(lease.New(pool), resourcelock.Config{
+		Key: clientGoKey, Identity: id,
 		LeaseDuration: honestTTL, Waiter: w, OnEpochChange: c.epochChange,
 		Candidacy: &handover.Candidacy{Strategy: handover.StrategyPriority, Priority: 10},
 	})
