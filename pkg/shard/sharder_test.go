@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -33,6 +34,7 @@ type cluster struct {
 	pool     *pgxpool.Pool
 	n        int
 	ttl      time.Duration
+	renew    time.Duration // every replica's RenewEvery (0: the default)
 	mu       sync.Mutex
 	active   map[int]string // shard -> replica acting under it now
 	overlaps []string
@@ -74,7 +76,7 @@ func (c *cluster) start(id string) *replica {
 		onAcquired = func(s int) { f(id, s) }
 	}
 	r, err := shard.New(shard.Config{Client: lease.New(pool), Controller: "ctl", Shards: c.n,
-		Identity: id, TTL: c.ttl, Waiter: w, OnAcquired: onAcquired})
+		Identity: id, TTL: c.ttl, RenewEvery: c.renew, Waiter: w, OnAcquired: onAcquired})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -670,4 +672,38 @@ func TestForgedHandoverTakesNothing(t *testing.T) {
 	if took > 0 {
 		t.Errorf("a forged handover made v take shard %d, which the assignment gives to b (%d events)", free, took)
 	}
+}
+
+// TestKeysLapseAtOneInstant: a replica that took shards, in several
+// statements as the handovers of a join arrive, renews its member key and
+// every shard key at once after each take, so that they all expire at one
+// instant: were it to crash, each other replica would take over its shards
+// in one statement at that instant. The keep-alive's own rounds are
+// minutes away here.
+func TestKeysLapseAtOneInstant(t *testing.T) {
+	c := newCluster(t, 16, 10*time.Minute)
+	c.renew = 9 * time.Minute
+	c.start("a")
+	c.start("b")
+	c.waitSettled("a", "b")
+	c.start("y")
+	c.waitSettled("a", "b", "y")
+	y := c.replicas["y"].r
+	lc := lease.New(c.pool)
+	var last string
+	waitFor(t, "y's keys expiring at one instant", func() bool {
+		states, err := lc.List(pgtest.Context(t, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		expires := map[time.Time][]string{}
+		for _, st := range states {
+			if st.Held && st.Owner == y.Owner() {
+				expires[st.ExpiresAt] = append(expires[st.ExpiresAt], st.Key)
+			}
+		}
+		last = fmt.Sprint(expires)
+		return len(expires) == 1 && len(slices.Collect(maps.Values(expires))[0]) == len(y.Owned())+1
+	})
+	t.Logf("y's keys: %s", last)
 }
