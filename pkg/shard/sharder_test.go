@@ -674,6 +674,52 @@ func TestForgedHandoverTakesNothing(t *testing.T) {
 	}
 }
 
+// TestCrashTakenOverInOneStatementPerReplica: a replica that joined and
+// took its shards, one handover after another, crashes at once; every
+// other replica takes the crashed replica's shards that Balance gives it
+// in one acquire statement, with no acquire before or after it, and every
+// shard is owned again.
+func TestCrashTakenOverInOneStatementPerReplica(t *testing.T) {
+	c := newCluster(t, 64, 3*time.Second)
+	counters := map[string]*stmtCounter{}
+	for _, id := range []string{"a", "b", "c", "y"} {
+		n := &stmtCounter{n: map[string]int{}}
+		counters[id] = n
+		c.poolOpts = []pgtest.PoolOption{func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = n }}
+		c.start(id)
+		if id == "c" {
+			c.waitSettled("a", "b", "c")
+		}
+	}
+	c.poolOpts = nil
+	c.waitSettled("a", "b", "c", "y")
+	ys := slices.Clone(c.replicas["y"].r.Owned())
+	before := map[string]int{}
+	for id, n := range counters {
+		before[id] = n.snapshot()["acquire"]
+	}
+	y := c.replicas["y"]
+	y.cancel(shard.ErrCrash)
+	t.Logf("y crashes holding %v: settled in %v", ys, c.waitSettled("a", "b", "c"))
+	<-y.done
+	c.checkNoOverlap()
+	for _, id := range []string{"a", "b", "c"} {
+		var got []int
+		for _, s := range c.replicas[id].r.Owned() {
+			if slices.Contains(ys, s) {
+				got = append(got, s)
+			}
+		}
+		want := 0
+		if len(got) > 0 {
+			want = 1
+		}
+		if n := counters[id].snapshot()["acquire"] - before[id]; n != want {
+			t.Errorf("%s took y's shards %v in %d acquire statements, want %d", id, got, n, want)
+		}
+	}
+}
+
 // TestKeysLapseAtOneInstant: a replica that took shards, in several
 // statements as the handovers of a join arrive, renews its member key and
 // every shard key at once after each take, so that they all expire at one
