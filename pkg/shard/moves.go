@@ -49,30 +49,40 @@ func (r *Sharder) take(ctx context.Context, shards []int) error {
 				}
 				continue
 			}
-			r.mu.Lock()
-			if o := r.owned[s]; o != nil && !o.stopping && o.term.Err() == nil && o.term.Grant().Epoch == grants[i].Epoch {
-				r.mu.Unlock()
-				continue // taken already: a handover's notification and a round both took it
-			}
-			t, err := r.c.Begin(grants[i], r.cfg.Margin, nil)
+			ok, err := r.begin(s, grants[i])
+			began = began || ok
 			if err != nil {
-				r.mu.Unlock()
 				errs = append(errs, err)
-				continue
-			}
-			r.owned[s] = newOwned(s, t)
-			delete(r.handed, s)
-			r.mu.Unlock()
-			r.keep.Add(t)
-			began = true
-			r.metrics.rebalances.WithLabelValues("acquired").Inc()
-			if r.cfg.OnAcquired != nil {
-				r.cfg.OnAcquired(s)
 			}
 		}
 		shards = shards[n:]
 	}
 	return errors.Join(errs...)
+}
+
+// begin begins a term for shard s under g, unless this replica acts under
+// that grant already (a handover's notification and a round both took it),
+// and reports whether it began one.
+func (r *Sharder) begin(s int, g lease.Grant) (bool, error) {
+	r.mu.Lock()
+	if o := r.owned[s]; o != nil && !o.stopping && o.term.Err() == nil && o.term.Grant().Epoch == g.Epoch {
+		r.mu.Unlock()
+		return false, nil
+	}
+	t, err := r.c.Begin(g, r.cfg.Margin, nil)
+	if err != nil {
+		r.mu.Unlock()
+		return false, err
+	}
+	r.owned[s] = newOwned(s, t)
+	delete(r.handed, s)
+	r.mu.Unlock()
+	r.keep.Add(t)
+	r.metrics.rebalances.WithLabelValues("acquired").Inc()
+	if r.cfg.OnAcquired != nil {
+		r.cfg.OnAcquired(s)
+	}
+	return true, nil
 }
 
 // align renews the member key and every shard key of this process in one

@@ -355,8 +355,8 @@ func TestDue(t *testing.T) {
 }
 
 // TestHandedTo: of a wake's events, the handovers of this controller's
-// shards to this process, in order, once each, but for shards it acts
-// under already; releases, grants, other owners, other controllers' keys
+// shards to this process, in order, once each with the latest epoch
+// notified, but for shards it acts under already; releases, grants, other owners, other controllers' keys
 // and shards out of range are not.
 func TestHandedTo(t *testing.T) {
 	ev := func(typ listen.EventType, key, owner string) listen.Event {
@@ -376,8 +376,14 @@ func TestHandedTo(t *testing.T) {
 		ev(listen.EventAcquired, Key("ctl", 7), "a#1"),
 		ev(listen.EventHandover, "ctl/changed", "a#1"),
 	}
-	got := handedTo("ctl", 64, "a#1", events, acting)
+	events = append(events, listen.Event{Type: listen.EventHandover, Key: Key("ctl", 1), Owner: "a#1", Epoch: 9})
+	got, tokens := handedTo("ctl", 64, "a#1", events, acting)
 	if want := []int{1, 4, 9}; !slices.Equal(got, want) {
 		t.Errorf("handedTo: %v, want %v", got, want)
+	}
+	want := []lease.Token{{Key: Key("ctl", 1), Owner: "a#1", Epoch: 9}, {Key: Key("ctl", 4), Owner: "a#1", Epoch: 7},
+		{Key: Key("ctl", 9), Owner: "a#1", Epoch: 7}}
+	if !slices.Equal(tokens, want) {
+		t.Errorf("handedTo: tokens %v, want %v (the latest grant of each)", tokens, want)
 	}
 }

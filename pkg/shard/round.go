@@ -3,6 +3,7 @@ package shard
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"time"
 
@@ -245,10 +246,12 @@ func (r *Sharder) takeOver(ctx, stop context.Context) {
 
 // takeHandedOver takes, until ctx ends, the grants that a release hands to
 // this process, as the notification of each handover arrives: one
-// statement (lease.Client.AcquireMany answers the caller's own grant),
-// with no list before it and whatever the rounds are doing. A notification
-// is only a sign: the acquire takes nothing another process holds, and a
-// shard taken that is assigned elsewhere is given up by the next round.
+// statement (lease.Client.RenewTokens of the owner and epoch each
+// notification names), with no list before it and whatever the rounds are
+// doing. Any role may NOTIFY: a notification is only a sign, and the
+// renewal takes only a grant the server shows held by this process at that
+// epoch (a forged one takes nothing); a shard taken that is assigned
+// elsewhere is given up by the next round.
 func (r *Sharder) takeHandedOver(ctx, stmts context.Context, handovers *listen.Changes) {
 	clk := r.c.Clock()
 	for {
@@ -257,7 +260,7 @@ func (r *Sharder) takeHandedOver(ctx, stmts context.Context, handovers *listen.C
 			return
 		}
 		// Decided under moves: a round that took these grants meanwhile
-		// leaves nothing to acquire again.
+		// leaves nothing to take again.
 		r.moves.Lock()
 		if ctx.Err() != nil {
 			r.moves.Unlock()
@@ -269,21 +272,15 @@ func (r *Sharder) takeHandedOver(ctx, stmts context.Context, handovers *listen.C
 			acting[s] = !o.stopping && o.term.Err() == nil
 		}
 		r.mu.Unlock()
-		shards := handedTo(r.cfg.Controller, r.cfg.Shards, r.owner, wk.Events, acting)
+		shards, tokens := handedTo(r.cfg.Controller, r.cfg.Shards, r.owner, wk.Events, acting)
 		if len(shards) == 0 {
 			r.moves.Unlock()
 			continue
 		}
 		at := clk.Now()
-		// Any role may NOTIFY: take only the keys a handover did grant to
-		// this owner (one read of them). AcquireMany would also grant a
-		// free key.
-		shards, err = r.heldBy(stmts, shards)
-		if err == nil && len(shards) > 0 {
-			err = r.take(stmts, shards)
-		}
+		err = r.takeHanded(stmts, shards, tokens)
 		if err != nil {
-			r.warner(ctx)("shard: acquire", "controller", r.cfg.Controller, "shards", len(shards), "err", err)
+			r.warner(ctx)("shard: take handed over", "controller", r.cfg.Controller, "shards", len(shards), "err", err)
 		}
 		r.moves.Unlock()
 		r.cfg.Logger.Info("shard: took handed over", "controller", r.cfg.Controller, "identity", r.cfg.Identity,
@@ -291,43 +288,57 @@ func (r *Sharder) takeHandedOver(ctx, stmts context.Context, handovers *listen.C
 	}
 }
 
-// heldBy returns, of shards, those whose keys the server shows held by
-// this replica's owner, in one read of those keys.
-func (r *Sharder) heldBy(ctx context.Context, shards []int) ([]int, error) {
-	keys := make([]string, len(shards))
-	for i, s := range shards {
-		keys[i] = Key(r.cfg.Controller, s)
-	}
-	states, err := r.c.List(ctx, keys...)
-	if err != nil {
-		return nil, err
-	}
-	held := map[string]bool{}
-	for _, st := range states {
-		held[st.Key] = st.Held && st.Owner == r.owner
-	}
-	var out []int
-	for i, s := range shards {
-		if held[keys[i]] {
-			out = append(out, s)
+// takeHanded renews the grants tokens name (those of shards), in one
+// statement, and begins a term for each the server renewed; then it renews
+// every key of this process at once (align).
+func (r *Sharder) takeHanded(ctx context.Context, shards []int, tokens []lease.Token) error {
+	var errs []error
+	began := false
+	for len(tokens) > 0 {
+		n := min(len(tokens), lease.MaxBatch)
+		grants, denied, err := r.c.RenewTokens(ctx, tokens[:n], r.cfg.TTL)
+		if err != nil {
+			errs = append(errs, err)
+			break
 		}
+		for i, s := range shards[:n] {
+			if denied[i] != nil {
+				continue // not this process's grant at that epoch (any more)
+			}
+			ok, err := r.begin(s, grants[i])
+			began = began || ok
+			if err != nil {
+				errs = append(errs, err)
+			}
+		}
+		shards, tokens = shards[n:], tokens[n:]
 	}
-	return out, nil
+	if began {
+		r.align(ctx)
+	}
+	return errors.Join(errs...)
 }
 
 // handedTo returns, in order, the shards that events say a release handed
-// to owner, but for those this replica acts under already (acting).
-func handedTo(controller string, n int, owner string, events []listen.Event, acting map[int]bool) []int {
-	var out []int
+// to owner, and the token of each handed grant (the latest notified), but
+// for shards this replica acts under already (acting).
+func handedTo(controller string, n int, owner string, events []listen.Event, acting map[int]bool) ([]int, []lease.Token) {
+	latest := map[int]lease.Token{}
 	for _, ev := range events {
 		s, ok := parseShard(controller, ev.Key, n)
 		if !ok || ev.Type != listen.EventHandover || ev.Owner != owner || acting[s] {
 			continue
 		}
-		out = append(out, s)
+		if t, seen := latest[s]; !seen || ev.Epoch > t.Epoch {
+			latest[s] = lease.Token{Key: ev.Key, Owner: ev.Owner, Epoch: ev.Epoch}
+		}
 	}
-	slices.Sort(out)
-	return slices.Compact(out)
+	shards := slices.Sorted(maps.Keys(latest))
+	tokens := make([]lease.Token, len(shards))
+	for i, s := range shards {
+		tokens[i] = latest[s]
+	}
+	return shards, tokens
 }
 
 // releaseStray releases, in one statement, grants handed to this process

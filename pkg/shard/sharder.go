@@ -29,8 +29,9 @@
 //     while a join's shards move), so a move leaves no shard free; without
 //     a registration the key is freed and the new owner acquires it;
 //   - the recipient of a handover takes the grant as its notification
-//     arrives (with a Waiter), in one statement, without waiting for a
-//     round to list the keys;
+//     arrives (with a Waiter), in one statement with no read before it (a
+//     renewal of the grant the notification names: a forged one takes
+//     nothing), without waiting for a round to list the keys;
 //   - a replica that stops releases its member key and every shard in one
 //     statement (lease.Client.ReleaseMany) once their work ended (a shard whose
 //     work outlasts a Poll goes in a later statement);

@@ -434,13 +434,13 @@ func (g *listGate) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.Trace
 func (g *listGate) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 // TestHandoverTakenOnItsNotification: the replicas a leaving replica hands
-// its shards to take them as the handovers' notifications arrive, with one
-// read of the handed keys and one acquire, without a round's list of every
-// key: with every such list of theirs held back, they own and act under
+// its shards to take them as the handovers' notifications arrive, in one
+// statement (a renewal of the grants the notifications name), with no read
+// before it: with every list of theirs held back, they own and act under
 // those shards.
 func TestHandoverTakenOnItsNotification(t *testing.T) {
 	c := newCluster(t, 16, 3*time.Second)
-	gate := &listGate{allKeys: true}
+	gate := &listGate{}
 	defer gate.open()
 	c.poolOpts = []pgtest.PoolOption{func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = gate }}
 	c.start("a")
