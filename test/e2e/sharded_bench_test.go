@@ -357,20 +357,21 @@ func (r *shRun) formerOwnerWrites(ctx context.Context, controller string) int {
 	return n
 }
 
-// acting waits until the holder of each of shards, as the view has it now,
+// acting waits until the holder of each of shards, as the view has it,
 // acts under its grant (its "acquired" event for that shard and epoch), and
 // returns the latest such instant, or at when later: a rebalance is done
 // when every moved shard is held by a live replica that reconciles under it,
 // not when the key is granted (a handover grants it before its new holder
-// has read it).
+// has read it). The view is read again at each look: a handed grant that
+// lapsed before its recipient took it is acquired again, at a new epoch.
 func (r *shRun) acting(controller string, shards []int, at time.Time) time.Time {
 	r.t.Helper()
-	v, err := shard.Read(pgtest.Context(r.t, 0), r.leases, controller, r.p.shards)
-	if err != nil {
-		r.t.Fatal(err)
-	}
 	deadline := time.Now().Add(time.Minute)
 	for {
+		v, err := shard.Read(pgtest.Context(r.t, 0), r.leases, controller, r.p.shards)
+		if err != nil {
+			r.t.Fatal(err)
+		}
 		last, missing := at, 0
 		r.mu.Lock()
 		for _, s := range shards {
