@@ -229,10 +229,8 @@ func (r *Sharder) takeOver(ctx, stop context.Context) {
 	defer r.moves.Unlock()
 	r.mu.Lock()
 	joined := r.member != nil && r.member.Err() == nil
-	shards = slices.DeleteFunc(shards, func(s int) bool {
-		o := r.owned[s]
-		return o != nil && !o.stopping && o.term.Err() == nil
-	})
+	// A shard tracked here (acting under it, or giving it up) is no takeover.
+	shards = slices.DeleteFunc(shards, func(s int) bool { return r.owned[s] != nil })
 	r.mu.Unlock()
 	if !joined || len(shards) == 0 {
 		return
