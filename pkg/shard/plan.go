@@ -207,6 +207,19 @@ func decide(in planInput) plan {
 	return p
 }
 
+// wake is when to run the next round: the plan's instants are counted from
+// the list the plan was decided from (listed), not from the end of the
+// round's statements, so a slow round does not delay a takeover.
+func (p plan) wake(listed time.Time) time.Time {
+	at := listed.Add(p.next)
+	for _, to := range p.takeovers {
+		if to.at.Before(at) {
+			at = to.at
+		}
+	}
+	return at
+}
+
 // takeover is the shards one holder's keys keep from this replica: taken
 // in one statement at at, the latest local bound of the expiry of each of
 // those keys (and of the holder's member key): asked then, the server

@@ -290,6 +290,22 @@ func TestPlanCrashTakeover(t *testing.T) {
 	}
 }
 
+// TestPlanWake: the next round is at the earliest of the plan's instants,
+// counted from the list: a member's expiry in 2 s wakes the replica 2 s
+// after the list, however long the round's statements take after it.
+func TestPlanWake(t *testing.T) {
+	ids := []string{"a", "b", "c"}
+	w := newWorld(64).member("a", 9*time.Second).member("b", 2*time.Second).member("c", 9*time.Second).settled(ids...)
+	p := w.decide("a", ownOf(Assign(64, ids), "a"))
+	if got := p.wake(w.now); !got.Equal(w.now.Add(2 * time.Second)) {
+		t.Errorf("wake %v after the list, want 2s (b's expiry)", got.Sub(w.now))
+	}
+	p.next, p.takeovers = 3*time.Second, []takeover{{holder: "x#1", at: w.now.Add(time.Second), shards: []int{1}}}
+	if got := p.wake(w.now); !got.Equal(w.now.Add(time.Second)) {
+		t.Errorf("wake %v after the list, want 1s (the takeover)", got.Sub(w.now))
+	}
+}
+
 // TestPlanStrayAndHanded: a grant handed to this process for a shard
 // assigned here is taken (an acquire answers it) and noted as handed; one
 // for a shard assigned elsewhere is released again; an owned shard that

@@ -48,12 +48,7 @@ func (r *Sharder) round(stop, ctx context.Context) (time.Time, error) {
 	sn = sn.withSelf(r.cfg.Identity, r.owner)
 	r.moves.Lock()
 	p := r.plan(sn, listed)
-	// The instants of the plan are counted from the list, not from the end
-	// of the round's statements.
-	wake := listed.Add(p.next)
-	for _, to := range p.takeovers {
-		wake = earliest(wake, to.at)
-	}
+	wake := p.wake(listed)
 	r.pending = p.takeovers
 	if stop.Err() != nil {
 		r.moves.Unlock()
