@@ -372,7 +372,7 @@ func TestDue(t *testing.T) {
 
 // TestHandedTo: of a wake's events, the handovers of this controller's
 // shards to this process, in order, once each with the latest epoch
-// notified, but for shards it acts under already; releases, grants, other owners, other controllers' keys
+// notified, but for shards it acts under already and epochs below 1; releases, grants, other owners, other controllers' keys
 // and shards out of range are not.
 func TestHandedTo(t *testing.T) {
 	ev := func(typ listen.EventType, key, owner string) listen.Event {
@@ -392,7 +392,8 @@ func TestHandedTo(t *testing.T) {
 		ev(listen.EventAcquired, Key("ctl", 7), "a#1"),
 		ev(listen.EventHandover, "ctl/changed", "a#1"),
 	}
-	events = append(events, listen.Event{Type: listen.EventHandover, Key: Key("ctl", 1), Owner: "a#1", Epoch: 9})
+	events = append(events, listen.Event{Type: listen.EventHandover, Key: Key("ctl", 1), Owner: "a#1", Epoch: 9},
+		listen.Event{Type: listen.EventHandover, Key: Key("ctl", 5), Owner: "a#1", Epoch: 0}) // no grant: forged
 	got, tokens := handedTo("ctl", 64, "a#1", events, acting)
 	if want := []int{1, 4, 9}; !slices.Equal(got, want) {
 		t.Errorf("handedTo: %v, want %v", got, want)

@@ -319,7 +319,9 @@ func handedTo(controller string, n int, owner string, events []listen.Event, act
 	latest := map[int]lease.Token{}
 	for _, ev := range events {
 		s, ok := parseShard(controller, ev.Key, n)
-		if !ok || ev.Type != listen.EventHandover || ev.Owner != owner || acting[s] {
+		// An epoch below 1 names no grant (a forged notification): the
+		// server would refuse the whole batch for it.
+		if !ok || ev.Type != listen.EventHandover || ev.Owner != owner || ev.Epoch < 1 || acting[s] {
 			continue
 		}
 		if t, seen := latest[s]; !seen || ev.Epoch > t.Epoch {
