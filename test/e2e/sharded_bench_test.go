@@ -98,6 +98,7 @@ func TestShardedBenchmark(t *testing.T) {
 		elapsed            time.Duration
 		relabel            time.Duration // of elapsed, the updates that hand the objects to the run
 		join, leave, crash []time.Duration
+		afterLapse         []time.Duration // of crash, from the killed replica's last key's expiry
 		overlaps           int
 		orphan             []float64
 		split              string
@@ -150,6 +151,7 @@ func TestShardedBenchmark(t *testing.T) {
 			at, u3 := r.settled(ctl, ids...)
 			at = r.acting(ctl, ys, at)
 			res.crash = append(res.crash, at.Sub(crashed))
+			res.afterLapse = append(res.afterLapse, at.Sub(lapse))
 			_, counts = r.split(ctl, ids)
 			res.maxMin = max(res.maxMin, slices.Max(counts)-slices.Min(counts))
 			t.Logf("replicas=%d: the killed replica's last key lapsed %d ms after the kill, its shards settled %d ms after that",
@@ -167,9 +169,10 @@ func TestShardedBenchmark(t *testing.T) {
 		line := fmt.Sprintf("shards: replicas=%d speedup=%.2f join=%d ms leave=%d ms crash=%d ms overlaps=%d orphan-seconds=%.3f max-min=%d",
 			n, results[counts[0]].elapsed.Seconds()/res.elapsed.Seconds(), median(res.join).Milliseconds(), median(res.leave).Milliseconds(),
 			median(res.crash).Milliseconds(), res.overlaps, median(res.orphan), res.maxMin)
-		t.Logf("%s (all %d objects in %v, of which the updates that put them in the run %v; shards per replica %s of %d, %v per reconcile, %d workers per replica, ttl %v; medians of %d samples: join %v, leave %v, crash %v ms, orphan-seconds %v)",
+		t.Logf("%s (all %d objects in %v, of which the updates that put them in the run %v; shards per replica %s of %d, %v per reconcile, %d workers per replica, ttl %v; medians of %d samples: join %v, leave %v, crash %v ms, orphan-seconds %v; crash from the last key's expiry: median %d ms of %v)",
 			line, p.objects, res.elapsed.Round(time.Millisecond), res.relabel.Round(time.Millisecond), res.split, p.shards, p.work, p.workers, p.ttl,
-			samples, millis(res.join), millis(res.leave), millis(res.crash), orphans(res.orphan))
+			samples, millis(res.join), millis(res.leave), millis(res.crash), orphans(res.orphan),
+			median(res.afterLapse).Milliseconds(), millis(res.afterLapse))
 		fmt.Println(line)
 		if res.overlaps != 0 {
 			t.Errorf("replicas=%d: %d overlapping reconciles of one shard by two replicas", n, res.overlaps)
