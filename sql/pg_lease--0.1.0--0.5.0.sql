@@ -2427,12 +2427,15 @@ BEGIN
     RETURN;
   END IF;
 
-  -- A new registration: first drop this role's registrations of the key
-  -- that are gone (never another role's rows, whose locks we would keep).
+  -- A new registration: take the role's registrar row first, then drop
+  -- this role's registrations of the key that are gone (never another
+  -- role's rows, whose locks we would keep). In this order a transaction
+  -- waiting for the registrar row holds no gone row that the one holding
+  -- it must drop: the other order deadlocked two of them.
+  PERFORM lease._lock_registrar();
   DELETE FROM lease.candidates c
    WHERE c.key = v_key AND c.role = v_role
      AND c.owner IN (SELECT r.owner FROM lease._ranked(v_key, v_now) r WHERE r.role = v_role AND NOT r.live);
-  PERFORM lease._lock_registrar();
   SELECT count(*) INTO v_n FROM lease.candidates c WHERE c.role = v_role;
   IF v_n >= lease._max_candidates() THEN
     RAISE EXCEPTION 'too_many_candidates'
