@@ -898,10 +898,13 @@ $$;
 
 -- Registrations a role may hold in all (every key), and keys it may set a
 -- strategy on. A registration or strategy that would exceed it is refused
--- with 54000.
+-- with 54000. A sharded controller of N shards under one role holds about
+-- N registrations (one runner-up per shard), up to twice that while its
+-- members change, and N strategies: 8192 covers pkg/shard's most shards
+-- (4096) and 10 replicas of 1024 shards with room.
 CREATE OR REPLACE FUNCTION lease._max_candidates()
 RETURNS integer LANGUAGE sql IMMUTABLE
-AS $$ SELECT 1024 $$;
+AS $$ SELECT 8192 $$;
 
 -- Takes session_user's row of lease.registrars, until the transaction ends:
 -- the count of its registrations (or strategies) that follows sees every
