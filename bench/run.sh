@@ -35,7 +35,8 @@
 #                  the real kube-apiserver: leader changes and leaderless time
 #                  per rollout, Lease lock, pg_lease, pg_lease with handover
 #   sharded.log    examples/sharded over 3,000 objects (smoke: 60): throughput
-#                  at 1-3 replicas, join/leave/crash rebalance times, chaos
+#                  at 1-3 replicas, join/leave/crash rebalance times (medians of
+#                  5 samples each; smoke: 1), chaos
 #
 #   e2e.log        (smoke only) firstreconcile, rollout and sharded in one test
 #                  binary on one control plane
@@ -82,10 +83,11 @@ smoke)
 	handoff200_args=()
 	# the e2e benchmarks at their smallest: one trial per lock and cache mode,
 	# one rollout per system with short settle times, the sharded run over
-	# 60 objects with 5 chaos steps (about 90 s together, most of smoke's time)
+	# 60 objects with 5 chaos steps and one sample of each rebalance (about
+	# 90 s together, most of smoke's time)
 	first_reconcile_trials=1
 	rollout_env=(PGLEASE_ROLLOUTS=1 PGLEASE_ROLLOUT_SETTLE=1s)
-	sharded_env=(PGLEASE_SHARDED_BENCH=1 PGLEASE_SHARDED_OBJECTS=60 PGLEASE_SHARDED_CHAOS_STEPS=5)
+	sharded_env=(PGLEASE_SHARDED_BENCH=1 PGLEASE_SHARDED_OBJECTS=60 PGLEASE_SHARDED_CHAOS_STEPS=5 PGLEASE_SHARDED_SAMPLES=1)
 	scale_args=(-duration 2s -rounds 1 -keys 100,1000 -renewals 20000 -cleanup-keys 2000)
 	firstcalls_n=5x
 	waiters_args=(-waiters 20 -conns 4 -pool 8 -releases 3 -settle 100ms -also 4x4)

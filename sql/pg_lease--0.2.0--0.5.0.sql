@@ -910,10 +910,13 @@ $$;
 
 -- Registrations a role may hold in all (every key), and keys it may set a
 -- strategy on. A registration or strategy that would exceed it is refused
--- with 54000.
+-- with 54000. A sharded controller of N shards under one role holds about
+-- N registrations (one runner-up per shard), up to twice that while its
+-- members change, and N strategies: 8192 covers pkg/shard's most shards
+-- (4096) and 10 replicas of 1024 shards with room.
 CREATE OR REPLACE FUNCTION lease._max_candidates()
 RETURNS integer LANGUAGE sql IMMUTABLE
-AS $$ SELECT 1024 $$;
+AS $$ SELECT 8192 $$;
 
 -- Takes session_user's row of lease.registrars, until the transaction ends:
 -- the count of its registrations (or strategies) that follows sees every
@@ -2446,12 +2449,15 @@ BEGIN
     RETURN;
   END IF;
 
-  -- A new registration: first drop this role's registrations of the key
-  -- that are gone (never another role's rows, whose locks we would keep).
+  -- A new registration: take the role's registrar row first, then drop
+  -- this role's registrations of the key that are gone (never another
+  -- role's rows, whose locks we would keep). In this order a transaction
+  -- waiting for the registrar row holds no gone row that the one holding
+  -- it must drop: the other order deadlocked two of them.
+  PERFORM lease._lock_registrar();
   DELETE FROM lease.candidates c
    WHERE c.key = v_key AND c.role = v_role
      AND c.owner IN (SELECT r.owner FROM lease._ranked(v_key, v_now) r WHERE r.role = v_role AND NOT r.live);
-  PERFORM lease._lock_registrar();
   SELECT count(*) INTO v_n FROM lease.candidates c WHERE c.role = v_role;
   IF v_n >= lease._max_candidates() THEN
     RAISE EXCEPTION 'too_many_candidates'

@@ -94,7 +94,7 @@ func TestCandidatesAndHandover(t *testing.T) {
 		// The bound on a role's registrations is ErrTooMany.
 		if _, err := db.pool.Exec(ctx, `INSERT INTO lease.candidates (key, owner, role, pid, priority, ready, ttl, registered_at, expires_at)
 			SELECT 'many', 'c' || i, session_user, pg_backend_pid(), 0, true, '1 min', clock_timestamp(), clock_timestamp() + interval '1 min'
-			  FROM generate_series(1, 1024) i`); err != nil {
+			  FROM generate_series(1, 8192) i`); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := handover.Register(ctx, c, "many", handover.Candidate{Owner: "more", Ready: true, TTL: time.Minute}); !errors.Is(err, handover.ErrTooMany) {

@@ -196,6 +196,27 @@ func fill(errs []error, err error) []error {
 	return errs
 }
 
+// RenewTokens renews every grant of ts for ttl in one statement and one
+// commit (lease.renew_many), each as Renew would: grants[i] is the renewed
+// grant of ts[i] when errs[i] is nil, else errs[i] is Renew's error
+// (matching ErrLost). Every renewed grant gets the same server expiry. It
+// takes a grant this process holds without a term yet, such as one a
+// handover gave it (the notification names its owner and epoch): only a
+// grant the server shows held by that owner at that epoch is renewed. The
+// returned error is for the whole call; then no result is returned. The
+// tokens must share one owner and name distinct keys; at most MaxBatch.
+func (c *Client) RenewTokens(ctx context.Context, ts []Token, ttl time.Duration) (grants []Grant, errs []error, err error) {
+	res, err := c.renewMany(ctx, ts, ttl)
+	if err != nil {
+		return nil, nil, err
+	}
+	grants, errs = make([]Grant, len(ts)), make([]error, len(ts))
+	for i, r := range res {
+		grants[i], errs[i] = r.Grant, r.Err
+	}
+	return grants, errs, nil
+}
+
 // ReleaseMany releases every grant of ts in one statement and one commit,
 // each as Release would (a handover to a candidate included), in byte order
 // of the keys (Go's string order; lease.renew_many locks in the same order,

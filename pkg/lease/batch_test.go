@@ -252,3 +252,40 @@ func TestAcquireMany(t *testing.T) {
 		}
 	})
 }
+
+// TestRenewTokens: a grant held without a term (as a handover gives one) is
+// renewed by its token and comes back as a grant to begin a term with; a
+// token of another owner or epoch is refused, and nothing is granted.
+func TestRenewTokens(t *testing.T) {
+	db := newDB(t, installModes[0])
+	ctx := testCtx(t)
+	c := db.c
+	g, ok, err := c.Acquire(ctx, "t-1", "o1", 30*time.Second)
+	if err != nil || !ok {
+		t.Fatalf("acquire: %v %v", ok, err)
+	}
+	ts := []lease.Token{g.Token, {Key: "t-1x", Owner: "o1", Epoch: 1}, {Key: "t-2", Owner: "o1", Epoch: 1}}
+	if _, ok, err := c.Acquire(ctx, "t-2", "o2", 30*time.Second); err != nil || !ok {
+		t.Fatalf("acquire: %v %v", ok, err)
+	}
+	grants, errs, err := c.RenewTokens(ctx, ts, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if errs[0] != nil || grants[0].Token != g.Token || grants[0].TTL != time.Minute || !grants[0].ExpiresAt.After(g.ExpiresAt) {
+		t.Errorf("own grant: %v %v", grants[0], errs[0])
+	}
+	term, err := c.Begin(grants[0], 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	term.End(lease.ErrReleased)
+	for i := 1; i < len(ts); i++ {
+		if !errors.Is(errs[i], lease.ErrLost) || grants[i].Epoch != 0 {
+			t.Errorf("%v: %v %v, want lost and no grant", ts[i], grants[i], errs[i])
+		}
+	}
+	if st, err := c.Inspect(ctx, "t-1x"); err != nil || st.Held {
+		t.Errorf("t-1x: %+v %v, want never granted", st, err)
+	}
+}

@@ -22,9 +22,16 @@ func (r *Sharder) announce(ctx context.Context) {
 // take acquires the shards (wait 0) in one statement (lease.Client.AcquireMany), or takes the grants
 // a handover gave this replica (an acquire answers the caller's own
 // grant), and begins their terms. A shard another owner took meanwhile is
-// left to the next round.
+// left to the next round. Once it began a term, it renews every key of
+// this process (align).
 func (r *Sharder) take(ctx context.Context, shards []int) error {
 	var errs []error
+	began := false
+	defer func() {
+		if began {
+			r.align(ctx)
+		}
+	}()
 	for len(shards) > 0 {
 		n := min(len(shards), lease.MaxBatch)
 		keys := make([]string, n)
@@ -42,29 +49,57 @@ func (r *Sharder) take(ctx context.Context, shards []int) error {
 				}
 				continue
 			}
-			r.mu.Lock()
-			if o := r.owned[s]; o != nil && !o.stopping && o.term.Err() == nil && o.term.Grant().Epoch == grants[i].Epoch {
-				r.mu.Unlock()
-				continue // taken already: a handover's notification and a round both took it
-			}
-			t, err := r.c.Begin(grants[i], r.cfg.Margin, nil)
+			ok, err := r.begin(s, grants[i])
+			began = began || ok
 			if err != nil {
-				r.mu.Unlock()
 				errs = append(errs, err)
-				continue
-			}
-			r.owned[s] = newOwned(s, t)
-			delete(r.handed, s)
-			r.mu.Unlock()
-			r.keep.Add(t)
-			r.metrics.rebalances.WithLabelValues("acquired").Inc()
-			if r.cfg.OnAcquired != nil {
-				r.cfg.OnAcquired(s)
 			}
 		}
 		shards = shards[n:]
 	}
 	return errors.Join(errs...)
+}
+
+// begin begins a term for shard s under g, unless this replica acts under
+// that grant already (a handover's notification and a round both took it),
+// and reports whether it began one.
+func (r *Sharder) begin(s int, g lease.Grant) (bool, error) {
+	r.mu.Lock()
+	if o := r.owned[s]; o != nil && !o.stopping && o.term.Err() == nil && o.term.Grant().Epoch == g.Epoch {
+		r.mu.Unlock()
+		return false, nil
+	}
+	t, err := r.c.Begin(g, r.cfg.Margin, nil)
+	if err != nil {
+		r.mu.Unlock()
+		return false, err
+	}
+	r.owned[s] = newOwned(s, t)
+	delete(r.handed, s)
+	r.mu.Unlock()
+	r.keep.Add(t)
+	r.metrics.rebalances.WithLabelValues("acquired").Inc()
+	if r.cfg.OnAcquired != nil {
+		r.cfg.OnAcquired(s)
+	}
+	return true, nil
+}
+
+// align renews the member key and every shard key of this process in one
+// statement (lease.Client.RenewTerms), so that they all expire at one
+// instant: a grant just taken would otherwise lapse apart from the others
+// until the keep-alive's next round, and were this replica to crash then,
+// the others would take its shards at two instants. Its failures are the
+// keep-alive's to report.
+func (r *Sharder) align(ctx context.Context) {
+	ts := slices.DeleteFunc(r.keep.Terms(), func(t *lease.Term) bool { return t.Grant().TTL != r.cfg.TTL })
+	for len(ts) > 0 {
+		n := min(len(ts), lease.MaxBatch)
+		for i, err := range r.c.RenewTerms(ctx, ts[:n]) {
+			r.renewed(ts[i], 0, err)
+		}
+		ts = ts[n:]
+	}
 }
 
 // endLocked ends o's term: its contexts are cancelled with cause.

@@ -25,6 +25,8 @@ type snapshot struct {
 	// memberLapse is the earliest local bound of another member's expiry
 	// after listed (0: none): a crashed member's keys lapse then.
 	memberLapse time.Duration
+	// memberExpires is the local bound of each other live member's expiry.
+	memberExpires map[string]time.Time
 }
 
 // readSnapshot builds the snapshot of states, listed at local time listed,
@@ -41,7 +43,7 @@ func readSnapshot(controller string, n int, identity, owner string, states []lea
 // (exp[i] for states[i]).
 func buildSnapshot(controller string, n int, identity, owner string, states []lease.State, exp []time.Time, listed time.Time) snapshot {
 	sn := snapshot{memberOwners: map[string]string{}, shards: make([]lease.State, n),
-		expires: make([]time.Time, n), holders: make([]string, n)}
+		expires: make([]time.Time, n), holders: make([]string, n), memberExpires: map[string]time.Time{}}
 	for s := range n {
 		sn.shards[s] = lease.State{Key: Key(controller, s)}
 	}
@@ -52,6 +54,9 @@ func buildSnapshot(controller string, n int, identity, owner string, states []le
 			}
 			sn.members = append(sn.members, mem)
 			sn.memberOwners[st.Owner] = mem
+			if mem != identity {
+				sn.memberExpires[mem] = exp[i]
+			}
 			if d := exp[i].Sub(listed); mem != identity && d > 0 && (sn.memberLapse == 0 || d < sn.memberLapse) {
 				sn.memberLapse = d
 			}
@@ -135,9 +140,11 @@ type plan struct {
 	// stray are grants handed to this process for shards not assigned to
 	// it: to release again (the release hands them on).
 	stray []lease.Token
-	// lapsing are shards assigned here whose holder is no live member:
-	// taken when their grant lapses, at this local time.
-	lapsing map[int]time.Time
+	// takeovers are the shards to take when their holder's keys lapse, one
+	// statement per holder: those assigned here whose holder is no live
+	// member (it left or crashed), and those of each other live member
+	// that come here were it to stop renewing (it crashed).
+	takeovers []takeover
 	// cands are the handover candidacies to hold: priorityAssigned for
 	// shards assigned here and held by another, priorityRunnerUp for shards
 	// that come here if the member they are assigned to leaves.
@@ -150,7 +157,7 @@ type plan struct {
 func decide(in planInput) plan {
 	sn := in.snap
 	p := plan{assign: Balance(in.n, sn.members, sn.holders), handed: map[int]lease.Token{},
-		lapsing: map[int]time.Time{}, cands: map[int]int32{}, next: in.next}
+		cands: map[int]int32{}, next: in.next}
 	if sn.memberLapse > 0 {
 		p.next = min(p.next, sn.memberLapse)
 	}
@@ -158,6 +165,7 @@ func decide(in planInput) plan {
 	// (a join), the candidacies are already those of the state the moves
 	// lead to, so they change once, and a leave meanwhile finds them.
 	runnerUp := runnersUp(in.n, sn.members, p.assign, in.identity)
+	lapsing := map[string]*takeover{} // by holder
 	for s := range in.n {
 		st := sn.shards[s]
 		active, tracked := in.own[s]
@@ -176,7 +184,14 @@ func decide(in planInput) plan {
 		case tracked:
 		case st.Held && st.Owner != in.owner:
 			p.cands[s] = priorityAssigned
-			p.waitFor(s, st, sn.expires[s], sn, in)
+			if p.waitFor(st, sn.expires[s], sn, in) {
+				to := lapsing[st.Owner]
+				if to == nil {
+					to = &takeover{holder: st.Owner}
+					lapsing[st.Owner] = to
+				}
+				to.add(s, sn.expires[s])
+			}
 		default:
 			if st.Held {
 				p.handed[s] = lease.Token{Key: st.Key, Owner: st.Owner, Epoch: st.Epoch}
@@ -184,38 +199,115 @@ func decide(in planInput) plan {
 			p.take = append(p.take, s)
 		}
 	}
+	for _, to := range lapsing {
+		p.takeovers = append(p.takeovers, *to)
+	}
+	p.takeovers = append(p.takeovers, crashTakeovers(in)...)
+	slices.SortFunc(p.takeovers, func(a, b takeover) int { return a.at.Compare(b.at) })
 	return p
 }
 
-// waitFor notes when to try shard s again, held by another: a live member
-// is releasing it, and a release notifies (with a Waiter), so poll as
-// well; a holder that is no member left or crashed, and its grant lapses
-// at its expiry (the latest bound on the local clock).
-func (p *plan) waitFor(s int, st lease.State, exp time.Time, sn snapshot, in planInput) {
+// wake is when to run the next round: the plan's instants are counted from
+// the list the plan was decided from (listed), not from the end of the
+// round's statements, so a slow round does not delay a takeover.
+func (p plan) wake(listed time.Time) time.Time {
+	at := listed.Add(p.next)
+	for _, to := range p.takeovers {
+		if to.at.Before(at) {
+			at = to.at
+		}
+	}
+	return at
+}
+
+// takeover is the shards one holder's keys keep from this replica: taken
+// in one statement at at, the latest local bound of the expiry of each of
+// those keys (and of the holder's member key): asked then, the server
+// finds them lapsed unless renewed.
+type takeover struct {
+	holder string // the owner holding the keys
+	at     time.Time
+	shards []int
+}
+
+func (to *takeover) add(s int, at time.Time) {
+	to.shards = append(to.shards, s)
+	if at.After(to.at) {
+		to.at = at
+	}
+}
+
+// crashTakeovers returns, for each other live member, the shards it holds
+// that Balance without it gives this replica: what this replica takes,
+// all in one statement, when that member's keys lapse (it renews its
+// member key and shard keys in one statement, so they lapse at one
+// instant), with no read before.
+func crashTakeovers(in planInput) []takeover {
+	sn := in.snap
+	var out []takeover
+	for _, y := range sn.members {
+		if y == in.identity {
+			continue
+		}
+		rest := slices.DeleteFunc(slices.Clone(sn.members), func(m string) bool { return m == y })
+		hs := slices.Clone(sn.holders)
+		var held []int
+		for s, h := range hs {
+			if h == y {
+				hs[s] = ""
+				held = append(held, s)
+			}
+		}
+		if len(held) == 0 {
+			continue
+		}
+		after := Balance(in.n, rest, hs)
+		to := takeover{at: sn.memberExpires[y]}
+		for _, s := range held {
+			if after[s] == in.identity {
+				to.holder = sn.shards[s].Owner
+				to.add(s, sn.expires[s])
+			}
+		}
+		if len(to.shards) > 0 {
+			out = append(out, to)
+		}
+	}
+	return out
+}
+
+// waitFor notes when to try shard s again, held by another, and reports
+// whether to take it when its grant lapses: a live member is releasing it,
+// and a release notifies (with a Waiter), so poll as well; a holder that
+// is no member left or crashed, and its grant lapses at its expiry (the
+// latest bound on the local clock).
+func (p *plan) waitFor(st lease.State, exp time.Time, sn snapshot, in planInput) (lapsing bool) {
 	d := exp.Sub(in.listed)
 	_, member := sn.memberOwners[st.Owner]
 	switch {
 	case member || d <= 0:
 		p.next = min(p.next, in.poll)
+		return false
 	case !in.waiter:
 		p.next = min(p.next, in.poll, d)
-		p.lapsing[s] = exp
-	default:
-		p.lapsing[s] = exp
 	}
+	return true
 }
 
-// due returns the shards of lapsing whose grant lapsed by now, in order,
-// and removes them; first is the earliest instant left (zero: none).
-func due(lapsing map[int]time.Time, now time.Time) (shards []int, first time.Time) {
-	for s, at := range lapsing {
-		if !at.After(now) {
-			shards = append(shards, s)
-			delete(lapsing, s)
-		} else if first.IsZero() || at.Before(first) {
-			first = at
+// due returns the shards of the takeovers whose instant is not after now,
+// in order, and the takeovers left; first is the earliest instant of those
+// taken (zero: none).
+func due(takeovers []takeover, now time.Time) (shards []int, first time.Time, left []takeover) {
+	for _, to := range takeovers {
+		if to.at.After(now) {
+			left = append(left, to)
+			continue
+		}
+		shards = append(shards, to.shards...)
+		if first.IsZero() || to.at.Before(first) {
+			first = to.at
 		}
 	}
 	slices.Sort(shards)
-	return shards, first
+	return slices.Compact(shards), first, left
 }

@@ -86,8 +86,13 @@ func TestPlanSettled(t *testing.T) {
 	w := newWorld(64).member("a", 9*time.Second).member("b", 2*time.Second).member("c", 9*time.Second).settled(ids...)
 	assign := Assign(64, ids)
 	p := w.decide("a", ownOf(assign, "a"))
-	if len(p.give)+len(p.take)+len(p.stray)+len(p.lapsing)+len(p.handed) != 0 {
-		t.Fatalf("settled: give %v take %v stray %v lapsing %v handed %v", p.give, p.take, p.stray, p.lapsing, p.handed)
+	if len(p.give)+len(p.take)+len(p.stray)+len(p.handed) != 0 {
+		t.Fatalf("settled: give %v take %v stray %v handed %v", p.give, p.take, p.stray, p.handed)
+	}
+	for _, to := range p.takeovers {
+		if to.holder != "b#1" && to.holder != "c#1" {
+			t.Errorf("a takeover of %s's shards %v", to.holder, to.shards)
+		}
 	}
 	if !slices.Equal(p.assign, assign) {
 		t.Fatal("settled: the assignment moved")
@@ -176,7 +181,7 @@ func TestPlanRunnerUpsDuringAJoin(t *testing.T) {
 
 // TestPlanCrash: a crashed member's lapsed shards are taken at once, each
 // by the replica Balance names, all of them in one round; a grant still
-// running waits for its lapse (lapsing, at its local expiry).
+// running is taken over at its lapse (at its local expiry).
 func TestPlanCrash(t *testing.T) {
 	ids := []string{"a", "b", "c"}
 	before := Assign(64, ids)
@@ -206,16 +211,98 @@ func TestPlanCrash(t *testing.T) {
 			}
 		}
 		took = append(took, p.take...)
+		want := []takeover{}
 		if after[later] == id {
-			if at, ok := p.lapsing[later]; !ok || !at.Equal(w.now.Add(30*time.Millisecond)) {
-				t.Errorf("%s: shard %d lapsing %v", id, later, p.lapsing)
+			want = append(want, takeover{holder: "c#1", at: w.now.Add(30 * time.Millisecond), shards: []int{later}})
+		}
+		// a and b are members: each plans the takeover of the other's shards.
+		var got []takeover
+		for _, to := range p.takeovers {
+			if to.holder == "c#1" {
+				got = append(got, to)
 			}
-		} else if len(p.lapsing) != 0 {
-			t.Errorf("%s: lapsing %v", id, p.lapsing)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%s: takeovers of c %v, want %v", id, got, want)
 		}
 	}
 	if slices.Sort(took); len(took) != len(shardsOf(before, "c"))-1 {
 		t.Errorf("took %v of c's %d shards (one still running)", took, len(shardsOf(before, "c")))
+	}
+}
+
+// TestPlanCrashTakeover: while every member is live, each replica plans,
+// for each other member, one takeover of the shards Balance without that
+// member gives it, at the latest local expiry of that member's keys (its
+// member key's, or a shard's taken since its last renewal): were it to
+// crash, its shards are taken at that instant, all of them, one statement
+// per surviving replica, each shard by one replica.
+func TestPlanCrashTakeover(t *testing.T) {
+	ids := []string{"a", "b", "c"}
+	before := Assign(64, ids)
+	w := newWorld(64).member("a", 9*time.Second).member("b", 5*time.Second).member("c", 2*time.Second)
+	cs := shardsOf(before, "c")
+	for s, id := range before {
+		d := map[string]time.Duration{"a": 9 * time.Second, "b": 5 * time.Second, "c": 2 * time.Second}[id]
+		if s == cs[len(cs)-1] {
+			d = 2*time.Second + 300*time.Millisecond // taken after c's last renewal
+		}
+		w.shard(s, id+"#1", d)
+	}
+	without := Balance(64, []string{"a", "b"}, before)
+	var taken []int
+	for _, id := range []string{"a", "b"} {
+		p := w.decide(id, ownOf(before, id))
+		var of []takeover
+		for _, to := range p.takeovers {
+			if to.holder == "c#1" {
+				of = append(of, to)
+			}
+		}
+		if len(of) != 1 {
+			t.Fatalf("%s: %d takeovers of c's shards, want 1: %v", id, len(of), p.takeovers)
+		}
+		to := of[0]
+		var want []int
+		for _, s := range cs {
+			if without[s] == id {
+				want = append(want, s)
+			}
+		}
+		if !slices.Equal(to.shards, want) {
+			t.Errorf("%s takes over %v of c's, want %v", id, to.shards, want)
+		}
+		wantAt := w.now.Add(2 * time.Second)
+		if slices.Contains(want, cs[len(cs)-1]) {
+			wantAt = w.now.Add(2*time.Second + 300*time.Millisecond)
+		}
+		if !to.at.Equal(wantAt) {
+			t.Errorf("%s takes over c's shards at %v, want %v", id, to.at.Sub(w.now), wantAt.Sub(w.now))
+		}
+		if !p.takeovers[0].at.Equal(to.at) {
+			t.Errorf("%s: the first takeover is at %v, not c's", id, p.takeovers[0].at.Sub(w.now))
+		}
+		taken = append(taken, to.shards...)
+	}
+	slices.Sort(taken)
+	if !slices.Equal(taken, cs) {
+		t.Errorf("a and b take over %v, c holds %v", taken, cs)
+	}
+}
+
+// TestPlanWake: the next round is at the earliest of the plan's instants,
+// counted from the list: a member's expiry in 2 s wakes the replica 2 s
+// after the list, however long the round's statements take after it.
+func TestPlanWake(t *testing.T) {
+	ids := []string{"a", "b", "c"}
+	w := newWorld(64).member("a", 9*time.Second).member("b", 2*time.Second).member("c", 9*time.Second).settled(ids...)
+	p := w.decide("a", ownOf(Assign(64, ids), "a"))
+	if got := p.wake(w.now); !got.Equal(w.now.Add(2 * time.Second)) {
+		t.Errorf("wake %v after the list, want 2s (b's expiry)", got.Sub(w.now))
+	}
+	p.next, p.takeovers = 3*time.Second, []takeover{{holder: "x#1", at: w.now.Add(time.Second), shards: []int{1}}}
+	if got := p.wake(w.now); !got.Equal(w.now.Add(time.Second)) {
+		t.Errorf("wake %v after the list, want 1s (the takeover)", got.Sub(w.now))
 	}
 }
 
@@ -266,19 +353,26 @@ func TestPlanAnotherProcessOfThisIdentity(t *testing.T) {
 	}
 }
 
-// TestDue: shards whose lapse passed come out in order, the rest stay.
+// TestDue: the shards of the takeovers whose instant passed come out in
+// order, once each, the rest stay.
 func TestDue(t *testing.T) {
 	now := time.Unix(0, 0)
-	l := map[int]time.Time{3: now, 1: now.Add(-time.Second), 2: now.Add(time.Second), 5: now.Add(2 * time.Second)}
-	got, first := due(l, now)
-	if fmt.Sprint(got) != "[1 3]" || !first.Equal(now.Add(time.Second)) || len(l) != 2 {
-		t.Errorf("due %v first %v left %v", got, first, l)
+	tos := []takeover{
+		{holder: "x", at: now, shards: []int{3, 1}},
+		{holder: "y", at: now.Add(-time.Second), shards: []int{4, 1}},
+		{holder: "z", at: now.Add(time.Second), shards: []int{2}},
+		{holder: "w", at: now.Add(2 * time.Second), shards: []int{5}},
+	}
+	got, first, left := due(tos, now)
+	if fmt.Sprint(got) != "[1 3 4]" || !first.Equal(now.Add(-time.Second)) || len(left) != 2 ||
+		left[0].holder != "z" || left[1].holder != "w" {
+		t.Errorf("due %v first %v left %v", got, first, left)
 	}
 }
 
 // TestHandedTo: of a wake's events, the handovers of this controller's
-// shards to this process, in order, once each, but for shards it acts
-// under already; releases, grants, other owners, other controllers' keys
+// shards to this process, in order, once each with the latest epoch
+// notified, but for shards it acts under already and epochs below 1; releases, grants, other owners, other controllers' keys
 // and shards out of range are not.
 func TestHandedTo(t *testing.T) {
 	ev := func(typ listen.EventType, key, owner string) listen.Event {
@@ -298,8 +392,15 @@ func TestHandedTo(t *testing.T) {
 		ev(listen.EventAcquired, Key("ctl", 7), "a#1"),
 		ev(listen.EventHandover, "ctl/changed", "a#1"),
 	}
-	got := handedTo("ctl", 64, "a#1", events, acting)
+	events = append(events, listen.Event{Type: listen.EventHandover, Key: Key("ctl", 1), Owner: "a#1", Epoch: 9},
+		listen.Event{Type: listen.EventHandover, Key: Key("ctl", 5), Owner: "a#1", Epoch: 0}) // no grant: forged
+	got, tokens := handedTo("ctl", 64, "a#1", events, acting)
 	if want := []int{1, 4, 9}; !slices.Equal(got, want) {
 		t.Errorf("handedTo: %v, want %v", got, want)
+	}
+	want := []lease.Token{{Key: Key("ctl", 1), Owner: "a#1", Epoch: 9}, {Key: Key("ctl", 4), Owner: "a#1", Epoch: 7},
+		{Key: Key("ctl", 9), Owner: "a#1", Epoch: 7}}
+	if !slices.Equal(tokens, want) {
+		t.Errorf("handedTo: tokens %v, want %v (the latest grant of each)", tokens, want)
 	}
 }

@@ -3,6 +3,7 @@ package shard
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"time"
 
@@ -10,51 +11,58 @@ import (
 	"github.com/pglease/pg_lease/pkg/listen"
 )
 
-// round is one step of the loop: the members and shards as the database
-// has them, the member key, then the plan (decide) applied: the shards to
-// give up and to take, and the handover candidacies. Its statements run on
-// ctx; once stop ends, it returns between two of them. It returns when to
-// run again. Renewals run in the keep-alive (r.keep): a slow round never delays them.
-func (r *Sharder) round(stop, ctx context.Context) (time.Duration, error) {
+// round is one step of the loop: the takeovers of the last round that are
+// due, the members and shards as the database has them, the member key,
+// then the plan (decide) applied: the shards to give up and to take, and
+// the handover candidacies. Its statements run on ctx; once stop ends, it
+// returns between two of them. It returns when to run again (an instant on
+// the client's clock). Renewals run in the keep-alive (r.keep): a slow
+// round never delays them.
+func (r *Sharder) round(stop, ctx context.Context) (time.Time, error) {
 	clk := r.c.Clock()
 	warn := r.warner(stop)
 	r.stopEnded()
+	r.takeOver(ctx, stop)
 	states, err := r.c.List(ctx)
 	if err != nil {
 		warn("shard: list", "controller", r.cfg.Controller, "err", err)
-		return min(r.cfg.RenewEvery, r.cfg.Poll), nil
-	}
-	if stop.Err() != nil {
-		return r.cfg.RenewEvery, nil
+		return clk.Now().Add(min(r.cfg.RenewEvery, r.cfg.Poll)), nil
 	}
 	listed := clk.Now()
+	if stop.Err() != nil {
+		return listed.Add(r.cfg.RenewEvery), nil
+	}
 	sn := readSnapshot(r.cfg.Controller, r.cfg.Shards, r.cfg.Identity, r.owner, states, listed)
 	r.mu.Lock()
 	joined := r.member != nil && r.member.Err() == nil
 	r.mu.Unlock()
 	if !joined {
+		r.pending = nil
 		// The member key: acquired at the first round, and again when its
 		// term ended. The others learn of it from announce, after the
 		// candidacies.
 		if wait, done, err := r.join(stop, ctx, sn); done {
-			return wait, err
+			return clk.Now().Add(wait), err
 		}
 	}
 	sn = sn.withSelf(r.cfg.Identity, r.owner)
 	r.moves.Lock()
 	p := r.plan(sn, listed)
+	wake := p.wake(listed)
+	r.pending = p.takeovers
 	if stop.Err() != nil {
 		r.moves.Unlock()
-		return p.next, nil // leave releases the grants handed to this process
+		return wake, nil // leave releases the grants handed to this process
 	}
-	r.takeNow(ctx, stop, &p, listed)
+	if !r.takeNow(ctx, stop, &p, listed) {
+		wake = earliest(wake, clk.Now().Add(r.cfg.Poll))
+	}
 	if stop.Err() == nil {
 		r.releaseStray(ctx, stop, p.stray)
 	}
 	r.moves.Unlock()
-	r.takeLapsing(stop, ctx, &p)
 	if stop.Err() != nil {
-		return p.next, nil // leave releases the strays and withdraws
+		return wake, nil // leave releases the strays and withdraws
 	}
 	if err := r.candidacies(ctx, p.cands, clk.Since(r.candsAt) >= r.cfg.RenewEvery); err != nil {
 		warn("shard: handover candidacies", "controller", r.cfg.Controller, "err", err)
@@ -62,7 +70,17 @@ func (r *Sharder) round(stop, ctx context.Context) (time.Duration, error) {
 	r.mu.Lock()
 	r.metrics.owned.Set(float64(len(r.owned)))
 	r.mu.Unlock()
-	return max(p.next, time.Millisecond), nil
+	if soon := clk.Now().Add(time.Millisecond); wake.Before(soon) {
+		wake = soon
+	}
+	return wake, nil
+}
+
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // warner logs a warning unless stop ended: once stopping, the errors are
@@ -173,66 +191,60 @@ func (r *Sharder) noteUnowned(sn snapshot, listed time.Time) {
 }
 
 // takeNow takes the plan's shards in one statement: after a leave or a
-// crash, a replica may take many at once.
-func (r *Sharder) takeNow(ctx, stop context.Context, p *plan, listed time.Time) {
+// crash, a replica may take many at once. It reports whether every take
+// succeeded.
+func (r *Sharder) takeNow(ctx, stop context.Context, p *plan, listed time.Time) bool {
 	clk := r.c.Clock()
 	takeAt := clk.Now()
-	if err := r.take(ctx, p.take); err != nil {
+	err := r.take(ctx, p.take)
+	if err != nil {
 		r.warner(stop)("shard: acquire", "controller", r.cfg.Controller, "shards", len(p.take), "err", err)
-		p.next = min(p.next, r.cfg.Poll)
 	}
 	if len(p.take) > 0 {
 		r.cfg.Logger.Info("shard: took", "controller", r.cfg.Controller, "identity", r.cfg.Identity,
 			"shards", len(p.take), "list_age", takeAt.Sub(listed), "took", clk.Since(takeAt))
 	}
+	return err == nil
 }
 
-// takeLapsing takes the grants of a crashed or departed holder that lapse
-// within a Poll as they lapse, before the round's other statements: a
-// crashed replica's shards lapse at one instant when it renewed them in
-// one statement, else at several, and a round per instant would add a
-// list and the candidacies between two takes.
-func (r *Sharder) takeLapsing(stop, ctx context.Context, p *plan) {
+// takeOver takes, in one statement and before the round's list, the shards
+// of the last round's takeovers whose instant passed: a crashed replica's
+// shards are taken at the lapse of its keys, one statement per surviving
+// replica with no read before it. A shard still held then (its holder
+// renewed it) is refused, and the round's plan sees it.
+func (r *Sharder) takeOver(ctx, stop context.Context) {
 	clk := r.c.Clock()
-	for stop.Err() == nil {
-		_, first := due(p.lapsing, time.Time{})
-		if first.IsZero() || first.Sub(clk.Now()) > r.cfg.Poll {
-			break
-		}
-		if d := first.Sub(clk.Now()); d > 0 {
-			t := clk.NewTimer(d)
-			select {
-			case <-t.C():
-			case <-stop.Done():
-				t.Stop()
-				continue
-			}
-		}
-		now := clk.Now()
-		shards, _ := due(p.lapsing, now)
-		if err := r.take(ctx, shards); err != nil {
-			r.warner(stop)("shard: acquire", "controller", r.cfg.Controller, "shards", len(shards), "err", err)
-			p.next = min(p.next, r.cfg.Poll)
-		}
-		for _, s := range shards {
-			if r.Owns(s) {
-				delete(p.cands, s)
-			}
-		}
-		r.cfg.Logger.Info("shard: took", "controller", r.cfg.Controller, "identity", r.cfg.Identity,
-			"shards", len(shards), "lapsed", clk.Since(first), "took", clk.Since(now))
+	now := clk.Now()
+	shards, first, left := due(r.pending, now)
+	r.pending = left
+	if len(shards) == 0 || stop.Err() != nil {
+		return
 	}
-	for _, at := range p.lapsing {
-		p.next = min(p.next, max(at.Sub(clk.Now()), time.Millisecond))
+	r.moves.Lock()
+	defer r.moves.Unlock()
+	r.mu.Lock()
+	joined := r.member != nil && r.member.Err() == nil
+	// A shard tracked here (acting under it, or giving it up) is no takeover.
+	shards = slices.DeleteFunc(shards, func(s int) bool { return r.owned[s] != nil })
+	r.mu.Unlock()
+	if !joined || len(shards) == 0 {
+		return
 	}
+	if err := r.take(ctx, shards); err != nil {
+		r.warner(stop)("shard: acquire", "controller", r.cfg.Controller, "shards", len(shards), "err", err)
+	}
+	r.cfg.Logger.Info("shard: took over", "controller", r.cfg.Controller, "identity", r.cfg.Identity,
+		"shards", len(shards), "lapsed", now.Sub(first), "took", clk.Since(now))
 }
 
 // takeHandedOver takes, until ctx ends, the grants that a release hands to
 // this process, as the notification of each handover arrives: one
-// statement (lease.Client.AcquireMany answers the caller's own grant),
-// with no list before it and whatever the rounds are doing. A notification
-// is only a sign: the acquire takes nothing another process holds, and a
-// shard taken that is assigned elsewhere is given up by the next round.
+// statement (lease.Client.RenewTokens of the owner and epoch each
+// notification names), with no list before it and whatever the rounds are
+// doing. Any role may NOTIFY: a notification is only a sign, and the
+// renewal takes only a grant the server shows held by this process at that
+// epoch (a forged one takes nothing); a shard taken that is assigned
+// elsewhere is given up by the next round.
 func (r *Sharder) takeHandedOver(ctx, stmts context.Context, handovers *listen.Changes) {
 	clk := r.c.Clock()
 	for {
@@ -241,7 +253,7 @@ func (r *Sharder) takeHandedOver(ctx, stmts context.Context, handovers *listen.C
 			return
 		}
 		// Decided under moves: a round that took these grants meanwhile
-		// leaves nothing to acquire again.
+		// leaves nothing to take again.
 		r.moves.Lock()
 		if ctx.Err() != nil {
 			r.moves.Unlock()
@@ -253,21 +265,15 @@ func (r *Sharder) takeHandedOver(ctx, stmts context.Context, handovers *listen.C
 			acting[s] = !o.stopping && o.term.Err() == nil
 		}
 		r.mu.Unlock()
-		shards := handedTo(r.cfg.Controller, r.cfg.Shards, r.owner, wk.Events, acting)
+		shards, tokens := handedTo(r.cfg.Controller, r.cfg.Shards, r.owner, wk.Events, acting)
 		if len(shards) == 0 {
 			r.moves.Unlock()
 			continue
 		}
 		at := clk.Now()
-		// Any role may NOTIFY: take only the keys a handover did grant to
-		// this owner (one read of them). AcquireMany would also grant a
-		// free key.
-		shards, err = r.heldBy(stmts, shards)
-		if err == nil && len(shards) > 0 {
-			err = r.take(stmts, shards)
-		}
+		err = r.takeHanded(stmts, shards, tokens)
 		if err != nil {
-			r.warner(ctx)("shard: acquire", "controller", r.cfg.Controller, "shards", len(shards), "err", err)
+			r.warner(ctx)("shard: take handed over", "controller", r.cfg.Controller, "shards", len(shards), "err", err)
 		}
 		r.moves.Unlock()
 		r.cfg.Logger.Info("shard: took handed over", "controller", r.cfg.Controller, "identity", r.cfg.Identity,
@@ -275,43 +281,59 @@ func (r *Sharder) takeHandedOver(ctx, stmts context.Context, handovers *listen.C
 	}
 }
 
-// heldBy returns, of shards, those whose keys the server shows held by
-// this replica's owner, in one read of those keys.
-func (r *Sharder) heldBy(ctx context.Context, shards []int) ([]int, error) {
-	keys := make([]string, len(shards))
-	for i, s := range shards {
-		keys[i] = Key(r.cfg.Controller, s)
-	}
-	states, err := r.c.List(ctx, keys...)
-	if err != nil {
-		return nil, err
-	}
-	held := map[string]bool{}
-	for _, st := range states {
-		held[st.Key] = st.Held && st.Owner == r.owner
-	}
-	var out []int
-	for i, s := range shards {
-		if held[keys[i]] {
-			out = append(out, s)
+// takeHanded renews the grants tokens name (those of shards), in one
+// statement, and begins a term for each the server renewed; then it renews
+// every key of this process at once (align).
+func (r *Sharder) takeHanded(ctx context.Context, shards []int, tokens []lease.Token) error {
+	var errs []error
+	began := false
+	for len(tokens) > 0 {
+		n := min(len(tokens), lease.MaxBatch)
+		grants, denied, err := r.c.RenewTokens(ctx, tokens[:n], r.cfg.TTL)
+		if err != nil {
+			errs = append(errs, err)
+			break
 		}
+		for i, s := range shards[:n] {
+			if denied[i] != nil {
+				continue // not this process's grant at that epoch (any more)
+			}
+			ok, err := r.begin(s, grants[i])
+			began = began || ok
+			if err != nil {
+				errs = append(errs, err)
+			}
+		}
+		shards, tokens = shards[n:], tokens[n:]
 	}
-	return out, nil
+	if began {
+		r.align(ctx)
+	}
+	return errors.Join(errs...)
 }
 
 // handedTo returns, in order, the shards that events say a release handed
-// to owner, but for those this replica acts under already (acting).
-func handedTo(controller string, n int, owner string, events []listen.Event, acting map[int]bool) []int {
-	var out []int
+// to owner, and the token of each handed grant (the latest notified), but
+// for shards this replica acts under already (acting).
+func handedTo(controller string, n int, owner string, events []listen.Event, acting map[int]bool) ([]int, []lease.Token) {
+	latest := map[int]lease.Token{}
 	for _, ev := range events {
 		s, ok := parseShard(controller, ev.Key, n)
-		if !ok || ev.Type != listen.EventHandover || ev.Owner != owner || acting[s] {
+		// An epoch below 1 names no grant (a forged notification): the
+		// server would refuse the whole batch for it.
+		if !ok || ev.Type != listen.EventHandover || ev.Owner != owner || ev.Epoch < 1 || acting[s] {
 			continue
 		}
-		out = append(out, s)
+		if t, seen := latest[s]; !seen || ev.Epoch > t.Epoch {
+			latest[s] = lease.Token{Key: ev.Key, Owner: ev.Owner, Epoch: ev.Epoch}
+		}
 	}
-	slices.Sort(out)
-	return slices.Compact(out)
+	shards := slices.Sorted(maps.Keys(latest))
+	tokens := make([]lease.Token, len(shards))
+	for i, s := range shards {
+		tokens[i] = latest[s]
+	}
+	return shards, tokens
 }
 
 // releaseStray releases, in one statement, grants handed to this process

@@ -47,7 +47,7 @@ func (r *Sharder) Run(ctx context.Context) error {
 	stopped := make(chan time.Time, 1) // when ctx ended: shard: left says what the stop cost
 	context.AfterFunc(ctx, func() { stopped <- clk.Now() })
 	for {
-		next, err := r.round(ctx, sctx)
+		until, err := r.round(ctx, sctx)
 		if err != nil && ctx.Err() == nil {
 			r.cfg.Logger.Error("shard: refusing to run", "controller", r.cfg.Controller,
 				"identity", r.cfg.Identity, "err", err)
@@ -57,7 +57,7 @@ func (r *Sharder) Run(ctx context.Context) error {
 			r.leave(time.Time{})
 			return err
 		}
-		if _, err := changes.Wait(ctx, clk.Now().Add(next), r.kick); err != nil {
+		if _, err := changes.Wait(ctx, until, r.kick); err != nil {
 			<-renewing
 			stopTaking()
 			if errors.Is(context.Cause(ctx), errCrash) {

@@ -29,15 +29,21 @@
 //     while a join's shards move), so a move leaves no shard free; without
 //     a registration the key is freed and the new owner acquires it;
 //   - the recipient of a handover takes the grant as its notification
-//     arrives (with a Waiter), in one statement, without waiting for a
-//     round to list the keys;
+//     arrives (with a Waiter), in one statement with no read before it (a
+//     renewal of the grant the notification names: a forged one takes
+//     nothing), without waiting for a round to list the keys;
 //   - a replica that stops releases its member key and every shard in one
 //     statement (lease.Client.ReleaseMany) once their work ended (a shard whose
 //     work outlasts a Poll goes in a later statement);
-//   - a crashed replica's keys lapse at their server expiry (one instant:
-//     they were renewed in one statement), and the others take its shards
-//     over then, each in one statement (lease.Client.AcquireMany): they wake at
-//     the latest local bound of that expiry.
+//   - a crashed replica's keys lapse at their server expiry, one instant:
+//     a replica renews them in one statement, and after each take of new
+//     shards renews all of them at once. Every other replica plans at each
+//     round which of a member's shards come to it were that member to stop
+//     renewing (Balance without it), wakes at the latest local bound of
+//     that expiry and takes them in one statement (lease.Client.AcquireMany)
+//     with no read before it: one statement per surviving replica. The
+//     server decides the expiry by its own clock: a shard still held then
+//     (its holder renewed) is refused and left to the next round.
 //
 // Every process holds its keys under an owner of its own (Identity#random),
 // so two processes never share a grant: a second process given the
@@ -185,6 +191,7 @@ type Sharder struct {
 	cands    map[int]int32 // shard -> priority of this replica's candidacy
 	strategy map[int]bool  // shard keys this process set the priority strategy on
 	candsAt  time.Time     // local time of the last registration
+	pending  []takeover    // the last plan's takeovers not taken yet
 	rival    lease.State   // another process's member key of this identity, last seen
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -33,6 +34,7 @@ type cluster struct {
 	pool     *pgxpool.Pool
 	n        int
 	ttl      time.Duration
+	renew    time.Duration // every replica's RenewEvery (0: the default)
 	mu       sync.Mutex
 	active   map[int]string // shard -> replica acting under it now
 	overlaps []string
@@ -74,7 +76,7 @@ func (c *cluster) start(id string) *replica {
 		onAcquired = func(s int) { f(id, s) }
 	}
 	r, err := shard.New(shard.Config{Client: lease.New(pool), Controller: "ctl", Shards: c.n,
-		Identity: id, TTL: c.ttl, Waiter: w, OnAcquired: onAcquired})
+		Identity: id, TTL: c.ttl, RenewEvery: c.renew, Waiter: w, OnAcquired: onAcquired})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -432,13 +434,13 @@ func (g *listGate) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.Trace
 func (g *listGate) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 // TestHandoverTakenOnItsNotification: the replicas a leaving replica hands
-// its shards to take them as the handovers' notifications arrive, with one
-// read of the handed keys and one acquire, without a round's list of every
-// key: with every such list of theirs held back, they own and act under
+// its shards to take them as the handovers' notifications arrive, in one
+// statement (a renewal of the grants the notifications name), with no read
+// before it: with every list of theirs held back, they own and act under
 // those shards.
 func TestHandoverTakenOnItsNotification(t *testing.T) {
 	c := newCluster(t, 16, 3*time.Second)
-	gate := &listGate{allKeys: true}
+	gate := &listGate{}
 	defer gate.open()
 	c.poolOpts = []pgtest.PoolOption{func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = gate }}
 	c.start("a")
@@ -670,4 +672,84 @@ func TestForgedHandoverTakesNothing(t *testing.T) {
 	if took > 0 {
 		t.Errorf("a forged handover made v take shard %d, which the assignment gives to b (%d events)", free, took)
 	}
+}
+
+// TestCrashTakenOverInOneStatementPerReplica: a replica that joined and
+// took its shards, one handover after another, crashes at once; every
+// other replica takes the crashed replica's shards that Balance gives it
+// in one acquire statement, with no acquire before or after it, and every
+// shard is owned again.
+func TestCrashTakenOverInOneStatementPerReplica(t *testing.T) {
+	c := newCluster(t, 64, 3*time.Second)
+	counters := map[string]*stmtCounter{}
+	for _, id := range []string{"a", "b", "c", "y"} {
+		n := &stmtCounter{n: map[string]int{}}
+		counters[id] = n
+		c.poolOpts = []pgtest.PoolOption{func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = n }}
+		c.start(id)
+		if id == "c" {
+			c.waitSettled("a", "b", "c")
+		}
+	}
+	c.poolOpts = nil
+	c.waitSettled("a", "b", "c", "y")
+	ys := slices.Clone(c.replicas["y"].r.Owned())
+	before := map[string]int{}
+	for id, n := range counters {
+		before[id] = n.snapshot()["acquire"]
+	}
+	y := c.replicas["y"]
+	y.cancel(shard.ErrCrash)
+	t.Logf("y crashes holding %v: settled in %v", ys, c.waitSettled("a", "b", "c"))
+	<-y.done
+	c.checkNoOverlap()
+	for _, id := range []string{"a", "b", "c"} {
+		var got []int
+		for _, s := range c.replicas[id].r.Owned() {
+			if slices.Contains(ys, s) {
+				got = append(got, s)
+			}
+		}
+		want := 0
+		if len(got) > 0 {
+			want = 1
+		}
+		if n := counters[id].snapshot()["acquire"] - before[id]; n != want {
+			t.Errorf("%s took y's shards %v in %d acquire statements, want %d", id, got, n, want)
+		}
+	}
+}
+
+// TestKeysLapseAtOneInstant: a replica that took shards, in several
+// statements as the handovers of a join arrive, renews its member key and
+// every shard key at once after each take, so that they all expire at one
+// instant: were it to crash, each other replica would take over its shards
+// in one statement at that instant. The keep-alive's own rounds are
+// minutes away here.
+func TestKeysLapseAtOneInstant(t *testing.T) {
+	c := newCluster(t, 16, 10*time.Minute)
+	c.renew = 9 * time.Minute
+	c.start("a")
+	c.start("b")
+	c.waitSettled("a", "b")
+	c.start("y")
+	c.waitSettled("a", "b", "y")
+	y := c.replicas["y"].r
+	lc := lease.New(c.pool)
+	var last string
+	waitFor(t, "y's keys expiring at one instant", func() bool {
+		states, err := lc.List(pgtest.Context(t, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		expires := map[time.Time][]string{}
+		for _, st := range states {
+			if st.Held && st.Owner == y.Owner() {
+				expires[st.ExpiresAt] = append(expires[st.ExpiresAt], st.Key)
+			}
+		}
+		last = fmt.Sprint(expires)
+		return len(expires) == 1 && len(slices.Collect(maps.Values(expires))[0]) == len(y.Owned())+1
+	})
+	t.Logf("y's keys: %s", last)
 }

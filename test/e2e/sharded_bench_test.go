@@ -35,7 +35,9 @@ import (
 // PGLEASE_SHARDED_OBJECTS and PGLEASE_SHARDED_CHAOS_STEPS shrink it (bench/run.sh smoke:
 // every phase still runs, the numbers mean nothing); PGLEASE_SHARDED_REPLICAS lists the
 // replica counts (default 1,2,3), PGLEASE_SHARDED_SHARDS sets N (default 64) and
-// PGLEASE_SHARDED_CHAOS_REPLICAS the most replicas the chaos run keeps live (default 5).
+// PGLEASE_SHARDED_CHAOS_REPLICAS the most replicas the chaos run keeps live (default 5);
+// PGLEASE_SHARDED_SAMPLES is how many joins, leaves and crashes each replica count measures
+// (default 5: the line prints the median of each).
 var shardedBench = shardedParams{objects: 3000, shards: 64, workers: 8, work: 50 * time.Millisecond,
 	ttl: 2 * time.Second}
 
@@ -82,19 +84,23 @@ func TestShardedBenchmark(t *testing.T) {
 	steps := envCount(t, "PGLEASE_SHARDED_CHAOS_STEPS", shardedChaosSteps)
 	counts := envCounts(t, "PGLEASE_SHARDED_REPLICAS", []int{1, 2, 3})
 	chaosMax := envCount(t, "PGLEASE_SHARDED_CHAOS_REPLICAS", 5)
+	samples := envCount(t, "PGLEASE_SHARDED_SAMPLES", 5)
 	r, kube := newShRun(t, p, "bench")
 	ctx := pgtest.Context(t, 30*time.Minute) // the whole run: minutes on a loaded host
 	createObjects(t, kube, r.namespace, p.objects)
 
 	// Per replica count R: R replicas reconcile every object (the
-	// throughput), then with objects updated meanwhile a replica joins the R,
-	// leaves again (SIGTERM), and another joins and crashes (SIGKILL).
+	// throughput), then with objects updated meanwhile, samples times, a
+	// replica joins the R, leaves again (SIGTERM), and another joins and
+	// crashes (SIGKILL). The line has the median of each, and of the
+	// shard-seconds unowned per sample.
 	type result struct {
 		elapsed            time.Duration
 		relabel            time.Duration // of elapsed, the updates that hand the objects to the run
-		join, leave, crash time.Duration
+		join, leave, crash []time.Duration
+		afterLapse         []time.Duration // of crash, from the killed replica's last key's expiry
 		overlaps           int
-		orphan             float64
+		orphan             []float64
 		split              string
 		maxMin             int // the largest difference in shard counts at a settled state
 	}
@@ -122,46 +128,51 @@ func TestShardedBenchmark(t *testing.T) {
 
 		stopChurn := make(chan struct{})
 		churning := churn(t, kube, r.namespace, p.objects, stopChurn)
-		x := ctl + "-x"
-		r.start(ctl, x)
-		joinedAt := r.joined(ctl, x)
-		at, u1 := r.settled(ctl, append(slices.Clone(ids), x)...)
-		res.join = r.acting(ctl, r.shardsOf(ctl, x), at).Sub(joinedAt)
-		_, counts = r.split(ctl, append(slices.Clone(ids), x))
-		res.maxMin = max(res.maxMin, slices.Max(counts)-slices.Min(counts))
-		xs := r.shardsOf(ctl, x)
-		left, exited := r.signal(x, syscall.SIGTERM)
-		at, u2 := r.settled(ctl, ids...)
-		res.leave = r.acting(ctl, xs, at).Sub(left)
-		t.Logf("replicas=%d: the leaver's %d shards were last granted by %v", n, len(xs), r.lastGrants(ctl, xs))
-		exited()
-		y := ctl + "-y"
-		r.start(ctl, y)
-		r.settled(ctl, append(slices.Clone(ids), y)...)
-		ys := r.shardsOf(ctl, y)
-		crashed, _ := r.signal(y, syscall.SIGKILL)
-		lapse := r.lastExpiry(y)
-		at, u3 := r.settled(ctl, ids...)
-		at = r.acting(ctl, ys, at)
-		res.crash = at.Sub(crashed)
-		_, counts = r.split(ctl, ids)
-		res.maxMin = max(res.maxMin, slices.Max(counts)-slices.Min(counts))
-		t.Logf("replicas=%d: the killed replica's last key lapsed %d ms after the kill, its shards settled %d ms after that",
-			n, lapse.Sub(crashed).Milliseconds(), at.Sub(lapse).Milliseconds())
+		for i := range samples {
+			x := fmt.Sprintf("%s-x%d", ctl, i)
+			r.start(ctl, x)
+			joinedAt := r.joined(ctl, x)
+			at, u1 := r.settled(ctl, append(slices.Clone(ids), x)...)
+			res.join = append(res.join, r.acting(ctl, r.shardsOf(ctl, x), at).Sub(joinedAt))
+			_, counts = r.split(ctl, append(slices.Clone(ids), x))
+			res.maxMin = max(res.maxMin, slices.Max(counts)-slices.Min(counts))
+			xs := r.shardsOf(ctl, x)
+			left, exited := r.signal(x, syscall.SIGTERM)
+			at, u2 := r.settled(ctl, ids...)
+			res.leave = append(res.leave, r.acting(ctl, xs, at).Sub(left))
+			t.Logf("replicas=%d: the leaver's %d shards were last granted by %v", n, len(xs), r.lastGrants(ctl, xs))
+			exited()
+			y := fmt.Sprintf("%s-y%d", ctl, i)
+			r.start(ctl, y)
+			r.settled(ctl, append(slices.Clone(ids), y)...)
+			ys := r.shardsOf(ctl, y)
+			crashed, _ := r.signal(y, syscall.SIGKILL)
+			lapse := r.lastExpiry(y)
+			at, u3 := r.settled(ctl, ids...)
+			at = r.acting(ctl, ys, at)
+			res.crash = append(res.crash, at.Sub(crashed))
+			res.afterLapse = append(res.afterLapse, at.Sub(lapse))
+			_, counts = r.split(ctl, ids)
+			res.maxMin = max(res.maxMin, slices.Max(counts)-slices.Min(counts))
+			t.Logf("replicas=%d: the killed replica's last key lapsed %d ms after the kill, its shards settled %d ms after that",
+				n, lapse.Sub(crashed).Milliseconds(), at.Sub(lapse).Milliseconds())
+			res.orphan = append(res.orphan, u1+u2+u3)
+		}
 		close(stopChurn)
 		churning.Wait()
 		r.stopAll()
 		res.overlaps = r.overlapsOf(ctl + "-")
-		res.orphan = u1 + u2 + u3
 		results[n] = res
 	}
 	for _, n := range counts {
 		res := results[n]
 		line := fmt.Sprintf("shards: replicas=%d speedup=%.2f join=%d ms leave=%d ms crash=%d ms overlaps=%d orphan-seconds=%.3f max-min=%d",
-			n, results[counts[0]].elapsed.Seconds()/res.elapsed.Seconds(), res.join.Milliseconds(), res.leave.Milliseconds(),
-			res.crash.Milliseconds(), res.overlaps, res.orphan, res.maxMin)
-		t.Logf("%s (all %d objects in %v, of which the updates that put them in the run %v; shards per replica %s of %d, %v per reconcile, %d workers per replica, ttl %v)",
-			line, p.objects, res.elapsed.Round(time.Millisecond), res.relabel.Round(time.Millisecond), res.split, p.shards, p.work, p.workers, p.ttl)
+			n, results[counts[0]].elapsed.Seconds()/res.elapsed.Seconds(), median(res.join).Milliseconds(), median(res.leave).Milliseconds(),
+			median(res.crash).Milliseconds(), res.overlaps, median(res.orphan), res.maxMin)
+		t.Logf("%s (all %d objects in %v, of which the updates that put them in the run %v; shards per replica %s of %d, %v per reconcile, %d workers per replica, ttl %v; medians of %d samples: join %v, leave %v, crash %v ms, orphan-seconds %v; crash from the last key's expiry: median %d ms of %v)",
+			line, p.objects, res.elapsed.Round(time.Millisecond), res.relabel.Round(time.Millisecond), res.split, p.shards, p.work, p.workers, p.ttl,
+			samples, millis(res.join), millis(res.leave), millis(res.crash), orphans(res.orphan),
+			median(res.afterLapse).Milliseconds(), millis(res.afterLapse))
 		fmt.Println(line)
 		if res.overlaps != 0 {
 			t.Errorf("replicas=%d: %d overlapping reconciles of one shard by two replicas", n, res.overlaps)
@@ -170,6 +181,37 @@ func TestShardedBenchmark(t *testing.T) {
 
 	// after the last throughput run: its objects carry its label
 	r.chaos(kube, steps, 20250, fmt.Sprintf("bench-%d", counts[len(counts)-1]), chaosMax)
+}
+
+// median is the middle of xs (the mean of the two middle ones for an even
+// count); zero for none.
+func median[T time.Duration | float64](xs []T) T {
+	if len(xs) == 0 {
+		return 0
+	}
+	ys := slices.Sorted(slices.Values(xs))
+	if len(ys)%2 == 1 {
+		return ys[len(ys)/2]
+	}
+	return (ys[len(ys)/2-1] + ys[len(ys)/2]) / 2
+}
+
+// millis lists ds in whole milliseconds, in the order measured.
+func millis(ds []time.Duration) []int64 {
+	out := make([]int64, len(ds))
+	for i, d := range ds {
+		out[i] = d.Milliseconds()
+	}
+	return out
+}
+
+// orphans lists xs with three decimals, in the order measured.
+func orphans(xs []float64) string {
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = strconv.FormatFloat(x, 'f', 3, 64)
+	}
+	return "[" + strings.Join(parts, " ") + "]"
 }
 
 // chaos runs replicas of one controller through steps random joins,
@@ -318,20 +360,21 @@ func (r *shRun) formerOwnerWrites(ctx context.Context, controller string) int {
 	return n
 }
 
-// acting waits until the holder of each of shards, as the view has it now,
+// acting waits until the holder of each of shards, as the view has it,
 // acts under its grant (its "acquired" event for that shard and epoch), and
 // returns the latest such instant, or at when later: a rebalance is done
 // when every moved shard is held by a live replica that reconciles under it,
 // not when the key is granted (a handover grants it before its new holder
-// has read it).
+// has read it). The view is read again at each look: a handed grant that
+// lapsed before its recipient took it is acquired again, at a new epoch.
 func (r *shRun) acting(controller string, shards []int, at time.Time) time.Time {
 	r.t.Helper()
-	v, err := shard.Read(pgtest.Context(r.t, 0), r.leases, controller, r.p.shards)
-	if err != nil {
-		r.t.Fatal(err)
-	}
 	deadline := time.Now().Add(time.Minute)
 	for {
+		v, err := shard.Read(pgtest.Context(r.t, 0), r.leases, controller, r.p.shards)
+		if err != nil {
+			r.t.Fatal(err)
+		}
 		last, missing := at, 0
 		r.mu.Lock()
 		for _, s := range shards {

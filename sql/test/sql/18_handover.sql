@@ -200,14 +200,14 @@ DELETE FROM lease.candidates WHERE key = 'ho-role';
 DELETE FROM lease.strategies WHERE key = 'ho-role';
 DROP ROLE regress_pglease_ho_mallory;
 
--- Bounded storage: at most 1024 registrations per role (54000 beyond), and
+-- Bounded storage: at most 8192 registrations per role (54000 beyond), and
 -- as many keys with a strategy. Refreshing an existing one is always fine;
 -- a role's registrations that are gone are dropped when it registers anew.
 DELETE FROM lease.candidates;
 DELETE FROM lease.strategies;
 INSERT INTO lease.candidates (key, owner, role, pid, priority, ready, ttl, registered_at, expires_at)
 SELECT 'ho-many', 'c' || i, session_user, pg_backend_pid(), 0, true, '30s', clock_timestamp(), clock_timestamp() + interval '30s'
-  FROM generate_series(1, 1024) i;
+  FROM generate_series(1, 8192) i;
 SELECT status FROM lease.candidate('ho-many', 'c1', interval '30s');
 SELECT status FROM lease.candidate('ho-many', 'one-more', interval '30s');
 \echo :LAST_ERROR_SQLSTATE
@@ -216,7 +216,7 @@ SELECT status FROM lease.candidate('ho-many', 'one-more', interval '30s');
 SELECT count(*) FROM lease.candidates WHERE key = 'ho-many';
 DELETE FROM lease.candidates WHERE key = 'ho-many';
 INSERT INTO lease.strategies (key, strategy, role, set_at)
-SELECT 'ho-s' || i, 'priority', session_user, clock_timestamp() FROM generate_series(1, 1024) i;
+SELECT 'ho-s' || i, 'priority', session_user, clock_timestamp() FROM generate_series(1, 8192) i;
 SELECT previous FROM lease.set_strategy('ho-s1', 'newest_version');
 SELECT previous FROM lease.set_strategy('ho-s-more', 'priority');
 \echo :LAST_ERROR_SQLSTATE

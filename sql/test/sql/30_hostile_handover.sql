@@ -106,15 +106,15 @@ SELECT status FROM lease.release('hh-group', 'team-1', 2);
 SELECT held, owner, epoch FROM lease.inspect('hh-group');
 RESET SESSION AUTHORIZATION;
 
--- 4. Bounds are per role: eve at 1024 registrations and 1024 keys with a
+-- 4. Bounds are per role: eve at 8192 registrations and 8192 keys with a
 -- strategy is refused more (54000, nothing added); alice is not.
 INSERT INTO lease.candidates (key, owner, role, pid, priority, ready, ttl, registered_at, expires_at)
 SELECT 'hh-many-' || i, 'e', 'regress_pglease_hh_eve', pg_backend_pid(), 0, true, '30s',
        clock_timestamp(), clock_timestamp() + interval '30s'
-  FROM generate_series(1, 1024 - (SELECT count(*) FROM lease.candidates WHERE role = 'regress_pglease_hh_eve')) i;
+  FROM generate_series(1, 8192 - (SELECT count(*) FROM lease.candidates WHERE role = 'regress_pglease_hh_eve')) i;
 INSERT INTO lease.strategies (key, strategy, role, set_at)
 SELECT 'hh-many-' || i, 'priority', 'regress_pglease_hh_eve', clock_timestamp()
-  FROM generate_series(1, 1024 - (SELECT count(*) FROM lease.strategies WHERE role = 'regress_pglease_hh_eve')) i;
+  FROM generate_series(1, 8192 - (SELECT count(*) FROM lease.strategies WHERE role = 'regress_pglease_hh_eve')) i;
 SELECT count(*) AS eve_candidates FROM lease.candidates WHERE role = 'regress_pglease_hh_eve';
 SELECT count(*) AS eve_strategies FROM lease.strategies WHERE role = 'regress_pglease_hh_eve';
 SET SESSION AUTHORIZATION regress_pglease_hh_eve;
