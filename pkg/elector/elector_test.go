@@ -93,7 +93,11 @@ func TestOneLeaderAtATime(t *testing.T) {
 			return err
 		})
 		if err != nil {
-			t.Errorf("fenced write of %s: %v", tr.token, err)
+			// Only the end of the term may stop its write: the test's stop
+			// or a lapse can cut a write in flight (nothing commits then).
+			if ctx.Err() == nil || !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("fenced write of %s in its live term: %v", tr.token, err)
+			}
 			fenceErrs.Add(1)
 		}
 		select {
@@ -101,7 +105,7 @@ func TestOneLeaderAtATime(t *testing.T) {
 		case <-time.After(time.Duration(50+rand.IntN(200)) * time.Millisecond):
 		}
 	}
-	const n = 4
+	const n, wantTerms = 4, 20
 	stops := make([]func(), n)
 	for i := range n {
 		id := fmt.Sprintf("c%d", i)
@@ -116,11 +120,12 @@ func TestOneLeaderAtATime(t *testing.T) {
 		}
 		stops[i] = runElector(t, el)
 	}
-	deadline := time.After(6 * time.Second)
-	for running := true; running; {
+	// Terms are counted, not timed: a loaded machine runs fewer per second.
+	ctx := testCtx(t)
+	for started := 0; started < wantTerms; started++ {
 		select {
-		case <-deadline:
-			running = false
+		case <-ctx.Done():
+			t.Fatalf("only %d terms began before the test's deadline", started)
 		case <-r.events:
 		}
 	}
@@ -128,9 +133,6 @@ func TestOneLeaderAtATime(t *testing.T) {
 		stop()
 	}
 	terms := r.snapshot()
-	if len(terms) < 5 {
-		t.Fatalf("only %d terms in 6s", len(terms))
-	}
 	if r.maxAct != 1 {
 		t.Errorf("%d terms active at once", r.maxAct)
 	}
