@@ -85,3 +85,26 @@ func TestNewResourceLockRefusalLeavesNothingOpen(t *testing.T) {
 		})
 	}
 }
+
+// A Config with a bad identity and timings past the TTL: the refusal
+// names both.
+func TestNewResourceLockKeepsEveryComplaint(t *testing.T) {
+	t.Setenv("REFUSAL_DSN", "host=127.0.0.1 port=1 user=u connect_timeout=1")
+	c := pgle.DefaultConfig()
+	c.LeaderElect, c.ResourceLock, c.ResourceName, c.ResourceNamespace = true, "pglease", "op", "ns"
+	c.DSNEnv, c.Identity = "REFUSAL_DSN", "bad\x01identity"
+	c.RenewDeadline.Duration = 13 * time.Second
+	l, err := pgle.NewResourceLock(context.Background(), c, pgle.ResourceLockOptions{})
+	if err == nil {
+		l.Close()
+		t.Fatal("NewResourceLock accepted it")
+	}
+	for _, w := range []string{"renewDeadline", "identity", "control characters"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error %q does not say %q", err, w)
+		}
+	}
+	if !errors.Is(err, pgle.ErrInvalidConfig) || !errors.Is(err, lease.ErrInvalidInput) {
+		t.Errorf("error %v, want ErrInvalidConfig and lease.ErrInvalidInput", err)
+	}
+}
