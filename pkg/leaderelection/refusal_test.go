@@ -13,6 +13,8 @@ import (
 	"github.com/pglease/pg_lease/internal/pgtest"
 	pgle "github.com/pglease/pg_lease/pkg/leaderelection"
 	"github.com/pglease/pg_lease/pkg/lease"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 )
 
 // settled waits until n() is at most want, up to a minute, and returns
@@ -65,24 +67,39 @@ func TestNewResourceLockRefusalLeavesNothingOpen(t *testing.T) {
 				l.Close()
 				t.Fatal("NewResourceLock accepted a renewDeadline past the TTL")
 			}
-			if !errors.Is(err, pgle.ErrInvalidConfig) || !strings.Contains(err.Error(), "renewDeadline") {
-				t.Errorf("error %v, want ErrInvalidConfig naming renewDeadline", err)
-			}
-			if strings.Contains(err.Error(), secret) {
-				t.Errorf("the error prints the password: %v", err)
-			}
-			if n := settled(runtime.NumGoroutine, before); n > before {
-				buf := make([]byte, 1<<20)
-				t.Errorf("%d goroutines after the refusal, %d before:\n%s", n, before, buf[:runtime.Stack(buf, true)])
-			}
-			if n := settled(backends, base); n != base {
-				t.Errorf("%d server connections left open, %d before", n, base)
+			refused(t, err, before, backends, base)
+			// The same through Flags.NewManager.
+			f := &pgle.Flags{Config: c}
+			before = runtime.NumGoroutine()
+			if _, err := f.NewManager(&rest.Config{Host: "http://127.0.0.1:1"}, manager.Options{LeaderElection: true}); err == nil {
+				t.Fatal("NewManager accepted a renewDeadline past the TTL")
+			} else {
+				refused(t, err, before, backends, base)
 			}
 			s, err := lease.New(pgtest.NewPool(t, dsn)).Inspect(context.Background(), "ns/op")
 			if err != nil || s.Exists {
 				t.Errorf("key after the refusal: %+v, %v; want no row", s, err)
 			}
 		})
+	}
+}
+
+// refused checks a refusal of renewDeadline: named, no password in it, and
+// no more goroutines than before nor server connections than base.
+func refused(t *testing.T, err error, before int, backends func() int, base int) {
+	t.Helper()
+	if !errors.Is(err, pgle.ErrInvalidConfig) || !strings.Contains(err.Error(), "renewDeadline") {
+		t.Errorf("error %v, want ErrInvalidConfig naming renewDeadline", err)
+	}
+	if strings.Contains(err.Error(), secret) {
+		t.Errorf("the error prints the password: %v", err)
+	}
+	if n := settled(runtime.NumGoroutine, before); n > before {
+		buf := make([]byte, 1<<20)
+		t.Errorf("%d goroutines after the refusal, %d before:\n%s", n, before, buf[:runtime.Stack(buf, true)])
+	}
+	if n := settled(backends, base); n != base {
+		t.Errorf("%d server connections left open, %d before", n, base)
 	}
 }
 
