@@ -176,27 +176,29 @@ func (c *Config) validate(fldPath *field.Path) error {
 // complaints about the TTL and the timings (resourcelock.Timing's rule)
 // named as the fields they came from, leaseDuration and renewDeadline under
 // fldPath (validate already refused a retryPeriod that is not positive);
-// then it wraps ErrInvalidConfig. An error without such a complaint is
-// returned as it is.
+// then it wraps ErrInvalidConfig, and New's other complaints follow as
+// they are. An error without such a complaint is returned as it is.
 func (c *Config) lockError(err error, fldPath *field.Path) error {
 	var errs field.ErrorList
+	var rest []error
 	var joined interface{ Unwrap() []error }
 	if errors.As(err, &joined) {
 		for _, e := range joined.Unwrap() {
 			var fe *resourcelock.FieldError
-			if !errors.As(e, &fe) {
-				continue
-			}
-			switch fe.Field {
-			case "LeaseDuration":
+			switch {
+			case !errors.As(e, &fe):
+				rest = append(rest, e)
+			case fe.Field == "LeaseDuration":
 				errs = append(errs, field.Invalid(fldPath.Child("leaseDuration"), c.LeaseDuration.Duration.String(), fe.Error()))
-			case "RenewDeadline":
+			case fe.Field == "RenewDeadline":
 				errs = append(errs, field.Invalid(fldPath.Child("renewDeadline"), c.RenewDeadline.Duration.String(), fe.Error()))
+			default:
+				rest = append(rest, e)
 			}
 		}
 	}
 	if len(errs) == 0 {
 		return err
 	}
-	return fmt.Errorf("%w: %w", ErrInvalidConfig, errs.ToAggregate())
+	return fmt.Errorf("%w: %w", ErrInvalidConfig, errors.Join(append([]error{errs.ToAggregate()}, rest...)...))
 }

@@ -31,8 +31,9 @@ type Config struct {
 	LeaseDuration time.Duration
 	// RenewDeadline and RetryPeriod are client-go's timings for an elector
 	// on this lock (LeaderElectionConfig fills them in). Default 2/3 and
-	// 2/15 of LeaseDuration (10s and 2s for 15s); they must keep Timing's
-	// rule.
+	// 2/15 of LeaseDuration (10s and 2s for 15s). When either is set, New
+	// checks both against Timing's rule; left zero, LeaderElectionConfig
+	// does (the defaults break it for a LeaseDuration below about 503ms).
 	RenewDeadline, RetryPeriod time.Duration
 	// Margin is how long before Grant.ValidUntil a term ends when no
 	// renewal moved it: the term margin of lease.CheckMargin (the one
@@ -104,10 +105,16 @@ func (c Config) withDefaults() (Config, []error) {
 	if m, err := checkTTL(c.LeaseDuration, c.Margin); err != nil {
 		errs = append(errs, err)
 	} else {
+		// Timings left zero are not checked here: a TTL too short for the
+		// default proportions still makes a lock (LeaderElectionConfig
+		// refuses those defaults, and takes timings that keep the rule).
+		given := c.RenewDeadline != 0 || c.RetryPeriod != 0
 		t, terrs := timing(c.LeaseDuration, m, leaderelection.LeaderElectionConfig{
 			LeaseDuration: c.LeaseDuration, RenewDeadline: c.RenewDeadline, RetryPeriod: c.RetryPeriod,
 		})
-		errs = append(errs, terrs...)
+		if given {
+			errs = append(errs, terrs...)
+		}
 		c.Margin, c.RenewDeadline, c.RetryPeriod = m, t.RenewDeadline, t.RetryPeriod
 	}
 	if c.Candidacy != nil {
@@ -182,10 +189,10 @@ func timing(ttl, margin time.Duration, cfg leaderelection.LeaderElectionConfig) 
 		cfg.LeaseDuration = ttl
 	}
 	if cfg.RenewDeadline == 0 {
-		cfg.RenewDeadline = ttl * 2 / 3
+		cfg.RenewDeadline = part(ttl, 2, 3)
 	}
 	if cfg.RetryPeriod == 0 {
-		cfg.RetryPeriod = ttl * 2 / 15
+		cfg.RetryPeriod = part(ttl, 2, 15)
 	}
 	if cfg.RetryPeriod <= 0 {
 		errs = append(errs, &FieldError{"RetryPeriod", fmt.Errorf("RetryPeriod (%v) must be positive", cfg.RetryPeriod)})
@@ -198,12 +205,17 @@ func timing(ttl, margin time.Duration, cfg leaderelection.LeaderElectionConfig) 
 		errs = append(errs, &FieldError{"LeaseDuration", fmt.Errorf("LeaseDuration (%v) must be greater than RenewDeadline (%v)",
 			cfg.LeaseDuration, cfg.RenewDeadline)})
 	}
-	if limit := ttl - margin; cfg.RenewDeadline+cfg.RetryPeriod >= limit {
+	if limit := ttl - margin; cfg.RetryPeriod > 0 && cfg.RenewDeadline >= limit-cfg.RetryPeriod {
 		errs = append(errs, &FieldError{"RenewDeadline", fmt.Errorf("RenewDeadline (%v) + RetryPeriod (%v) = %v must be below the lock's lease duration (%v) minus its margin (%v) = %v: "+
 			"client-go's leader context would outlive the grant", cfg.RenewDeadline, cfg.RetryPeriod,
 			cfg.RenewDeadline+cfg.RetryPeriod, ttl, margin, limit)})
 	}
 	return cfg, errs
+}
+
+// part is d*n/k for a positive d without overflowing time.Duration (n < k).
+func part(d time.Duration, n, k time.Duration) time.Duration {
+	return d/k*n + d%k*n/k
 }
 
 // checkTTL applies lease.CheckMargin to a lock's lease duration and margin

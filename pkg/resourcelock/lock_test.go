@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"math"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/tools/leaderelection"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
 
 	"github.com/pglease/pg_lease/internal/pgtest"
@@ -355,5 +357,64 @@ func TestRawBytesChangeOnlyOnStateChanges(t *testing.T) {
 	}
 	if _, b7 := get(t, h); !bytes.Equal(b6, b7) {
 		t.Fatal("bytes of a free key changed without a write")
+	}
+}
+
+// A lock whose TTL is too short for client-go's default proportions (below
+// about 503ms with the default margin) is made when its timings are left
+// zero, as every TTL of at least 3ms is: the timings are then checked where
+// client-go's are filled in (LeaderElectionConfig), and timings that keep
+// the rule are accepted there.
+func TestNewShortTTLWithoutTimings(t *testing.T) {
+	c := lease.New(nil)
+	for _, ttl := range []time.Duration{3 * time.Millisecond, 100 * time.Millisecond, 300 * time.Millisecond, 500 * time.Millisecond} {
+		l, err := resourcelock.New(c, resourcelock.Config{Key: "k", Identity: "a", LeaseDuration: ttl})
+		if err != nil {
+			t.Errorf("New with LeaseDuration %v and no timings: %v", ttl, err)
+			continue
+		}
+		_, err = l.LeaderElectionConfig(leaderelection.LeaderElectionConfig{})
+		var fe *resourcelock.FieldError
+		if !errors.As(err, &fe) || fe.Field != "RenewDeadline" {
+			t.Errorf("LeaderElectionConfig with the default proportions of %v: %v, want a RenewDeadline FieldError", ttl, err)
+		}
+	}
+	l, err := resourcelock.New(c, resourcelock.Config{Key: "k", Identity: "a", LeaseDuration: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.LeaderElectionConfig(leaderelection.LeaderElectionConfig{
+		RenewDeadline: 150 * time.Millisecond, RetryPeriod: 30 * time.Millisecond,
+	}); err != nil {
+		t.Errorf("LeaderElectionConfig with timings that keep the rule: %v", err)
+	}
+	// Timings given in the Config are checked by New.
+	if _, err := resourcelock.New(c, resourcelock.Config{Key: "k", Identity: "a", LeaseDuration: 300 * time.Millisecond,
+		RenewDeadline: 200 * time.Millisecond}); !errors.Is(err, lease.ErrInvalidInput) {
+		t.Errorf("New with RenewDeadline 200ms for 300ms: %v, want ErrInvalidInput", err)
+	}
+}
+
+// The default proportions of a TTL near time.Duration's range do not
+// overflow: 2/3 and 2/15 of it, as for any other TTL.
+func TestTimingHugeTTL(t *testing.T) {
+	for _, ttl := range []time.Duration{200 * 365 * 24 * time.Hour, math.MaxInt64} {
+		cfg, err := resourcelock.Timing(ttl, 0, leaderelection.LeaderElectionConfig{})
+		if err != nil {
+			t.Errorf("Timing(%v): %v", ttl, err)
+			continue
+		}
+		if rd, rp := float64(cfg.RenewDeadline)/float64(ttl), float64(cfg.RetryPeriod)/float64(ttl); math.Abs(rd-2.0/3) > 1e-9 || math.Abs(rp-2.0/15) > 1e-9 {
+			t.Errorf("Timing(%v): RenewDeadline %v, RetryPeriod %v, want 2/3 and 2/15 of it", ttl, cfg.RenewDeadline, cfg.RetryPeriod)
+		}
+	}
+	// Nor does the sum of RenewDeadline and RetryPeriod.
+	if _, err := resourcelock.Timing(math.MaxInt64, 0, leaderelection.LeaderElectionConfig{
+		RenewDeadline: math.MaxInt64 - time.Second, RetryPeriod: 2 * time.Second,
+	}); err == nil {
+		t.Errorf("Timing accepted a RenewDeadline + RetryPeriod past time.Duration's range")
+	}
+	if cfg, _ := resourcelock.Timing(15*time.Second, 0, leaderelection.LeaderElectionConfig{}); cfg.RenewDeadline != 10*time.Second || cfg.RetryPeriod != 2*time.Second {
+		t.Errorf("Timing(15s): %v, %v", cfg.RenewDeadline, cfg.RetryPeriod)
 	}
 }
