@@ -2464,11 +2464,19 @@ BEGIN
   -- this role's registrations of the key that are gone (never another
   -- role's rows, whose locks we would keep). In this order a transaction
   -- waiting for the registrar row holds no gone row that the one holding
-  -- it must drop: the other order deadlocked two of them.
+  -- it must drop: the other order deadlocked two of them. A gone row
+  -- locked by another transaction (its refresh) is skipped, not waited
+  -- for: that transaction may wait for the registrar row next. A row
+  -- refreshed since it was read is live again, and stays.
   PERFORM lease._lock_registrar();
   DELETE FROM lease.candidates c
-   WHERE c.key = v_key AND c.role = v_role
-     AND c.owner IN (SELECT r.owner FROM lease._ranked(v_key, v_now) r WHERE r.role = v_role AND NOT r.live);
+   WHERE c.ctid IN (
+     SELECT x.ctid FROM lease.candidates x
+      WHERE x.key = v_key AND x.role = v_role
+        AND x.owner IN (SELECT r.owner FROM lease._ranked(v_key, v_now) r WHERE r.role = v_role AND NOT r.live)
+        AND NOT (x.expires_at > v_now
+                 AND x.pid IN (SELECT a.pid FROM pg_catalog.pg_stat_activity a WHERE a.pid IS NOT NULL))
+        FOR UPDATE SKIP LOCKED);
   SELECT count(*) INTO v_n FROM lease.candidates c WHERE c.role = v_role;
   IF v_n >= lease._max_candidates() THEN
     RAISE EXCEPTION 'too_many_candidates'

@@ -3,6 +3,7 @@ package shard
 import (
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -372,19 +373,21 @@ func TestDue(t *testing.T) {
 
 // TestHandedTo: of a wake's events, the handovers of this controller's
 // shards to this process, in order, once each with the latest epoch
-// notified, but for shards it acts under already and epochs below 1; releases, grants, other owners, other controllers' keys
+// notified, but for shards it acts under already, grants it is giving up
+// (the epoch it tracks) and epochs below 1; releases, grants, other owners, other controllers' keys
 // and shards out of range are not.
 func TestHandedTo(t *testing.T) {
 	ev := func(typ listen.EventType, key, owner string) listen.Event {
 		return listen.Event{Type: typ, Key: key, Owner: owner, Epoch: 7}
 	}
-	acting := map[int]bool{2: true, 4: false} // 4: being given up
+	tracked := map[int]int64{2: math.MaxInt64, 4: 6, 8: 7} // 2: acting; 4, 8: being given up
 	events := []listen.Event{
 		ev(listen.EventHandover, Key("ctl", 9), "a#1"),
 		ev(listen.EventHandover, Key("ctl", 1), "a#1"),
 		ev(listen.EventHandover, Key("ctl", 9), "a#1"),
 		ev(listen.EventHandover, Key("ctl", 2), "a#1"),   // acts under it
 		ev(listen.EventHandover, Key("ctl", 4), "a#1"),   // giving it up: a new grant
+		ev(listen.EventHandover, Key("ctl", 8), "a#1"),   // giving up that grant: forged
 		ev(listen.EventHandover, Key("ctl", 3), "b#1"),   // another owner
 		ev(listen.EventHandover, Key("other", 5), "a#1"), // another controller
 		ev(listen.EventHandover, Key("ctl", 64), "a#1"),  // no such shard
@@ -394,7 +397,7 @@ func TestHandedTo(t *testing.T) {
 	}
 	events = append(events, listen.Event{Type: listen.EventHandover, Key: Key("ctl", 1), Owner: "a#1", Epoch: 9},
 		listen.Event{Type: listen.EventHandover, Key: Key("ctl", 5), Owner: "a#1", Epoch: 0}) // no grant: forged
-	got, tokens := handedTo("ctl", 64, "a#1", events, acting)
+	got, tokens := handedTo("ctl", 64, "a#1", events, tracked)
 	if want := []int{1, 4, 9}; !slices.Equal(got, want) {
 		t.Errorf("handedTo: %v, want %v", got, want)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"math"
 	"slices"
 	"time"
 
@@ -259,13 +260,20 @@ func (r *Sharder) takeHandedOver(ctx, stmts context.Context, handovers *listen.C
 			r.moves.Unlock()
 			return
 		}
-		acting := map[int]bool{}
+		// A shard acting here is skipped whatever the epoch; one being given
+		// up (or whose term ended) up to its tracked epoch: that grant is
+		// released only once its work ended, and a forged notification
+		// naming it would begin a second term beside that work.
+		tracked := map[int]int64{}
 		r.mu.Lock()
 		for s, o := range r.owned {
-			acting[s] = !o.stopping && o.term.Err() == nil
+			tracked[s] = o.term.Grant().Epoch
+			if !o.stopping && o.term.Err() == nil {
+				tracked[s] = math.MaxInt64
+			}
 		}
 		r.mu.Unlock()
-		shards, tokens := handedTo(r.cfg.Controller, r.cfg.Shards, r.owner, wk.Events, acting)
+		shards, tokens := handedTo(r.cfg.Controller, r.cfg.Shards, r.owner, wk.Events, tracked)
 		if len(shards) == 0 {
 			r.moves.Unlock()
 			continue
@@ -314,14 +322,15 @@ func (r *Sharder) takeHanded(ctx context.Context, shards []int, tokens []lease.T
 
 // handedTo returns, in order, the shards that events say a release handed
 // to owner, and the token of each handed grant (the latest notified), but
-// for shards this replica acts under already (acting).
-func handedTo(controller string, n int, owner string, events []listen.Event, acting map[int]bool) ([]int, []lease.Token) {
+// for a shard this replica tracks at an epoch not below the notified one
+// (tracked: math.MaxInt64 for a shard it acts under).
+func handedTo(controller string, n int, owner string, events []listen.Event, tracked map[int]int64) ([]int, []lease.Token) {
 	latest := map[int]lease.Token{}
 	for _, ev := range events {
 		s, ok := parseShard(controller, ev.Key, n)
 		// An epoch below 1 names no grant (a forged notification): the
 		// server would refuse the whole batch for it.
-		if !ok || ev.Type != listen.EventHandover || ev.Owner != owner || ev.Epoch < 1 || acting[s] {
+		if e, seen := tracked[s]; !ok || ev.Type != listen.EventHandover || ev.Owner != owner || ev.Epoch < 1 || seen && ev.Epoch <= e {
 			continue
 		}
 		if t, seen := latest[s]; !seen || ev.Epoch > t.Epoch {

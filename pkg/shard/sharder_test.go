@@ -753,3 +753,122 @@ func TestKeysLapseAtOneInstant(t *testing.T) {
 	})
 	t.Logf("y's keys: %s", last)
 }
+
+// renewSeen records the grants (key and epoch) of every lease.renew_many
+// statement a pool ran to its end.
+type renewSeen struct {
+	mu     sync.Mutex
+	grants map[string]bool
+}
+
+type renewSeenKey struct{}
+
+func (r *renewSeen) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if !strings.Contains(d.SQL, "lease.renew_many(") || len(d.Args) < 3 {
+		return ctx
+	}
+	keys, _ := d.Args[0].([]string)
+	epochs, _ := d.Args[2].([]int64)
+	var grants []string
+	for i := range min(len(keys), len(epochs)) {
+		grants = append(grants, fmt.Sprintf("%s@%d", keys[i], epochs[i]))
+	}
+	return context.WithValue(ctx, renewSeenKey{}, grants)
+}
+
+func (r *renewSeen) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	grants, _ := ctx.Value(renewSeenKey{}).([]string)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, g := range grants {
+		r.grants[g] = true
+	}
+}
+
+func (r *renewSeen) seen(key string, epoch int64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.grants[fmt.Sprintf("%s@%d", key, epoch)]
+}
+
+// TestForgedHandoverOfAShardBeingGivenUp: a forged handover notification
+// naming the very grant a replica is giving up (its work not ended yet, so
+// its release waits) must not make the replica renew that grant nor act
+// under the shard again: the server still shows the grant held by the
+// replica at that epoch, but the release that follows hands it on, and
+// the former owner would act beside the next. The barriers are forged
+// notifications of another shard at epochs it never had, whose refused
+// renewals v runs after (or with) the first.
+func TestForgedHandoverOfAShardBeingGivenUp(t *testing.T) {
+	c := newCluster(t, 4, time.Minute)
+	ctx := pgtest.Context(t, 0)
+	lc := lease.New(c.pool)
+	seen := &renewSeen{grants: map[string]bool{}}
+	c.poolOpts = []pgtest.PoolOption{func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = seen }}
+	var mu sync.Mutex
+	var acquired []int
+	c.acquired = func(_ string, s int) {
+		mu.Lock()
+		acquired = append(acquired, s)
+		mu.Unlock()
+	}
+	v := c.start("v").r
+	c.waitSettled("v")
+	want := shard.Balance(c.n, []string{"b", "v"}, c.last)
+	var bs []int
+	for s, m := range want {
+		if m == "b" {
+			bs = append(bs, s)
+		}
+	}
+	if len(bs) < 2 {
+		t.Fatalf("assignment %v gives b fewer than two shards", want)
+	}
+	given, barrier := bs[0], bs[1]
+	wctx, done, ok := v.Begin(ctx, given)
+	if !ok {
+		t.Fatalf("v does not own shard %d", given)
+	}
+	defer done()
+	tok, _ := lease.TokenFromContext(wctx)
+	if _, ok, err := lc.Acquire(ctx, shard.MemberKey("ctl", "b"), "b#0", 10*time.Minute); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	<-wctx.Done() // v gives the shard up; its release waits for this work
+	st, err := lc.Inspect(ctx, tok.Key)
+	if err != nil || !st.Held || st.Owner != tok.Owner || st.Epoch != tok.Epoch {
+		t.Fatalf("shard %d: %+v %v, want still held by %v", given, st, err, tok)
+	}
+	mu.Lock()
+	before := len(acquired)
+	mu.Unlock()
+
+	forger := fmt.Sprintf("shard_forger_%d", time.Now().UnixNano())
+	if _, err := c.pool.Exec(ctx, `CREATE ROLE `+forger+` LOGIN`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = c.pool.Exec(context.Background(), `DROP ROLE IF EXISTS `+forger) })
+	fc := pgtest.Connect(t, pgtest.WithUser(c.dsn, forger))
+	notify := func(tk lease.Token) {
+		payload := fmt.Sprintf(`{"event":"handover","key":%q,"owner":%q,"epoch":%d}`, tk.Key, tk.Owner, tk.Epoch)
+		if _, err := fc.Exec(ctx, `SELECT pg_notify('pg_lease', $1)`, payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	notify(tok)
+	// Two barriers: the notifications are taken one batch after another,
+	// and the second batch's statement begins once the first is done.
+	for _, epoch := range []int64{1 << 40, 1 << 41} {
+		notify(lease.Token{Key: shard.Key("ctl", barrier), Owner: v.Owner(), Epoch: epoch})
+		waitFor(t, "v's refused renewal of a barrier", func() bool { return seen.seen(shard.Key("ctl", barrier), epoch) })
+	}
+	mu.Lock()
+	after := slices.Clone(acquired[before:])
+	mu.Unlock()
+	if slices.Contains(after, given) || v.Owns(given) {
+		t.Errorf("a forged handover made v act again under shard %d, which it is giving up (acquired %v, owns %v)", given, after, v.Owned())
+	}
+	if now, err := lc.Inspect(ctx, tok.Key); err != nil || now.Epoch != tok.Epoch || !now.Held || !now.ExpiresAt.Equal(st.ExpiresAt) {
+		t.Errorf("a forged handover made v renew or release shard %d before its work ended: %+v, was %+v (%v)", given, now, st, err)
+	}
+}
