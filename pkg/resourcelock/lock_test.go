@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/tools/leaderelection"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
@@ -255,31 +257,56 @@ func TestLostRaceIsConflict(t *testing.T) {
 
 // The TTL sent comes from Config.LeaseDuration, never from the record's
 // whole-second LeaseDurationSeconds (0 here, and the elector truncates).
+// Checked on what the lock sends (every duration argument of its acquire
+// and renew) and on the server's arithmetic (expiry minus grant time), so
+// no bound depends on how long a call took.
 func TestTTLFromOwnConfiguration(t *testing.T) {
 	dsn := newDB(t)
 	ctx := context.Background()
 	admin := newClient(t, dsn)
 	ttl := 50*time.Minute + 500*time.Millisecond // below 0.3.0's default max_ttl (1 hour)
-	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.Config{LeaseDuration: ttl})
+	sent := &durationArgs{}
+	a := mustLock(t, lease.New(pgtest.NewPool(t, dsn, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = sent })),
+		"k", "a", resourcelock.Config{LeaseDuration: ttl})
 	r := rec("a")
 	r.LeaseDurationSeconds = 0
 	if err := a.Create(ctx, r); err != nil {
 		t.Fatal(err)
 	}
-	check := func(op string) {
+	check := func(op, fn string) {
+		t.Helper()
+		got := sent.take(fn)
+		if len(got) == 0 {
+			t.Fatalf("%s sent no %s with a duration", op, fn)
+		}
+		for _, d := range got {
+			if d != ttl {
+				t.Fatalf("%s sent %s with %v, want %v", op, fn, d, ttl)
+			}
+		}
 		s, err := admin.Inspect(ctx, "k")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if left := s.ExpiresAt.Sub(s.ServerNow); left <= 50*time.Minute || left > ttl {
-			t.Fatalf("after %s the server holds the grant for %v more, want (50m, %v]", op, left, ttl)
+		if !s.Held || s.Owner != "a" {
+			t.Fatalf("after %s: held=%t owner=%q, want held by a", op, s.Held, s.Owner)
+		}
+		if left := s.ExpiresAt.Sub(s.ServerNow); left > ttl {
+			t.Fatalf("after %s the server holds the grant for %v more, above the TTL %v", op, left, ttl)
 		}
 	}
-	check("Create")
+	check("Create", "lease.acquire(")
+	s, err := admin.Inspect(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := s.ExpiresAt.Sub(s.AcquiredAt); d != ttl {
+		t.Fatalf("the server granted %v (expiry minus grant time), want %v", d, ttl)
+	}
 	if err := a.Update(ctx, r); err != nil {
 		t.Fatal(err)
 	}
-	check("renew")
+	check("renew", "lease.renew(")
 	got, _ := get(t, a)
 	if got.LeaseDurationSeconds != 3001 {
 		t.Fatalf("LeaseDurationSeconds = %d, want 3001 (TTL rounded up)", got.LeaseDurationSeconds)
@@ -291,6 +318,45 @@ func TestTTLFromOwnConfiguration(t *testing.T) {
 	if got, _ := get(t, b); got.LeaseDurationSeconds != 1 {
 		t.Fatalf("sub-second TTL: LeaseDurationSeconds = %d, want 1, never 0", got.LeaseDurationSeconds)
 	}
+}
+
+// durationArgs records the first time.Duration argument (the ttl, which
+// comes before acquire's wait) of each statement sent, by the SQL function
+// the statement calls.
+type durationArgs struct {
+	mu  sync.Mutex
+	got map[string][]time.Duration
+}
+
+func (d *durationArgs) TraceQueryStart(ctx context.Context, _ *pgx.Conn, q pgx.TraceQueryStartData) context.Context {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, fn := range []string{"lease.acquire(", "lease.renew("} {
+		if !strings.Contains(q.SQL, fn) {
+			continue
+		}
+		for _, a := range q.Args {
+			if v, ok := a.(time.Duration); ok {
+				if d.got == nil {
+					d.got = map[string][]time.Duration{}
+				}
+				d.got[fn] = append(d.got[fn], v)
+				break
+			}
+		}
+	}
+	return ctx
+}
+
+func (d *durationArgs) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// take returns and forgets the durations sent to fn.
+func (d *durationArgs) take(fn string) []time.Duration {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	got := d.got[fn]
+	delete(d.got, fn)
+	return got
 }
 
 // The raw bytes from Get change exactly when the key's state changes on the
