@@ -1170,8 +1170,15 @@ BEGIN
             -- First grant of a never-leased key: the insertion is the lock. (If
             -- it waited for a concurrent first grant that rolled back, the grant
             -- is shorter by that wait, never longer.)
-            v_first := greatest(lease._floor(NOT v_rc), v_base) + 1;
-            PERFORM lease._check_ttl_now(v_ttl);
+            -- (lease._floor and lease._check_ttl_now, inline: no call.)
+            IF NOT v_rc THEN
+              PERFORM FROM lease.epoch_floor f FOR SHARE;
+            END IF;
+            v_first := greatest((SELECT coalesce(max(f.floor), 0) FROM lease.epoch_floor f), v_base) + 1;
+            IF extract(epoch FROM v_ttl) > extract(epoch FROM coalesce((SELECT s.max_ttl FROM lease.settings s),
+                                                                        interval '1 hour')) THEN
+              PERFORM lease._check_ttl_now(v_ttl);
+            END IF;
             v_now := clock_timestamp();
             INSERT INTO lease.leases AS l (key, owner, epoch, expires_at, acquired_at, holder_role, life, life_timeline)
               VALUES (v_key, v_owner, v_first, v_now + v_ttl, v_now, v_role, pg_catalog.pg_postmaster_start_time(),
@@ -1188,14 +1195,37 @@ BEGIN
               -- and move the new row, still this transaction's own, above it.
               -- (Under the other levels the floor rows are locked: no clean-up
               -- can commit a raise before this transaction ends.)
-              v_first := greatest(lease._floor(false), v_base) + 1;
+              v_first := greatest((SELECT coalesce(max(f.floor), 0) FROM lease.epoch_floor f), v_base) + 1;
               IF v_first > epoch THEN
                 UPDATE lease.leases l SET epoch = v_first WHERE l.key = v_key
                 RETURNING l.epoch INTO epoch;
               END IF;
             END IF;
-            PERFORM lease._record(v_key, 'acquired', true, v_owner, v_role, epoch, NULL, NULL, NULL,
-                                  v_ttl, NULL, v_now);
+            -- History: lease._record's statement, inline (no call).
+            WITH p AS (
+              SELECT coalesce((SELECT s.keep_rows FROM lease.history_settings s), 100) AS keep,
+                     coalesce(h.seq, 0) + 1 AS seq,
+                     coalesce(h.grants, 0) + 1 AS grants,
+                     h.trimmed_at,
+                     coalesce(a.actor_seq, 0) + 1 AS aseq
+                FROM (SELECT 1) one
+                LEFT JOIN LATERAL (SELECT x.seq, x.grants, x.trimmed_at FROM lease.history x
+                                    WHERE x.key = v_key ORDER BY x.seq DESC LIMIT 1) h ON true
+                LEFT JOIN LATERAL (SELECT x.actor_seq FROM lease.history x
+                                    WHERE x.key = v_key AND x.actor = v_role ORDER BY x.actor_seq DESC LIMIT 1) a ON true
+            ), d AS (
+              DELETE FROM lease.history h
+               WHERE h.key = v_key AND h.actor = v_role
+                 AND h.actor_seq > (SELECT p.aseq - p.keep - 8 FROM p WHERE p.keep > 0 AND p.aseq > p.keep)
+                 AND h.actor_seq <= (SELECT p.aseq - p.keep FROM p WHERE p.keep > 0 AND p.aseq > p.keep)
+              RETURNING h.at
+            )
+            INSERT INTO lease.history (key, seq, at, event, owner, holder_role, epoch, actor, previous_owner,
+                                       previous_epoch, vacant_since, ttl, grants, detail, actor_seq, trimmed_at)
+            SELECT v_key, p.seq, v_now, 'acquired', v_owner, v_role, epoch, v_role, NULL, NULL, NULL, v_ttl,
+                   p.grants, NULL, p.aseq, greatest(p.trimmed_at, (SELECT max(d.at) FROM d))
+              FROM p
+             WHERE p.keep > 0;
           ELSE
             -- Free or lapsed when read: lock, read the clock, decide again.
             -- (wait 0: NOWAIT, so no lock wait at all.)
@@ -1214,7 +1244,10 @@ BEGIN
               -- Granted to someone (maybe this owner) since the unlocked read.
               RAISE EXCEPTION USING ERRCODE = 'LEASE';
             END IF;
-            PERFORM lease._check_ttl_now(v_ttl);
+            IF extract(epoch FROM v_ttl) > extract(epoch FROM coalesce((SELECT s.max_ttl FROM lease.settings s),
+                                                                        interval '1 hour')) THEN
+              PERFORM lease._check_ttl_now(v_ttl);
+            END IF;
             UPDATE lease.leases l
                SET owner = v_owner, epoch = greatest(l.epoch, v_base) + 1,
                    expires_at = v_now + v_ttl, acquired_at = v_now, holder_role = v_role,
@@ -1265,9 +1298,25 @@ BEGIN
         END;
         -- The grant's write may have waited for lease.configure's table lock
         -- (configure lowering max_ttl when no grant is held): read the
-        -- max_ttl in force after it.
-        PERFORM lease._check_ttl_now(v_ttl);
-        PERFORM lease._changed('acquired', v_key, v_owner, epoch);
+        -- max_ttl in force after it, and whether a session listens for the
+        -- key, in one statement (the checks of lease._check_ttl_now and
+        -- lease._changed, inline).
+        SELECT EXISTS (SELECT 1 FROM lease.listeners w WHERE w.key = v_key OR w.key = '*'),
+               (SELECT s.max_ttl FROM lease.settings s)
+          INTO v_listened, v_max;
+        IF extract(epoch FROM v_ttl) > extract(epoch FROM coalesce(v_max, interval '1 hour')) THEN
+          PERFORM lease._check_ttl_now(v_ttl);
+        END IF;
+        IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+          PERFORM set_config('synchronous_commit', 'on', true);  -- as lease._changed
+        END IF;
+        v_mode := coalesce(lower(current_setting('pg_lease.notify', true)), '');
+        IF v_mode NOT IN ('off', 'false', 'no', '0', 'f', 'n')
+           AND (v_listened OR v_mode IN ('on', 'always', 'true', 'yes', '1', 't', 'y')
+                OR current_setting('transaction_isolation') <> 'read committed') THEN
+          PERFORM pg_notify('pg_lease', json_build_object(
+            'event', 'acquired', 'key', v_key, 'owner', v_owner, 'epoch', epoch)::text);
+        END IF;
         RETURN;
       END IF;
     END IF;
