@@ -2429,7 +2429,9 @@ $$;
 -- reads, changes or is refused by another's. Returns the caller's role's
 -- strategy before the call. At most lease._max_candidates() keys with a
 -- strategy per role (54000 beyond, nothing added). Locks only the caller's
--- role's row of the key.
+-- role's rows: its registrar row first, then its row of the key (none when
+-- there is nothing to change), the order of every registration, so that two
+-- transactions of the role never wait for each other's rows in turn.
 CREATE OR REPLACE FUNCTION lease.set_strategy(key text, strategy text, OUT previous text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -2446,6 +2448,15 @@ BEGIN
   IF current_setting('transaction_read_only') = 'on' THEN
     PERFORM lease._raise_read_only('lease.set_strategy');
   END IF;
+  -- The registrar row before the key's row, whether the key has a
+  -- strategy already or gets a new one: with the key's row first, a
+  -- transaction waiting for the registrar row held a row that the one
+  -- holding it asked for next, a deadlock. Only 'any' on a key without a
+  -- strategy changes nothing and takes nothing.
+  IF v_strategy <> 'any'
+     OR EXISTS (SELECT 1 FROM lease.strategies s WHERE s.key = v_key AND s.role = v_role) THEN
+    PERFORM lease._lock_registrar();
+  END IF;
   SELECT s.strategy INTO previous FROM lease.strategies s
    WHERE s.key = v_key AND s.role = v_role FOR UPDATE;
   IF FOUND THEN
@@ -2461,7 +2472,6 @@ BEGIN
   IF v_strategy = 'any' THEN
     RETURN;
   END IF;
-  PERFORM lease._lock_registrar();
   SELECT count(*) INTO v_n FROM lease.strategies s WHERE s.role = v_role;
   IF v_n >= lease._max_candidates() THEN
     RAISE EXCEPTION 'too_many_strategies'

@@ -252,10 +252,13 @@ func run(ctx context.Context, c config) error {
 // leasePoolConfig is the lease database's pool: commits observed, and each
 // connection warmed (lease.WarmConn) when it opens, so that the first
 // release, handover and acquire of a rebalance on it do not plan their
-// statements then. Two connections are kept idle beyond those in use
-// (opened and warmed in the background): a handover's acquire or a leave's
-// release, which run beside a round and a renewal, find one ready rather
-// than open and warm it then.
+// statements then. The pool opens and warms leaseConns connections in the
+// background when it starts and keeps them (MinConns): a replica runs a
+// round, a renewal, the take of a handover and releases at once, and a
+// connection opened on the way of one of them cost it the connection and
+// the warm-up's statements (hundreds of milliseconds on a loaded host).
+// Beyond those, two connections are kept idle (opened in the background,
+// as the pool checks its health).
 func leasePoolConfig(dsn string) (*pgxpool.Config, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
@@ -264,12 +267,20 @@ func leasePoolConfig(dsn string) (*pgxpool.Config, error) {
 	lease.ObserveCommits(&cfg.ConnConfig.Config)
 	cfg.AfterConnect = lease.WarmConn
 	cfg.MinIdleConns = leaseIdleConns
-	cfg.MaxConns = max(cfg.MaxConns, leaseIdleConns+4)
+	cfg.MaxConns = max(cfg.MaxConns, leaseConns)
+	cfg.MinConns = max(cfg.MinConns, leaseConns)
 	return cfg, nil
 }
 
-// leaseIdleConns is how many warm lease connections stay idle.
-const leaseIdleConns = 2
+const (
+	// leaseConns is how many warm lease connections a replica keeps open:
+	// the statements a replica may run at once (a round, a renewal, a
+	// handover's take, the releases of shards given up) and two more.
+	leaseConns = 6
+	// leaseIdleConns is how many warm lease connections stay idle beyond
+	// those in use, up to the pool's maximum.
+	leaseIdleConns = 2
+)
 
 // reconciler waits c.work, then writes the ConfigMap's data to the store
 // under the shard's token.

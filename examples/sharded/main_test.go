@@ -99,3 +99,57 @@ func TestLeasePoolKeepsWarmConnectionsIdle(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestLeasePoolOpensItsConnectionsBeforeUse: the pool opens and warms
+// leaseConns connections when it starts; once they are open, that many
+// statements at once (a round, a renewal, a handover's take, a release)
+// each find one ready: no connection is opened on the way of any of them.
+func TestLeasePoolOpensItsConnectionsBeforeUse(t *testing.T) {
+	dsn := pgtest.NewLeaseDatabase(t)
+	ctx := pgtest.Context(t, 0)
+	cfg, err := leasePoolConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	opened := 0
+	warm := cfg.AfterConnect
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		mu.Lock()
+		opened++
+		mu.Unlock()
+		return warm(ctx, c)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	deadline := time.Now().Add(time.Minute)
+	for pool.Stat().IdleConns() < leaseConns {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d idle connections a minute after the start, want %d", pool.Stat().IdleConns(), leaseConns)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	mu.Lock()
+	before := opened
+	mu.Unlock()
+	var conns []*pgxpool.Conn
+	for range leaseConns {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	mu.Lock()
+	after := opened
+	mu.Unlock()
+	for _, c := range conns {
+		c.Release()
+	}
+	if after != before {
+		t.Errorf("%d statements at once opened %d connections on their way, want none", leaseConns, after-before)
+	}
+}

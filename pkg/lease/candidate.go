@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -199,9 +201,9 @@ func (c *Client) Candidates(ctx context.Context, key string) (Strategy, []Candid
 }
 
 // RegisterCandidates registers (or renews) owner as a candidate of every
-// key of keys in one statement, key i with priorities[i]; the TTL, version
-// and readiness are cand's (cand.Priority is not used). At most MaxBatch
-// keys. It returns the keys whose registration the server refused (pg_lease
+// key of keys in one statement, key i with priorities[i], taken in byte
+// order of the keys; the TTL, version and readiness are cand's
+// (cand.Priority is not used). At most MaxBatch keys. It returns the keys whose registration the server refused (pg_lease
 // 0.4.0 only: another role registered owner for them); an error is for the
 // whole call.
 func (c *Client) RegisterCandidates(ctx context.Context, keys []string, priorities []int32, cand Candidate) ([]string, error) {
@@ -216,6 +218,7 @@ func (c *Client) RegisterCandidates(ctx context.Context, keys []string, prioriti
 	if err := checkTTL("register_many", t, "ttl", cand.TTL, false); err != nil {
 		return nil, err
 	}
+	keys, priorities = byKey(keys, priorities)
 	var refused []string
 	err := retryOnce(ctx, func() error {
 		refused = refused[:0]
@@ -242,11 +245,13 @@ SELECT u.k FROM unnest($1::text[], $2::int[]) u(k, p),
 	return refused, nil
 }
 
-// WithdrawCandidates ends owner's registrations for keys in one statement.
+// WithdrawCandidates ends owner's registrations for keys in one statement,
+// taken in byte order of the keys.
 func (c *Client) WithdrawCandidates(ctx context.Context, keys []string, owner string) error {
 	if len(keys) == 0 {
 		return nil
 	}
+	keys, _ = byKey(keys, nil)
 	err := retryOnce(ctx, func() error {
 		_, err := c.db.Exec(ctx, `SELECT lease.withdraw(k, $2) FROM unnest($1::text[]) k`, keys, owner)
 		return err
@@ -260,11 +265,13 @@ func (c *Client) WithdrawCandidates(ctx context.Context, keys []string, owner st
 // SetStrategies sets s as the connection's database role's strategy of
 // every key of keys in one statement. It fails as a whole, setting nothing,
 // when one key's strategy cannot be set (ErrTooMany; with pg_lease 0.4.0
-// also ErrPermission: another role set it).
+// also ErrPermission: another role set it). The keys are taken in byte
+// order.
 func (c *Client) SetStrategies(ctx context.Context, keys []string, s Strategy) error {
 	if len(keys) == 0 {
 		return nil
 	}
+	keys, _ = byKey(keys, nil)
 	err := retryOnce(ctx, func() error {
 		_, err := c.db.Exec(ctx, `SELECT lease.set_strategy(k, $2) FROM unnest($1::text[]) k`, keys, string(s))
 		return err
@@ -273,4 +280,29 @@ func (c *Client) SetStrategies(ctx context.Context, keys []string, s Strategy) e
 		return candidateError("set strategy", Token{}, err)
 	}
 	return nil
+}
+
+// byKey returns keys sorted in byte order, and prios (when not nil) along,
+// as copies: the batch calls take their keys' rows in that order (as
+// acquire_many and release_many do on the server), so two callers whose
+// key sets overlap wait for each other at most once instead of each
+// holding a row the other asks for next.
+func byKey(keys []string, prios []int32) ([]string, []int32) {
+	idx := make([]int, len(keys))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortStableFunc(idx, func(a, b int) int { return strings.Compare(keys[a], keys[b]) })
+	ks := make([]string, len(keys))
+	var ps []int32
+	if prios != nil {
+		ps = make([]int32, len(prios))
+	}
+	for i, j := range idx {
+		ks[i] = keys[j]
+		if prios != nil {
+			ps[i] = prios[j]
+		}
+	}
+	return ks, ps
 }

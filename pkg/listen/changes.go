@@ -118,6 +118,17 @@ func (ch *Changes) Wait(ctx context.Context, until time.Time, kick <-chan struct
 	return wk, nil
 }
 
+// Queued returns, without waiting, the events queued for the subscription
+// since the last Wait or Queued (none: no Events). Closed: the Waiter was
+// closed.
+func (ch *Changes) Queued() Wake {
+	var wk Wake
+	if ch.events != nil {
+		wk.Closed = ch.drain(&wk)
+	}
+	return wk
+}
+
 func (wk *Wake) add(ev Event) {
 	wk.seqs = append(wk.seqs, ev.seq)
 	ev.seq = 0

@@ -242,10 +242,14 @@ func (r *Sharder) takeOver(ctx, stop context.Context) {
 // this process, as the notification of each handover arrives: one
 // statement (lease.Client.RenewTokens of the owner and epoch each
 // notification names), with no list before it and whatever the rounds are
-// doing. Any role may NOTIFY: a notification is only a sign, and the
-// renewal takes only a grant the server shows held by this process at that
-// epoch (a forged one takes nothing); a shard taken that is assigned
-// elsewhere is given up by the next round.
+// doing. The handovers notified while that statement ran (the rest of one
+// release's, as a rule) are taken next, each batch in one statement, and
+// only then are all this process's keys renewed at once (align): a batch
+// waits for the statement before it, not for that renewal too. Any role
+// may NOTIFY: a notification is only a sign, and the renewal takes only a
+// grant the server shows held by this process at that epoch (a forged one
+// takes nothing); a shard taken that is assigned elsewhere is given up by
+// the next round.
 func (r *Sharder) takeHandedOver(ctx, stmts context.Context, handovers *listen.Changes) {
 	clk := r.c.Clock()
 	for {
@@ -256,43 +260,55 @@ func (r *Sharder) takeHandedOver(ctx, stmts context.Context, handovers *listen.C
 		// Decided under moves: a round that took these grants meanwhile
 		// leaves nothing to take again.
 		r.moves.Lock()
-		if ctx.Err() != nil {
-			r.moves.Unlock()
-			return
-		}
-		// A shard acting here is skipped whatever the epoch; one being given
-		// up (or whose term ended) up to its tracked epoch: that grant is
-		// released only once its work ended, and a forged notification
-		// naming it would begin a second term beside that work.
-		tracked := map[int]int64{}
-		r.mu.Lock()
-		for s, o := range r.owned {
-			tracked[s] = o.term.Grant().Epoch
-			if !o.stopping && o.term.Err() == nil {
-				tracked[s] = math.MaxInt64
+		began := false
+		for len(wk.Events) > 0 && ctx.Err() == nil {
+			shards, tokens := handedTo(r.cfg.Controller, r.cfg.Shards, r.owner, wk.Events, r.trackedEpochs())
+			if len(shards) > 0 {
+				at := clk.Now()
+				ok, err := r.takeHanded(stmts, shards, tokens)
+				began = began || ok
+				if err != nil {
+					r.warner(ctx)("shard: take handed over", "controller", r.cfg.Controller, "shards", len(shards), "err", err)
+				}
+				r.cfg.Logger.Info("shard: took handed over", "controller", r.cfg.Controller, "identity", r.cfg.Identity,
+					"shards", len(shards), "notified", at.Sub(wk.Events[0].Received), "took", clk.Since(at))
 			}
+			wk = handovers.Queued()
 		}
-		r.mu.Unlock()
-		shards, tokens := handedTo(r.cfg.Controller, r.cfg.Shards, r.owner, wk.Events, tracked)
-		if len(shards) == 0 {
-			r.moves.Unlock()
-			continue
-		}
-		at := clk.Now()
-		err = r.takeHanded(stmts, shards, tokens)
-		if err != nil {
-			r.warner(ctx)("shard: take handed over", "controller", r.cfg.Controller, "shards", len(shards), "err", err)
+		if began {
+			r.align(stmts)
 		}
 		r.moves.Unlock()
-		r.cfg.Logger.Info("shard: took handed over", "controller", r.cfg.Controller, "identity", r.cfg.Identity,
-			"shards", len(shards), "notified", at.Sub(wk.Events[0].Received), "took", clk.Since(at))
+		if ctx.Err() != nil {
+			return
+		}
 	}
 }
 
+// trackedEpochs maps each shard this replica tracks to the epoch up to
+// which a handover of it is not taken: a shard acting here whatever the
+// epoch (math.MaxInt64); one being given up (or whose term ended) up to
+// its tracked epoch: that grant is released only once its work ended, and
+// a forged notification naming it would begin a second term beside that
+// work.
+func (r *Sharder) trackedEpochs() map[int]int64 {
+	tracked := map[int]int64{}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for s, o := range r.owned {
+		tracked[s] = o.term.Grant().Epoch
+		if !o.stopping && o.term.Err() == nil {
+			tracked[s] = math.MaxInt64
+		}
+	}
+	return tracked
+}
+
 // takeHanded renews the grants tokens name (those of shards), in one
-// statement, and begins a term for each the server renewed; then it renews
-// every key of this process at once (align).
-func (r *Sharder) takeHanded(ctx context.Context, shards []int, tokens []lease.Token) error {
+// statement, and begins a term for each the server renewed; it reports
+// whether it began one. The caller then renews every key of this process
+// at once (align).
+func (r *Sharder) takeHanded(ctx context.Context, shards []int, tokens []lease.Token) (bool, error) {
 	var errs []error
 	began := false
 	for len(tokens) > 0 {
@@ -314,10 +330,7 @@ func (r *Sharder) takeHanded(ctx context.Context, shards []int, tokens []lease.T
 		}
 		shards, tokens = shards[n:], tokens[n:]
 	}
-	if began {
-		r.align(ctx)
-	}
-	return errors.Join(errs...)
+	return began, errors.Join(errs...)
 }
 
 // handedTo returns, in order, the shards that events say a release handed

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"k8s.io/utils/clock"
 
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/fence"
@@ -46,6 +47,7 @@ type cluster struct {
 
 type replica struct {
 	r      *shard.Sharder
+	w      *listen.Waiter
 	cancel context.CancelCauseFunc
 	done   chan struct{}
 }
@@ -81,7 +83,7 @@ func (c *cluster) start(id string) *replica {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancelCause(context.WithValue(context.Background(), runOf{}, id))
-	rep := &replica{r: r, cancel: cancel, done: make(chan struct{})}
+	rep := &replica{r: r, w: w, cancel: cancel, done: make(chan struct{})}
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() {
@@ -870,5 +872,144 @@ func TestForgedHandoverOfAShardBeingGivenUp(t *testing.T) {
 	}
 	if now, err := lc.Inspect(ctx, tok.Key); err != nil || now.Epoch != tok.Epoch || !now.Held || !now.ExpiresAt.Equal(st.ExpiresAt) {
 		t.Errorf("a forged handover made v renew or release shard %d before its work ended: %+v, was %+v (%v)", given, now, st, err)
+	}
+}
+
+// renewGate records the key lists of a pool's lease.renew_many statements
+// in order, and while closed holds back its rounds' lists of every key and
+// the renewal of exactly the keys of hold (a handover's take).
+type renewGate struct {
+	hold   []string
+	mu     sync.Mutex
+	closed chan struct{} // nil while open
+	held   int           // the take held back
+	renews [][]string
+}
+
+func (g *renewGate) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	var keys []string
+	if strings.Contains(d.SQL, "lease.renew_many(") && len(d.Args) > 0 {
+		keys, _ = d.Args[0].([]string)
+	}
+	g.mu.Lock()
+	if keys != nil {
+		g.renews = append(g.renews, slices.Clone(keys))
+	}
+	closed := g.closed
+	hold := closed != nil && (strings.Contains(d.SQL, "lease.list()") || keys != nil && slices.Equal(keys, g.hold))
+	if hold && keys != nil {
+		g.held++
+	}
+	g.mu.Unlock()
+	if hold {
+		<-closed
+	}
+	return ctx
+}
+
+func (g *renewGate) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (g *renewGate) open() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed != nil {
+		close(g.closed)
+		g.closed = nil
+	}
+}
+
+// TestHandoversNotifiedMeanwhileTakenBeforeTheRenewal: handovers notified
+// while a replica's take of an earlier one runs are taken next, before the
+// renewal of every key of the replica (align): a shard of one release
+// whose notification came a moment after the others waits for one
+// statement, not for that renewal too. Member b is live but runs no
+// replica; its two shards are released by the test one after the other,
+// each handed to v (b's runner-up); v's take of the first is held back
+// until the second is queued (a notification sent after it reached v's
+// Waiter), and v's rounds are held back throughout.
+func TestHandoversNotifiedMeanwhileTakenBeforeTheRenewal(t *testing.T) {
+	c := newCluster(t, 4, 10*time.Minute)
+	c.renew = 9 * time.Minute
+	ctx := pgtest.Context(t, 0)
+	lc := lease.New(c.pool)
+	if _, ok, err := lc.Acquire(ctx, shard.MemberKey("ctl", "b"), "b#0", 10*time.Minute); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	want := shard.Balance(c.n, []string{"b", "v"}, nil)
+	var bs []int
+	var bts []lease.Token
+	for s, m := range want {
+		if m == "b" {
+			g, ok, err := lc.Acquire(ctx, shard.Key("ctl", s), "b#0", 10*time.Minute)
+			if err != nil || !ok {
+				t.Fatal(ok, err)
+			}
+			bs, bts = append(bs, s), append(bts, g.Token)
+		}
+	}
+	if len(bs) != 2 {
+		t.Fatalf("assignment %v gives b %d shards, want 2", want, len(bs))
+	}
+	gate := &renewGate{hold: []string{shard.Key("ctl", bs[0])}}
+	defer gate.open()
+	c.poolOpts = []pgtest.PoolOption{func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = gate }}
+	rep := c.start("v")
+	c.poolOpts = nil
+	v := rep.r
+	for s, m := range want {
+		if m == "v" {
+			waitFor(t, fmt.Sprintf("v owning shard %d", s), func() bool { return v.Owns(s) })
+		}
+	}
+	for _, s := range bs {
+		waitFor(t, fmt.Sprintf("v registered as the candidate of shard %d", s), func() bool {
+			_, cands, err := handover.Candidates(ctx, lc, shard.Key("ctl", s))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return slices.ContainsFunc(cands, func(x handover.CandidateState) bool { return x.Owner == v.Owner() && x.Rank == 1 })
+		})
+	}
+	barrier := listen.Subscribe(ctx, rep.w, clock.RealClock{}, "ctl/barrier")
+	defer barrier.Close()
+
+	gate.mu.Lock()
+	gate.closed = make(chan struct{})
+	gate.mu.Unlock()
+	if err := lc.Release(ctx, bts[0]); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, fmt.Sprintf("v's take of shard %d held back", bs[0]), func() bool {
+		gate.mu.Lock()
+		defer gate.mu.Unlock()
+		return gate.held == 1
+	})
+	if err := lc.Release(ctx, bts[1]); err != nil {
+		t.Fatal(err)
+	}
+	// The Waiter dispatches notifications one after another: once the
+	// barrier's reached the test, the second handover's reached v's take.
+	if _, err := c.pool.Exec(ctx, `SELECT pg_notify('pg_lease', '{"event":"released","key":"ctl/barrier","owner":"x","epoch":1}')`); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		wk, err := barrier.Wait(ctx, time.Time{}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.ContainsFunc(wk.Events, func(ev listen.Event) bool { return ev.Key == "ctl/barrier" }) {
+			break
+		}
+	}
+	gate.open()
+	for _, s := range bs {
+		waitFor(t, fmt.Sprintf("v acting under shard %d", s), func() bool { return v.Owns(s) })
+	}
+	gate.mu.Lock()
+	renews := slices.Clone(gate.renews)
+	gate.mu.Unlock()
+	i := slices.IndexFunc(renews, func(keys []string) bool { return slices.Equal(keys, gate.hold) })
+	if i < 0 || i+1 >= len(renews) || !slices.Equal(renews[i+1], []string{shard.Key("ctl", bs[1])}) {
+		t.Errorf("v's renewals %q: want the take of %s followed by the take of %s", renews, gate.hold, shard.Key("ctl", bs[1]))
 	}
 }

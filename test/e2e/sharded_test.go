@@ -113,10 +113,19 @@ type shRun struct {
 	logDir     string
 	labels     map[string]string // controller -> the run label of its objects
 
-	mu     sync.Mutex
-	events []shEvent
-	procs  map[string]*exec.Cmd
-	wg     sync.WaitGroup
+	mu       sync.Mutex
+	events   []shEvent
+	acquired map[acquiredKey]time.Time // the first "acquired" event of each grant
+	procs    map[string]*exec.Cmd
+	wg       sync.WaitGroup
+}
+
+// acquiredKey names one grant a replica acted under: its id, the shard
+// and the epoch.
+type acquiredKey struct {
+	id    string
+	shard int
+	epoch int64
 }
 
 // labelOf is the run label of controller's objects: controller, unless
@@ -170,6 +179,12 @@ func (r *shRun) start(controller, id string) {
 			if json.Unmarshal(sc.Bytes(), &ev) == nil {
 				r.mu.Lock()
 				r.events = append(r.events, ev)
+				if k := (acquiredKey{ev.ID, -1, ev.Epoch}); ev.Event == "acquired" && ev.Shard != nil {
+					k.shard = *ev.Shard
+					if _, seen := r.acquired[k]; !seen {
+						r.acquired[k] = ev.Time
+					}
+				}
 				r.mu.Unlock()
 			}
 		}
