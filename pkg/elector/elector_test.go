@@ -178,7 +178,8 @@ func TestOneLeaderAtATime(t *testing.T) {
 
 // TestReleaseOnCancel: cancelling the leader's Run hands the lease to a
 // follower without waiting for the TTL; the follower polls (every 50ms) or
-// is woken by listen.Waiter's notification (polling only every 3s).
+// is woken by listen.Waiter's notification (its poll and the TTL then
+// outlast the test, so that nothing else can hand it the key in time).
 func TestReleaseOnCancel(t *testing.T) {
 	t.Run("poll", func(t *testing.T) { testReleaseOnCancel(t, false) })
 	t.Run("waiter", func(t *testing.T) { testReleaseOnCancel(t, true) })
@@ -188,7 +189,7 @@ func testReleaseOnCancel(t *testing.T, useWaiter bool) {
 	dsn := installed(t, nil)
 	pool := newPool(t, dsn)
 	client := lease.New(pool)
-	retry := 50 * time.Millisecond
+	retry, ttl := 50*time.Millisecond, 10*time.Second
 	var waiter *listen.Waiter
 	if useWaiter {
 		w, err := listen.NewWaiter(testCtx(t), pool.Config().ConnConfig, listen.Options{})
@@ -197,14 +198,14 @@ func testReleaseOnCancel(t *testing.T, useWaiter bool) {
 		}
 		t.Cleanup(func() { _ = w.Close() })
 		waiter = w
-		retry = 3 * time.Second
+		retry, ttl = 15*time.Minute, 50*time.Minute
 	}
 	r := newRecorder()
 	mk := func(id string) *elector.Elector {
 		var el *elector.Elector
 		var err error
 		el, err = elector.New(client, elector.Config{
-			Key: "handoff", Identity: id, TTL: 10 * time.Second, RetryInterval: retry, Waiter: waiter,
+			Key: "handoff", Identity: id, TTL: ttl, RetryInterval: retry, Waiter: waiter,
 			Callbacks: r.callbacks(id, &el, nil),
 		})
 		if err != nil {
@@ -218,7 +219,7 @@ func testReleaseOnCancel(t *testing.T, useWaiter bool) {
 	stopB := runElector(t, b)
 	defer stopB()
 	// b becomes a follower once it has read the key.
-	pgtest.Eventually(t, 10*time.Second, "b to observe a's term", func() bool { return b.Status().Leader != "" })
+	pgtest.Eventually(t, time.Minute, "b to observe a's term", func() bool { return b.Status().Leader != "" })
 	if s := b.Status(); s.Leading || s.Leader != "a" || s.Epoch != ta.token.Epoch {
 		t.Fatalf("follower status %+v", s)
 	}
@@ -246,8 +247,8 @@ func testReleaseOnCancel(t *testing.T, useWaiter bool) {
 	if useWaiter && handoff >= retry {
 		t.Errorf("handoff took %v with a Waiter: b was not woken by the release (poll interval %v)", handoff, retry)
 	}
-	t.Logf("handoff after cancel: %v (TTL 10s; a's grant had %v left on the server)",
-		handoff.Round(time.Millisecond), ended.last.ExpiresAt.Sub(acquired).Round(time.Millisecond))
+	t.Logf("handoff after cancel: %v (TTL %v; a's grant had %v left on the server)",
+		handoff.Round(time.Millisecond), ttl, ended.last.ExpiresAt.Sub(acquired).Round(time.Millisecond))
 }
 
 // TestLostStopsAtOnce: a renewal answered not_owner (an operator's
