@@ -99,7 +99,9 @@ func TestMaxTTLEnforcedWhenGranted(t *testing.T) {
 func TestMaxTTLEnforcedWhenRenewed(t *testing.T) {
 	db := newDB(t, installModes[1])
 	ctx := testCtx(t)
-	g, ok, err := db.c.Acquire(ctx, "k", "holder", 10*time.Second)
+	// The grant outlasts the test's context: the renew finds it held
+	// however long the steps take.
+	g, ok, err := db.c.Acquire(ctx, "k", "holder", time.Hour)
 	if err != nil || !ok {
 		t.Fatal(ok, err)
 	}
@@ -288,16 +290,19 @@ func TestTimelineRecordingBlocksNoOne(t *testing.T) {
 func TestLoweringMaxTTLOnQuietDatabase(t *testing.T) {
 	db := newDB(t, installModes[1])
 	ctx := testCtx(t)
-	configure(t, db.pool, "max_ttl => '3s'")
+	// The grant and the grace it keeps outlast the test's context: neither
+	// can end between the steps however long they take.
+	const long = 50 * time.Minute
+	configure(t, db.pool, "max_ttl => '50 min'")
 	s, err := leaseadmin.ReadSettings(ctx, db.c)
-	if err != nil || s.MaxTTL != 3*time.Second || s.PromotionGrace != 3*time.Second {
-		t.Fatalf("fresh database, max_ttl lowered to 3s: %+v %v, want a grace of 3s", s, err)
+	if err != nil || s.MaxTTL != long || s.PromotionGrace != long {
+		t.Fatalf("fresh database, max_ttl lowered to 50m: %+v %v, want a grace of 50m", s, err)
 	}
-	if _, ok, err := db.c.Acquire(ctx, "k", "a", 3*time.Second); err != nil || !ok {
+	if _, ok, err := db.c.Acquire(ctx, "k", "a", long); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
 	configure(t, db.pool, "max_ttl => '2s'")
-	if s, err = leaseadmin.ReadSettings(ctx, db.c); err != nil || s.MaxTTL != 2*time.Second || s.PromotionGrace != 3*time.Second {
-		t.Fatalf("max_ttl lowered to 2s with a 3s grant held: %+v %v, want the grace to stay 3s", s, err)
+	if s, err = leaseadmin.ReadSettings(ctx, db.c); err != nil || s.MaxTTL != 2*time.Second || s.PromotionGrace != long {
+		t.Fatalf("max_ttl lowered to 2s with a 50m grant held: %+v %v, want the grace to stay 50m", s, err)
 	}
 }

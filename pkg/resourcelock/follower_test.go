@@ -127,19 +127,54 @@ func TestFollowerGetWaitsForNews(t *testing.T) {
 		t.Fatalf("after the release: %+v, want the key free at epoch 2", r)
 	}
 
-	// A lapse, decided by the server, wakes it at the grant's expiry.
-	short := mustLock(t, newClient(t, dsn), "k", "short", resourcelock.Config{LeaseDuration: 1500 * time.Millisecond})
-	if _, _, err := short.Get(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := short.Update(ctx, rec("short")); err != nil {
-		t.Fatal(err)
-	}
-	if r := mustGet(t, getAsync(ctx, f)); r.holder != "short" {
-		t.Fatalf("after the grant to short: %+v", r)
-	}
-	if r := mustGet(t, getAsync(ctx, f)); r.holder != "" || r.epoch != 3 {
-		t.Fatalf("after short's grant lapsed: %+v, want the key free at epoch 3", r)
+	// A lapse, decided by the server, wakes it at the grant's expiry. The
+	// follower must read the grant first: when the server says it lapsed
+	// before that read, it is granted again, twice as long.
+	admin := newClient(t, dsn)
+	// epoch is the grant's: 3 on the first try; after a redo, any epoch
+	// above the last one read.
+	for ttl, epoch, last := 1500*time.Millisecond, 3, 2; ; ttl *= 2 {
+		short := mustLock(t, newClient(t, dsn), "k", "short", resourcelock.Config{LeaseDuration: ttl})
+		if _, _, err := short.Get(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := short.Update(ctx, rec("short")); err != nil {
+			// Answered past its local deadline: of no use.
+			if !errors.Is(err, lease.ErrLocalDeadline) {
+				t.Fatal(err)
+			}
+			pgtest.WaitLapsed(t, admin, "k", time.Minute)
+			r := mustGet(t, getAsync(ctx, f))
+			if r.holder != "" || r.epoch <= last {
+				t.Fatalf("after the late grant to short lapsed: %+v, want the key free above epoch %d", r, last)
+			}
+			t.Logf("the grant of %v came past its deadline; again with a longer one", ttl)
+			epoch, last = 0, r.epoch
+			continue
+		}
+		r := mustGet(t, getAsync(ctx, f))
+		if epoch == 0 && r.epoch > last {
+			epoch = r.epoch
+		}
+		if r.holder == "" && r.epoch == epoch {
+			s, err := admin.Inspect(ctx, "k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.Held || s.Epoch != int64(epoch) {
+				t.Fatalf("after the grant to short: %+v, the server says %+v", r, s)
+			}
+			t.Logf("the grant of %v lapsed before the follower read it; again with a longer one", ttl)
+			epoch, last = 0, r.epoch
+			continue
+		}
+		if r.holder != "short" || r.epoch != epoch {
+			t.Fatalf("after the grant to short: %+v, want short at epoch %d", r, epoch)
+		}
+		if r := mustGet(t, getAsync(ctx, f)); r.holder != "" || r.epoch != epoch {
+			t.Fatalf("after short's grant lapsed: %+v, want the key free at epoch %d", r, epoch)
+		}
+		break
 	}
 }
 

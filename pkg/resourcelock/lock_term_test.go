@@ -208,11 +208,7 @@ func TestLocalDeadlineEndsTerm(t *testing.T) {
 	dsn := newDB(t)
 	ctx := context.Background()
 	admin := newClient(t, dsn)
-	a := mustLock(t, newClient(t, dsn), "k", "a",
-		resourcelock.Config{LeaseDuration: time.Second, Margin: 200 * time.Millisecond})
-	if err := a.Create(ctx, rec("a")); err != nil {
-		t.Fatal(err)
-	}
+	a, _ := createInTime(t, dsn, "k", "a", resourcelock.Config{LeaseDuration: time.Second, Margin: 200 * time.Millisecond})
 	term := resourcelock.TermOf(a)
 	<-term.Done()
 	if !errors.Is(term.Err(), lease.ErrLocalDeadline) {
@@ -395,11 +391,7 @@ func TestKeyRemovedByCleanup(t *testing.T) {
 	dsn := newDB(t)
 	ctx := context.Background()
 	admin := newPool(t, dsn)
-	// Long enough for a grant to arrive in time on a loaded machine.
-	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.Config{LeaseDuration: 2 * time.Second})
-	if err := a.Create(ctx, rec("a")); err != nil {
-		t.Fatal(err)
-	}
+	a, _ := createInTime(t, dsn, "k", "a", resourcelock.Config{LeaseDuration: 2 * time.Second})
 	pgtest.WaitLapsed(t, lease.New(admin), "k", time.Minute)
 	var removed, floor int64
 	if err := admin.QueryRow(ctx, `SELECT removed, epoch_floor FROM lease.cleanup('0')`).Scan(&removed, &floor); err != nil || removed != 1 {
@@ -421,17 +413,31 @@ func TestKeyRemovedByCleanup(t *testing.T) {
 func TestCheckDetectsAStuckElector(t *testing.T) {
 	dsn := newDB(t)
 	ctx := context.Background()
-	a := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.Config{LeaseDuration: time.Second, Margin: 100 * time.Millisecond})
-	if err := a.Check(nil); err != nil {
+	if err := mustLock(t, newClient(t, dsn), "k", "a", resourcelock.Config{LeaseDuration: time.Second}).Check(nil); err != nil {
 		t.Fatalf("Check with no grant: %v", err)
 	}
-	if err := a.Create(ctx, rec("a")); err != nil {
-		t.Fatal(err)
+	// Check right after the grant passes unless the grant's own call began
+	// over twice the lease duration before Check (a loaded machine): then
+	// the grant is given back and made again, twice as long.
+	var a *resourcelock.Lock
+	for cfg := (resourcelock.Config{LeaseDuration: time.Second, Margin: 100 * time.Millisecond}); ; {
+		var called time.Time
+		a, called = createInTime(t, dsn, "k", "a", cfg)
+		err := a.Check(nil)
+		if err == nil {
+			break
+		}
+		if time.Since(called) <= 2*resourcelock.LeaseDuration(a) {
+			t.Fatalf("Check right after the grant: %v", err)
+		}
+		t.Logf("Check came %v after the grant's call began: again with a longer one", time.Since(called))
+		if err := a.Update(ctx, rec("")); err != nil { // release
+			t.Fatal(err)
+		}
+		cfg.LeaseDuration, cfg.Margin = 2*resourcelock.LeaseDuration(a), 2*resourcelock.MarginOf(a)
 	}
-	if err := a.Check(nil); err != nil {
-		t.Fatalf("Check right after the grant: %v", err)
-	}
-	time.Sleep(2100 * time.Millisecond) // no call for over twice the lease duration: a stuck elector
+	// No call for over twice the lease duration: a stuck elector.
+	time.Sleep(2*resourcelock.LeaseDuration(a) + 100*time.Millisecond)
 	if err := a.Check(nil); err == nil {
 		t.Fatal("Check passed although the elector left a held grant alone for > 2 x lease duration")
 	}
@@ -442,6 +448,35 @@ func TestCheckDetectsAStuckElector(t *testing.T) {
 	}
 	if err := a.Check(nil); err != nil {
 		t.Fatalf("Check after the elector saw the lapse: %v", err)
+	}
+}
+
+// createInTime makes a lock with cfg and its grant of key (Create, or Get
+// then Update when the key exists). A grant answered past its local
+// deadline is of no use to a test of what follows: then a new lock whose
+// LeaseDuration and Margin are twice as long takes the key. It returns the
+// lock and when its first call for that grant began.
+func createInTime(t *testing.T, dsn, key, id string, cfg resourcelock.Config) (*resourcelock.Lock, time.Time) {
+	t.Helper()
+	ctx := context.Background()
+	for {
+		l := mustLock(t, newClient(t, dsn), key, id, cfg)
+		called := time.Now()
+		err := l.Create(ctx, rec(id))
+		if apierrors.IsAlreadyExists(err) {
+			called = time.Now()
+			if _, _, err = l.Get(ctx); err == nil {
+				err = l.Update(ctx, rec(id))
+			}
+		}
+		if err == nil {
+			return l, called
+		}
+		if !errors.Is(err, lease.ErrLocalDeadline) {
+			t.Fatal(err)
+		}
+		t.Logf("the grant of %v came past its local deadline; again with a longer one", cfg.LeaseDuration)
+		cfg.LeaseDuration, cfg.Margin = 2*cfg.LeaseDuration, 2*cfg.Margin
 	}
 }
 

@@ -368,38 +368,38 @@ func TestRawBytesChangeOnlyOnStateChanges(t *testing.T) {
 	dsn := newDB(t)
 	ctx := context.Background()
 	admin := newClient(t, dsn)
-	const ttl = 1500 * time.Millisecond
-	h := mustLock(t, newClient(t, dsn), "k", "holder", resourcelock.Config{LeaseDuration: ttl})
-	f := mustLock(t, newClient(t, dsn), "k", "follower", resourcelock.Config{LeaseDuration: ttl})
-
-	if err := h.Create(ctx, rec("holder")); err != nil {
-		t.Fatal(err)
-	}
-	r1, b1 := get(t, f)
-	if r1.HolderIdentity != "holder" || r1.LeaderTransitions != 1 {
-		t.Fatalf("record %+v", r1)
-	}
-	time.Sleep(20 * time.Millisecond) // server time moves; a read-time value would show it
-	if _, b2 := get(t, f); !bytes.Equal(b1, b2) {
-		t.Fatalf("bytes changed without a write:\n%s\n%s", b1, b2)
-	}
-	if err := h.Update(ctx, rec("holder")); err != nil { // renew
-		t.Fatal(err)
-	}
-	_, b3 := get(t, f)
-	if bytes.Equal(b1, b3) {
-		t.Fatal("bytes did not change on a renewal")
-	}
-	if _, hb := get(t, h); !bytes.Equal(hb, b3) {
-		t.Fatalf("holder and follower see different bytes for the same write:\n%s\n%s", hb, b3)
+	// The steps before the lapse assume the holder's grant is still held:
+	// when the server says it lapsed midway, they are redone on a new key
+	// with a grant twice as long.
+	var (
+		key    string
+		h, f   *resourcelock.Lock
+		b3     []byte
+		lapsed = func() bool {
+			t.Helper()
+			s, err := admin.Inspect(ctx, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return !s.Held
+		}
+	)
+	for ttl := 1500 * time.Millisecond; ; ttl *= 2 {
+		key = "k-" + ttl.String()
+		h = mustLock(t, newClient(t, dsn), key, "holder", resourcelock.Config{LeaseDuration: ttl})
+		f = mustLock(t, newClient(t, dsn), key, "follower", resourcelock.Config{LeaseDuration: ttl})
+		if b3 = rawBeforeLapse(t, h, f, lapsed); b3 != nil {
+			break
+		}
+		t.Logf("the grant of %v lapsed before the steps that need it held; again with a longer one", ttl)
 	}
 	// Lapse: the server decided a change, so the key reads as free.
-	pgtest.WaitLapsed(t, admin, "k", time.Minute)
+	pgtest.WaitLapsed(t, admin, key, time.Minute)
 	r4, b4 := get(t, f)
 	if bytes.Equal(b3, b4) || r4.HolderIdentity != "" || r4.LeaderTransitions != 1 {
 		t.Fatalf("lapse: %+v %s after %s, want the key free at epoch 1", r4, b4, b3)
 	}
-	if _, b4b := get(t, mustLock(t, newClient(t, dsn), "k", "other")); !bytes.Equal(b4, b4b) {
+	if _, b4b := get(t, mustLock(t, newClient(t, dsn), key, "other")); !bytes.Equal(b4, b4b) {
 		t.Fatalf("two locks read different bytes for the same lapsed key:\n%s\n%s", b4, b4b)
 	}
 	if _, b4c := get(t, f); !bytes.Equal(b4, b4c) {
@@ -424,6 +424,54 @@ func TestRawBytesChangeOnlyOnStateChanges(t *testing.T) {
 	if _, b7 := get(t, h); !bytes.Equal(b6, b7) {
 		t.Fatal("bytes of a free key changed without a write")
 	}
+}
+
+// rawBeforeLapse creates h's grant, reads it, and renews it, checking the
+// bytes of each read; it returns the bytes after the renewal, or nil when
+// the server says the grant lapsed (or an answer came past its local
+// deadline) before a step that needs it held.
+func rawBeforeLapse(t *testing.T, h, f *resourcelock.Lock, lapsed func() bool) []byte {
+	t.Helper()
+	ctx := context.Background()
+	// A grant or renewal answered past its local deadline is of no use.
+	late := func(err error) bool { return errors.Is(err, lease.ErrLocalDeadline) || lapsed() }
+	if err := h.Create(ctx, rec("holder")); err != nil {
+		if late(err) {
+			return nil
+		}
+		t.Fatal(err)
+	}
+	r1, b1 := get(t, f)
+	if r1.HolderIdentity != "holder" || r1.LeaderTransitions != 1 {
+		if lapsed() {
+			return nil
+		}
+		t.Fatalf("record %+v", r1)
+	}
+	time.Sleep(20 * time.Millisecond) // server time moves; a read-time value would show it
+	if _, b2 := get(t, f); !bytes.Equal(b1, b2) {
+		if lapsed() {
+			return nil
+		}
+		t.Fatalf("bytes changed without a write:\n%s\n%s", b1, b2)
+	}
+	if err := h.Update(ctx, rec("holder")); err != nil { // renew
+		if late(err) {
+			return nil
+		}
+		t.Fatal(err)
+	}
+	_, b3 := get(t, f)
+	if bytes.Equal(b1, b3) {
+		t.Fatal("bytes did not change on a renewal")
+	}
+	if _, hb := get(t, h); !bytes.Equal(hb, b3) {
+		if lapsed() {
+			return nil
+		}
+		t.Fatalf("holder and follower see different bytes for the same write:\n%s\n%s", hb, b3)
+	}
+	return b3
 }
 
 // A lock whose TTL is too short for client-go's default proportions (below
