@@ -29,20 +29,17 @@ func TestTTLShorterThanWork(t *testing.T) {
 		at  time.Time
 	}
 	bDone := make(chan res, 1)
-	go func() { // the other owner waits on the server for the key
-		g, err := b.AcquireWait(ctx, "job", "b", time.Minute, 5*time.Second)
+	go func() { // the other owner waits on the server for the key (the wait only bounds a hang)
+		g, err := b.AcquireWait(ctx, "job", "b", time.Minute, 45*time.Second)
 		bDone <- res{g, err, time.Now()}
 	}()
-	// a's work: at least 200 ms, during which b takes over.
+	// a's work lasts at least 200 ms and until b has taken over: a's calls
+	// below come after its work, with the key another owner's.
 	rb := <-bDone
 	if rb.err != nil {
 		t.Fatalf("b's blocking acquire: %v", rb.err)
 	}
 	time.Sleep(time.Until(workStart.Add(work)))
-	workEnd := time.Now()
-	if !rb.at.Before(workEnd) {
-		t.Fatalf("b's grant came after a's work ended")
-	}
 	if rb.g.Epoch <= ga.Epoch {
 		t.Errorf("b's epoch %d is not above a's %d", rb.g.Epoch, ga.Epoch)
 	}
