@@ -249,7 +249,10 @@ func (r *Sharder) takeOver(ctx, stop context.Context) {
 // may NOTIFY: a notification is only a sign, and the renewal takes only a
 // grant the server shows held by this process at that epoch (a forged one
 // takes nothing); a shard taken that is assigned elsewhere is given up by
-// the next round.
+// the next round. Batches follow one another only while each takes a
+// grant (real handovers, at most one per shard): a batch that takes none
+// lets the rounds run before the next, so a flood of forged notifications
+// never holds them back.
 func (r *Sharder) takeHandedOver(ctx, stmts context.Context, handovers *listen.Changes) {
 	clk := r.c.Clock()
 	for {
@@ -263,15 +266,22 @@ func (r *Sharder) takeHandedOver(ctx, stmts context.Context, handovers *listen.C
 		began := false
 		for len(wk.Events) > 0 && ctx.Err() == nil {
 			shards, tokens := handedTo(r.cfg.Controller, r.cfg.Shards, r.owner, wk.Events, r.trackedEpochs())
-			if len(shards) > 0 {
-				at := clk.Now()
-				ok, err := r.takeHanded(stmts, shards, tokens)
-				began = began || ok
-				if err != nil {
-					r.warner(ctx)("shard: take handed over", "controller", r.cfg.Controller, "shards", len(shards), "err", err)
-				}
-				r.cfg.Logger.Info("shard: took handed over", "controller", r.cfg.Controller, "identity", r.cfg.Identity,
-					"shards", len(shards), "notified", at.Sub(wk.Events[0].Received), "took", clk.Since(at))
+			if len(shards) == 0 {
+				break
+			}
+			at := clk.Now()
+			ok, err := r.takeHanded(stmts, shards, tokens)
+			began = began || ok
+			if err != nil {
+				r.warner(ctx)("shard: take handed over", "controller", r.cfg.Controller, "shards", len(shards), "err", err)
+			}
+			r.cfg.Logger.Info("shard: took handed over", "controller", r.cfg.Controller, "identity", r.cfg.Identity,
+				"shards", len(shards), "notified", at.Sub(wk.Events[0].Received), "took", clk.Since(at))
+			if !ok {
+				// Nothing taken: forged notifications, maybe a flood of
+				// them. What is queued waits for the next Wait, after
+				// moves is given up, so the rounds are not held back.
+				break
 			}
 			wk = handovers.Queued()
 		}

@@ -1013,3 +1013,131 @@ func TestHandoversNotifiedMeanwhileTakenBeforeTheRenewal(t *testing.T) {
 		t.Errorf("v's renewals %q: want the take of %s followed by the take of %s", renews, gate.hold, shard.Key("ctl", bs[1]))
 	}
 }
+
+// floodGate, on a replica's pool, keeps a flood of forged handover
+// notifications going: before each renewal of exactly the forged key (the
+// replica's take of a forged handover) it sends another forged handover of
+// that key and waits until it reached the replica's Waiter, so the take
+// always finds one more queued after it. While held, it holds back the
+// replica's rounds' lists of every key.
+type floodGate struct {
+	key    string
+	notify func(epoch int64) // the forged handover, then the barrier, seen
+	mu     sync.Mutex
+	held   chan struct{} // nil once the rounds run
+	takes  int64
+	done   bool
+}
+
+func (g *floodGate) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	var keys []string
+	if strings.Contains(d.SQL, "lease.renew_many(") && len(d.Args) > 0 {
+		keys, _ = d.Args[0].([]string)
+	}
+	g.mu.Lock()
+	held := g.held
+	take := slices.Equal(keys, []string{g.key}) && !g.done
+	if take {
+		g.takes++
+	}
+	epoch := g.takes + 1
+	g.mu.Unlock()
+	if take {
+		g.notify(epoch)
+	}
+	if held != nil && strings.Contains(d.SQL, "lease.list()") {
+		<-held
+	}
+	return ctx
+}
+
+func (g *floodGate) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (g *floodGate) count() int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.takes
+}
+
+// TestForgedHandoverFloodLeavesTheRoundsRunning: any role may NOTIFY
+// pg_lease, as often as it likes. A flood of forged handovers naming a
+// replica's owner and a shard it does not hold, each arriving while the
+// replica's take of the one before runs, must not keep the replica taking
+// for ever: its rounds (takeovers, joins, leaves, the shards it must take
+// or give up) go on. Replica v is alone; its first round is held back
+// until the flood has made it take twice, then it must take every shard.
+func TestForgedHandoverFloodLeavesTheRoundsRunning(t *testing.T) {
+	c := newCluster(t, 4, time.Minute)
+	ctx := pgtest.Context(t, 0)
+	forger := fmt.Sprintf("shard_forger_%d", time.Now().UnixNano())
+	if _, err := c.pool.Exec(ctx, `CREATE ROLE `+forger+` LOGIN`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = c.pool.Exec(context.Background(), `DROP ROLE IF EXISTS `+forger) })
+	fc := pgtest.Connect(t, pgtest.WithUser(c.dsn, forger))
+	var fmu sync.Mutex // fc is one connection
+	var owner string
+	var barrier *listen.Changes
+	send := func(key string, epoch int64) {
+		fmu.Lock()
+		defer fmu.Unlock()
+		payload := fmt.Sprintf(`{"event":"handover","key":%q,"owner":%q,"epoch":%d}`, key, owner, epoch)
+		if _, err := fc.Exec(ctx, `SELECT pg_notify('pg_lease', $1)`, payload); err != nil {
+			t.Error(err)
+		}
+	}
+	gate := &floodGate{key: shard.Key("ctl", 0), held: make(chan struct{})}
+	var bseq int64
+	gate.notify = func(epoch int64) {
+		send(gate.key, epoch)
+		// The Waiter dispatches notifications one after another: once the
+		// barrier reached the test, the forged one reached v's take.
+		fmu.Lock()
+		bseq++
+		b := bseq
+		fmu.Unlock()
+		send("ctl/barrier", b)
+		for ctx.Err() == nil {
+			wk, err := barrier.Wait(ctx, time.Time{}, nil)
+			if err != nil || wk.Closed || slices.ContainsFunc(wk.Events, func(ev listen.Event) bool { return ev.Epoch == b }) {
+				return
+			}
+		}
+	}
+	c.poolOpts = []pgtest.PoolOption{func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = gate }}
+	rep := c.start("v")
+	c.poolOpts = nil
+	v := rep.r
+	t.Cleanup(func() {
+		gate.mu.Lock()
+		gate.done = true
+		if gate.held != nil {
+			close(gate.held)
+			gate.held = nil
+		}
+		gate.mu.Unlock()
+	})
+	fmu.Lock()
+	owner = v.Owner()
+	fmu.Unlock()
+	barrier = listen.Subscribe(ctx, rep.w, clock.RealClock{}, "ctl/barrier")
+	defer barrier.Close()
+	// v's subscription may begin after this test's: forged handovers until
+	// v takes one; from then on each take sends the next.
+	waitFor(t, "v's take of a forged handover", func() bool {
+		if gate.count() > 0 {
+			return true
+		}
+		send(gate.key, 1)
+		return false
+	})
+	waitFor(t, "v's take of a forged handover notified during the one before", func() bool { return gate.count() >= 2 })
+	gate.mu.Lock()
+	close(gate.held)
+	gate.held = nil
+	gate.mu.Unlock()
+	for s := range c.n {
+		waitFor(t, fmt.Sprintf("v owning shard %d beside the flood", s), func() bool { return v.Owns(s) })
+	}
+	t.Logf("v took %d forged handovers", gate.count())
+}
