@@ -203,9 +203,9 @@ func (c *Client) Candidates(ctx context.Context, key string) (Strategy, []Candid
 // RegisterCandidates registers (or renews) owner as a candidate of every
 // key of keys in one statement, key i with priorities[i], taken in byte
 // order of the keys; the TTL, version and readiness are cand's
-// (cand.Priority is not used). At most MaxBatch keys. It returns the keys whose registration the server refused (pg_lease
-// 0.4.0 only: another role registered owner for them); an error is for the
-// whole call.
+// (cand.Priority is not used). At most MaxBatch keys. It returns the keys
+// whose registration the server refused (pg_lease 0.4.0 only: another role
+// registered owner for them); an error is for the whole call.
 func (c *Client) RegisterCandidates(ctx context.Context, keys []string, priorities []int32, cand Candidate) ([]string, error) {
 	if len(keys) != len(priorities) || len(keys) > MaxBatch {
 		return nil, fmt.Errorf("handover: register_many: %w: %d keys and %d priorities (at most %d keys)",
