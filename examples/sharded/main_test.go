@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,32 +14,6 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-// sqlLog records the statements a connection sends.
-type sqlLog struct {
-	mu  sync.Mutex
-	sql []string
-}
-
-func (l *sqlLog) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	l.mu.Lock()
-	l.sql = append(l.sql, d.SQL)
-	l.mu.Unlock()
-	return ctx
-}
-
-func (l *sqlLog) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-func (l *sqlLog) ran(fn string) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, q := range l.sql {
-		if strings.Contains(q, fn+"(") {
-			return true
-		}
-	}
-	return false
-}
-
 // TestLeasePoolWarmsConnections: a connection of the lease pool has run
 // the paths of a rebalance (a release that hands a key over, a grant)
 // before the Sharder gets it, so a leave's first release does not plan
@@ -52,8 +25,8 @@ func TestLeasePoolWarmsConnections(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var log sqlLog
-	cfg.ConnConfig.Tracer = &log
+	var log pgtest.Statements
+	log.Traced(cfg)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -65,7 +38,7 @@ func TestLeasePoolWarmsConnections(t *testing.T) {
 	}
 	conn.Release()
 	for _, fn := range []string{"lease.acquire", "lease.candidate", "lease.release"} {
-		if !log.ran(fn) {
+		if len(log.Calling(fn)) == 0 {
 			t.Errorf("the new connection did not run %s before its first use", fn)
 		}
 	}

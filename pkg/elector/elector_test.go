@@ -287,8 +287,8 @@ func testReleaseOnCancel(t *testing.T, useWaiter bool) {
 // force_release) cancels the leader context at once; the same identity
 // then campaigns again and gets a new epoch, after the old term ended.
 func TestLostStopsAtOnce(t *testing.T) {
-	renews := &renewLog{}
-	pool := pgtest.NewPool(t, installed(t, nil), renews.traced)
+	renews := &pgtest.Statements{}
+	pool := pgtest.NewPool(t, installed(t, nil), renews.Traced)
 	reg := prometheus.NewRegistry()
 	r := newRecorder()
 	var el *elector.Elector
@@ -324,7 +324,7 @@ func TestLostStopsAtOnce(t *testing.T) {
 	}
 	// At once: the first not_owner answer ends the term; the old epoch is
 	// never renewed again after one.
-	if n := renews.after(t1.token.Epoch, released); n > 1 {
+	if n := renewsAfter(renews, t1.token.Epoch, released); n > 1 {
 		t.Errorf("epoch %d renewed %d times after the force_release committed, want at most once (its answer ends the term)", t1.token.Epoch, n)
 	}
 	t2 := waitTerm(t, r.events, time.Minute)

@@ -2,7 +2,6 @@ package elector_test
 
 import (
 	"context"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -239,42 +238,11 @@ func seriesCount(t *testing.T, g prometheus.Gatherer, name string) int {
 	return 0
 }
 
-// renewLog records when each lease.renew statement was sent on a pool, by
-// the epoch it renews (a pgx tracer: NewPool's option renewLog.traced).
-type renewLog struct {
-	mu   sync.Mutex
-	sent map[int64][]time.Time
-}
-
-func (l *renewLog) traced(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = l }
-
-func (l *renewLog) TraceQueryStart(ctx context.Context, _ *pgx.Conn, q pgx.TraceQueryStartData) context.Context {
-	if !strings.Contains(q.SQL, "lease.renew(") || len(q.Args) < 3 {
-		return ctx
-	}
-	epoch, ok := q.Args[2].(int64)
-	if !ok {
-		return ctx
-	}
-	now := time.Now()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.sent == nil {
-		l.sent = map[int64][]time.Time{}
-	}
-	l.sent[epoch] = append(l.sent[epoch], now)
-	return ctx
-}
-
-func (l *renewLog) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-// after counts the renewals of epoch sent after since.
-func (l *renewLog) after(epoch int64, since time.Time) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+// renewsAfter counts the renewals of epoch sent after since.
+func renewsAfter(sent *pgtest.Statements, epoch int64, since time.Time) int {
 	n := 0
-	for _, at := range l.sent[epoch] {
-		if at.After(since) {
+	for _, st := range sent.Calling("lease.renew") {
+		if len(st.Args) >= 3 && st.Args[2] == epoch && st.At.After(since) {
 			n++
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -267,32 +268,6 @@ func TestCommitOfCallersTransaction(t *testing.T) {
 	}
 }
 
-// sqlLog records the statements pgx sends through a pool.
-type sqlLog struct {
-	mu  sync.Mutex
-	sql []string
-}
-
-func (l *sqlLog) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.sql = append(l.sql, d.SQL)
-	return ctx
-}
-
-func (l *sqlLog) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-func (l *sqlLog) began() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, s := range l.sql {
-		if s == "BEGIN" {
-			return true
-		}
-	}
-	return false
-}
-
 // TestObservedConnectionsCommitInOneStatement: on a pool with
 // ObserveCommits a change is one statement; on any other pool the client
 // wraps it in a transaction of its own (to read its COMMIT's reply).
@@ -300,9 +275,9 @@ func TestObservedConnectionsCommitInOneStatement(t *testing.T) {
 	db := newDB(t, installModes[0])
 	ctx := testCtx(t)
 	for _, observe := range []bool{true, false} {
-		log := &sqlLog{}
+		log := &pgtest.Statements{}
 		pool := pgtest.NewPool(t, db.dsn, func(c *pgxpool.Config) {
-			c.ConnConfig.Tracer = log
+			log.Traced(c)
 			if observe {
 				lease.ObserveCommits(&c.ConnConfig.Config)
 			}
@@ -312,8 +287,10 @@ func TestObservedConnectionsCommitInOneStatement(t *testing.T) {
 		if err != nil || !ok {
 			t.Fatal(ok, err)
 		}
-		if log.began() == observe {
-			t.Fatalf("ObserveCommits %v: statements %q", observe, log.sql)
+		sent := log.All()
+		began := slices.ContainsFunc(sent, func(s pgtest.Statement) bool { return s.SQL == "BEGIN" })
+		if began == observe {
+			t.Fatalf("ObserveCommits %v: statements %+v", observe, sent)
 		}
 		if err := lease.New(pool).Release(ctx, g.Token); err != nil {
 			t.Fatal(err)

@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/tools/leaderelection"
 	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
@@ -265,17 +263,33 @@ func TestTTLFromOwnConfiguration(t *testing.T) {
 	ctx := context.Background()
 	admin := newClient(t, dsn)
 	ttl := 50*time.Minute + 500*time.Millisecond // below 0.3.0's default max_ttl (1 hour)
-	sent := &durationArgs{}
-	a := mustLock(t, lease.New(pgtest.NewPool(t, dsn, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = sent })),
+	sent := &pgtest.Statements{}
+	a := mustLock(t, lease.New(pgtest.NewPool(t, dsn, sent.Traced)),
 		"k", "a", resourcelock.Config{LeaseDuration: ttl})
 	r := rec("a")
 	r.LeaseDurationSeconds = 0
 	if err := a.Create(ctx, r); err != nil {
 		t.Fatal(err)
 	}
+	checked := 0
 	check := func(op, fn string) {
 		t.Helper()
-		got := sent.take(fn)
+		// The first duration argument of each call of fn since the last
+		// check: the ttl, which comes before acquire's wait.
+		var got []time.Duration
+		all := sent.All()
+		for _, st := range all[checked:] {
+			if !st.Calls(fn) {
+				continue
+			}
+			for _, a := range st.Args {
+				if d, ok := a.(time.Duration); ok {
+					got = append(got, d)
+					break
+				}
+			}
+		}
+		checked = len(all)
 		if len(got) == 0 {
 			t.Fatalf("%s sent no %s with a duration", op, fn)
 		}
@@ -295,7 +309,7 @@ func TestTTLFromOwnConfiguration(t *testing.T) {
 			t.Fatalf("after %s the server holds the grant for %v more, above the TTL %v", op, left, ttl)
 		}
 	}
-	check("Create", "lease.acquire(")
+	check("Create", "lease.acquire")
 	s, err := admin.Inspect(ctx, "k")
 	if err != nil {
 		t.Fatal(err)
@@ -306,7 +320,7 @@ func TestTTLFromOwnConfiguration(t *testing.T) {
 	if err := a.Update(ctx, r); err != nil {
 		t.Fatal(err)
 	}
-	check("renew", "lease.renew(")
+	check("renew", "lease.renew")
 	got, _ := get(t, a)
 	if got.LeaseDurationSeconds != 3001 {
 		t.Fatalf("LeaseDurationSeconds = %d, want 3001 (TTL rounded up)", got.LeaseDurationSeconds)
@@ -318,45 +332,6 @@ func TestTTLFromOwnConfiguration(t *testing.T) {
 	if got, _ := get(t, b); got.LeaseDurationSeconds != 1 {
 		t.Fatalf("sub-second TTL: LeaseDurationSeconds = %d, want 1, never 0", got.LeaseDurationSeconds)
 	}
-}
-
-// durationArgs records the first time.Duration argument (the ttl, which
-// comes before acquire's wait) of each statement sent, by the SQL function
-// the statement calls.
-type durationArgs struct {
-	mu  sync.Mutex
-	got map[string][]time.Duration
-}
-
-func (d *durationArgs) TraceQueryStart(ctx context.Context, _ *pgx.Conn, q pgx.TraceQueryStartData) context.Context {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for _, fn := range []string{"lease.acquire(", "lease.renew("} {
-		if !strings.Contains(q.SQL, fn) {
-			continue
-		}
-		for _, a := range q.Args {
-			if v, ok := a.(time.Duration); ok {
-				if d.got == nil {
-					d.got = map[string][]time.Duration{}
-				}
-				d.got[fn] = append(d.got[fn], v)
-				break
-			}
-		}
-	}
-	return ctx
-}
-
-func (d *durationArgs) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-// take returns and forgets the durations sent to fn.
-func (d *durationArgs) take(fn string) []time.Duration {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	got := d.got[fn]
-	delete(d.got, fn)
-	return got
 }
 
 // The raw bytes from Get change exactly when the key's state changes on the
