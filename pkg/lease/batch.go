@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sort"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // MaxBatch is the most keys one batch call (RenewTerms, AcquireMany,
@@ -296,6 +298,28 @@ func checkAcquireMany(t Token, n int, ttl time.Duration) error {
 // after a promotion denied it. The last error is for the whole call; then
 // no result is returned. At most MaxBatch distinct keys.
 func (c *Client) AcquireMany(ctx context.Context, keys []string, owner string, ttl time.Duration) (grants []Grant, errs []error, err error) {
+	return c.acquireMany(ctx, keys, owner, ttl, time.Time{})
+}
+
+// AcquireManyAt is AcquireMany asked at at, an instant on the server's
+// clock (a State's or a Grant's ExpiresAt): the statement, sent before,
+// waits on the server until its clock shows at (a ttl at most), then tries
+// every key. Grants that lapse at at are taken with no round trip after
+// they lapse. The wait holds no lock; it holds the connection. A zero at
+// asks at once.
+func (c *Client) AcquireManyAt(ctx context.Context, at time.Time, keys []string, owner string, ttl time.Duration) (grants []Grant, errs []error, err error) {
+	return c.acquireMany(ctx, keys, owner, ttl, at)
+}
+
+// acquireManyAtSQL is acquire_many's statement that first waits for the
+// server's clock to show $4 (at most $5 seconds): the sleep is the
+// argument of unnest, so every acquire runs after it.
+const acquireManyAtSQL = `SELECT u.k, a.acquired, a.epoch, a.expires_at, clock_timestamp()
+  FROM unnest((SELECT $1::text[] FROM pg_catalog.pg_sleep(LEAST(GREATEST(extract(epoch FROM $4::timestamptz - pg_catalog.clock_timestamp()), 0), $5::float8))))
+       WITH ORDINALITY u(k, n), LATERAL lease.acquire(u.k, $2, $3, interval '0') a
+ ORDER BY u.n`
+
+func (c *Client) acquireMany(ctx context.Context, keys []string, owner string, ttl time.Duration, at time.Time) (grants []Grant, errs []error, err error) {
 	if len(keys) == 0 {
 		return nil, nil, nil
 	}
@@ -325,9 +349,15 @@ func (c *Client) AcquireMany(ctx context.Context, keys []string, owner string, t
 		return c.onConn(ctx, "acquire_many", func() Token { return t }, func(q Querier) error {
 			rows = rows[:0]
 			sent = c.clock.Now()
-			r, err := q.Query(ctx, `SELECT u.k, a.acquired, a.epoch, a.expires_at, clock_timestamp()
+			var r pgx.Rows
+			var err error
+			if at.IsZero() {
+				r, err = q.Query(ctx, `SELECT u.k, a.acquired, a.epoch, a.expires_at, clock_timestamp()
   FROM unnest($1::text[]) WITH ORDINALITY u(k, n), LATERAL lease.acquire(u.k, $2, $3, interval '0') a
  ORDER BY u.n`, sorted, owner, ttl)
+			} else {
+				r, err = q.Query(ctx, acquireManyAtSQL, sorted, owner, ttl, at, ttl.Seconds())
+			}
 			if err != nil {
 				return err
 			}

@@ -302,3 +302,71 @@ func TestRenewTokens(t *testing.T) {
 		t.Errorf("t-1x: %+v %v, want never granted", st, err)
 	}
 }
+
+// TestAcquireManyAt: asked at a holder's expiry, the statement is seen
+// waiting on the server (pg_sleep) while the key is still held, and takes
+// the key once it lapsed; asked at an instant further off than its ttl,
+// it waits a ttl at most and finds the key still held.
+func TestAcquireManyAt(t *testing.T) {
+	db := newDB(t, installModes[0])
+	ctx := testCtx(t)
+	c := db.c
+	// The holder's grant must outlast the observation of the waiting
+	// statement: redone twice as long when it lapsed first.
+	for hold, round := 2*time.Second, 0; ; hold, round = hold*2, round+1 {
+		key := fmt.Sprintf("at-%d", round)
+		held, ok, err := c.Acquire(ctx, key, "x", hold)
+		if err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		type result struct {
+			grants []lease.Grant
+			errs   []error
+			err    error
+		}
+		done := make(chan result, 1)
+		go func() {
+			g, e, err := c.AcquireManyAt(ctx, held.ExpiresAt, []string{key}, "o", time.Minute)
+			done <- result{g, e, err}
+		}()
+		var waiting bool
+		for !waiting {
+			if err := db.pool.QueryRow(ctx, `SELECT count(*) > 0 FROM pg_stat_activity
+WHERE datname = current_database() AND wait_event = 'PgSleep' AND query LIKE '%lease.acquire(%'`).Scan(&waiting); err != nil {
+				t.Fatal(err)
+			}
+			if !waiting {
+				select {
+				case r := <-done:
+					t.Fatalf("AcquireManyAt returned before it was seen waiting: %+v", r)
+				case <-time.After(5 * time.Millisecond):
+				}
+			}
+		}
+		st, err := c.Inspect(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := <-done
+		if !st.Held || st.Epoch != held.Epoch {
+			t.Logf("the %v grant lapsed before the waiting statement was seen; again with %v", hold, 2*hold)
+			continue
+		}
+		if r.err != nil || r.errs[0] != nil {
+			t.Fatal(r.err, r.errs)
+		}
+		if g := r.grants[0]; g.Owner != "o" || g.Epoch <= held.Epoch {
+			t.Fatalf("asked at the holder's expiry: %+v, want o's grant after epoch %d", g, held.Epoch)
+		}
+		break
+	}
+
+	// The wait is bounded by the ttl asked for.
+	if _, ok, err := c.Acquire(ctx, "at-far", "x", time.Hour); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	grants, denied, err := c.AcquireManyAt(ctx, time.Now().Add(time.Hour), []string{"at-far"}, "o", time.Second)
+	if err != nil || denied[0] != nil || grants[0] != (lease.Grant{}) {
+		t.Fatalf("asked an hour ahead with a 1s ttl: %+v %v %v, want denied after the ttl's wait", grants, denied, err)
+	}
+}

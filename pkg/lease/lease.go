@@ -100,6 +100,17 @@ func (s State) ExpiresLocal() time.Time {
 	return s.rt.latest(s.ExpiresAt)
 }
 
+// ExpiresEarliest is the first local instant at which the server's clock
+// can show ExpiresAt: the send of the read that saw s plus the time the
+// server said was left. Zero when s is not held or was not read by Inspect
+// or List. The server's expiry falls between it and ExpiresLocal.
+func (s State) ExpiresEarliest() time.Time {
+	if !s.Held || s.rt.received.IsZero() {
+		return time.Time{}
+	}
+	return s.rt.earliest(s.ExpiresAt)
+}
+
 // Client calls the pg_lease SQL functions through a Querier.
 type Client struct {
 	db      Querier
