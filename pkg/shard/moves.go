@@ -19,12 +19,13 @@ func (r *Sharder) announce(ctx context.Context) {
 	}
 }
 
-// take acquires the shards (wait 0) in one statement (lease.Client.AcquireMany), or takes the grants
-// a handover gave this replica (an acquire answers the caller's own
-// grant), and begins their terms. A shard another owner took meanwhile is
+// take acquires the shards (wait 0) in one statement
+// (lease.Client.AcquireManyAt: asked at at, on the server's clock; zero:
+// at once), or takes the grants a handover gave this replica (an acquire
+// answers the caller's own grant), and begins their terms. A shard another owner took meanwhile is
 // left to the next round. Once it began a term, it renews every key of
 // this process (align).
-func (r *Sharder) take(ctx context.Context, shards []int) error {
+func (r *Sharder) take(ctx context.Context, shards []int, at time.Time) error {
 	var errs []error
 	began := false
 	defer func() {
@@ -38,7 +39,7 @@ func (r *Sharder) take(ctx context.Context, shards []int) error {
 		for i, s := range shards[:n] {
 			keys[i] = Key(r.cfg.Controller, s)
 		}
-		grants, denied, err := r.c.AcquireMany(ctx, keys, r.owner, r.cfg.TTL)
+		grants, denied, err := r.c.AcquireManyAt(ctx, at, keys, r.owner, r.cfg.TTL)
 		if err != nil {
 			return errors.Join(append(errs, err)...)
 		}

@@ -17,33 +17,40 @@ type snapshot struct {
 	memberOwners map[string]string
 	// shards holds each shard's state (Exists false: never leased).
 	shards []lease.State
-	// expires is, per shard, the local bound of its holder's expiry
-	// (lease.State.ExpiresLocal; zero when not held).
-	expires []time.Time
+	// expires is, per shard, its holder's expiry (zero when not held).
+	expires []expiry
 	// holders names, per shard, the live member holding it ("": nobody).
 	holders []string
 	// memberLapse is the earliest local bound of another member's expiry
 	// after listed (0: none): a crashed member's keys lapse then.
 	memberLapse time.Duration
-	// memberExpires is the local bound of each other live member's expiry.
-	memberExpires map[string]time.Time
+	// memberExpires is each other live member's expiry.
+	memberExpires map[string]expiry
+}
+
+// expiry is a grant's expiry on the server's clock, and the local instants
+// between which the server's clock shows it.
+type expiry struct {
+	server, early, late time.Time
 }
 
 // readSnapshot builds the snapshot of states, listed at local time listed,
 // for the replica identity whose process holds its keys as owner.
 func readSnapshot(controller string, n int, identity, owner string, states []lease.State, listed time.Time) snapshot {
-	exp := make([]time.Time, len(states))
+	exp := make([]expiry, len(states))
 	for i, st := range states {
-		exp[i] = st.ExpiresLocal()
+		if st.Held {
+			exp[i] = expiry{server: st.ExpiresAt, early: st.ExpiresEarliest(), late: st.ExpiresLocal()}
+		}
 	}
 	return buildSnapshot(controller, n, identity, owner, states, exp, listed)
 }
 
-// buildSnapshot is readSnapshot with each state's local expiry bound given
-// (exp[i] for states[i]).
-func buildSnapshot(controller string, n int, identity, owner string, states []lease.State, exp []time.Time, listed time.Time) snapshot {
+// buildSnapshot is readSnapshot with each state's expiry given (exp[i] for
+// states[i]).
+func buildSnapshot(controller string, n int, identity, owner string, states []lease.State, exp []expiry, listed time.Time) snapshot {
 	sn := snapshot{memberOwners: map[string]string{}, shards: make([]lease.State, n),
-		expires: make([]time.Time, n), holders: make([]string, n), memberExpires: map[string]time.Time{}}
+		expires: make([]expiry, n), holders: make([]string, n), memberExpires: map[string]expiry{}}
 	for s := range n {
 		sn.shards[s] = lease.State{Key: Key(controller, s)}
 	}
@@ -57,7 +64,7 @@ func buildSnapshot(controller string, n int, identity, owner string, states []le
 			if mem != identity {
 				sn.memberExpires[mem] = exp[i]
 			}
-			if d := exp[i].Sub(listed); mem != identity && d > 0 && (sn.memberLapse == 0 || d < sn.memberLapse) {
+			if d := exp[i].late.Sub(listed); mem != identity && d > 0 && (sn.memberLapse == 0 || d < sn.memberLapse) {
 				sn.memberLapse = d
 			}
 			continue
@@ -184,13 +191,13 @@ func decide(in planInput) plan {
 		case tracked:
 		case st.Held && st.Owner != in.owner:
 			p.cands[s] = priorityAssigned
-			if p.waitFor(st, sn.expires[s], sn, in) {
+			if p.waitFor(st, sn.expires[s].late, sn, in) {
 				to := lapsing[st.Owner]
 				if to == nil {
 					to = &takeover{holder: st.Owner}
 					lapsing[st.Owner] = to
 				}
-				to.add(s, sn.expires[s])
+				to.add(s, sn.expires[s], in.poll)
 			}
 		default:
 			if st.Held {
@@ -221,19 +228,31 @@ func (p plan) wake(listed time.Time) time.Time {
 }
 
 // takeover is the shards one holder's keys keep from this replica: taken
-// in one statement at at, the latest local bound of the expiry of each of
-// those keys (and of the holder's member key): asked then, the server
-// finds them lapsed unless renewed.
+// in one statement asked at expires, the last server expiry of those keys
+// (and of the holder's member key), and sent at at, a lead before the
+// earliest local instant of that expiry: the statement waits on the server
+// (lease.Client.AcquireManyAt) and finds the keys lapsed unless renewed,
+// with no round trip after they lapse.
 type takeover struct {
-	holder string // the owner holding the keys
-	at     time.Time
-	shards []int
+	holder  string // the owner holding the keys
+	at      time.Time
+	expires time.Time // on the server's clock
+	shards  []int
 }
 
-func (to *takeover) add(s int, at time.Time) {
+// add adds shard s, whose grant expires at e, to be sent lead before it.
+func (to *takeover) add(s int, e expiry, lead time.Duration) {
 	to.shards = append(to.shards, s)
-	if at.After(to.at) {
+	to.after(e, lead)
+}
+
+// after moves the takeover after e, to be sent lead before it.
+func (to *takeover) after(e expiry, lead time.Duration) {
+	if at := e.early.Add(-lead); at.After(to.at) {
 		to.at = at
+	}
+	if e.server.After(to.expires) {
+		to.expires = e.server
 	}
 }
 
@@ -262,11 +281,12 @@ func crashTakeovers(in planInput) []takeover {
 			continue
 		}
 		after := Balance(in.n, rest, hs)
-		to := takeover{at: sn.memberExpires[y]}
+		var to takeover
+		to.after(sn.memberExpires[y], in.poll)
 		for _, s := range held {
 			if after[s] == in.identity {
 				to.holder = sn.shards[s].Owner
-				to.add(s, sn.expires[s])
+				to.add(s, sn.expires[s], in.poll)
 			}
 		}
 		if len(to.shards) > 0 {
@@ -296,8 +316,8 @@ func (p *plan) waitFor(st lease.State, exp time.Time, sn snapshot, in planInput)
 
 // due returns the shards of the takeovers whose instant is not after now,
 // in order, and the takeovers left; first is the earliest instant of those
-// taken (zero: none).
-func due(takeovers []takeover, now time.Time) (shards []int, first time.Time, left []takeover) {
+// taken (zero: none), expires the last server expiry they wait for.
+func due(takeovers []takeover, now time.Time) (shards []int, first, expires time.Time, left []takeover) {
 	for _, to := range takeovers {
 		if to.at.After(now) {
 			left = append(left, to)
@@ -307,7 +327,10 @@ func due(takeovers []takeover, now time.Time) (shards []int, first time.Time, le
 		if first.IsZero() || to.at.Before(first) {
 			first = to.at
 		}
+		if to.expires.After(expires) {
+			expires = to.expires
+		}
 	}
 	slices.Sort(shards)
-	return slices.Compact(shards), first, left
+	return slices.Compact(shards), first, expires, left
 }

@@ -17,7 +17,7 @@ type world struct {
 	n      int
 	now    time.Time
 	states []lease.State
-	exp    []time.Time
+	exp    []expiry
 }
 
 func newWorld(n int) *world { return &world{n: n, now: time.Unix(1000, 0)} }
@@ -25,17 +25,21 @@ func newWorld(n int) *world { return &world{n: n, now: time.Unix(1000, 0)} }
 // member adds a held member key of id, held by owner id#1, expiring in d.
 func (w *world) member(id string, d time.Duration) *world {
 	w.states = append(w.states, lease.State{Key: MemberKey("ctl", id), Exists: true, Held: true, Owner: id + "#1", Epoch: 1})
-	w.exp = append(w.exp, w.now.Add(d))
+	w.exp = append(w.exp, at(w.now.Add(d)))
 	return w
 }
+
+// at is an expiry at e on both clocks (the model's server clock is the
+// local one, the list took no time).
+func at(e time.Time) expiry { return expiry{server: e, early: e, late: e} }
 
 // shard adds shard s held by owner ("" free), expiring in d.
 func (w *world) shard(s int, owner string, d time.Duration) *world {
 	st := lease.State{Key: Key("ctl", s), Exists: true, Held: owner != "", Owner: owner, Epoch: int64(s + 1)}
 	w.states = append(w.states, st)
-	var e time.Time
+	var e expiry
 	if owner != "" {
-		e = w.now.Add(d)
+		e = at(w.now.Add(d))
 	}
 	w.exp = append(w.exp, e)
 	return w
@@ -214,7 +218,9 @@ func TestPlanCrash(t *testing.T) {
 		took = append(took, p.take...)
 		want := []takeover{}
 		if after[later] == id {
-			want = append(want, takeover{holder: "c#1", at: w.now.Add(30 * time.Millisecond), shards: []int{later}})
+			// Sent a Poll before the lapse, asked at it.
+			want = append(want, takeover{holder: "c#1", at: w.now.Add(30*time.Millisecond - 50*time.Millisecond),
+				expires: w.now.Add(30 * time.Millisecond), shards: []int{later}})
 		}
 		// a and b are members: each plans the takeover of the other's shards.
 		var got []takeover
@@ -234,9 +240,9 @@ func TestPlanCrash(t *testing.T) {
 
 // TestPlanCrashTakeover: while every member is live, each replica plans,
 // for each other member, one takeover of the shards Balance without that
-// member gives it, at the latest local expiry of that member's keys (its
-// member key's, or a shard's taken since its last renewal): were it to
-// crash, its shards are taken at that instant, all of them, one statement
+// member gives it, asked at the last expiry of that member's keys (its
+// member key's, or a shard's taken since its last renewal) and sent a Poll
+// before it: were it to crash, its shards are taken at that instant, all of them, one statement
 // per surviving replica, each shard by one replica.
 func TestPlanCrashTakeover(t *testing.T) {
 	ids := []string{"a", "b", "c"}
@@ -277,8 +283,10 @@ func TestPlanCrashTakeover(t *testing.T) {
 		if slices.Contains(want, cs[len(cs)-1]) {
 			wantAt = w.now.Add(2*time.Second + 300*time.Millisecond)
 		}
-		if !to.at.Equal(wantAt) {
-			t.Errorf("%s takes over c's shards at %v, want %v", id, to.at.Sub(w.now), wantAt.Sub(w.now))
+		// Asked at the lapse, sent a Poll before it.
+		if !to.expires.Equal(wantAt) || !to.at.Equal(wantAt.Add(-50*time.Millisecond)) {
+			t.Errorf("%s takes over c's shards asked at %v, sent at %v, want %v and a Poll before",
+				id, to.expires.Sub(w.now), to.at.Sub(w.now), wantAt.Sub(w.now))
 		}
 		if !p.takeovers[0].at.Equal(to.at) {
 			t.Errorf("%s: the first takeover is at %v, not c's", id, p.takeovers[0].at.Sub(w.now))
@@ -347,7 +355,7 @@ func TestPlanStrayAndHanded(t *testing.T) {
 func TestPlanAnotherProcessOfThisIdentity(t *testing.T) {
 	w := newWorld(4)
 	w.states = append(w.states, lease.State{Key: MemberKey("ctl", "a"), Exists: true, Held: true, Owner: "a#old"})
-	w.exp = append(w.exp, w.now.Add(time.Second))
+	w.exp = append(w.exp, at(w.now.Add(time.Second)))
 	sn := w.snap("a")
 	if len(sn.members) != 0 || sn.memberLapse != 0 {
 		t.Errorf("members %v lapse %v", sn.members, sn.memberLapse)
@@ -359,15 +367,15 @@ func TestPlanAnotherProcessOfThisIdentity(t *testing.T) {
 func TestDue(t *testing.T) {
 	now := time.Unix(0, 0)
 	tos := []takeover{
-		{holder: "x", at: now, shards: []int{3, 1}},
-		{holder: "y", at: now.Add(-time.Second), shards: []int{4, 1}},
-		{holder: "z", at: now.Add(time.Second), shards: []int{2}},
+		{holder: "x", at: now, expires: now.Add(40 * time.Millisecond), shards: []int{3, 1}},
+		{holder: "y", at: now.Add(-time.Second), expires: now.Add(-950 * time.Millisecond), shards: []int{4, 1}},
+		{holder: "z", at: now.Add(time.Second), expires: now.Add(2 * time.Second), shards: []int{2}},
 		{holder: "w", at: now.Add(2 * time.Second), shards: []int{5}},
 	}
-	got, first, left := due(tos, now)
-	if fmt.Sprint(got) != "[1 3 4]" || !first.Equal(now.Add(-time.Second)) || len(left) != 2 ||
-		left[0].holder != "z" || left[1].holder != "w" {
-		t.Errorf("due %v first %v left %v", got, first, left)
+	got, first, expires, left := due(tos, now)
+	if fmt.Sprint(got) != "[1 3 4]" || !first.Equal(now.Add(-time.Second)) || !expires.Equal(now.Add(40*time.Millisecond)) ||
+		len(left) != 2 || left[0].holder != "z" || left[1].holder != "w" {
+		t.Errorf("due %v first %v expires %v left %v", got, first, expires, left)
 	}
 }
 

@@ -197,7 +197,7 @@ func (r *Sharder) noteUnowned(sn snapshot, listed time.Time) {
 func (r *Sharder) takeNow(ctx, stop context.Context, p *plan, listed time.Time) bool {
 	clk := r.c.Clock()
 	takeAt := clk.Now()
-	err := r.take(ctx, p.take)
+	err := r.take(ctx, p.take, time.Time{})
 	if err != nil {
 		r.warner(stop)("shard: acquire", "controller", r.cfg.Controller, "shards", len(p.take), "err", err)
 	}
@@ -211,12 +211,13 @@ func (r *Sharder) takeNow(ctx, stop context.Context, p *plan, listed time.Time) 
 // takeOver takes, in one statement and before the round's list, the shards
 // of the last round's takeovers whose instant passed: a crashed replica's
 // shards are taken at the lapse of its keys, one statement per surviving
-// replica with no read before it. A shard still held then (its holder
-// renewed it) is refused, and the round's plan sees it.
+// replica with no read before it, sent before the lapse and waiting on the
+// server for it. A shard still held then (its holder renewed it) is
+// refused, and the round's plan sees it.
 func (r *Sharder) takeOver(ctx, stop context.Context) {
 	clk := r.c.Clock()
 	now := clk.Now()
-	shards, first, left := due(r.pending, now)
+	shards, first, expires, left := due(r.pending, now)
 	r.pending = left
 	if len(shards) == 0 || stop.Err() != nil {
 		return
@@ -231,11 +232,11 @@ func (r *Sharder) takeOver(ctx, stop context.Context) {
 	if !joined || len(shards) == 0 {
 		return
 	}
-	if err := r.take(ctx, shards); err != nil {
+	if err := r.take(ctx, shards, expires); err != nil {
 		r.warner(stop)("shard: acquire", "controller", r.cfg.Controller, "shards", len(shards), "err", err)
 	}
 	r.cfg.Logger.Info("shard: took over", "controller", r.cfg.Controller, "identity", r.cfg.Identity,
-		"shards", len(shards), "lapsed", now.Sub(first), "took", clk.Since(now))
+		"shards", len(shards), "late", now.Sub(first), "took", clk.Since(now))
 }
 
 // takeHandedOver takes, until ctx ends, the grants that a release hands to

@@ -42,11 +42,13 @@
 //     a replica renews them in one statement, and after each take of new
 //     shards renews all of them at once. Every other replica plans at each
 //     round which of a member's shards come to it were that member to stop
-//     renewing (Balance without it), wakes at the latest local bound of
-//     that expiry and takes them in one statement (lease.Client.AcquireMany)
-//     with no read before it: one statement per surviving replica. The
-//     server decides the expiry by its own clock: a shard still held then
-//     (its holder renewed) is refused and left to the next round.
+//     renewing (Balance without it), and takes them in one statement
+//     (lease.Client.AcquireManyAt) with no read before it, sent a Poll
+//     before the earliest local bound of that expiry and waiting on the
+//     server until its clock shows it: one statement per surviving replica,
+//     with no round trip after the lapse. The server decides the expiry by
+//     its own clock: a shard still held then (its holder renewed) is
+//     refused and left to the next round.
 //
 // Every process holds its keys under an owner of its own (Identity#random),
 // so two processes never share a grant: a second process given the

@@ -679,15 +679,15 @@ func TestForgedHandoverTakesNothing(t *testing.T) {
 // TestCrashTakenOverInOneStatementPerReplica: a replica that joined and
 // took its shards, one handover after another, crashes at once; every
 // other replica takes the crashed replica's shards that Balance gives it
-// in one acquire statement, with no acquire before or after it, and every
-// shard is owned again.
+// in one acquire statement, with no acquire before or after it, asked at
+// the instant the crashed replica's grants lapse (the statement waits on
+// the server for it), and every shard is owned again.
 func TestCrashTakenOverInOneStatementPerReplica(t *testing.T) {
 	c := newCluster(t, 64, 3*time.Second)
-	counters := map[string]*stmtCounter{}
+	sent := map[string]*pgtest.Statements{}
 	for _, id := range []string{"a", "b", "c", "y"} {
-		n := &stmtCounter{n: map[string]int{}}
-		counters[id] = n
-		c.poolOpts = []pgtest.PoolOption{func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = n }}
+		sent[id] = &pgtest.Statements{}
+		c.poolOpts = []pgtest.PoolOption{sent[id].Traced}
 		c.start(id)
 		if id == "c" {
 			c.waitSettled("a", "b", "c")
@@ -697,27 +697,47 @@ func TestCrashTakenOverInOneStatementPerReplica(t *testing.T) {
 	c.waitSettled("a", "b", "c", "y")
 	ys := slices.Clone(c.replicas["y"].r.Owned())
 	before := map[string]int{}
-	for id, n := range counters {
-		before[id] = n.snapshot()["acquire"]
+	for id, n := range sent {
+		before[id] = len(n.Calling("lease.acquire"))
 	}
 	y := c.replicas["y"]
 	y.cancel(shard.ErrCrash)
 	t.Logf("y crashes holding %v: settled in %v", ys, c.waitSettled("a", "b", "c"))
 	<-y.done
 	c.checkNoOverlap()
+	ctx := pgtest.Context(t, 0)
 	for _, id := range []string{"a", "b", "c"} {
-		var got []int
+		var got []string
 		for _, s := range c.replicas[id].r.Owned() {
 			if slices.Contains(ys, s) {
-				got = append(got, s)
+				got = append(got, shard.Key("ctl", s))
 			}
 		}
-		want := 0
-		if len(got) > 0 {
-			want = 1
+		acquires := sent[id].Calling("lease.acquire")[before[id]:]
+		if len(got) == 0 {
+			if len(acquires) != 0 {
+				t.Errorf("%s took none of y's shards in %d acquire statements", id, len(acquires))
+			}
+			continue
 		}
-		if n := counters[id].snapshot()["acquire"] - before[id]; n != want {
-			t.Errorf("%s took y's shards %v in %d acquire statements, want %d", id, got, n, want)
+		if len(acquires) != 1 {
+			t.Errorf("%s took y's shards %v in %d acquire statements, want 1", id, got, len(acquires))
+			continue
+		}
+		// y's grants lapsed at one instant, on the server's clock: the
+		// takeovers recorded it as the keys' vacancy.
+		var lapsed time.Time
+		if err := c.pool.QueryRow(ctx, `SELECT max(vacant_since) FROM lease.history
+WHERE key = ANY($1) AND event = 'taken_over' AND owner = $2`, got, c.replicas[id].r.Owner()).Scan(&lapsed); err != nil {
+			t.Fatal(err)
+		}
+		st := acquires[0]
+		if len(st.Args) < 4 {
+			t.Errorf("%s took y's shards asking at once (%d arguments), not at their lapse", id, len(st.Args))
+			continue
+		}
+		if at, ok := st.Args[3].(time.Time); !ok || !at.Equal(lapsed) {
+			t.Errorf("%s took y's shards asked at %v, want %v (their lapse)", id, st.Args[3], lapsed)
 		}
 	}
 }
