@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"time"
 
@@ -313,6 +314,15 @@ func (c *Client) AcquireManyAt(ctx context.Context, at time.Time, keys []string,
 	return c.acquireMany(ctx, keys, owner, ttl, at)
 }
 
+// firstInstant and lastInstant bound the instants AcquireManyAt sends:
+// PostgreSQL's first timestamptz (4714-11-24 BC), and the last second whose
+// microseconds since 1970 fit an int64 (the binary encoding's arithmetic;
+// PostgreSQL's own end, in 294276, is later).
+var (
+	firstInstant = time.Date(-4713, time.November, 24, 0, 0, 0, 0, time.UTC)
+	lastInstant  = time.Unix(math.MaxInt64/1_000_000-1, 0).UTC()
+)
+
 // acquireManyAtSQL is acquire_many's statement that first waits for the
 // server's clock to show $4 (at most $5 seconds): the wait (w) yields the
 // argument of unnest, so every acquire runs after it. w.t0, the server's
@@ -337,6 +347,10 @@ func (c *Client) acquireMany(ctx context.Context, keys []string, owner string, t
 	t := Token{Key: keys[0], Owner: owner}
 	if err := checkAcquireMany(t, len(keys), ttl); err != nil {
 		return nil, nil, err
+	}
+	if !at.IsZero() && (at.Before(firstInstant) || at.After(lastInstant)) {
+		return nil, nil, fmt.Errorf("acquire_many %q: %w: at %v is outside the instants PostgreSQL's timestamptz holds and the client sends faithfully (%v to %v)",
+			t.Key, ErrInvalidInput, at, firstInstant, lastInstant)
 	}
 	sorted := append([]string(nil), keys...)
 	sort.Strings(sorted) // byte order, as every batch locks

@@ -449,3 +449,38 @@ func TestAcquireManyAtNeedsReadCommitted(t *testing.T) {
 		}
 	}
 }
+
+// TestAcquireManyAtRefusesAnInstantItCannotSend: an instant outside
+// PostgreSQL's timestamptz range, or beyond what the binary encoding's
+// microseconds hold (it would wrap to another instant, maybe a past one:
+// no wait at all), is refused before a round trip as invalid input, and
+// nothing is taken. The first and the far instants that can be sent run.
+func TestAcquireManyAtRefusesAnInstantItCannotSend(t *testing.T) {
+	db := newDB(t, installModes[0])
+	ctx := testCtx(t)
+	for _, at := range []time.Time{
+		time.Date(-5000, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(-4713, time.November, 23, 23, 59, 59, 0, time.UTC),
+		time.Date(294248, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(586000, 1, 1, 0, 0, 0, 0, time.UTC), // wraps to about 2000
+	} {
+		_, _, err := db.c.AcquireManyAt(ctx, at, []string{"far"}, "o", time.Second)
+		var pgErr *pgconn.PgError
+		if !errors.Is(err, lease.ErrInvalidInput) || errors.As(err, &pgErr) {
+			t.Errorf("at %v: %v, want a client-side ErrInvalidInput", at, err)
+		}
+	}
+	if st, err := db.c.Inspect(ctx, "far"); err != nil || st.Exists {
+		t.Errorf("far: %+v %v, want never leased", st, err)
+	}
+	for _, at := range []time.Time{
+		time.Date(-4713, time.November, 24, 0, 0, 0, 0, time.UTC),
+		time.Date(294240, 1, 1, 0, 0, 0, 0, time.UTC), // a ttl's wait
+	} {
+		grants, denied, err := db.c.AcquireManyAt(ctx, at, []string{"near"}, "o", 200*time.Millisecond)
+		if err != nil || denied[0] != nil || grants[0].Epoch == 0 {
+			t.Errorf("at %v: %v %v %v, want a grant", at, grants, denied, err)
+		}
+	}
+}
