@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"time"
 
@@ -305,18 +306,38 @@ func (c *Client) AcquireMany(ctx context.Context, keys []string, owner string, t
 // clock (a State's or a Grant's ExpiresAt): the statement, sent before,
 // waits on the server until its clock shows at (a ttl at most), then tries
 // every key. Grants that lapse at at are taken with no round trip after
-// they lapse. The wait holds no lock; it holds the connection. A zero at
-// asks at once.
+// they lapse; a grant's ValidUntil counts from the end of the wait. The
+// wait holds no lock; it holds the connection. A zero at asks at once. As
+// AcquireWait, a wait needs READ COMMITTED: in a transaction of another
+// level it returns ErrInvalidIsolation, before waiting and taking nothing.
 func (c *Client) AcquireManyAt(ctx context.Context, at time.Time, keys []string, owner string, ttl time.Duration) (grants []Grant, errs []error, err error) {
 	return c.acquireMany(ctx, keys, owner, ttl, at)
 }
 
+// firstInstant and lastInstant bound the instants AcquireManyAt sends:
+// PostgreSQL's first timestamptz (4714-11-24 BC), and the last second whose
+// microseconds since 1970 fit an int64 (the binary encoding's arithmetic;
+// PostgreSQL's own end, in 294276, is later).
+var (
+	firstInstant = time.Date(-4713, time.November, 24, 0, 0, 0, 0, time.UTC)
+	lastInstant  = time.Unix(math.MaxInt64/1_000_000-1, 0).UTC()
+)
+
 // acquireManyAtSQL is acquire_many's statement that first waits for the
-// server's clock to show $4 (at most $5 seconds): the sleep is the
-// argument of unnest, so every acquire runs after it.
-const acquireManyAtSQL = `SELECT u.k, a.acquired, a.epoch, a.expires_at, clock_timestamp()
-  FROM unnest((SELECT $1::text[] FROM pg_catalog.pg_sleep(LEAST(GREATEST(extract(epoch FROM $4::timestamptz - pg_catalog.clock_timestamp()), 0), $5::float8))))
-       WITH ORDINALITY u(k, n), LATERAL lease.acquire(u.k, $2, $3, interval '0') a
+// server's clock to show $4 (at most $5 seconds): the wait (w) yields the
+// argument of unnest, so every acquire runs after it. w.t0, the server's
+// clock read before the wait, bounds the send: a grant is valid from it.
+// Outside READ COMMITTED, a wait would leave the acquires the snapshot
+// taken before it: lease.acquire with a wait raises invalid_isolation
+// (25000) then, before anything is read or changed.
+const acquireManyAtSQL = `WITH w AS MATERIALIZED (
+  SELECT c.t0 FROM (SELECT pg_catalog.clock_timestamp() AS t0 OFFSET 0) c,
+       LATERAL pg_catalog.pg_sleep(CASE
+         WHEN $4::timestamptz <= c.t0 OR pg_catalog.current_setting('transaction_isolation') = 'read committed'
+         THEN LEAST(GREATEST(extract(epoch FROM $4::timestamptz - c.t0), 0), $5::float8)
+         ELSE (SELECT 0 FROM lease.acquire(($1::text[])[1], $2::text, $3::interval, interval '1 microsecond')) END))
+SELECT u.k, a.acquired, a.epoch, a.expires_at, (SELECT w.t0 FROM w), pg_catalog.clock_timestamp()
+  FROM unnest((SELECT $1::text[] FROM w)) WITH ORDINALITY u(k, n), LATERAL lease.acquire(u.k, $2, $3, interval '0') a
  ORDER BY u.n`
 
 func (c *Client) acquireMany(ctx context.Context, keys []string, owner string, ttl time.Duration, at time.Time) (grants []Grant, errs []error, err error) {
@@ -326,6 +347,10 @@ func (c *Client) acquireMany(ctx context.Context, keys []string, owner string, t
 	t := Token{Key: keys[0], Owner: owner}
 	if err := checkAcquireMany(t, len(keys), ttl); err != nil {
 		return nil, nil, err
+	}
+	if !at.IsZero() && (at.Before(firstInstant) || at.After(lastInstant)) {
+		return nil, nil, fmt.Errorf("acquire_many %q: %w: at %v is outside the instants PostgreSQL's timestamptz holds and the client sends faithfully (%v to %v)",
+			t.Key, ErrInvalidInput, at, firstInstant, lastInstant)
 	}
 	sorted := append([]string(nil), keys...)
 	sort.Strings(sorted) // byte order, as every batch locks
@@ -343,6 +368,7 @@ func (c *Client) acquireMany(ctx context.Context, keys []string, owner string, t
 	var (
 		rows       []row
 		serverNow  time.Time
+		began      time.Time // the server's clock before the wait (AcquireManyAt)
 		sent, recv time.Time
 	)
 	err = retryOnce(ctx, func() error {
@@ -364,7 +390,14 @@ func (c *Client) acquireMany(ctx context.Context, keys []string, owner string, t
 			defer r.Close()
 			for r.Next() {
 				var x row
-				if err := r.Scan(&x.key, &x.acquired, &x.epoch, &x.expiresAt, &serverNow); err != nil {
+				var err error
+				if at.IsZero() {
+					err = r.Scan(&x.key, &x.acquired, &x.epoch, &x.expiresAt, &serverNow)
+					began = serverNow
+				} else {
+					err = r.Scan(&x.key, &x.acquired, &x.epoch, &x.expiresAt, &began, &serverNow)
+				}
+				if err != nil {
 					return err
 				}
 				rows = append(rows, x)
@@ -388,7 +421,7 @@ func (c *Client) acquireMany(ctx context.Context, keys []string, owner string, t
 		i := byKey[x.key]
 		switch {
 		case x.acquired && x.epoch != nil && x.expiresAt != nil:
-			grants[i] = newGrant(Token{Key: x.key, Owner: owner, Epoch: *x.epoch}, *x.expiresAt, ttl, sent, serverNow)
+			grants[i] = newGrant(Token{Key: x.key, Owner: owner, Epoch: *x.epoch}, *x.expiresAt, ttl, sent, began)
 		case !x.acquired && x.expiresAt != nil:
 			rt := roundTrip{sent: sent, received: recv, serverNow: serverNow}
 			errs[i] = &GraceError{Key: x.key, Until: *x.expiresAt, UntilLocal: rt.latest(*x.expiresAt)}

@@ -3,9 +3,12 @@ package lease_test
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/leaseadmin"
 )
@@ -368,5 +371,116 @@ WHERE datname = current_database() AND wait_event = 'PgSleep' AND query LIKE '%l
 	grants, denied, err := c.AcquireManyAt(ctx, time.Now().Add(time.Hour), []string{"at-far"}, "o", time.Second)
 	if err != nil || denied[0] != nil || grants[0] != (lease.Grant{}) {
 		t.Fatalf("asked an hour ahead with a 1s ttl: %+v %v %v, want denied after the ttl's wait", grants, denied, err)
+	}
+}
+
+// TestAcquireManyAtGrantCountsTheWait: a grant taken after the server's
+// wait is valid, on the local clock, for about its ttl from the end of the
+// wait, not from the send: the server's clock read before the wait bounds
+// the send, and the grant expires a ttl after the wait ended.
+func TestAcquireManyAtGrantCountsTheWait(t *testing.T) {
+	db := newDB(t, installModes[0])
+	ctx := testCtx(t)
+	var s0 time.Time
+	before := time.Now()
+	if err := db.pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&s0); err != nil {
+		t.Fatal(err)
+	}
+	const wait, ttl = 2 * time.Second, 5 * time.Second
+	grants, denied, err := db.c.AcquireManyAt(ctx, s0.Add(wait), []string{"after-wait"}, "o", ttl)
+	if err != nil || denied[0] != nil || grants[0].Epoch == 0 {
+		t.Fatal(grants, denied, err)
+	}
+	g := grants[0]
+	if g.ExpiresAt.Before(s0.Add(wait + ttl)) {
+		t.Fatalf("granted until %v, before the asked instant plus the ttl %v", g.ExpiresAt, s0.Add(wait+ttl))
+	}
+	// Valid until at least before + wait + ttl, less the time from the
+	// read of s0 to the statement's start (far below half the wait).
+	if min := before.Add(wait/2 + ttl); g.ValidUntil().Before(min) {
+		t.Errorf("valid until %v after the call began, want at least %v: the wait was counted against the grant",
+			g.ValidUntil().Sub(before), min.Sub(before))
+	}
+	// Never later than the server's expiry: the server's clock read after
+	// the call bounds it from above.
+	var s1 time.Time
+	if err := db.pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&s1); err != nil {
+		t.Fatal(err)
+	}
+	if late := time.Now().Add(g.ExpiresAt.Sub(s1)); g.ValidUntil().After(late) {
+		t.Errorf("valid until %v, later than the server's expiry (by %v at the latest)", g.ValidUntil(), late)
+	}
+}
+
+// TestAcquireManyAtNeedsReadCommitted: a wait under REPEATABLE READ would
+// act, after it, on the snapshot taken before it (every change of a key
+// during the wait fails the whole batch with 40001): asked at a later
+// instant in such a transaction, AcquireManyAt is refused with
+// ErrInvalidIsolation before waiting, as AcquireWait is, and takes
+// nothing. Asked at once, it runs.
+func TestAcquireManyAtNeedsReadCommitted(t *testing.T) {
+	db := newDB(t, installModes[0])
+	ctx := testCtx(t)
+	for _, iso := range []pgx.TxIsoLevel{pgx.RepeatableRead, pgx.Serializable} {
+		tx, err := db.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: iso})
+		if err != nil {
+			t.Fatal(err)
+		}
+		asked := time.Now()
+		_, _, err = lease.New(tx).AcquireManyAt(ctx, asked.Add(3*time.Second), []string{"rr-free", "rr-other"}, "o", 3*time.Second)
+		_ = tx.Rollback(ctx)
+		var pgErr *pgconn.PgError
+		if !errors.Is(err, lease.ErrInvalidIsolation) || !errors.As(err, &pgErr) || !strings.Contains(pgErr.Detail, "READ COMMITTED") {
+			t.Errorf("%s: %v after %v, want ErrInvalidIsolation before any wait", iso, err, time.Since(asked))
+		}
+		tx, err = db.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: iso})
+		if err != nil {
+			t.Fatal(err)
+		}
+		grants, denied, err := lease.New(tx).AcquireManyAt(ctx, time.Time{}, []string{"rr-now"}, "o", time.Minute)
+		_ = tx.Rollback(ctx)
+		if err != nil || denied[0] != nil || grants[0].Epoch == 0 {
+			t.Errorf("%s, asked at once: %v %v %v, want a grant", iso, grants, denied, err)
+		}
+	}
+	for _, k := range []string{"rr-free", "rr-other", "rr-now"} {
+		if st, err := db.c.Inspect(ctx, k); err != nil || st.Held {
+			t.Errorf("%s: %+v %v, want nothing taken", k, st, err)
+		}
+	}
+}
+
+// TestAcquireManyAtRefusesAnInstantItCannotSend: an instant outside
+// PostgreSQL's timestamptz range, or beyond what the binary encoding's
+// microseconds hold (it would wrap to another instant, maybe a past one:
+// no wait at all), is refused before a round trip as invalid input, and
+// nothing is taken. The first and the far instants that can be sent run.
+func TestAcquireManyAtRefusesAnInstantItCannotSend(t *testing.T) {
+	db := newDB(t, installModes[0])
+	ctx := testCtx(t)
+	for _, at := range []time.Time{
+		time.Date(-5000, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(-4713, time.November, 23, 23, 59, 59, 0, time.UTC),
+		time.Date(294248, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(586000, 1, 1, 0, 0, 0, 0, time.UTC), // wraps to about 2000
+	} {
+		_, _, err := db.c.AcquireManyAt(ctx, at, []string{"far"}, "o", time.Second)
+		var pgErr *pgconn.PgError
+		if !errors.Is(err, lease.ErrInvalidInput) || errors.As(err, &pgErr) {
+			t.Errorf("at %v: %v, want a client-side ErrInvalidInput", at, err)
+		}
+	}
+	if st, err := db.c.Inspect(ctx, "far"); err != nil || st.Exists {
+		t.Errorf("far: %+v %v, want never leased", st, err)
+	}
+	for _, at := range []time.Time{
+		time.Date(-4713, time.November, 24, 0, 0, 0, 0, time.UTC),
+		time.Date(294240, 1, 1, 0, 0, 0, 0, time.UTC), // a ttl's wait
+	} {
+		grants, denied, err := db.c.AcquireManyAt(ctx, at, []string{"near"}, "o", 200*time.Millisecond)
+		if err != nil || denied[0] != nil || grants[0].Epoch == 0 {
+			t.Errorf("at %v: %v %v %v, want a grant", at, grants, denied, err)
+		}
 	}
 }

@@ -131,7 +131,18 @@ type planInput struct {
 	listed time.Time
 	next   time.Duration // the longest wait before the next round
 	poll   time.Duration
-	waiter bool // a Waiter wakes the replica at releases
+	ttl    time.Duration // the member and shard keys' TTL
+	waiter bool          // a Waiter wakes the replica at releases
+}
+
+// lead is how long before the earliest local bound of a lapse its
+// takeover is sent: a Poll, but at most half the time that a member
+// renewing every next for ttl leaves between the next round and that
+// bound, so that the next round lists the renewal of a live member before
+// its takeover is due (a takeover sent waits on the server until the
+// lapse, holding a connection and the moves, only to be refused).
+func (in planInput) lead() time.Duration {
+	return max(0, min(in.poll, (in.ttl-2*in.next)/2))
 }
 
 // plan is a round's decision.
@@ -197,7 +208,7 @@ func decide(in planInput) plan {
 					to = &takeover{holder: st.Owner}
 					lapsing[st.Owner] = to
 				}
-				to.add(s, sn.expires[s], in.poll)
+				to.add(s, sn.expires[s], in.lead())
 			}
 		default:
 			if st.Held {
@@ -230,7 +241,7 @@ func (p plan) wake(listed time.Time) time.Time {
 // takeover is the shards one holder's keys keep from this replica: taken
 // in one statement asked at expires, the last server expiry of those keys
 // (and of the holder's member key), and sent at at, a lead before the
-// earliest local instant of that expiry: the statement waits on the server
+// earliest local instant of that expiry (planInput.lead): the statement waits on the server
 // (lease.Client.AcquireManyAt) and finds the keys lapsed unless renewed,
 // with no round trip after they lapse.
 type takeover struct {
@@ -282,11 +293,11 @@ func crashTakeovers(in planInput) []takeover {
 		}
 		after := Balance(in.n, rest, hs)
 		var to takeover
-		to.after(sn.memberExpires[y], in.poll)
+		to.after(sn.memberExpires[y], in.lead())
 		for _, s := range held {
 			if after[s] == in.identity {
 				to.holder = sn.shards[s].Owner
-				to.add(s, sn.expires[s], in.poll)
+				to.add(s, sn.expires[s], in.lead())
 			}
 		}
 		if len(to.shards) > 0 {

@@ -59,7 +59,7 @@ func (w *world) snap(id string) snapshot {
 
 func (w *world) decide(id string, own map[int]bool) plan {
 	return decide(planInput{n: w.n, identity: id, owner: id + "#1", snap: w.snap(id).withSelf(id, id+"#1"),
-		own: own, listed: w.now, next: 3 * time.Second, poll: 50 * time.Millisecond, waiter: true})
+		own: own, listed: w.now, next: 3 * time.Second, poll: 50 * time.Millisecond, ttl: 10 * time.Second, waiter: true})
 }
 
 func ownOf(ids []string, id string) map[int]bool {
@@ -413,5 +413,34 @@ func TestHandedTo(t *testing.T) {
 		{Key: Key("ctl", 9), Owner: "a#1", Epoch: 7}}
 	if !slices.Equal(tokens, want) {
 		t.Errorf("handedTo: tokens %v, want %v (the latest grant of each)", tokens, want)
+	}
+}
+
+// TestPlanLiveMemberNotAskedBeforeItsNextRound: a member that renews on
+// time (every RenewEvery, a third of the TTL) is never sent a takeover of
+// its shards: the next round lists again, sees the renewal and plans anew,
+// before the takeover is due. Sent earlier, the takeover waits on the
+// server until the expiry it saw, holding a connection and the replica's
+// moves (its rounds and handovers wait) for nothing: the server refuses it.
+// Here b renewed 0.9 s ago (TTL 3 s, RenewEvery 1 s, a Poll of 1.5 s): its
+// keys lapse in 2.1 s unless renewed, and it renews in 0.1 s.
+func TestPlanLiveMemberNotAskedBeforeItsNextRound(t *testing.T) {
+	const ttl, renewEvery, poll = 3 * time.Second, time.Second, 1500 * time.Millisecond
+	ids := []string{"a", "b"}
+	assign := Assign(16, ids)
+	w := newWorld(16).member("a", ttl).member("b", 2100*time.Millisecond)
+	for s, id := range assign {
+		w.shard(s, id+"#1", map[string]time.Duration{"a": ttl, "b": 2100 * time.Millisecond}[id])
+	}
+	p := decide(planInput{n: w.n, identity: "a", owner: "a#1", snap: w.snap("a").withSelf("a", "a#1"),
+		own: ownOf(assign, "a"), listed: w.now, next: renewEvery, poll: poll, ttl: ttl, waiter: true})
+	for _, to := range p.takeovers {
+		if to.holder == "b#1" && to.at.Before(w.now.Add(renewEvery)) {
+			t.Errorf("b's shards %v are asked for at +%v, before the next round at +%v, though b renews at +100ms",
+				to.shards, to.at.Sub(w.now), renewEvery)
+		}
+	}
+	if wake := p.wake(w.now); wake.Before(w.now.Add(renewEvery)) {
+		t.Errorf("the next round is at +%v, want +%v: nothing is due before it", wake.Sub(w.now), renewEvery)
 	}
 }

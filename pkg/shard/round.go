@@ -155,7 +155,7 @@ func (r *Sharder) plan(sn snapshot, listed time.Time) plan {
 		own[s] = !o.stopping
 	}
 	p := decide(planInput{n: r.cfg.Shards, identity: r.cfg.Identity, owner: r.owner, snap: sn, own: own,
-		listed: listed, next: r.cfg.RenewEvery, poll: r.cfg.Poll, waiter: r.cfg.Waiter != nil})
+		listed: listed, next: r.cfg.RenewEvery, poll: r.cfg.Poll, ttl: r.cfg.TTL, waiter: r.cfg.Waiter != nil})
 	r.members, r.assign = sn.members, p.assign
 	r.noteUnowned(sn, listed)
 	var moving []*owned

@@ -44,8 +44,10 @@
 //     round which of a member's shards come to it were that member to stop
 //     renewing (Balance without it), and takes them in one statement
 //     (lease.Client.AcquireManyAt) with no read before it, sent a Poll
-//     before the earliest local bound of that expiry and waiting on the
-//     server until its clock shows it: one statement per surviving replica,
+//     before the earliest local bound of that expiry (less when the TTL
+//     leaves less room: a member renewing on time is listed again before
+//     its takeover is due) and waiting on the server until its clock shows
+//     it: one statement per surviving replica,
 //     with no round trip after the lapse. The server decides the expiry by
 //     its own clock: a shard still held then (its holder renewed) is
 //     refused and left to the next round.
