@@ -24,8 +24,13 @@ model:
 	SEED=$(or $(SEED),20261207) MAX_SAMPLES=$(or $(MAX_SAMPLES),300) MAX_STEPS=$(or $(MAX_STEPS),25) GUARDS=1 hack/model.sh
 
 ## stress: each package's tests COUNT times (default 5) beside CPU hogs (one per core) and a compile
-## loop; PKGS="./pkg/lease/ ./pkg/elector/" RUN=regexp SKIP=regexp; every failure with its log
+## loop; PKGS="./pkg/lease/ ./pkg/elector/" RUN=regexp SKIP=regexp; every failure with its log.
+## Installs first what make test installs (packages, the extension, the control plane, the model tool)
 stress:
+	hack/install-deps.sh
+	$(MAKE) -s -C sql install >/dev/null
+	bash hack/build-control-plane.sh >/dev/null
+	hack/model.sh --install
 	hack/stress.sh
 
 ## test-ha: pg_lease under Patroni (etcd, three PostgreSQL 15 nodes; asynchronous, synchronous and strict

@@ -10,6 +10,7 @@
 # The replay of the model's traces against the SQL is the Go test test/model.
 #   hack/model.sh            (make test: SEED=20261207 MAX_SAMPLES=30 MAX_STEPS=20)
 #   make model               (CI: MAX_SAMPLES=300 MAX_STEPS=25 GUARDS=1)
+#   hack/model.sh --install  (installs the tool only: make stress, for test/model)
 # Environment: SEED, MAX_SAMPLES, MAX_STEPS, GUARDS.
 set -euo pipefail
 cd "$(dirname "$0")/../specs/model"
@@ -29,6 +30,7 @@ if [ "$(cat node_modules/.lock-sum 2>/dev/null)" != "$sum" ]; then
 	npm ci --no-audit --no-fund --loglevel=error >&2
 	echo "$sum" >node_modules/.lock-sum
 fi
+[ "${1:-}" = --install ] && exit 0
 quint=(node node_modules/@informalsystems/quint/dist/src/cli.js)
 
 echo "model: simulating, seed $seed, $samples runs of $steps steps" >&2
