@@ -596,6 +596,23 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// replicaLessMember holds member id's key (owner id#0) for ten minutes,
+// with no replica running under it, and returns the assignment Balance
+// makes over id and a member v, and id's shards in it.
+func (c *cluster) replicaLessMember(ctx context.Context, lc *lease.Client, id string) (assign []string, mine []int) {
+	c.t.Helper()
+	if _, ok, err := lc.Acquire(ctx, shard.MemberKey("ctl", id), id+"#0", 10*time.Minute); err != nil || !ok {
+		c.t.Fatal(ok, err)
+	}
+	assign = shard.Balance(c.n, []string{id, "v"}, nil)
+	for s, m := range assign {
+		if m == id {
+			mine = append(mine, s)
+		}
+	}
+	return assign, mine
+}
+
 // TestForgedHandoverTakesNothing: any role may NOTIFY pg_lease. A forged
 // handover naming a replica's owner and a free shard the assignment gives
 // to another member must not make that replica take the shard: a
@@ -607,18 +624,9 @@ func TestForgedHandoverTakesNothing(t *testing.T) {
 	c := newCluster(t, 4, 3*time.Second)
 	ctx := pgtest.Context(t, 0)
 	lc := lease.New(c.pool)
-	if _, ok, err := lc.Acquire(ctx, shard.MemberKey("ctl", "b"), "b#0", 10*time.Minute); err != nil || !ok {
-		t.Fatal(ok, err)
-	}
-	want := shard.Balance(c.n, []string{"b", "v"}, nil)
-	var bs []int
-	for s, m := range want {
-		if m == "b" {
-			bs = append(bs, s)
-		}
-	}
+	want, bs := c.replicaLessMember(ctx, lc, "b")
 	if len(bs) < 2 {
-		t.Fatalf("assignment %v gives b fewer than two shards", want)
+		t.Fatalf("the assignment gives b %v, fewer than two shards", bs)
 	}
 	free, barrier := bs[0], bs[1]
 	bg, ok, err := lc.Acquire(ctx, shard.Key("ctl", barrier), "b#0", 10*time.Minute)
@@ -952,23 +960,17 @@ func TestHandoversNotifiedMeanwhileTakenBeforeTheRenewal(t *testing.T) {
 	c.renew = 9 * time.Minute
 	ctx := pgtest.Context(t, 0)
 	lc := lease.New(c.pool)
-	if _, ok, err := lc.Acquire(ctx, shard.MemberKey("ctl", "b"), "b#0", 10*time.Minute); err != nil || !ok {
-		t.Fatal(ok, err)
-	}
-	want := shard.Balance(c.n, []string{"b", "v"}, nil)
-	var bs []int
-	var bts []lease.Token
-	for s, m := range want {
-		if m == "b" {
-			g, ok, err := lc.Acquire(ctx, shard.Key("ctl", s), "b#0", 10*time.Minute)
-			if err != nil || !ok {
-				t.Fatal(ok, err)
-			}
-			bs, bts = append(bs, s), append(bts, g.Token)
-		}
-	}
+	want, bs := c.replicaLessMember(ctx, lc, "b")
 	if len(bs) != 2 {
-		t.Fatalf("assignment %v gives b %d shards, want 2", want, len(bs))
+		t.Fatalf("the assignment gives b %v, want 2 shards", bs)
+	}
+	var bts []lease.Token
+	for _, s := range bs {
+		g, ok, err := lc.Acquire(ctx, shard.Key("ctl", s), "b#0", 10*time.Minute)
+		if err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		bts = append(bts, g.Token)
 	}
 	gate := &renewGate{hold: []string{shard.Key("ctl", bs[0])}}
 	defer gate.open()
