@@ -184,6 +184,7 @@ func decide(in planInput) plan {
 	// lead to, so they change once, and a leave meanwhile finds them.
 	runnerUp := runnersUp(in.n, sn.members, p.assign, in.identity)
 	lapsing := map[string]*takeover{} // by holder
+	lead := in.lead()
 	for s := range in.n {
 		st := sn.shards[s]
 		active, tracked := in.own[s]
@@ -208,7 +209,7 @@ func decide(in planInput) plan {
 					to = &takeover{holder: st.Owner}
 					lapsing[st.Owner] = to
 				}
-				to.add(s, sn.expires[s], in.lead())
+				to.add(s, sn.expires[s], lead)
 			}
 		default:
 			if st.Held {
@@ -275,6 +276,7 @@ func (to *takeover) after(e expiry, lead time.Duration) {
 func crashTakeovers(in planInput) []takeover {
 	sn := in.snap
 	var out []takeover
+	lead := in.lead()
 	for _, y := range sn.members {
 		if y == in.identity {
 			continue
@@ -293,11 +295,11 @@ func crashTakeovers(in planInput) []takeover {
 		}
 		after := Balance(in.n, rest, hs)
 		var to takeover
-		to.after(sn.memberExpires[y], in.lead())
+		to.after(sn.memberExpires[y], lead)
 		for _, s := range held {
 			if after[s] == in.identity {
 				to.holder = sn.shards[s].Owner
-				to.add(s, sn.expires[s], in.lead())
+				to.add(s, sn.expires[s], lead)
 			}
 		}
 		if len(to.shards) > 0 {
