@@ -369,15 +369,36 @@ func line(mode patroni.Mode, fault string, ss []sample, sf safety) string {
 	if fault == faultMidCommit {
 		extra = fmt.Sprintf(", calls cut mid-commit %d", cut)
 	}
-	var ll, pp []time.Duration
+	var ll, pp, cc []time.Duration
 	for _, s := range ss {
 		ll = append(ll, s.leaderless)
 		pp = append(pp, s.promotion)
+		if d, ok := s.afterCommit(); ok {
+			cc = append(cc, d)
+		}
 	}
 	slices.Sort(ll)
 	slices.Sort(pp)
-	return fmt.Sprintf("leaderless after failover: %s %s p50 %.2fs max %.2fs (n=%d), promotion by Patroni p50 %.2fs; two holders %d, epoch granted twice %d%s",
-		mode, fault, median(ll).Seconds(), ll[len(ll)-1].Seconds(), len(ll), median(pp).Seconds(), sf.twoHolders, sf.epochTwice, extra)
+	slices.Sort(cc)
+	afterCommit := "after the first commit n=0"
+	if len(cc) > 0 {
+		afterCommit = fmt.Sprintf("after the first commit p50 %.2fs max %.2fs (n=%d)", median(cc).Seconds(), cc[len(cc)-1].Seconds(), len(cc))
+	}
+	return fmt.Sprintf("leaderless after failover: %s %s p50 %.2fs max %.2fs (n=%d), %s, promotion by Patroni p50 %.2fs; two holders %d, epoch granted twice %d%s",
+		mode, fault, median(ll).Seconds(), ll[len(ll)-1].Seconds(), len(ll), afterCommit, median(pp).Seconds(), sf.twoHolders, sf.epochTwice, extra)
+}
+
+// afterCommit is how long the keys stayed without a fenced write after the
+// new primary's first possible commit (the probe's first commit there):
+// pg_lease's and the candidates' share of the leaderless time. false: no
+// commit was timed.
+func (s sample) afterCommit() (time.Duration, bool) {
+	for _, p := range s.parts {
+		if p.name == "first commit" {
+			return max(s.leaderless-p.d, 0), true
+		}
+	}
+	return 0, false
 }
 
 func median(d []time.Duration) time.Duration {

@@ -161,6 +161,7 @@ func (o *operators) once(ctx context.Context, slot int) error {
 		"-renew-deadline", "2s",
 		"-retry-period", "400ms",
 		"-health-probe-bind-address", "127.0.0.1:0",
+		"-warmup",
 	)
 	cmd.Env = append(os.Environ(), "PGLEASE_DSN="+o.w.dsn, "PGLEASE_STORE_DSN="+o.w.dsn)
 	cmd.Stderr = logf
