@@ -115,6 +115,8 @@ func demo(ctx context.Context, out io.Writer) error {
 	// Never acknowledge a change whose wait for the synchronous standbys was
 	// cancelled (lease.ErrCommitUnknown).
 	lease.ObserveCommits(&pcfg.ConnConfig.Config)
+	// With several hosts, a frozen one costs each new connection a leash, not ConnectTimeout.
+	lease.LeashSilentHosts(&pcfg.ConnConfig.Config)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err
@@ -130,6 +132,8 @@ func demo(ctx context.Context, out io.Writer) error {
 	// A fenced write whose commit's wait for the synchronous standbys was
 	// cancelled is lease.ErrCommitUnknown, not success (pkg/fence).
 	lease.ObserveCommits(&scfg.ConnConfig.Config)
+	// With several hosts, a frozen one costs each new connection a leash, not ConnectTimeout.
+	lease.LeashSilentHosts(&scfg.ConnConfig.Config)
 	store, err := pgxpool.NewWithConfig(ctx, scfg)
 	if err != nil {
 		return err

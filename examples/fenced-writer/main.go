@@ -83,6 +83,8 @@ func run(ctx context.Context, w io.Writer, dsn, storeDSN, key string) error {
 	// Never acknowledge a change whose wait for the synchronous standbys was
 	// cancelled (lease.ErrCommitUnknown).
 	lease.ObserveCommits(&pcfg.ConnConfig.Config)
+	// With several hosts, a frozen one costs each new connection a leash, not ConnectTimeout.
+	lease.LeashSilentHosts(&pcfg.ConnConfig.Config)
 	leases, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err
@@ -95,6 +97,8 @@ func run(ctx context.Context, w io.Writer, dsn, storeDSN, key string) error {
 	// A fenced write whose commit's wait for the synchronous standbys was
 	// cancelled is lease.ErrCommitUnknown, not success (pkg/fence).
 	lease.ObserveCommits(&scfg.ConnConfig.Config)
+	// With several hosts, a frozen one costs each new connection a leash, not ConnectTimeout.
+	lease.LeashSilentHosts(&scfg.ConnConfig.Config)
 	store, err := pgxpool.NewWithConfig(ctx, scfg)
 	if err != nil {
 		return err

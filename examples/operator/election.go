@@ -53,6 +53,8 @@ func pgleaseElection(ctx context.Context, c config, ready func() bool) (*electio
 	// Never acknowledge a change whose wait for the synchronous standbys was
 	// cancelled (lease.ErrCommitUnknown).
 	lease.ObserveCommits(&pcfg.ConnConfig.Config)
+	// With several hosts, a frozen one costs each new connection a leash, not ConnectTimeout.
+	lease.LeashSilentHosts(&pcfg.ConnConfig.Config)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("lease database: %w", err)

@@ -248,6 +248,8 @@ func run(ctx context.Context, c config) error {
 	// A fenced write whose commit's wait for the synchronous standbys was
 	// cancelled is lease.ErrCommitUnknown, not success (pkg/fence).
 	lease.ObserveCommits(&storeCfg.ConnConfig.Config)
+	// With several hosts, a frozen one costs each new connection a leash, not ConnectTimeout.
+	lease.LeashSilentHosts(&storeCfg.ConnConfig.Config)
 	storePool, err := pgxpool.NewWithConfig(ctx, storeCfg)
 	if err != nil {
 		return fmt.Errorf("store: %w", err)

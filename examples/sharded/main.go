@@ -181,6 +181,8 @@ func run(ctx context.Context, c config) error {
 	// A fenced write whose commit's wait for the synchronous standbys was
 	// cancelled is lease.ErrCommitUnknown, not success (pkg/fence).
 	lease.ObserveCommits(&storeCfg.ConnConfig.Config)
+	// With several hosts, a frozen one costs each new connection a leash, not ConnectTimeout.
+	lease.LeashSilentHosts(&storeCfg.ConnConfig.Config)
 	storePool, err := pgxpool.NewWithConfig(ctx, storeCfg)
 	if err != nil {
 		return fmt.Errorf("store database: %w", err)
@@ -265,6 +267,8 @@ func leasePoolConfig(dsn string) (*pgxpool.Config, error) {
 		return nil, errors.New("the lease DSN does not parse") // the parser's error may quote it
 	}
 	lease.ObserveCommits(&cfg.ConnConfig.Config)
+	// With several hosts, a frozen one costs each new connection a leash, not ConnectTimeout.
+	lease.LeashSilentHosts(&cfg.ConnConfig.Config)
 	cfg.AfterConnect = lease.WarmConn
 	cfg.MinIdleConns = leaseIdleConns
 	cfg.MaxConns = max(cfg.MaxConns, leaseConns)

@@ -162,6 +162,8 @@ func NewResourceLock(ctx context.Context, c Config, o ResourceLockOptions) (*Res
 		// A change whose wait for the synchronous standbys was cancelled is
 		// never acknowledged (lease.ErrCommitUnknown).
 		lease.ObserveCommits(&pcfg.ConnConfig.Config)
+		// With several hosts, a frozen one costs each new connection a leash, not ConnectTimeout.
+		lease.LeashSilentHosts(&pcfg.ConnConfig.Config)
 		if pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
 			return nil, fmt.Errorf("leaderelection: opening the pool (DSN from %s): %w", c.dsnSource(), err)
 		}

@@ -205,7 +205,10 @@ func (w *world) shutdown() {
 // one is ErrCommitUnknown, not done).
 func (w *world) pool(opts ...pgtest.PoolOption) *pgxpool.Pool {
 	opts = append([]pgtest.PoolOption{pgtest.ConnectTimeout(2 * time.Second), pgtest.MaxConns(4), w.warn.option()}, opts...)
-	opts = append(opts, func(c *pgxpool.Config) { lease.ObserveCommits(&c.ConnConfig.Config) })
+	opts = append(opts, func(c *pgxpool.Config) {
+		lease.ObserveCommits(&c.ConnConfig.Config)
+		lease.LeashSilentHosts(&c.ConnConfig.Config)
+	})
 	return pgtest.NewPool(w.t, w.dsn, opts...)
 }
 

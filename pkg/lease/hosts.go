@@ -1,0 +1,165 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// LeashSilentHosts makes the connections of a multi-host configuration
+// (host=a,b,c, tried in order) give up early on a host that went silent:
+// one whose last connection attempt ended before the server sent its
+// first byte (a frozen machine or a stopped postmaster accepts the
+// connection and never answers it). Without it every new connection waits
+// ConnectTimeout on such a host before it tries the next one: after a
+// failover, each connection a pool opens pays it again while the old
+// primary stays frozen. With it a silent host gets a leash on later
+// attempts, a quarter of ConnectTimeout (between 250 ms and 1 s; 1 s
+// without a ConnectTimeout): if it has not answered by then, the attempt
+// moves on to the next host. A host is never skipped, only leashed, and it
+// is trusted again as soon as it answers within the leash. Set it before
+// the pool opens:
+//
+//	cfg, _ := pgxpool.ParseConfig(dsn)
+//	lease.LeashSilentHosts(&cfg.ConnConfig.Config)
+//
+// A host's silence is remembered for the whole process (by network and
+// address), so that every configuration set up with LeashSilentHosts
+// leashes a host any of them found silent: a process that opens a second
+// pool, or a listener, pays the ConnectTimeout once, not once per pool. A
+// configuration with a single host is left as it is: there is no other
+// host to move on to. It wraps cfg's own DialFunc.
+func LeashSilentHosts(cfg *pgconn.Config) {
+	if !multiHost(cfg) {
+		return
+	}
+	leash := time.Second
+	if cfg.ConnectTimeout > 0 {
+		leash = min(max(cfg.ConnectTimeout/4, 250*time.Millisecond), time.Second)
+	}
+	h := &hostWatch{dial: cfg.DialFunc, leash: leash}
+	if h.dial == nil {
+		d := &net.Dialer{KeepAlive: 5 * time.Minute}
+		h.dial = d.DialContext
+	}
+	cfg.DialFunc = h.dialContext
+}
+
+// multiHost reports whether cfg names more than one address.
+func multiHost(cfg *pgconn.Config) bool {
+	first := net.JoinHostPort(cfg.Host, itoa(cfg.Port))
+	for _, fb := range cfg.Fallbacks {
+		if net.JoinHostPort(fb.Host, itoa(fb.Port)) != first {
+			return true
+		}
+	}
+	return false
+}
+
+func itoa(p uint16) string { return strconv.Itoa(int(p)) }
+
+// silentHosts are the addresses (network and address) whose last
+// connection attempt ended before they answered, for the whole process.
+var silentHosts struct {
+	mu    sync.Mutex
+	addrs map[string]bool
+}
+
+// hostWatch is the dialer of LeashSilentHosts.
+type hostWatch struct {
+	dial  pgconn.DialFunc
+	leash time.Duration
+}
+
+func hostSilent(addr string) bool {
+	silentHosts.mu.Lock()
+	defer silentHosts.mu.Unlock()
+	return silentHosts.addrs[addr]
+}
+
+func markHost(addr string, silent bool) {
+	silentHosts.mu.Lock()
+	defer silentHosts.mu.Unlock()
+	if silent {
+		if silentHosts.addrs == nil {
+			silentHosts.addrs = map[string]bool{}
+		}
+		silentHosts.addrs[addr] = true
+	} else {
+		delete(silentHosts.addrs, addr)
+	}
+}
+
+func (h *hostWatch) dialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	c, err := h.dial(ctx, network, addr)
+	key := network + " " + addr
+	if err != nil {
+		if isTimeout(err) {
+			markHost(key, true)
+		}
+		return nil, err
+	}
+	w := &watchedConn{Conn: c, addr: key}
+	if hostSilent(key) {
+		w.leash = time.AfterFunc(h.leash, func() {
+			if !w.answered.Load() {
+				w.cut.Store(true)
+				_ = c.SetDeadline(time.Unix(1, 0))
+			}
+		})
+	}
+	return w, nil
+}
+
+// watchedConn is a connection whose first answer, or silence, is recorded
+// for its address.
+type watchedConn struct {
+	net.Conn
+	addr     string      // network and address
+	leash    *time.Timer // nil: the host was not silent when dialed
+	answered atomic.Bool
+	cut      atomic.Bool // the leash ended the wait for the first answer
+}
+
+func (w *watchedConn) Read(b []byte) (int, error) {
+	n, err := w.Conn.Read(b)
+	if w.answered.Load() {
+		return n, err
+	}
+	if n > 0 {
+		w.answered.Store(true)
+		if w.leash != nil {
+			w.leash.Stop()
+		}
+		markHost(w.addr, false)
+		return n, err
+	}
+	if err != nil && (w.cut.Load() || isTimeout(err)) {
+		markHost(w.addr, true)
+	}
+	return n, err
+}
+
+func (w *watchedConn) Close() error {
+	if w.leash != nil {
+		w.leash.Stop()
+	}
+	return w.Conn.Close()
+}
+
+// isTimeout reports whether err is a deadline passing (the connection's
+// context ended while it waited for the server).
+func isTimeout(err error) bool {
+	if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}

@@ -1,0 +1,173 @@
+package lease_test
+
+import (
+	"context"
+	"io"
+	"net"
+	"reflect"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/pkg/lease"
+)
+
+// silentHost is a TCP address in front of a real server: frozen, it accepts
+// connections and never answers them (a stopped machine); thawed, it
+// forwards them to the server.
+type silentHost struct {
+	ln       net.Listener
+	network  string // the server's
+	address  string
+	frozen   atomic.Bool
+	accepted atomic.Int32
+	mu       sync.Mutex
+	conns    []net.Conn
+}
+
+func newSilentHost(t *testing.T, server *pgconn.Config) *silentHost {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	network, address := pgconn.NetworkAddress(server.Host, server.Port)
+	h := &silentHost{ln: ln, network: network, address: address}
+	h.frozen.Store(true)
+	go h.serve()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		for _, c := range h.conns {
+			_ = c.Close()
+		}
+	})
+	return h
+}
+
+func (h *silentHost) hold(c net.Conn) {
+	h.mu.Lock()
+	h.conns = append(h.conns, c)
+	h.mu.Unlock()
+}
+
+func (h *silentHost) serve() {
+	for {
+		c, err := h.ln.Accept()
+		if err != nil {
+			return
+		}
+		h.accepted.Add(1)
+		h.hold(c)
+		if h.frozen.Load() {
+			go func() { _, _ = io.Copy(io.Discard, c) }()
+			continue
+		}
+		s, err := net.Dial(h.network, h.address)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		h.hold(s)
+		go func() { _, _ = io.Copy(s, c); _ = s.Close() }()
+		go func() { _, _ = io.Copy(c, s); _ = c.Close() }()
+	}
+}
+
+// port is the silent host's port.
+func (h *silentHost) port() uint16 { return uint16(h.ln.Addr().(*net.TCPAddr).Port) }
+
+// landedOn connects with cfg, checks the connection works, and returns the
+// TCP port it reached (0: not TCP).
+func landedOn(t *testing.T, ctx context.Context, cfg *pgx.ConnConfig, what string) uint16 {
+	t.Helper()
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	defer conn.Close(ctx)
+	var one int
+	if err := conn.QueryRow(ctx, `SELECT 1`).Scan(&one); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	if a, ok := conn.PgConn().Conn().RemoteAddr().(*net.TCPAddr); ok {
+		return uint16(a.Port)
+	}
+	return 0
+}
+
+// A multi-host configuration whose first host is frozen: the first
+// connection waits its ConnectTimeout there, then reaches the second host.
+// With LeashSilentHosts the next one, even with an hour's ConnectTimeout,
+// gives the frozen host a leash only and reaches the second host too; so
+// does another configuration of the process; once the first host answers
+// again, a connection lands there.
+func TestLeashSilentHosts(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := pgtest.NewDatabase(t)
+	server, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newSilentHost(t, server)
+	config := func(timeout time.Duration) *pgx.ConnConfig {
+		cfg, err := pgx.ParseConfig(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Fallbacks = []*pgconn.FallbackConfig{{Host: cfg.Host, Port: cfg.Port, TLSConfig: cfg.TLSConfig}}
+		cfg.Host, cfg.Port, cfg.TLSConfig = "127.0.0.1", h.port(), nil
+		cfg.ConnectTimeout = timeout
+		lease.LeashSilentHosts(&cfg.Config)
+		return cfg
+	}
+
+	// The first attempt meets the frozen host unwarned: its ConnectTimeout.
+	cfg := config(500 * time.Millisecond)
+	if p := landedOn(t, ctx, cfg, "first connection"); p == h.port() {
+		t.Fatal("first connection landed on the frozen host")
+	}
+	// An hour's timeout: without the leash these connections wait for the
+	// frozen host until the test's context ends.
+	cfg.ConnectTimeout = time.Hour
+	before := h.accepted.Load()
+	if p := landedOn(t, ctx, cfg, "second connection"); p == h.port() {
+		t.Fatal("second connection landed on the frozen host")
+	}
+	if h.accepted.Load() == before {
+		t.Fatal("the frozen host was skipped, not tried under a leash")
+	}
+	if p := landedOn(t, ctx, config(time.Hour), "another configuration's connection"); p == h.port() {
+		t.Fatal("another configuration's connection landed on the frozen host")
+	}
+	// Thawed, the first host answers within the leash and is used again.
+	h.frozen.Store(false)
+	if p := landedOn(t, ctx, cfg, "connection after the thaw"); p != h.port() {
+		t.Fatalf("connection after the thaw landed on port %d, want the first host (%d)", p, h.port())
+	}
+}
+
+// A single-host configuration has no other host to move on to: it is
+// left as it is (its own DialFunc, its own ConnectTimeout on a silent host).
+func TestLeashSilentHostsLeavesASingleHost(t *testing.T) {
+	cfg, err := pgconn.ParseConfig("host=127.0.0.1 port=5432 user=nobody dbname=x sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := reflect.ValueOf(cfg.DialFunc).Pointer()
+	lease.LeashSilentHosts(cfg)
+	if reflect.ValueOf(cfg.DialFunc).Pointer() != own {
+		t.Fatal("LeashSilentHosts replaced a single-host configuration's DialFunc")
+	}
+	cfg.Fallbacks = []*pgconn.FallbackConfig{{Host: "127.0.0.1", Port: 5433}}
+	lease.LeashSilentHosts(cfg)
+	if reflect.ValueOf(cfg.DialFunc).Pointer() == own {
+		t.Fatal("LeashSilentHosts left a two-host configuration's DialFunc as it was")
+	}
+}
