@@ -24,7 +24,8 @@ import (
 // attempts, a quarter of ConnectTimeout (between 250 ms and 1 s; 1 s
 // without a ConnectTimeout): if it has not answered by then, the attempt
 // moves on to the next host. A host is never skipped, only leashed, and it
-// is trusted again as soon as it answers within the leash. Set it before
+// is trusted again as soon as it answers within the leash; and while every
+// host of the configuration is silent, none is leashed. Set it before
 // the pool opens:
 //
 //	cfg, _ := pgxpool.ParseConfig(dsn)
@@ -37,14 +38,15 @@ import (
 // configuration with a single host is left as it is: there is no other
 // host to move on to. It wraps cfg's own DialFunc.
 func LeashSilentHosts(cfg *pgconn.Config) {
-	if !multiHost(cfg) {
+	n := hostCount(cfg)
+	if n < 2 {
 		return
 	}
 	leash := time.Second
 	if cfg.ConnectTimeout > 0 {
 		leash = min(max(cfg.ConnectTimeout/4, 250*time.Millisecond), time.Second)
 	}
-	h := &hostWatch{dial: cfg.DialFunc, leash: leash}
+	h := &hostWatch{dial: cfg.DialFunc, leash: leash, hosts: n, seen: map[string]bool{}}
 	if h.dial == nil {
 		d := &net.Dialer{KeepAlive: 5 * time.Minute}
 		h.dial = d.DialContext
@@ -52,15 +54,13 @@ func LeashSilentHosts(cfg *pgconn.Config) {
 	cfg.DialFunc = h.dialContext
 }
 
-// multiHost reports whether cfg names more than one address.
-func multiHost(cfg *pgconn.Config) bool {
-	first := net.JoinHostPort(cfg.Host, itoa(cfg.Port))
+// hostCount is how many distinct host and port pairs cfg names.
+func hostCount(cfg *pgconn.Config) int {
+	hosts := map[string]bool{net.JoinHostPort(cfg.Host, itoa(cfg.Port)): true}
 	for _, fb := range cfg.Fallbacks {
-		if net.JoinHostPort(fb.Host, itoa(fb.Port)) != first {
-			return true
-		}
+		hosts[net.JoinHostPort(fb.Host, itoa(fb.Port))] = true
 	}
-	return false
+	return len(hosts)
 }
 
 func itoa(p uint16) string { return strconv.Itoa(int(p)) }
@@ -72,10 +72,36 @@ var silentHosts struct {
 	addrs map[string]bool
 }
 
-// hostWatch is the dialer of LeashSilentHosts.
+// hostWatch is the dialer of LeashSilentHosts. seen holds the addresses
+// (network and address) it has dialed, as pgconn resolved them.
 type hostWatch struct {
 	dial  pgconn.DialFunc
 	leash time.Duration
+	hosts int // distinct host and port pairs of the configuration
+	mu    sync.Mutex
+	seen  map[string]bool
+}
+
+// leashed records that key is dialed and reports whether it gets the
+// leash: it is silent, and another host of this configuration is not (or
+// was not dialed yet). When every one is silent (a cluster too loaded to answer within the
+// leash, say), each keeps its whole ConnectTimeout.
+func (h *hostWatch) leashed(key string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.seen[key] = true
+	if !hostSilent(key) {
+		return false
+	}
+	if len(h.seen) < h.hosts {
+		return true // a host not dialed yet may answer
+	}
+	for k := range h.seen {
+		if k != key && !hostSilent(k) {
+			return true
+		}
+	}
+	return false
 }
 
 func hostSilent(addr string) bool {
@@ -98,8 +124,9 @@ func markHost(addr string, silent bool) {
 }
 
 func (h *hostWatch) dialContext(ctx context.Context, network, addr string) (net.Conn, error) {
-	c, err := h.dial(ctx, network, addr)
 	key := network + " " + addr
+	leashed := h.leashed(key)
+	c, err := h.dial(ctx, network, addr)
 	if err != nil {
 		if isTimeout(err) {
 			markHost(key, true)
@@ -107,7 +134,7 @@ func (h *hostWatch) dialContext(ctx context.Context, network, addr string) (net.
 		return nil, err
 	}
 	w := &watchedConn{Conn: c, addr: key}
-	if hostSilent(key) {
+	if leashed {
 		w.leash = time.AfterFunc(h.leash, func() {
 			if !w.answered.Load() {
 				w.cut.Store(true)

@@ -25,6 +25,7 @@ type silentHost struct {
 	network  string // the server's
 	address  string
 	frozen   atomic.Bool
+	delay    atomic.Int64 // thawed: how long it waits before it forwards (ns)
 	accepted atomic.Int32
 	mu       sync.Mutex
 	conns    []net.Conn
@@ -69,15 +70,22 @@ func (h *silentHost) serve() {
 			go func() { _, _ = io.Copy(io.Discard, c) }()
 			continue
 		}
-		s, err := net.Dial(h.network, h.address)
-		if err != nil {
-			_ = c.Close()
-			continue
-		}
-		h.hold(s)
-		go func() { _, _ = io.Copy(s, c); _ = s.Close() }()
-		go func() { _, _ = io.Copy(c, s); _ = c.Close() }()
+		go h.forward(c, time.Duration(h.delay.Load()))
 	}
+}
+
+// forward connects c to the server after delay (a slow host).
+func (h *silentHost) forward(c net.Conn, delay time.Duration) {
+	time.Sleep(delay)
+	s, err := net.Dial(h.network, h.address)
+	if err != nil {
+		_ = c.Close()
+		return
+	}
+	h.hold(s)
+	go func() { _, _ = io.Copy(s, c); _ = s.Close() }()
+	_, _ = io.Copy(c, s)
+	_ = c.Close()
 }
 
 // port is the silent host's port.
@@ -169,5 +177,39 @@ func TestLeashSilentHostsLeavesASingleHost(t *testing.T) {
 	lease.LeashSilentHosts(cfg)
 	if reflect.ValueOf(cfg.DialFunc).Pointer() == own {
 		t.Fatal("LeashSilentHosts left a two-host configuration's DialFunc as it was")
+	}
+}
+
+// When every host of a configuration went silent (a cluster too loaded to
+// answer in time, say), none is leashed: a host slower than the leash
+// still gets the connection within ConnectTimeout.
+func TestLeashSilentHostsAllSilent(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := pgtest.NewDatabase(t)
+	server, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := newSilentHost(t, server), newSilentHost(t, server)
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Host, cfg.Port, cfg.TLSConfig = "127.0.0.1", a.port(), nil
+	cfg.Fallbacks = []*pgconn.FallbackConfig{{Host: "127.0.0.1", Port: b.port()}}
+	cfg.ConnectTimeout = 300 * time.Millisecond // the leash: 250 ms
+	lease.LeashSilentHosts(&cfg.Config)
+	if _, err := pgx.ConnectConfig(ctx, cfg); err == nil {
+		t.Fatal("connected through two frozen hosts")
+	}
+	// Both silent now. Thawed but slow: each answers 2 s after it accepts,
+	// eight leashes, within an hour's ConnectTimeout.
+	for _, h := range []*silentHost{a, b} {
+		h.delay.Store(int64(2 * time.Second))
+		h.frozen.Store(false)
+	}
+	cfg.ConnectTimeout = time.Hour
+	if p := landedOn(t, ctx, cfg, "connection to slow hosts"); p != a.port() {
+		t.Fatalf("connection to slow hosts landed on port %d, want the first host (%d)", p, a.port())
 	}
 }
