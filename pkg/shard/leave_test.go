@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/pkg/handover"
 	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/leaseadmin"
 	"github.com/pglease/pg_lease/pkg/shard"
@@ -221,4 +222,79 @@ func TestLeaveReleasesWhatAStatementInFlightTook(t *testing.T) {
 			t.Errorf("shard %d: history %+v, want v's grant and its release", s, h)
 		}
 	}
+}
+
+// TestHandoverNotifiedDuringATakeTakenBesideIt: a handover notified while
+// a replica's take of an earlier one runs is taken beside it, in a
+// statement of its own sent before the first returns, not after it (the
+// notifications of one release reach a Waiter one after another). Member b
+// is live but runs no replica; its two shards are released by the test one
+// after the other, each handed to v (b's runner-up); v's take of the first
+// is held back on its way to the server, and v's rounds are held back
+// throughout.
+func TestHandoverNotifiedDuringATakeTakenBesideIt(t *testing.T) {
+	c := newCluster(t, 4, 10*time.Minute)
+	c.renew = 9 * time.Minute
+	ctx := pgtest.Context(t, 0)
+	lc := lease.New(c.pool)
+	want, bs := c.replicaLessMember(ctx, lc, "b")
+	if len(bs) != 2 {
+		t.Fatalf("the assignment gives b %v, want 2 shards", bs)
+	}
+	var bts []lease.Token
+	for _, s := range bs {
+		g, ok, err := lc.Acquire(ctx, shard.Key("ctl", s), "b#0", 10*time.Minute)
+		if err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		bts = append(bts, g.Token)
+	}
+	gate := &renewGate{hold: []string{shard.Key("ctl", bs[0])}}
+	defer gate.open()
+	c.poolOpts = []pgtest.PoolOption{func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = gate }}
+	rep := c.start("v")
+	c.poolOpts = nil
+	v := rep.r
+	for s, m := range want {
+		if m == "v" {
+			waitFor(t, fmt.Sprintf("v owning shard %d", s), func() bool { return v.Owns(s) })
+		}
+	}
+	for _, s := range bs {
+		waitFor(t, fmt.Sprintf("v registered as the candidate of shard %d", s), func() bool {
+			_, cands, err := handover.Candidates(ctx, lc, shard.Key("ctl", s))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return slices.ContainsFunc(cands, func(x handover.CandidateState) bool { return x.Owner == v.Owner() && x.Rank == 1 })
+		})
+	}
+
+	gate.mu.Lock()
+	gate.closed = make(chan struct{})
+	gate.mu.Unlock()
+	if err := lc.Release(ctx, bts[0]); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, fmt.Sprintf("v's take of shard %d held back", bs[0]), func() bool {
+		gate.mu.Lock()
+		defer gate.mu.Unlock()
+		return gate.held == 1
+	})
+	if err := lc.Release(ctx, bts[1]); err != nil {
+		t.Fatal(err)
+	}
+	second := []string{shard.Key("ctl", bs[1])}
+	waitFor(t, fmt.Sprintf("v's take of shard %d sent while its take of shard %d is held back", bs[1], bs[0]), func() bool {
+		gate.mu.Lock()
+		defer gate.mu.Unlock()
+		return slices.ContainsFunc(gate.renews, func(keys []string) bool { return slices.Equal(keys, second) })
+	})
+	gate.mu.Lock()
+	held := gate.closed != nil && gate.held == 1
+	gate.mu.Unlock()
+	if !held {
+		t.Fatal("the first take was not held back throughout")
+	}
+	gate.open()
 }

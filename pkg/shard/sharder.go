@@ -32,9 +32,11 @@
 //     arrives (with a Waiter), in one statement with no read before it (a
 //     renewal of the grant the notification names: a forged one takes
 //     nothing), without waiting for a round to list the keys; handovers
-//     notified while that statement runs are taken next, as long as each
-//     statement takes a grant (a flood of forged ones never holds the rounds
-//     back), and all its keys are renewed at once after the last;
+//     notified while that statement runs are taken beside it (one more
+//     statement, sent before the first returns), those notified later next,
+//     as long as each batch takes a grant (a flood of forged ones never
+//     holds the rounds back), and all its keys are renewed at once after the
+//     last;
 //   - a replica that stops releases its member key and every shard in one
 //     statement (lease.Client.ReleaseMany) once their work ended (a shard whose
 //     work outlasts a Poll goes in a later statement), at once: not after the
