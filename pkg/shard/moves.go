@@ -258,7 +258,7 @@ func (r *Sharder) finish(h handedOff) {
 	// in_flight: to the end of the statements running at the stop.
 	var inFlight time.Duration
 	if !h.loopsEnded.IsZero() {
-		inFlight = h.loopsEnded.Sub(h.stopped)
+		inFlight = max(h.loopsEnded.Sub(h.stopped), 0)
 	}
 	r.cfg.Logger.Info("shard: left", "controller", r.cfg.Controller, "identity", r.cfg.Identity,
 		"shards", h.shards, "waited", h.sent, "work_ended", h.worked, "release", h.first, "released", h.released,
