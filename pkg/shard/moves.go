@@ -62,11 +62,13 @@ func (r *Sharder) take(ctx context.Context, shards []int, at time.Time) error {
 }
 
 // begin begins a term for shard s under g, unless this replica acts under
-// that grant already (a handover's notification and a round both took it),
-// and reports whether it began one.
+// that grant already (a handover's notification and a round both took it)
+// or is leaving (a statement running at the stop took g: the leave
+// releases it, and no work starts under it), and reports whether it began
+// one.
 func (r *Sharder) begin(s int, g lease.Grant) (bool, error) {
 	r.mu.Lock()
-	if o := r.owned[s]; o != nil && !o.stopping && o.term.Err() == nil && o.term.Grant().Epoch == g.Epoch {
+	if o := r.owned[s]; r.leaving || o != nil && !o.stopping && o.term.Err() == nil && o.term.Grant().Epoch == g.Epoch {
 		r.mu.Unlock()
 		return false, nil
 	}
@@ -161,21 +163,38 @@ func (r *Sharder) releaseAfterWork(os []*owned) {
 	}()
 }
 
-// leave ends every shard's term (cancelling its work), then releases the
-// member key, the grants handed over to this process and every shard in one
-// statement (lease.Client.ReleaseMany) once their work ended, waiting a Poll at
-// most for it: a shard whose work runs longer goes in a later statement as
-// soon as it ends, so a slow piece of work holds back its shard alone. A
-// release hands the key to its registered runner-up in the same
-// transaction. No statement runs before the release: grants handed over
-// that this process has not seen yet are found by a list beside it and
-// released right after. Then leave announces the change and withdraws its
-// candidacies.
-func (r *Sharder) leave(stopped time.Time) {
+// handedOff is what a leave's hand-over did, for its log line.
+type handedOff struct {
+	stopped    time.Time // the stop, on the client's clock
+	loopsEnded time.Time // the round, renewal and take running at the stop ended (zero: no stop)
+	shards     int
+	sent       time.Duration // from the stop to the first release sent
+	worked     time.Duration // from the stop to the end of the last work
+	first      time.Duration // the first release statement
+	released   time.Duration // from the stop to the last release's return
+	announced  time.Duration // from the stop to the announce's end
+	statements int
+}
+
+// handOver is a leave's first part, begun at the stop beside whatever
+// statement the round, the renewal or a take runs then (it waits for none
+// of them): it ends every shard's term (cancelling its work; no term begins
+// after it), then releases the member key, the grants handed over to this
+// process and every shard in one statement (lease.Client.ReleaseMany) once
+// their work ended, waiting a Poll at most for it: a shard whose work runs
+// longer goes in a later statement as soon as it ends, so a slow piece of
+// work holds back its shard alone. A release hands the key to its
+// registered runner-up in the same transaction. No statement runs before
+// the release: grants handed over that this process has not seen yet are
+// found by a list beside it and released right after. Then it announces
+// the change. What a statement running at the stop takes is released by
+// finish.
+func (r *Sharder) handOver(stopped time.Time) handedOff {
+	clk := r.c.Clock()
 	ending, ts := r.endAll()
+	h := handedOff{stopped: stopped, shards: len(ending)}
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.TTL)
 	defer cancel()
-	start := time.Now()
 	// A handover may have granted this process shards no round has listed
 	// nor notification brought: a list, run beside the first release and
 	// not before it, finds them for a second statement at once (none, as a
@@ -183,12 +202,22 @@ func (r *Sharder) leave(stopped time.Time) {
 	unlisted := make(chan []lease.Token, 1)
 	have := slices.Clone(ts)
 	go func() { unlisted <- r.handedUnlisted(ctx, have) }()
-	worked, statements := r.releaseAsDone(ctx, ts, ending)
+	rel := r.releaseAsDone(ctx, ts, ending)
 	if more := <-unlisted; len(more) > 0 {
-		w, n := r.releaseAsDone(ctx, more, nil)
-		worked, statements = max(worked, w), statements+n
+		rel2 := r.releaseAsDone(ctx, more, nil)
+		if rel2.worked.After(rel.worked) {
+			rel.worked = rel2.worked
+		}
+		rel.statements += rel2.statements
 	}
-	released := time.Since(start)
+	since := func(t time.Time) time.Duration {
+		if t.IsZero() {
+			return 0
+		}
+		return t.Sub(stopped)
+	}
+	h.sent, h.worked, h.first, h.statements = since(rel.sent), since(rel.worked), rel.first, rel.statements
+	h.released = clk.Since(stopped)
 	r.mu.Lock()
 	for _, o := range ending {
 		if r.owned[o.s] == o {
@@ -200,32 +229,50 @@ func (r *Sharder) leave(stopped time.Time) {
 	if m != nil {
 		r.announce(ctx)
 	}
+	h.announced = clk.Since(stopped)
+	return h
+}
+
+// finish is a leave's second part, once the round, the renewal and the
+// take running at the stop ended: it waits for the releases begun by
+// earlier rounds, withdraws the candidacies, and releases what this
+// process holds still: grants that a statement running at the stop took
+// after the hand-over (no term began under them), and a member key a
+// round acquired meanwhile (then it announces again).
+func (r *Sharder) finish(h handedOff) {
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.TTL)
+	defer cancel()
 	r.stops.Wait() // releases begun by earlier rounds
-	// waited: for the statements of the round and the renewal running at the stop.
-	var waited time.Duration
-	if !stopped.IsZero() {
-		waited = start.Sub(stopped)
-	}
-	r.cfg.Logger.Info("shard: left", "controller", r.cfg.Controller, "identity", r.cfg.Identity,
-		"shards", len(ending), "waited", waited, "work_ended", worked, "released", released,
-		"statements", statements, "announced", time.Since(start))
 	var keys []string
 	for s := range r.cands {
 		keys = append(keys, Key(r.cfg.Controller, s))
 	}
 	_ = handover.WithdrawMany(ctx, r.c, keys, r.owner)
 	r.cands = map[int]int32{}
-	r.releaseLeftOver(ctx)
+	left, member := r.releaseLeftOver(ctx)
+	if member {
+		r.announce(ctx)
+	}
 	r.metrics.owned.Set(0)
+	// waited: from the stop to the first release sent (the work's end);
+	// in_flight: to the end of the statements running at the stop.
+	var inFlight time.Duration
+	if !h.loopsEnded.IsZero() {
+		inFlight = max(h.loopsEnded.Sub(h.stopped), 0)
+	}
+	r.cfg.Logger.Info("shard: left", "controller", r.cfg.Controller, "identity", r.cfg.Identity,
+		"shards", h.shards, "waited", h.sent, "work_ended", h.worked, "release", h.first, "released", h.released,
+		"statements", h.statements, "announced", h.announced, "in_flight", inFlight, "left_over", left)
 }
 
 // endAll ends the term of every shard not ended yet and of the member key,
-// and returns the shards it ended and the tokens to release at once: the
+// so that no term begins from then on (begin), and returns the shards it ended and the tokens to release at once: the
 // member key's and those of grants handed over to this process and never
 // taken.
 func (r *Sharder) endAll() (ending []*owned, ts []lease.Token) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.leaving = true
 	for _, o := range r.owned {
 		if !o.stopping {
 			r.endLocked(o, ErrRebalanced)
@@ -277,19 +324,27 @@ func (r *Sharder) handedUnlisted(ctx context.Context, have []lease.Token) []leas
 	return out
 }
 
+// releases is what releaseAsDone did: when the first statement was sent,
+// how long it took, when the last work ended and how many statements ran.
+type releases struct {
+	sent, worked time.Time
+	first        time.Duration
+	statements   int
+}
+
 // releaseAsDone releases ts and each ending shard once its work ended: one
 // statement for all when the work ends within a Poll, else those ended
 // by then, and each other as it ends (those that end while a statement
-// runs together in the next one). It returns when the last work ended
-// (since its start) and how many statements it ran.
-func (r *Sharder) releaseAsDone(ctx context.Context, ts []lease.Token, ending []*owned) (worked time.Duration, statements int) {
-	start := time.Now()
+// runs together in the next one).
+func (r *Sharder) releaseAsDone(ctx context.Context, ts []lease.Token, ending []*owned) releases {
+	clk := r.c.Clock()
+	var out releases
 	ready := make(chan *owned, len(ending))
 	for _, o := range ending {
 		go func() { <-o.drained; ready <- o }()
 	}
 	pending := len(ending)
-	grace := r.c.Clock().NewTimer(r.cfg.Poll)
+	grace := clk.NewTimer(r.cfg.Poll)
 	defer grace.Stop()
 	for waiting := pending > 0; waiting; {
 		select {
@@ -313,34 +368,46 @@ func (r *Sharder) releaseAsDone(ctx context.Context, ts []lease.Token, ending []
 				more = false
 			}
 		}
-		if pending == 0 && worked == 0 {
-			worked = time.Since(start)
+		if pending == 0 && out.worked.IsZero() {
+			out.worked = clk.Now()
 		}
 		for len(ts) > 0 {
 			n := min(len(ts), lease.MaxBatch)
+			at := clk.Now()
 			if _, err := r.c.ReleaseMany(ctx, ts[:n]); err != nil {
 				r.cfg.Logger.Warn("shard: release", "controller", r.cfg.Controller, "keys", n, "err", err)
 			}
+			if out.statements == 0 {
+				out.sent, out.first = at, clk.Since(at)
+			}
 			ts = ts[n:]
-			statements++
+			out.statements++
 		}
 	}
-	return worked, statements
+	return out
 }
 
-// releaseLeftOver releases the shard grants a handover gave this process
-// after it left (it stopped meanwhile, or was refused): the release hands
-// them on.
-func (r *Sharder) releaseLeftOver(ctx context.Context) {
+// releaseLeftOver releases the member key and the shard grants this
+// process holds still: handed to it after it left (it stopped meanwhile,
+// or was refused), or taken by a statement running at the stop. The
+// release hands them on. It returns how many it released and whether the
+// member key was one.
+func (r *Sharder) releaseLeftOver(ctx context.Context) (n int, member bool) {
 	states, err := r.c.List(ctx)
 	if err != nil {
-		return
+		return 0, false
 	}
 	var stray []lease.Token
+	mk := MemberKey(r.cfg.Controller, r.cfg.Identity)
 	for _, st := range states {
-		if _, ok := parseShard(r.cfg.Controller, st.Key, r.cfg.Shards); ok && st.Held && st.Owner == r.owner {
+		if _, ok := parseShard(r.cfg.Controller, st.Key, r.cfg.Shards); (ok || st.Key == mk) && st.Held && st.Owner == r.owner {
 			stray = append(stray, lease.Token{Key: st.Key, Owner: st.Owner, Epoch: st.Epoch})
+			member = member || st.Key == mk
 		}
 	}
-	_, _ = r.c.ReleaseMany(ctx, stray)
+	_ = inBatches(len(stray), func(lo, hi int) error {
+		_, err := r.c.ReleaseMany(ctx, stray[lo:hi])
+		return err
+	})
+	return len(stray), member
 }

@@ -243,19 +243,18 @@ func (r *Sharder) takeOver(ctx, stop context.Context) {
 // this process, as the notification of each handover arrives: one
 // statement (lease.Client.RenewTokens of the owner and epoch each
 // notification names), with no list before it and whatever the rounds are
-// doing. The handovers notified while that statement ran (the rest of one
-// release's, as a rule) are taken next, each batch in one statement, and
+// doing. The handovers notified while that statement runs (the rest of one
+// release's, as a rule) are taken beside it, in one more statement at
+// most, not after it (takeBatch); those notified later are taken next, and
 // only then are all this process's keys renewed at once (align): a batch
-// waits for the statement before it, not for that renewal too. Any role
-// may NOTIFY: a notification is only a sign, and the renewal takes only a
-// grant the server shows held by this process at that epoch (a forged one
-// takes nothing); a shard taken that is assigned elsewhere is given up by
-// the next round. Batches follow one another only while each takes a
-// grant (real handovers, at most one per shard): a batch that takes none
-// lets the rounds run before the next, so a flood of forged notifications
-// never holds them back.
+// waits for no renewal. Any role may NOTIFY: a notification is only a
+// sign, and the renewal takes only a grant the server shows held by this
+// process at that epoch (a forged one takes nothing); a shard taken that
+// is assigned elsewhere is given up by the next round. Batches follow one
+// another only while each takes a grant (real handovers, at most one per
+// shard): a batch that takes none lets the rounds run before the next, so
+// a flood of forged notifications never holds them back.
 func (r *Sharder) takeHandedOver(ctx, stmts context.Context, handovers *listen.Changes) {
-	clk := r.c.Clock()
 	for {
 		wk, err := handovers.Wait(ctx, time.Time{}, nil)
 		if err != nil {
@@ -266,18 +265,8 @@ func (r *Sharder) takeHandedOver(ctx, stmts context.Context, handovers *listen.C
 		r.moves.Lock()
 		began := false
 		for len(wk.Events) > 0 && ctx.Err() == nil {
-			shards, tokens := handedTo(r.cfg.Controller, r.cfg.Shards, r.owner, wk.Events, r.trackedEpochs())
-			if len(shards) == 0 {
-				break
-			}
-			at := clk.Now()
-			ok, err := r.takeHanded(stmts, shards, tokens)
+			ok := r.takeBatch(ctx, stmts, handovers, wk)
 			began = began || ok
-			if err != nil {
-				r.warner(ctx)("shard: take handed over", "controller", r.cfg.Controller, "shards", len(shards), "err", err)
-			}
-			r.cfg.Logger.Info("shard: took handed over", "controller", r.cfg.Controller, "identity", r.cfg.Identity,
-				"shards", len(shards), "notified", at.Sub(wk.Events[0].Received), "took", clk.Since(at))
 			if !ok {
 				// Nothing taken: forged notifications, maybe a flood of
 				// them. What is queued waits for the next Wait, after
@@ -294,6 +283,43 @@ func (r *Sharder) takeHandedOver(ctx, stmts context.Context, handovers *listen.C
 			return
 		}
 	}
+}
+
+// takeBatch takes the handovers wk names in one statement and, when more
+// are notified while it runs, those in one more statement beside it (the
+// notifications of one release reach the Waiter one after another). It
+// reports whether it began a term.
+func (r *Sharder) takeBatch(ctx, stmts context.Context, handovers *listen.Changes, wk listen.Wake) bool {
+	clk := r.c.Clock()
+	tracked := r.trackedEpochs()
+	shards, tokens := handedTo(r.cfg.Controller, r.cfg.Shards, r.owner, wk.Events, tracked)
+	if len(shards) == 0 {
+		return false
+	}
+	take := func(shards []int, tokens []lease.Token, received time.Time) bool {
+		at := clk.Now()
+		ok, err := r.takeHanded(stmts, shards, tokens)
+		if err != nil {
+			r.warner(ctx)("shard: take handed over", "controller", r.cfg.Controller, "shards", len(shards), "err", err)
+		}
+		r.cfg.Logger.Info("shard: took handed over", "controller", r.cfg.Controller, "identity", r.cfg.Identity,
+			"shards", len(shards), "notified", at.Sub(received), "took", clk.Since(at))
+		return ok
+	}
+	var first bool
+	firstDone := make(chan struct{})
+	go func() { defer close(firstDone); first = take(shards, tokens, wk.Events[0].Received) }()
+	second := false
+	if more, err := handovers.Wait(ctx, time.Time{}, firstDone); err == nil && len(more.Events) > 0 {
+		for _, s := range shards {
+			tracked[s] = math.MaxInt64 // being taken
+		}
+		if s2, t2 := handedTo(r.cfg.Controller, r.cfg.Shards, r.owner, more.Events, tracked); len(s2) > 0 {
+			second = take(s2, t2, more.Events[0].Received)
+		}
+	}
+	<-firstDone
+	return first || second
 }
 
 // trackedEpochs maps each shard this replica tracks to the epoch up to

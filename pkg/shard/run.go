@@ -3,6 +3,7 @@ package shard
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/pglease/pg_lease/pkg/lease"
@@ -23,11 +24,27 @@ func (r *Sharder) Run(ctx context.Context) error {
 	defer changes.Close()
 	// A statement running when ctx ends runs to its end (a TTL at most): a
 	// connection cut mid-statement would leave the releases a new one, and
-	// the server finishes the statement anyway. The loops stop after it.
+	// the server finishes the statement anyway. The loops stop after it;
+	// the leave does not wait for it (handOver).
 	sctx, cancelStmts := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelStmts()
 	stopGrace := context.AfterFunc(ctx, func() { clk.AfterFunc(r.cfg.TTL, cancelStmts) })
 	defer stopGrace()
+	// The leave begins at the stop, beside the statements running then:
+	// the shards are handed over as soon as their work ended, and what
+	// those statements take meanwhile is released at the end (finish).
+	var out handedOff
+	handing := make(chan struct{})
+	startLeave := sync.OnceFunc(func() {
+		stopped := clk.Now()
+		go func() { defer close(handing); out = r.handOver(stopped) }()
+	})
+	stopLeave := context.AfterFunc(ctx, func() {
+		if !errors.Is(context.Cause(ctx), errCrash) {
+			startLeave()
+		}
+	})
+	defer stopLeave()
 	rctx, stopRenewing := context.WithCancel(ctx)
 	renewing := make(chan struct{})
 	go func() { defer close(renewing); r.keep.Run(rctx) }()
@@ -44,17 +61,18 @@ func (r *Sharder) Run(ctx context.Context) error {
 	}
 	stopTaking := func() { cancelTaking(); <-taking }
 	defer stopTaking()
-	stopped := make(chan time.Time, 1) // when ctx ended: shard: left says what the stop cost
-	context.AfterFunc(ctx, func() { stopped <- clk.Now() })
 	for {
 		until, err := r.round(ctx, sctx)
 		if err != nil && ctx.Err() == nil {
 			r.cfg.Logger.Error("shard: refusing to run", "controller", r.cfg.Controller,
 				"identity", r.cfg.Identity, "err", err)
+			stopLeave()
+			startLeave()
 			stopRenewing()
 			<-renewing
 			stopTaking()
-			r.leave(time.Time{})
+			<-handing
+			r.finish(out)
 			return err
 		}
 		if _, err := changes.Wait(ctx, until, r.kick); err != nil {
@@ -63,7 +81,10 @@ func (r *Sharder) Run(ctx context.Context) error {
 			if errors.Is(context.Cause(ctx), errCrash) {
 				return nil // tests: a replica that stops renewing, as a crashed one
 			}
-			r.leave(<-stopped)
+			ended := clk.Now()
+			<-handing
+			out.loopsEnded = ended
+			r.finish(out)
 			return nil
 		}
 	}
@@ -75,7 +96,10 @@ func (r *Sharder) renewed(t *lease.Term, _ time.Duration, err error) {
 	if err == nil {
 		return
 	}
-	if !errors.Is(err, context.Canceled) {
+	r.mu.Lock()
+	leaving := r.leaving // a renewal running at the stop finds the keys released
+	r.mu.Unlock()
+	if !errors.Is(err, context.Canceled) && !leaving {
 		r.cfg.Logger.Warn("shard: renewal", "key", t.Grant().Key, "err", err)
 	}
 	r.wake()

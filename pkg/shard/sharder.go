@@ -32,12 +32,17 @@
 //     arrives (with a Waiter), in one statement with no read before it (a
 //     renewal of the grant the notification names: a forged one takes
 //     nothing), without waiting for a round to list the keys; handovers
-//     notified while that statement runs are taken next, as long as each
-//     statement takes a grant (a flood of forged ones never holds the rounds
-//     back), and all its keys are renewed at once after the last;
+//     notified while that statement runs are taken beside it (one more
+//     statement, sent before the first returns), those notified later next,
+//     as long as each batch takes a grant (a flood of forged ones never
+//     holds the rounds back), and all its keys are renewed at once after the
+//     last;
 //   - a replica that stops releases its member key and every shard in one
 //     statement (lease.Client.ReleaseMany) once their work ended (a shard whose
-//     work outlasts a Poll goes in a later statement);
+//     work outlasts a Poll goes in a later statement), at once: not after the
+//     statements its round, renewal or take run at the stop (a grant one of
+//     them takes after that begins no work and is released before Run
+//     returns);
 //   - a crashed replica's keys lapse at their server expiry, one instant:
 //     a replica renews them in one statement, and after each take of new
 //     shards renews all of them at once. Every other replica plans at each
@@ -92,6 +97,8 @@ var ErrRebalanced = errors.New("shard: shard moved to another replica")
 
 // Config configures a Sharder. Client, Controller and Shards are required.
 type Config struct {
+	// Client's pool should have a connection free beside a round's, a
+	// renewal's and a take's: a leave's release does not wait for those.
 	Client *lease.Client
 	// Controller names the controller: the prefix of its keys.
 	Controller string
@@ -192,6 +199,7 @@ type Sharder struct {
 	lastList time.Time
 	unowned  map[int]bool        // shards nobody held at the last list
 	handed   map[int]lease.Token // grants a handover gave this process, not taken yet
+	leaving  bool                // the leave began: no term begins
 	stops    sync.WaitGroup
 
 	// Touched by Run's goroutine only.

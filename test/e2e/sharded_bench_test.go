@@ -140,7 +140,10 @@ func TestShardedBenchmark(t *testing.T) {
 			left, exited := r.signal(x, syscall.SIGTERM)
 			at, u2 := r.settled(ctl, ids...)
 			res.leave = append(res.leave, r.acting(ctl, xs, at).Sub(left))
-			t.Logf("replicas=%d: the leaver's %d shards were last granted by %v", n, len(xs), r.lastGrants(ctl, xs))
+			// The line counts to the harness's look at the settled view when
+			// that came later than the last shard's new holder acting under it.
+			t.Logf("replicas=%d: the leaver's %d shards were last granted by %v; their new holders acted under them %d ms after the signal, the view was seen settled %d ms after it",
+				n, len(xs), r.lastGrants(ctl, xs), r.acting(ctl, xs, time.Time{}).Sub(left).Milliseconds(), at.Sub(left).Milliseconds())
 			exited()
 			y := fmt.Sprintf("%s-y%d", ctl, i)
 			r.start(ctl, y)
