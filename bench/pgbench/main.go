@@ -13,7 +13,8 @@
 // durable mode (fsync on) and statement-cost mode (fsync off). Latencies come
 // from pgbench's per-transaction logs (-l). In statement-cost mode it also
 // times scratch variants of lease.renew (scratch.sql) and profiles W1 with
-// pg_stat_statements (track = all). <w>_nohistory runs <w> with the leadership
+// pg_stat_statements (track = all). Each run also reports the server's CPU
+// time per transaction (every server process, from /proc). <w>_nohistory runs <w> with the leadership
 // history turned off (lease.configure_history(0)): the difference is its cost.
 // <w>@<version> runs <w> in a second database of the same server where
 // pg_lease <version> is installed (-baseline, default 0.3.0), beside the
@@ -56,7 +57,11 @@ type run struct {
 	TPS      float64         `json:"tps"`
 	Lat      benchutil.Stats `json:"latency"`
 	Grants   int64           `json:"grants,omitempty"` // W2: takeovers that happened
-	Load     float64         `json:"load1_after"`
+	// CPUus: the server's CPU time (every server process) per transaction:
+	// what a CPU-bound run pays per statement (a loaded machine inflates it
+	// too: compare only within one run).
+	CPUus float64 `json:"server_cpu_us_per_tx,omitempty"`
+	Load  float64 `json:"load1_after"`
 }
 
 type modeResult struct {
@@ -187,6 +192,16 @@ func runMode(ctx context.Context, mode string, clients []int, tmp string) (modeR
 	}
 	defer conn.Close(ctx)
 	log.Printf("%s: %s fsync=%s", mode, res.Server.Version, res.Server.Fsync)
+	var backend int
+	if err := conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
+		return res, err
+	}
+	postmaster = 0
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", backend)); err == nil {
+		if f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:])); len(f) > 1 {
+			postmaster, _ = strconv.Atoi(f[1])
+		}
+	}
 	candidates, err := createRenewCandidates(ctx, conn)
 	if err != nil {
 		return res, err
@@ -227,6 +242,7 @@ func runMode(ctx context.Context, mode string, clients []int, tmp string) (modeR
 		lat := map[string][]float64{}
 		tps := map[string]float64{}
 		grants := map[string]int64{}
+		cpu := map[string]float64{}
 		for r := 0; r < *rounds; r++ {
 			for _, w := range main {
 				before := w2Epochs(ctx, conn, w)
@@ -243,17 +259,23 @@ func runMode(ctx context.Context, mode string, clients []int, tmp string) (modeR
 				grants[w] += w2Epochs(ctx, conn, w) - before
 				lat[w] = append(lat[w], xs.lat...)
 				tps[w] += xs.tps / float64(*rounds)
+				cpu[w] += xs.cpuMs
 			}
 		}
 		for _, w := range main {
 			st := benchutil.Summarize(lat[w])
-			res.Runs = append(res.Runs, run{Mode: mode, Workload: w, Clients: c, TPS: tps[w], Lat: st, Grants: grants[w], Load: benchutil.LoadAvg()})
-			log.Printf("%s c=%d %-11s tps=%8.0f p50=%7.0fus p95=%7.0fus p99=%7.0fus grants=%d", mode, c, w, tps[w], st.P50, st.P95, st.P99, grants[w])
+			var cpuUs float64
+			if st.N > 0 {
+				cpuUs = cpu[w] * 1000 / float64(st.N)
+			}
+			res.Runs = append(res.Runs, run{Mode: mode, Workload: w, Clients: c, TPS: tps[w], Lat: st, Grants: grants[w], CPUus: cpuUs, Load: benchutil.LoadAvg()})
+			log.Printf("%s c=%d %-11s tps=%8.0f p50=%7.0fus p95=%7.0fus p99=%7.0fus cpu=%6.1fus/tx grants=%d", mode, c, w, tps[w], st.P50, st.P95, st.P99, cpuUs, grants[w])
 		}
 	}
 
 	if *variants && (mode == "stmt" || *only != "") {
 		vs := []string{"r_lease", "r_nosubtx", "r_nosp", "r_noval", "r_nonotifyfn", "r_min", "r_oneupdate",
+			"r5_copy", "r5_ctid", "r5_one", "r5_onesub", "r5_noset", "r5_notl", "r5_noplan",
 			"r04_copy", "r04_fullval", "r04_noval", "r04_nosubtx", "r_bare", "r_plupdate", "r_emptydef", "r_emptyfn", "r_select1"}
 		if !candidates {
 			vs = slices.DeleteFunc(vs, func(w string) bool { return strings.HasPrefix(w, "r04_") })
@@ -380,8 +402,9 @@ func w2Epochs(ctx context.Context, conn *pgx.Conn, w string) int64 {
 var errNoTransactions = errors.New("no transactions logged")
 
 type pgbenchOut struct {
-	tps float64
-	lat []float64
+	tps   float64
+	lat   []float64
+	cpuMs float64 // server CPU over the run
 }
 
 var tpsRe = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
@@ -453,10 +476,12 @@ func pgbench(s *pgtest.Server, tmp, workload string, clients int, d time.Duratio
 		"-h", s.SocketDir(), "-p", strconv.Itoa(s.Port()), "-U", "postgres", db}
 	cmd := exec.Command(pgbenchBin(s), args...)
 	cmd.Env = append(os.Environ(), env...)
+	cpu0 := serverCPUms()
 	outb, err := cmd.CombinedOutput()
 	if err != nil {
 		return o, fmt.Errorf("pgbench %s: %v\n%s", workload, err, outb)
 	}
+	o.cpuMs = serverCPUms() - cpu0
 	if m := tpsRe.FindSubmatch(outb); m != nil {
 		o.tps, _ = strconv.ParseFloat(string(m[1]), 64)
 	}
@@ -605,7 +630,7 @@ func report(results []modeResult) string {
 	summary(&b, results)
 	for _, m := range results {
 		fmt.Fprintf(&b, "\n### pgbench, %s mode (fsync=%s, synchronous_commit=%s)\n\n", m.Mode, m.Server.Fsync, m.Server.SynchronousCommit)
-		fmt.Fprintf(&b, "| workload | clients | tps | p50 µs | p95 µs | p99 µs | ratio p50 | ratio p95 | ratio p99 | W2 grants |\n|---|---|---|---|---|---|---|---|---|---|\n")
+		fmt.Fprintf(&b, "| workload | clients | tps | p50 µs | p95 µs | p99 µs | ratio p50 | ratio p95 | ratio p99 | W2 grants | server CPU µs/tx | ratio CPU |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 		base := map[string]run{}
 		for _, r := range m.Runs {
 			if !strings.HasSuffix(r.Mode, "-variants") {
@@ -616,12 +641,18 @@ func report(results []modeResult) string {
 			if strings.HasSuffix(r.Mode, "-variants") {
 				continue
 			}
-			ratio := ""
-			// Every workload of a family (w1_, w2_, r_) beside its bare statement.
+			ratio, cpuRatio := "", ""
+			// Every workload of a family (w1_, w2_, r_, r5_ ...) beside its bare statement.
 			if wl, _, ok := strings.Cut(r.Workload, "_"); ok && r.Workload != wl+"_bare" {
 				bw := wl + "_bare"
+				if _, ok := base[fmt.Sprintf("%s/%d", bw, r.Clients)]; !ok && strings.HasPrefix(wl, "r") {
+					bw = "r_bare" // the renewal variants (r04_, r5_)
+				}
 				if bb, ok := base[fmt.Sprintf("%s/%d", bw, r.Clients)]; ok {
 					ratio = fmt.Sprintf("%.2f× | %.2f× | %.2f×", r.Lat.P50/bb.Lat.P50, r.Lat.P95/bb.Lat.P95, r.Lat.P99/bb.Lat.P99)
+					if bb.CPUus > 0 {
+						cpuRatio = fmt.Sprintf("%.2f×", r.CPUus/bb.CPUus)
+					}
 				}
 			}
 			if ratio == "" {
@@ -631,7 +662,7 @@ func report(results []modeResult) string {
 			if strings.HasPrefix(r.Workload, "w2_") && !strings.HasSuffix(r.Workload, "select1") {
 				g = fmt.Sprintf("%d (%.0f%%)", r.Grants, 100*float64(r.Grants)/float64(r.Lat.N))
 			}
-			fmt.Fprintf(&b, "| %s | %d | %.0f | %.0f | %.0f | %.0f | %s | %s |\n", r.Workload, r.Clients, r.TPS, r.Lat.P50, r.Lat.P95, r.Lat.P99, ratio, g)
+			fmt.Fprintf(&b, "| %s | %d | %.0f | %.0f | %.0f | %.0f | %s | %s | %.1f | %s |\n", r.Workload, r.Clients, r.TPS, r.Lat.P50, r.Lat.P95, r.Lat.P99, ratio, g, r.CPUus, cpuRatio)
 		}
 		var vr []run
 		for _, r := range m.Runs {
@@ -727,4 +758,46 @@ func createRenewCandidates(ctx context.Context, conn *pgx.Conn) (bool, error) {
 		}
 	}
 	return true, nil
+}
+
+// postmaster is the current server's postmaster PID (0: not known; then no
+// CPU is measured).
+var postmaster int
+
+// serverCPUms is the CPU time (ms) of the server so far: the postmaster's
+// own and that of its reaped children (utime, stime, cutime, cstime) plus
+// that of its live children. pgbench's backends exit with it, so the
+// difference across a run is the server's CPU for that run's transactions.
+func serverCPUms() float64 {
+	if postmaster == 0 {
+		return 0
+	}
+	fields := func(pid string) []string {
+		b, err := os.ReadFile("/proc/" + pid + "/stat")
+		if err != nil {
+			return nil
+		}
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 {
+			return nil
+		}
+		// after the command: state ppid ... utime(11) stime(12) cutime(13) cstime(14)
+		return strings.Fields(string(b[i+2:]))
+	}
+	num := func(f []string, i int) int64 { n, _ := strconv.ParseInt(f[i], 10, 64); return n }
+	var ticks int64
+	pm := strconv.Itoa(postmaster)
+	if f := fields(pm); len(f) > 14 {
+		ticks += num(f, 11) + num(f, 12) + num(f, 13) + num(f, 14)
+	}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		if f := fields(e.Name()); len(f) > 12 && f[1] == pm {
+			ticks += num(f, 11) + num(f, 12)
+		}
+	}
+	return float64(ticks) * 1000 / 100 // USER_HZ is 100 on every Linux ABI Go supports
 }

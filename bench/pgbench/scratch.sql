@@ -240,3 +240,282 @@ BEGIN
   status := CASE WHEN FOUND THEN 'ok' ELSE 'not_owner' END;
 END
 $$;
+
+-- Variants of 0.5.0's renew fast path (r5_*): each is the fast path alone
+-- (no full way: these keys are always renewable; any other answer raises),
+-- differing in one part.
+--   r5_copy      the fast path before the TID scan: an UPDATE that finds the
+--                row by key (a second index scan) whose WHERE is a subquery
+--                locking it FOR NO KEY UPDATE SKIP LOCKED
+--   r5_ctid      r5_copy finding the locked row by its ctid (as shipped)
+--   r5_one       one UPDATE with the same quals, no separate row lock. Not
+--                safe: an UPDATE that waited for a concurrent change locks
+--                the row's latest version before rechecking its quals, and
+--                keeps that lock when they fail (another role's grant, a
+--                free key), until the transaction ends
+--   r5_onesub    r5_one inside BEGIN ... EXCEPTION (a subtransaction, whose
+--                rollback drops such a lock)
+--   r5_noset     r5_copy without the settings read in RETURNING
+--   r5_notl      r5_copy without the life / timeline quals
+--   r5_noplan    r5_copy without SET plan_cache_mode
+CREATE OR REPLACE FUNCTION scratch.r5_copy(key text, owner text, epoch bigint, ttl interval,
+                            OUT status text, OUT expires_at timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+  v_key text := key; v_owner text := owner; v_epoch bigint := epoch; v_ttl interval; v_max interval; v_now timestamptz;
+BEGIN
+  IF isfinite(ttl) AND extract(epoch FROM ttl) > 0 AND extract(epoch FROM ttl) <= 3155760000
+     AND clock_timestamp() < timestamptz '294000-01-01 00:00:00+00'
+     AND current_setting('transaction_read_only') = 'off' THEN
+    v_ttl := lease._seconds(ttl);
+    v_now := clock_timestamp();
+    UPDATE lease.leases l SET expires_at = v_now + v_ttl
+     WHERE l.key = (SELECT x.key FROM lease.leases x
+                     WHERE x.key = v_key AND x.owner = v_owner AND x.epoch = v_epoch
+                       AND x.expires_at > clock_timestamp()
+                       AND x.life = pg_catalog.pg_postmaster_start_time() AND x.life_timeline = lease._timeline()
+                       AND (x.holder_role IS NULL OR x.holder_role = session_user::text OR lease._may_act(x.holder_role))
+                       FOR NO KEY UPDATE SKIP LOCKED)
+    RETURNING l.expires_at, (SELECT s.max_ttl FROM lease.settings s)
+      INTO expires_at, v_max;
+    IF FOUND THEN
+      IF extract(epoch FROM ttl) > extract(epoch FROM coalesce(v_max, interval '1 hour')) THEN
+        PERFORM lease._raise_invalid(lease._renew_violations(v_key, v_owner, v_epoch, ttl));
+      END IF;
+      IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+      END IF;
+      status := 'ok';
+      RETURN;
+    END IF;
+  END IF;
+  RAISE EXCEPTION 'r5 variant: not renewed';
+END
+$$;
+
+CREATE OR REPLACE FUNCTION scratch.r5_one(key text, owner text, epoch bigint, ttl interval,
+                            OUT status text, OUT expires_at timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+  v_key text := key; v_owner text := owner; v_epoch bigint := epoch; v_ttl interval; v_max interval; v_now timestamptz;
+BEGIN
+  IF isfinite(ttl) AND extract(epoch FROM ttl) > 0 AND extract(epoch FROM ttl) <= 3155760000
+     AND clock_timestamp() < timestamptz '294000-01-01 00:00:00+00'
+     AND current_setting('transaction_read_only') = 'off' THEN
+    v_ttl := lease._seconds(ttl);
+    v_now := clock_timestamp();
+    UPDATE lease.leases l SET expires_at = v_now + v_ttl
+     WHERE l.key = v_key AND l.owner = v_owner AND l.epoch = v_epoch
+       AND l.expires_at > clock_timestamp()
+       AND l.life = pg_catalog.pg_postmaster_start_time() AND l.life_timeline = lease._timeline()
+       AND (l.holder_role IS NULL OR l.holder_role = session_user::text OR lease._may_act(l.holder_role))
+    RETURNING l.expires_at, (SELECT s.max_ttl FROM lease.settings s)
+      INTO expires_at, v_max;
+    IF FOUND THEN
+      IF extract(epoch FROM ttl) > extract(epoch FROM coalesce(v_max, interval '1 hour')) THEN
+        PERFORM lease._raise_invalid(lease._renew_violations(v_key, v_owner, v_epoch, ttl));
+      END IF;
+      IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+      END IF;
+      status := 'ok';
+      RETURN;
+    END IF;
+  END IF;
+  RAISE EXCEPTION 'r5 variant: not renewed';
+END
+$$;
+
+CREATE OR REPLACE FUNCTION scratch.r5_onesub(key text, owner text, epoch bigint, ttl interval,
+                            OUT status text, OUT expires_at timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+  v_key text := key; v_owner text := owner; v_epoch bigint := epoch; v_ttl interval; v_max interval; v_now timestamptz;
+BEGIN
+  IF isfinite(ttl) AND extract(epoch FROM ttl) > 0 AND extract(epoch FROM ttl) <= 3155760000
+     AND clock_timestamp() < timestamptz '294000-01-01 00:00:00+00'
+     AND current_setting('transaction_read_only') = 'off' THEN
+    v_ttl := lease._seconds(ttl);
+    v_now := clock_timestamp();
+    BEGIN
+      UPDATE lease.leases l SET expires_at = v_now + v_ttl
+       WHERE l.key = v_key AND l.owner = v_owner AND l.epoch = v_epoch
+         AND l.expires_at > clock_timestamp()
+         AND l.life = pg_catalog.pg_postmaster_start_time() AND l.life_timeline = lease._timeline()
+         AND (l.holder_role IS NULL OR l.holder_role = session_user::text OR lease._may_act(l.holder_role))
+      RETURNING l.expires_at, (SELECT s.max_ttl FROM lease.settings s)
+        INTO expires_at, v_max;
+      IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'LEASE';
+      END IF;
+    EXCEPTION WHEN SQLSTATE 'LEASE' THEN
+      RAISE EXCEPTION 'r5 variant: not renewed';
+    END;
+    IF extract(epoch FROM ttl) > extract(epoch FROM coalesce(v_max, interval '1 hour')) THEN
+      PERFORM lease._raise_invalid(lease._renew_violations(v_key, v_owner, v_epoch, ttl));
+    END IF;
+    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+      PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+    status := 'ok';
+    RETURN;
+  END IF;
+  RAISE EXCEPTION 'r5 variant: not renewed';
+END
+$$;
+
+CREATE OR REPLACE FUNCTION scratch.r5_noset(key text, owner text, epoch bigint, ttl interval,
+                            OUT status text, OUT expires_at timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+  v_key text := key; v_owner text := owner; v_epoch bigint := epoch; v_ttl interval; v_now timestamptz;
+BEGIN
+  IF isfinite(ttl) AND extract(epoch FROM ttl) > 0 AND extract(epoch FROM ttl) <= 3155760000
+     AND clock_timestamp() < timestamptz '294000-01-01 00:00:00+00'
+     AND current_setting('transaction_read_only') = 'off' THEN
+    v_ttl := lease._seconds(ttl);
+    v_now := clock_timestamp();
+    UPDATE lease.leases l SET expires_at = v_now + v_ttl
+     WHERE l.key = (SELECT x.key FROM lease.leases x
+                     WHERE x.key = v_key AND x.owner = v_owner AND x.epoch = v_epoch
+                       AND x.expires_at > clock_timestamp()
+                       AND x.life = pg_catalog.pg_postmaster_start_time() AND x.life_timeline = lease._timeline()
+                       AND (x.holder_role IS NULL OR x.holder_role = session_user::text OR lease._may_act(x.holder_role))
+                       FOR NO KEY UPDATE SKIP LOCKED)
+    RETURNING l.expires_at INTO expires_at;
+    IF FOUND THEN
+      IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+      END IF;
+      status := 'ok';
+      RETURN;
+    END IF;
+  END IF;
+  RAISE EXCEPTION 'r5 variant: not renewed';
+END
+$$;
+
+CREATE OR REPLACE FUNCTION scratch.r5_notl(key text, owner text, epoch bigint, ttl interval,
+                            OUT status text, OUT expires_at timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+  v_key text := key; v_owner text := owner; v_epoch bigint := epoch; v_ttl interval; v_max interval; v_now timestamptz;
+BEGIN
+  IF isfinite(ttl) AND extract(epoch FROM ttl) > 0 AND extract(epoch FROM ttl) <= 3155760000
+     AND clock_timestamp() < timestamptz '294000-01-01 00:00:00+00'
+     AND current_setting('transaction_read_only') = 'off' THEN
+    v_ttl := lease._seconds(ttl);
+    v_now := clock_timestamp();
+    UPDATE lease.leases l SET expires_at = v_now + v_ttl
+     WHERE l.key = (SELECT x.key FROM lease.leases x
+                     WHERE x.key = v_key AND x.owner = v_owner AND x.epoch = v_epoch
+                       AND x.expires_at > clock_timestamp()
+                       AND (x.holder_role IS NULL OR x.holder_role = session_user::text OR lease._may_act(x.holder_role))
+                       FOR NO KEY UPDATE SKIP LOCKED)
+    RETURNING l.expires_at, (SELECT s.max_ttl FROM lease.settings s)
+      INTO expires_at, v_max;
+    IF FOUND THEN
+      IF extract(epoch FROM ttl) > extract(epoch FROM coalesce(v_max, interval '1 hour')) THEN
+        PERFORM lease._raise_invalid(lease._renew_violations(v_key, v_owner, v_epoch, ttl));
+      END IF;
+      IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+      END IF;
+      status := 'ok';
+      RETURN;
+    END IF;
+  END IF;
+  RAISE EXCEPTION 'r5 variant: not renewed';
+END
+$$;
+
+CREATE OR REPLACE FUNCTION scratch.r5_noplan(key text, owner text, epoch bigint, ttl interval,
+                            OUT status text, OUT expires_at timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+  v_key text := key; v_owner text := owner; v_epoch bigint := epoch; v_ttl interval; v_max interval; v_now timestamptz;
+BEGIN
+  IF isfinite(ttl) AND extract(epoch FROM ttl) > 0 AND extract(epoch FROM ttl) <= 3155760000
+     AND clock_timestamp() < timestamptz '294000-01-01 00:00:00+00'
+     AND current_setting('transaction_read_only') = 'off' THEN
+    v_ttl := lease._seconds(ttl);
+    v_now := clock_timestamp();
+    UPDATE lease.leases l SET expires_at = v_now + v_ttl
+     WHERE l.key = (SELECT x.key FROM lease.leases x
+                     WHERE x.key = v_key AND x.owner = v_owner AND x.epoch = v_epoch
+                       AND x.expires_at > clock_timestamp()
+                       AND x.life = pg_catalog.pg_postmaster_start_time() AND x.life_timeline = lease._timeline()
+                       AND (x.holder_role IS NULL OR x.holder_role = session_user::text OR lease._may_act(x.holder_role))
+                       FOR NO KEY UPDATE SKIP LOCKED)
+    RETURNING l.expires_at, (SELECT s.max_ttl FROM lease.settings s)
+      INTO expires_at, v_max;
+    IF FOUND THEN
+      IF extract(epoch FROM ttl) > extract(epoch FROM coalesce(v_max, interval '1 hour')) THEN
+        PERFORM lease._raise_invalid(lease._renew_violations(v_key, v_owner, v_epoch, ttl));
+      END IF;
+      IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+      END IF;
+      status := 'ok';
+      RETURN;
+    END IF;
+  END IF;
+  RAISE EXCEPTION 'r5 variant: not renewed';
+END
+$$;
+
+CREATE OR REPLACE FUNCTION scratch.r5_ctid(key text, owner text, epoch bigint, ttl interval,
+                            OUT status text, OUT expires_at timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+  v_key text := key; v_owner text := owner; v_epoch bigint := epoch; v_ttl interval; v_max interval; v_now timestamptz;
+BEGIN
+  IF isfinite(ttl) AND extract(epoch FROM ttl) > 0 AND extract(epoch FROM ttl) <= 3155760000
+     AND clock_timestamp() < timestamptz '294000-01-01 00:00:00+00'
+     AND current_setting('transaction_read_only') = 'off' THEN
+    v_ttl := lease._seconds(ttl);
+    v_now := clock_timestamp();
+    UPDATE lease.leases l SET expires_at = v_now + v_ttl
+     WHERE l.ctid = (SELECT x.ctid FROM lease.leases x
+                     WHERE x.key = v_key AND x.owner = v_owner AND x.epoch = v_epoch
+                       AND x.expires_at > clock_timestamp()
+                       AND x.life = pg_catalog.pg_postmaster_start_time() AND x.life_timeline = lease._timeline()
+                       AND (x.holder_role IS NULL OR x.holder_role = session_user::text OR lease._may_act(x.holder_role))
+                       FOR NO KEY UPDATE SKIP LOCKED)
+    RETURNING l.expires_at, (SELECT s.max_ttl FROM lease.settings s)
+      INTO expires_at, v_max;
+    IF FOUND THEN
+      IF extract(epoch FROM ttl) > extract(epoch FROM coalesce(v_max, interval '1 hour')) THEN
+        PERFORM lease._raise_invalid(lease._renew_violations(v_key, v_owner, v_epoch, ttl));
+      END IF;
+      IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+      END IF;
+      status := 'ok';
+      RETURN;
+    END IF;
+  END IF;
+  RAISE EXCEPTION 'r5 variant: not renewed';
+END
+$$;
+

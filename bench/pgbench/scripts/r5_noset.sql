@@ -1,0 +1,2 @@
+-- R variant (scratch, never shipped): r5_noset, see scratch.sql
+SELECT status FROM scratch.r5_noset('r-' || :client_id::text, 'c' || :client_id::text, :e::bigint, interval '1 h');
