@@ -140,8 +140,9 @@ def names():
 if defect == 'control':
     pass
 elif defect == '1_release_keeps_epoch':
-    sub('release', 'SET owner = NULL, epoch = l.epoch + 1, expires_at = v_now',
-                   'SET owner = NULL, epoch = l.epoch, expires_at = v_now', 1)
+    # (0.5.0 frees the key in its one-statement release and in the full way)
+    pat = 'SET owner = NULL, epoch = l.epoch + 1, expires_at = v_now'
+    sub('release', pat, 'SET owner = NULL, epoch = l.epoch, expires_at = v_now', max(1, body('release').count(pat)))
     # 0.5.0: the common case's one-statement release too
     if 'SET owner = NULL, epoch = l.epoch + 1, expires_at = clock_timestamp()' in body('release'):
         sub('release', 'SET owner = NULL, epoch = l.epoch + 1, expires_at = clock_timestamp()',
