@@ -298,3 +298,75 @@ func TestHandoverNotifiedDuringATakeTakenBesideIt(t *testing.T) {
 	}
 	gate.open()
 }
+
+// A handover of a shard notified while a statement takes that shard (a
+// later epoch of it) is decided after that statement, not dropped: v's take
+// of shard bs[0] under a forged notification is held back, a notification
+// of a later epoch arrives meanwhile, and once the first take returns
+// (refused: no such grant) v sends a statement for the later one too.
+func TestHandoverOfAShardBeingTakenDecidedAfterTheTake(t *testing.T) {
+	c := newCluster(t, 4, 10*time.Minute)
+	c.renew = 9 * time.Minute
+	ctx := pgtest.Context(t, 0)
+	lc := lease.New(c.pool)
+	want, bs := c.replicaLessMember(ctx, lc, "b")
+	if len(bs) == 0 {
+		t.Fatalf("the assignment gives b no shard")
+	}
+	gate := &renewGate{hold: []string{shard.Key("ctl", bs[0])}}
+	defer gate.open()
+	c.poolOpts = []pgtest.PoolOption{func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = gate }}
+	rep := c.start("v")
+	c.poolOpts = nil
+	v := rep.r
+	for s, m := range want {
+		if m == "v" {
+			waitFor(t, fmt.Sprintf("v owning shard %d", s), func() bool { return v.Owns(s) })
+		}
+	}
+	ln := pgtest.Connect(t, c.dsn)
+	if _, err := ln.Exec(ctx, `LISTEN pg_lease`); err != nil {
+		t.Fatal(err)
+	}
+	// notify sends a handover of bs[0] to v at epoch and waits until this
+	// test's own listener has it: every listener has it then, v's too.
+	notify := func(epoch int64) {
+		payload := fmt.Sprintf(`{"event":"handover","key":%q,"owner":%q,"epoch":%d}`, shard.Key("ctl", bs[0]), v.Owner(), epoch)
+		if _, err := c.pool.Exec(ctx, `SELECT pg_notify('pg_lease', $1)`, payload); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			n, err := ln.WaitForNotification(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n.Payload == payload {
+				return
+			}
+		}
+	}
+	gate.mu.Lock()
+	gate.closed = make(chan struct{})
+	gate.mu.Unlock()
+	notify(1 << 40)
+	waitFor(t, fmt.Sprintf("v's take of shard %d held back", bs[0]), func() bool {
+		gate.mu.Lock()
+		defer gate.mu.Unlock()
+		return gate.held == 1
+	})
+	notify(1 << 41)
+	only := []string{shard.Key("ctl", bs[0])}
+	takes := func() int {
+		gate.mu.Lock()
+		defer gate.mu.Unlock()
+		n := 0
+		for _, keys := range gate.renews {
+			if slices.Equal(keys, only) {
+				n++
+			}
+		}
+		return n
+	}
+	gate.open()
+	waitFor(t, fmt.Sprintf("v's statement for the later handover of shard %d after its take", bs[0]), func() bool { return takes() >= 2 })
+}

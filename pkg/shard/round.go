@@ -255,25 +255,35 @@ func (r *Sharder) takeOver(ctx, stop context.Context) {
 // shard): a batch that takes none lets the rounds run before the next, so
 // a flood of forged notifications never holds them back.
 func (r *Sharder) takeHandedOver(ctx, stmts context.Context, handovers *listen.Changes) {
+	var deferred []listen.Event // notified for a shard a statement was taking
 	for {
-		wk, err := handovers.Wait(ctx, time.Time{}, nil)
-		if err != nil {
+		events := deferred
+		deferred = nil
+		if len(events) == 0 {
+			wk, err := handovers.Wait(ctx, time.Time{}, nil)
+			if err != nil {
+				return
+			}
+			events = wk.Events
+		} else if ctx.Err() != nil {
 			return
 		}
 		// Decided under moves: a round that took these grants meanwhile
 		// leaves nothing to take again.
 		r.moves.Lock()
 		began := false
-		for len(wk.Events) > 0 && ctx.Err() == nil {
-			ok := r.takeBatch(ctx, stmts, handovers, wk)
+		for len(events) > 0 && ctx.Err() == nil {
+			ok, rest := r.takeBatch(ctx, stmts, handovers, events)
 			began = began || ok
 			if !ok {
 				// Nothing taken: forged notifications, maybe a flood of
 				// them. What is queued waits for the next Wait, after
-				// moves is given up, so the rounds are not held back.
+				// moves is given up, so the rounds are not held back;
+				// what was deferred goes first then.
+				deferred = rest
 				break
 			}
-			wk = handovers.Queued()
+			events = append(rest, handovers.Queued().Events...)
 		}
 		if began {
 			r.align(stmts)
@@ -285,16 +295,18 @@ func (r *Sharder) takeHandedOver(ctx, stmts context.Context, handovers *listen.C
 	}
 }
 
-// takeBatch takes the handovers wk names in one statement and, when more
-// are notified while it runs, those in one more statement beside it (the
-// notifications of one release reach the Waiter one after another). It
-// reports whether it began a term.
-func (r *Sharder) takeBatch(ctx, stmts context.Context, handovers *listen.Changes, wk listen.Wake) bool {
+// takeBatch takes the handovers events name in one statement and, when
+// more are notified while it runs, those in one more statement beside it
+// (the notifications of one release reach the Waiter one after another).
+// It reports whether it began a term, and returns the notifications of
+// shards the first statement was taking that arrived meanwhile: they are
+// decided after it (a later epoch of the same shard).
+func (r *Sharder) takeBatch(ctx, stmts context.Context, handovers *listen.Changes, events []listen.Event) (bool, []listen.Event) {
 	clk := r.c.Clock()
 	tracked := r.trackedEpochs()
-	shards, tokens := handedTo(r.cfg.Controller, r.cfg.Shards, r.owner, wk.Events, tracked)
+	shards, tokens := handedTo(r.cfg.Controller, r.cfg.Shards, r.owner, events, tracked)
 	if len(shards) == 0 {
-		return false
+		return false, nil
 	}
 	take := func(shards []int, tokens []lease.Token, received time.Time) bool {
 		at := clk.Now()
@@ -308,18 +320,24 @@ func (r *Sharder) takeBatch(ctx, stmts context.Context, handovers *listen.Change
 	}
 	var first bool
 	firstDone := make(chan struct{})
-	go func() { defer close(firstDone); first = take(shards, tokens, wk.Events[0].Received) }()
+	go func() { defer close(firstDone); first = take(shards, tokens, events[0].Received) }()
 	second := false
+	var rest []listen.Event
 	if more, err := handovers.Wait(ctx, time.Time{}, firstDone); err == nil && len(more.Events) > 0 {
 		for _, s := range shards {
 			tracked[s] = math.MaxInt64 // being taken
+		}
+		for _, ev := range more.Events {
+			if s, ok := parseShard(r.cfg.Controller, ev.Key, r.cfg.Shards); ok && slices.Contains(shards, s) {
+				rest = append(rest, ev)
+			}
 		}
 		if s2, t2 := handedTo(r.cfg.Controller, r.cfg.Shards, r.owner, more.Events, tracked); len(s2) > 0 {
 			second = take(s2, t2, more.Events[0].Received)
 		}
 	}
 	<-firstDone
-	return first || second
+	return first || second, rest
 }
 
 // trackedEpochs maps each shard this replica tracks to the epoch up to
