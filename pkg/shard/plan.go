@@ -160,8 +160,9 @@ type plan struct {
 	stray []lease.Token
 	// takeovers are the shards to take when their holder's keys lapse, one
 	// statement per holder: those assigned here whose holder is no live
-	// member (it left or crashed), and those of each other live member
-	// that come here were it to stop renewing (it crashed).
+	// member (it left or crashed), with those of its grants that lapsed
+	// already, and those of each other live member that come here were it
+	// to stop renewing (it crashed).
 	takeovers []takeover
 	// cands are the handover candidacies to hold: priorityAssigned for
 	// shards assigned here and held by another, priorityRunnerUp for shards
@@ -184,6 +185,7 @@ func decide(in planInput) plan {
 	// lead to, so they change once, and a leave meanwhile finds them.
 	runnerUp := runnersUp(in.n, sn.members, p.assign, in.identity)
 	lapsing := map[string]*takeover{} // by holder
+	lapsed := map[string][]int{}      // free shards to take, by the owner whose grant lapsed
 	lead := in.lead()
 	for s := range in.n {
 		st := sn.shards[s]
@@ -214,11 +216,22 @@ func decide(in planInput) plan {
 		default:
 			if st.Held {
 				p.handed[s] = lease.Token{Key: st.Key, Owner: st.Owner, Epoch: st.Epoch}
+			} else if st.Lapsed && st.LastOwner != "" {
+				lapsed[st.LastOwner] = append(lapsed[st.LastOwner], s)
 			}
 			p.take = append(p.take, s)
 		}
 	}
-	for _, to := range lapsing {
+	// A holder whose keys lapse at several instants (it crashed between a
+	// take and the renewal of all its keys): the shards of its grants that
+	// lapsed already go with those still held, in its takeover at their
+	// last lapse, one statement for all.
+	for h, to := range lapsing {
+		if fs := lapsed[h]; len(fs) > 0 {
+			p.take = slices.DeleteFunc(p.take, func(s int) bool { return slices.Contains(fs, s) })
+			to.shards = append(to.shards, fs...)
+			slices.Sort(to.shards)
+		}
 		p.takeovers = append(p.takeovers, *to)
 	}
 	p.takeovers = append(p.takeovers, crashTakeovers(in)...)

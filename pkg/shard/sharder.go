@@ -50,7 +50,10 @@
 //     it: one statement per surviving replica,
 //     with no round trip after the lapse. The server decides the expiry by
 //     its own clock: a shard still held then (its holder renewed) is
-//     refused and left to the next round.
+//     refused and left to the next round. A replica that crashed between
+//     a take and that renewal holds keys that lapse apart: each other
+//     replica then takes its share at the last of those lapses, the
+//     shards lapsed before with them, still in one statement.
 //
 // Every process holds its keys under an owner of its own (Identity#random),
 // so two processes never share a grant: a second process given the

@@ -750,6 +750,138 @@ WHERE key = ANY($1) AND event = 'taken_over' AND owner = $2`, got, c.replicas[id
 	}
 }
 
+// TestCrashWithKeysLapsingApartTakenOverInOneStatement: a member that
+// crashed between a take and the renewal of all its keys at once holds
+// keys that lapse at two instants: its member key and some shards first,
+// the shards of its last take later. Each other replica takes the crashed
+// member's shards that Balance gives it in one acquire statement, asked at
+// the last lapse of those it takes: not those that lapsed first in a
+// statement of their own, one round after the member key's lapse, and the
+// rest in another. Member y runs no replica: the test holds its keys
+// (owner y#0), then renews them as a crash would leave them, each other
+// replica's share of y's shards split between the two instants.
+func TestCrashWithKeysLapsingApartTakenOverInOneStatement(t *testing.T) {
+	c := newCluster(t, 64, 3*time.Second)
+	ctx := pgtest.Context(t, 0)
+	lc := lease.New(c.pool)
+	members, live := []string{"a", "b", "c", "y"}, []string{"a", "b", "c"}
+	member, ok, err := lc.Acquire(ctx, shard.MemberKey("ctl", "y"), "y#0", 10*time.Minute)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	var ys []int
+	var keys []string
+	for s, m := range shard.Assign(c.n, members) {
+		if m == "y" {
+			ys, keys = append(ys, s), append(keys, shard.Key("ctl", s))
+		}
+	}
+	grants, denied, err := lc.AcquireMany(ctx, keys, "y#0", 10*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := map[int]lease.Token{}
+	for i, s := range ys {
+		if denied[i] != nil || grants[i].Epoch == 0 {
+			t.Fatalf("y's shard %d not acquired: %v", s, denied[i])
+		}
+		tokens[s] = grants[i].Token
+	}
+	sent := map[string]*pgtest.Statements{}
+	for _, id := range live {
+		sent[id] = &pgtest.Statements{}
+		c.poolOpts = []pgtest.PoolOption{sent[id].Traced}
+		c.start(id)
+	}
+	c.poolOpts = nil
+	var holders []string
+	waitFor(t, "a, b and c owning every shard but y's as Balance gives it", func() bool {
+		holders = make([]string, c.n)
+		for _, s := range ys {
+			holders[s] = "y"
+		}
+		for _, id := range live {
+			for _, s := range c.replicas[id].r.Owned() {
+				if holders[s] != "" {
+					return false
+				}
+				holders[s] = id
+			}
+		}
+		return !slices.Contains(holders, "") && slices.Equal(holders, shard.Balance(c.n, members, holders))
+	})
+	// What Balance without y gives each replica of y's shards: the first
+	// half lapses with y's member key, the rest 1.5 s later.
+	rest := slices.Clone(holders)
+	for _, s := range ys {
+		rest[s] = ""
+	}
+	after := shard.Balance(c.n, live, rest)
+	want := map[string][]int{}
+	first := []lease.Token{member.Token}
+	var later []lease.Token
+	for _, s := range ys {
+		want[after[s]] = append(want[after[s]], s)
+	}
+	for _, id := range live {
+		if len(want[id]) < 2 {
+			t.Fatalf("Balance without y gives %s %v of y's shards, fewer than two", id, want[id])
+		}
+		for i, s := range want[id] {
+			if i < len(want[id])/2 {
+				first = append(first, tokens[s])
+			} else {
+				later = append(later, tokens[s])
+			}
+		}
+	}
+	before := map[string]int{}
+	for id, n := range sent {
+		before[id] = len(n.Calling("lease.acquire"))
+	}
+	for _, b := range []struct {
+		ts  []lease.Token
+		ttl time.Duration
+	}{{first, 2 * time.Second}, {later, 3500 * time.Millisecond}} {
+		if _, errs, err := lc.RenewTokens(ctx, b.ts, b.ttl); err != nil || errors.Join(errs...) != nil {
+			t.Fatal(err, errs)
+		}
+	}
+	t.Logf("y's keys lapse apart: settled in %v", c.waitSettled(live...))
+	c.checkNoOverlap()
+	for _, id := range live {
+		var got []int
+		for _, s := range c.replicas[id].r.Owned() {
+			if slices.Contains(ys, s) {
+				got = append(got, s)
+			}
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, want[id]) {
+			t.Errorf("%s owns y's shards %v, want %v", id, got, want[id])
+		}
+		acquires := sent[id].Calling("lease.acquire")[before[id]:]
+		if len(acquires) != 1 {
+			t.Errorf("%s took y's shards %v in %d acquire statements, want 1", id, want[id], len(acquires))
+			continue
+		}
+		var gotKeys []string
+		for _, s := range got {
+			gotKeys = append(gotKeys, shard.Key("ctl", s))
+		}
+		var lapsed time.Time
+		if err := c.pool.QueryRow(ctx, `SELECT max(vacant_since) FROM lease.history
+WHERE key = ANY($1) AND event = 'taken_over' AND owner = $2`, gotKeys, c.replicas[id].r.Owner()).Scan(&lapsed); err != nil {
+			t.Fatal(err)
+		}
+		if st := acquires[0]; len(st.Args) < 4 {
+			t.Errorf("%s took y's shards asking at once (%d arguments), not at their last lapse", id, len(st.Args))
+		} else if at, ok := st.Args[3].(time.Time); !ok || !at.Equal(lapsed) {
+			t.Errorf("%s took y's shards asked at %v, want %v (their last lapse)", id, st.Args[3], lapsed)
+		}
+	}
+}
+
 // TestKeysLapseAtOneInstant: a replica that took shards, in several
 // statements as the handovers of a join arrive, renews its member key and
 // every shard key at once after each take, so that they all expire at one
