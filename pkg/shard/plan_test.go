@@ -296,6 +296,52 @@ func TestPlanCrashKeysLapsingApart(t *testing.T) {
 	}
 }
 
+// TestPlanCrashTakeoverOfAFreeShard: a grant handed to c lapsed before
+// c's member key (c renewed its keys before it took that grant): the shard
+// is free and Balance gives it to c, live. Were c's keys to lapse, the
+// replica Balance without c gives it to takes it with c's other shards, in
+// the one statement asked at c's member key's expiry.
+func TestPlanCrashTakeoverOfAFreeShard(t *testing.T) {
+	ids := []string{"a", "b", "c"}
+	before := Assign(64, ids)
+	w := newWorld(64).member("a", 9*time.Second).member("b", 9*time.Second).member("c", 2*time.Second)
+	cs := shardsOf(before, "c")
+	free := cs[0]
+	for s, id := range before {
+		if s == free {
+			w.lapsed(s, "c#1")
+			continue
+		}
+		w.shard(s, id+"#1", map[string]time.Duration{"a": 9 * time.Second, "b": 9 * time.Second, "c": 2 * time.Second}[id])
+	}
+	without := Balance(64, []string{"a", "b"}, before)
+	for _, id := range []string{"a", "b"} {
+		p := w.decide(id, ownOf(before, id))
+		if slices.Contains(p.take, free) {
+			t.Errorf("%s takes shard %d, Balance gives it to c", id, free)
+		}
+		var want []int
+		for _, s := range cs {
+			if without[s] == id {
+				want = append(want, s)
+			}
+		}
+		var of []takeover
+		for _, to := range p.takeovers {
+			if to.holder == "c#1" {
+				of = append(of, to)
+			}
+		}
+		if len(of) != 1 || !slices.Equal(of[0].shards, want) {
+			t.Errorf("%s: takeovers of c %v, want one of %v", id, of, want)
+			continue
+		}
+		if e := w.now.Add(2 * time.Second); !of[0].expires.Equal(e) {
+			t.Errorf("%s takes over c's shards asked at %v, want +2s", id, of[0].expires.Sub(w.now))
+		}
+	}
+}
+
 // TestPlanCrashTakeover: while every member is live, each replica plans,
 // for each other member, one takeover of the shards Balance without that
 // member gives it, asked at the last expiry of that member's keys (its

@@ -53,7 +53,8 @@
 //     refused and left to the next round. A replica that crashed between
 //     a take and that renewal holds keys that lapse apart: each other
 //     replica then takes its share at the last of those lapses, the
-//     shards lapsed before with them, still in one statement.
+//     shards lapsed before with them (also those free and assigned to the
+//     crashed replica, not taken yet), still in one statement.
 //
 // Every process holds its keys under an owner of its own (Identity#random),
 // so two processes never share a grant: a second process given the
