@@ -44,6 +44,13 @@ func (r *Sharder) Run(ctx context.Context) error {
 	}
 	stopTaking := func() { cancelTaking(); <-taking }
 	defer stopTaking()
+	// A crashed member's shards are taken at the lapse of its keys, as the
+	// rounds planned, whatever statement a round is running then.
+	octx, cancelOvers := context.WithCancel(ctx)
+	overs := make(chan struct{})
+	go func() { defer close(overs); r.sendTakeovers(octx, sctx) }()
+	stopOvers := func() { cancelOvers(); <-overs }
+	defer stopOvers()
 	stopped := make(chan time.Time, 1) // when ctx ended: shard: left says what the stop cost
 	context.AfterFunc(ctx, func() { stopped <- clk.Now() })
 	for {
@@ -54,12 +61,14 @@ func (r *Sharder) Run(ctx context.Context) error {
 			stopRenewing()
 			<-renewing
 			stopTaking()
+			stopOvers()
 			r.leave(time.Time{})
 			return err
 		}
 		if _, err := changes.Wait(ctx, until, r.kick); err != nil {
 			<-renewing
 			stopTaking()
+			stopOvers()
 			if errors.Is(context.Cause(ctx), errCrash) {
 				return nil // tests: a replica that stops renewing, as a crashed one
 			}

@@ -900,6 +900,163 @@ func crashWithKeysLapsingApart(t *testing.T, first, rest time.Duration) {
 	}
 }
 
+// roundGate holds back a replica's round lists (lease.list() of every key)
+// while closed, and records when each began and the acquire statements.
+type roundGate struct {
+	mu       sync.Mutex
+	closed   chan struct{} // nil while open
+	lists    []time.Time
+	acquires []pgtest.Statement
+}
+
+func (g *roundGate) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	g.mu.Lock()
+	closed := g.closed
+	if strings.Contains(d.SQL, "lease.list()") {
+		g.lists = append(g.lists, time.Now())
+	} else {
+		closed = nil
+	}
+	if strings.Contains(d.SQL, "lease.acquire(") {
+		g.acquires = append(g.acquires, pgtest.Statement{At: time.Now(), SQL: d.SQL, Args: append([]any(nil), d.Args...)})
+	}
+	g.mu.Unlock()
+	if closed != nil {
+		<-closed
+	}
+	return ctx
+}
+
+func (g *roundGate) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (g *roundGate) setClosed(closed bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch {
+	case closed && g.closed == nil:
+		g.closed = make(chan struct{})
+	case !closed && g.closed != nil:
+		close(g.closed)
+		g.closed = nil
+	}
+}
+
+// TestCrashTakenOverWhileARoundWaits: a replica sends its takeover of a
+// crashed member's shards at the instant its last plan set, whatever
+// statement its round is waiting for then: here its rounds' lists are held
+// back from just after the one that saw the member's last renewal, and it
+// still takes y's shards, in one statement asked at the lapse. Member y
+// runs no replica: the test holds and renews its keys (owner y#0); a is
+// the only other member (a plan of another live member's takeover would
+// go stale while a's rounds wait).
+func TestCrashTakenOverWhileARoundWaits(t *testing.T) {
+	c := newCluster(t, 16, 3*time.Second)
+	ctx := pgtest.Context(t, 0)
+	lc := lease.New(c.pool)
+	members, live := []string{"a", "y"}, []string{"a"}
+	member, ok, err := lc.Acquire(ctx, shard.MemberKey("ctl", "y"), "y#0", 10*time.Minute)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	var ys []int
+	var keys []string
+	for s, m := range shard.Assign(c.n, members) {
+		if m == "y" {
+			ys, keys = append(ys, s), append(keys, shard.Key("ctl", s))
+		}
+	}
+	grants, denied, err := lc.AcquireMany(ctx, keys, "y#0", 10*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := []lease.Token{member.Token}
+	for i, s := range ys {
+		if denied[i] != nil || grants[i].Epoch == 0 {
+			t.Fatalf("y's shard %d not acquired: %v", s, denied[i])
+		}
+		tokens = append(tokens, grants[i].Token)
+	}
+	gate := &roundGate{}
+	c.poolOpts = []pgtest.PoolOption{func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = gate }}
+	c.start("a")
+	c.poolOpts = nil
+	t.Cleanup(func() { gate.setClosed(false) }) // before the replicas stop
+	var holders []string
+	waitFor(t, "a owning every shard but y's", func() bool {
+		holders = make([]string, c.n)
+		for _, s := range ys {
+			holders[s] = "y"
+		}
+		for _, id := range live {
+			for _, s := range c.replicas[id].r.Owned() {
+				if holders[s] != "" {
+					return false
+				}
+				holders[s] = id
+			}
+		}
+		return !slices.Contains(holders, "") && slices.Equal(holders, shard.Balance(c.n, members, holders))
+	})
+	for _, s := range ys {
+		holders[s] = ""
+	}
+	after := shard.Balance(c.n, live, holders)
+	var want []int
+	for _, s := range ys {
+		if after[s] == "a" {
+			want = append(want, s)
+		}
+	}
+	if len(want) == 0 {
+		t.Fatal("Balance without y gives a none of y's shards")
+	}
+	// y's last renewal: its keys lapse 3 s after it. Once a round of a's
+	// lists after it, a's next lists wait until a owns y's shards.
+	gs, errs, err := lc.RenewTokens(ctx, tokens, 3*time.Second)
+	if err != nil || errors.Join(errs...) != nil {
+		t.Fatal(err, errs)
+	}
+	renewed := time.Now()
+	waitFor(t, "a listing after y's last renewal", func() bool {
+		gate.mu.Lock()
+		defer gate.mu.Unlock()
+		return len(gate.lists) > 0 && gate.lists[len(gate.lists)-1].After(renewed)
+	})
+	gate.setClosed(true)
+	gate.mu.Lock()
+	before := len(gate.acquires)
+	gate.mu.Unlock()
+	a := c.replicas["a"].r
+	waitFor(t, fmt.Sprintf("a owning y's shards %v with its rounds held back", want), func() bool {
+		for _, s := range want {
+			if !a.Owns(s) {
+				return false
+			}
+		}
+		return true
+	})
+	gate.mu.Lock()
+	acquires := slices.Clone(gate.acquires[before:])
+	gate.mu.Unlock()
+	lapse := gs[0].ExpiresAt // y's member key's, then its shards' taken
+	for i, s := range ys {
+		if slices.Contains(want, s) && gs[1+i].ExpiresAt.After(lapse) {
+			lapse = gs[1+i].ExpiresAt
+		}
+	}
+	if len(acquires) != 1 {
+		t.Fatalf("a took y's shards %v in %d acquire statements, want 1", want, len(acquires))
+	}
+	if st := acquires[0]; len(st.Args) < 4 {
+		t.Errorf("a took y's shards asking at once (%d arguments), not at their lapse", len(st.Args))
+	} else if at, ok := st.Args[3].(time.Time); !ok || !at.Equal(lapse) {
+		t.Errorf("a took y's shards asked at %v, want %v (their lapse)", st.Args[3], lapse)
+	}
+	gate.setClosed(false)
+	c.waitSettled(live...)
+	c.checkNoOverlap()
+}
+
 // TestKeysLapseAtOneInstant: a replica that took shards, in several
 // statements as the handovers of a join arrive, renews its member key and
 // every shard key at once after each take, so that they all expire at one
