@@ -160,8 +160,9 @@ type plan struct {
 	stray []lease.Token
 	// takeovers are the shards to take when their holder's keys lapse, one
 	// statement per holder: those assigned here whose holder is no live
-	// member (it left or crashed), and those of each other live member
-	// that come here were it to stop renewing (it crashed).
+	// member (it left or crashed), with those of its grants that lapsed
+	// already, and those of each other live member that come here were it
+	// to stop renewing (it crashed).
 	takeovers []takeover
 	// cands are the handover candidacies to hold: priorityAssigned for
 	// shards assigned here and held by another, priorityRunnerUp for shards
@@ -184,6 +185,7 @@ func decide(in planInput) plan {
 	// lead to, so they change once, and a leave meanwhile finds them.
 	runnerUp := runnersUp(in.n, sn.members, p.assign, in.identity)
 	lapsing := map[string]*takeover{} // by holder
+	lapsed := map[string][]int{}      // free shards to take, by the owner whose grant lapsed
 	lead := in.lead()
 	for s := range in.n {
 		st := sn.shards[s]
@@ -214,14 +216,27 @@ func decide(in planInput) plan {
 		default:
 			if st.Held {
 				p.handed[s] = lease.Token{Key: st.Key, Owner: st.Owner, Epoch: st.Epoch}
+			} else if st.Lapsed && st.LastOwner != "" {
+				lapsed[st.LastOwner] = append(lapsed[st.LastOwner], s)
 			}
 			p.take = append(p.take, s)
 		}
 	}
-	for _, to := range lapsing {
+	// A holder whose keys lapse at several instants (it crashed between a
+	// take and the renewal of all its keys): the shards of its grants that
+	// lapsed already go with those still held, in its takeover at their
+	// last lapse, one statement for all.
+	folded := map[int]bool{}
+	for h, to := range lapsing {
+		for _, s := range lapsed[h] {
+			folded[s] = true
+			to.shards = append(to.shards, s)
+		}
+		slices.Sort(to.shards)
 		p.takeovers = append(p.takeovers, *to)
 	}
-	p.takeovers = append(p.takeovers, crashTakeovers(in)...)
+	p.take = slices.DeleteFunc(p.take, func(s int) bool { return folded[s] })
+	p.takeovers = append(p.takeovers, crashTakeovers(in, p.assign)...)
 	slices.SortFunc(p.takeovers, func(a, b takeover) int { return a.at.Compare(b.at) })
 	return p
 }
@@ -269,14 +284,19 @@ func (to *takeover) after(e expiry, lead time.Duration) {
 }
 
 // crashTakeovers returns, for each other live member, the shards it holds
-// that Balance without it gives this replica: what this replica takes,
-// all in one statement, when that member's keys lapse (it renews its
-// member key and shard keys in one statement, so they lapse at one
-// instant), with no read before.
-func crashTakeovers(in planInput) []takeover {
+// and the free shards assign gives it (it has not taken them yet) that
+// Balance without it gives this replica: what this replica takes, all in
+// one statement, when that member's keys lapse (it renews its member key
+// and shard keys in one statement, so they lapse at one instant), with no
+// read before.
+func crashTakeovers(in planInput, assign []string) []takeover {
 	sn := in.snap
 	var out []takeover
 	lead := in.lead()
+	owners := map[string]string{} // member -> owner
+	for o, m := range sn.memberOwners {
+		owners[m] = o
+	}
 	for _, y := range sn.members {
 		if y == in.identity {
 			continue
@@ -288,17 +308,18 @@ func crashTakeovers(in planInput) []takeover {
 			if h == y {
 				hs[s] = ""
 				held = append(held, s)
+			} else if !sn.shards[s].Held && assign != nil && assign[s] == y {
+				held = append(held, s)
 			}
 		}
 		if len(held) == 0 {
 			continue
 		}
 		after := Balance(in.n, rest, hs)
-		var to takeover
+		to := takeover{holder: owners[y]}
 		to.after(sn.memberExpires[y], lead)
 		for _, s := range held {
 			if after[s] == in.identity {
-				to.holder = sn.shards[s].Owner
 				to.add(s, sn.expires[s], lead)
 			}
 		}

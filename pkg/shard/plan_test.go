@@ -45,6 +45,14 @@ func (w *world) shard(s int, owner string, d time.Duration) *world {
 	return w
 }
 
+// lapsed adds shard s whose grant to owner lapsed: not held, its last
+// owner named.
+func (w *world) lapsed(s int, owner string) *world {
+	w.states = append(w.states, lease.State{Key: Key("ctl", s), Exists: true, Lapsed: true, LastOwner: owner, Epoch: int64(s + 1)})
+	w.exp = append(w.exp, expiry{})
+	return w
+}
+
 // settled adds every shard held as Assign over ids gives it.
 func (w *world) settled(ids ...string) *world {
 	for s, id := range Assign(w.n, ids) {
@@ -235,6 +243,102 @@ func TestPlanCrash(t *testing.T) {
 	}
 	if slices.Sort(took); len(took) != len(shardsOf(before, "c"))-1 {
 		t.Errorf("took %v of c's %d shards (one still running)", took, len(shardsOf(before, "c")))
+	}
+}
+
+// TestPlanCrashKeysLapsingApart: c crashed between a take and the renewal
+// of all its keys: its member key and some shards lapsed, the rest lapse
+// in 80 ms. Each survivor takes c's shards that come to it in one
+// statement at that last lapse, those already lapsed with them: none now
+// in a statement of their own.
+func TestPlanCrashKeysLapsingApart(t *testing.T) {
+	ids := []string{"a", "b", "c"}
+	before := Assign(64, ids)
+	w := newWorld(64).member("a", 9*time.Second).member("b", 9*time.Second)
+	for i, s := range shardsOf(before, "c") {
+		if i%2 == 0 {
+			w.lapsed(s, "c#1")
+		} else {
+			w.shard(s, "c#1", 80*time.Millisecond)
+		}
+	}
+	for s, id := range before {
+		if id != "c" {
+			w.shard(s, id+"#1", 9*time.Second)
+		}
+	}
+	after := Balance(64, []string{"a", "b"}, before)
+	for _, id := range []string{"a", "b"} {
+		p := w.decide(id, ownOf(before, id))
+		if len(p.take) != 0 {
+			t.Errorf("%s takes %v now, apart from its takeover", id, p.take)
+		}
+		var of []takeover
+		for _, to := range p.takeovers {
+			if to.holder == "c#1" {
+				of = append(of, to)
+			}
+		}
+		var want []int
+		for _, s := range shardsOf(before, "c") {
+			if after[s] == id {
+				want = append(want, s)
+			}
+		}
+		if len(of) != 1 || !slices.Equal(of[0].shards, want) {
+			t.Errorf("%s: takeovers of c %v, want one of %v", id, of, want)
+			continue
+		}
+		if e := w.now.Add(80 * time.Millisecond); !of[0].expires.Equal(e) || !of[0].at.Equal(e.Add(-50*time.Millisecond)) {
+			t.Errorf("%s takes over c's shards asked at %v, sent at %v, want +80ms and a Poll before",
+				id, of[0].expires.Sub(w.now), of[0].at.Sub(w.now))
+		}
+	}
+}
+
+// TestPlanCrashTakeoverOfAFreeShard: a grant handed to c lapsed before
+// c's member key (c renewed its keys before it took that grant): the shard
+// is free and Balance gives it to c, live. Were c's keys to lapse, the
+// replica Balance without c gives it to takes it with c's other shards, in
+// the one statement asked at c's member key's expiry.
+func TestPlanCrashTakeoverOfAFreeShard(t *testing.T) {
+	ids := []string{"a", "b", "c"}
+	before := Assign(64, ids)
+	w := newWorld(64).member("a", 9*time.Second).member("b", 9*time.Second).member("c", 2*time.Second)
+	cs := shardsOf(before, "c")
+	free := cs[0]
+	for s, id := range before {
+		if s == free {
+			w.lapsed(s, "c#1")
+			continue
+		}
+		w.shard(s, id+"#1", map[string]time.Duration{"a": 9 * time.Second, "b": 9 * time.Second, "c": 2 * time.Second}[id])
+	}
+	without := Balance(64, []string{"a", "b"}, before)
+	for _, id := range []string{"a", "b"} {
+		p := w.decide(id, ownOf(before, id))
+		if slices.Contains(p.take, free) {
+			t.Errorf("%s takes shard %d, Balance gives it to c", id, free)
+		}
+		var want []int
+		for _, s := range cs {
+			if without[s] == id {
+				want = append(want, s)
+			}
+		}
+		var of []takeover
+		for _, to := range p.takeovers {
+			if to.holder == "c#1" {
+				of = append(of, to)
+			}
+		}
+		if len(of) != 1 || !slices.Equal(of[0].shards, want) {
+			t.Errorf("%s: takeovers of c %v, want one of %v", id, of, want)
+			continue
+		}
+		if e := w.now.Add(2 * time.Second); !of[0].expires.Equal(e) {
+			t.Errorf("%s takes over c's shards asked at %v, want +2s", id, of[0].expires.Sub(w.now))
+		}
 	}
 }
 

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"time"
 
+	"k8s.io/utils/clock"
+
 	"github.com/pglease/pg_lease/pkg/lease"
 	"github.com/pglease/pg_lease/pkg/listen"
 )
@@ -24,6 +26,9 @@ func (r *Sharder) round(stop, ctx context.Context) (time.Time, error) {
 	warn := r.warner(stop)
 	r.stopEnded()
 	r.takeOver(ctx, stop)
+	r.mu.Lock()
+	overs := r.overs
+	r.mu.Unlock()
 	states, err := r.c.List(ctx)
 	if err != nil {
 		warn("shard: list", "controller", r.cfg.Controller, "err", err)
@@ -38,7 +43,7 @@ func (r *Sharder) round(stop, ctx context.Context) (time.Time, error) {
 	joined := r.member != nil && r.member.Err() == nil
 	r.mu.Unlock()
 	if !joined {
-		r.pending = nil
+		r.setPending(nil)
 		// The member key: acquired at the first round, and again when its
 		// term ended. The others learn of it from announce, after the
 		// candidacies.
@@ -48,9 +53,18 @@ func (r *Sharder) round(stop, ctx context.Context) (time.Time, error) {
 	}
 	sn = sn.withSelf(r.cfg.Identity, r.owner)
 	r.moves.Lock()
+	r.mu.Lock()
+	stale := r.overs != overs
+	r.mu.Unlock()
+	if stale {
+		// A takeover ran since the list: a plan from it would give up what
+		// it took (the list shows the crashed member live). List again.
+		r.moves.Unlock()
+		return clk.Now(), nil
+	}
 	p := r.plan(sn, listed)
 	wake := p.wake(listed)
-	r.pending = p.takeovers
+	r.setPending(p.takeovers)
 	if stop.Err() != nil {
 		r.moves.Unlock()
 		return wake, nil // leave releases the grants handed to this process
@@ -208,17 +222,65 @@ func (r *Sharder) takeNow(ctx, stop context.Context, p *plan, listed time.Time) 
 	return err == nil
 }
 
-// takeOver takes, in one statement and before the round's list, the shards
-// of the last round's takeovers whose instant passed: a crashed replica's
-// shards are taken at the lapse of its keys, one statement per surviving
-// replica with no read before it, sent before the lapse and waiting on the
-// server for it. A shard still held then (its holder renewed it) is
-// refused, and the round's plan sees it.
+// setPending replaces the takeovers to send with those of a round's plan.
+func (r *Sharder) setPending(ts []takeover) {
+	r.mu.Lock()
+	r.pending = ts
+	r.mu.Unlock()
+	select {
+	case r.replan <- struct{}{}:
+	default:
+	}
+}
+
+// sendTakeovers sends, until stop ends, each takeover of the last plan at
+// its instant (takeOver), beside the rounds: a round's statements running
+// then (a list, the handover registrations) do not delay it.
+func (r *Sharder) sendTakeovers(stop, ctx context.Context) {
+	clk := r.c.Clock()
+	for {
+		r.mu.Lock()
+		var at time.Time
+		for _, to := range r.pending {
+			if at.IsZero() || to.at.Before(at) {
+				at = to.at
+			}
+		}
+		r.mu.Unlock()
+		var fire <-chan time.Time
+		var t clock.Timer
+		if !at.IsZero() {
+			t = clk.NewTimer(at.Sub(clk.Now()))
+			fire = t.C()
+		}
+		select {
+		case <-stop.Done():
+		case <-r.replan:
+		case <-fire:
+			r.takeOver(ctx, stop)
+		}
+		if t != nil {
+			t.Stop()
+		}
+		if stop.Err() != nil {
+			return
+		}
+	}
+}
+
+// takeOver takes, in one statement, the shards of the last plan's
+// takeovers whose instant passed: a crashed replica's shards are taken at
+// the lapse of its keys, one statement per surviving replica with no read
+// before it, sent before the lapse and waiting on the server for it. A
+// shard still held then (its holder renewed it) is refused, and the next
+// round's plan sees it.
 func (r *Sharder) takeOver(ctx, stop context.Context) {
 	clk := r.c.Clock()
 	now := clk.Now()
+	r.mu.Lock()
 	shards, first, expires, left := due(r.pending, now)
 	r.pending = left
+	r.mu.Unlock()
 	if len(shards) == 0 || stop.Err() != nil {
 		return
 	}
@@ -232,7 +294,11 @@ func (r *Sharder) takeOver(ctx, stop context.Context) {
 	if !joined || len(shards) == 0 {
 		return
 	}
-	if err := r.take(ctx, shards, expires); err != nil {
+	err := r.take(ctx, shards, expires)
+	r.mu.Lock()
+	r.overs++
+	r.mu.Unlock()
+	if err != nil {
 		r.warner(stop)("shard: acquire", "controller", r.cfg.Controller, "shards", len(shards), "err", err)
 	}
 	r.cfg.Logger.Info("shard: took over", "controller", r.cfg.Controller, "identity", r.cfg.Identity,

@@ -61,6 +61,13 @@ func (r *Sharder) Run(ctx context.Context) error {
 	}
 	stopTaking := func() { cancelTaking(); <-taking }
 	defer stopTaking()
+	// A crashed member's shards are taken at the lapse of its keys, as the
+	// rounds planned, whatever statement a round is running then.
+	octx, cancelOvers := context.WithCancel(ctx)
+	overs := make(chan struct{})
+	go func() { defer close(overs); r.sendTakeovers(octx, sctx) }()
+	stopOvers := func() { cancelOvers(); <-overs }
+	defer stopOvers()
 	for {
 		until, err := r.round(ctx, sctx)
 		if err != nil && ctx.Err() == nil {
@@ -71,6 +78,7 @@ func (r *Sharder) Run(ctx context.Context) error {
 			stopRenewing()
 			<-renewing
 			stopTaking()
+			stopOvers()
 			<-handing
 			r.finish(out)
 			return err
@@ -78,6 +86,7 @@ func (r *Sharder) Run(ctx context.Context) error {
 		if _, err := changes.Wait(ctx, until, r.kick); err != nil {
 			<-renewing
 			stopTaking()
+			stopOvers()
 			if errors.Is(context.Cause(ctx), errCrash) {
 				return nil // tests: a replica that stops renewing, as a crashed one
 			}

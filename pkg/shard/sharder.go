@@ -52,10 +52,15 @@
 //     before the earliest local bound of that expiry (less when the TTL
 //     leaves less room: a member renewing on time is listed again before
 //     its takeover is due) and waiting on the server until its clock shows
-//     it: one statement per surviving replica,
+//     it: one statement per surviving replica, sent beside the rounds (a
+//     round's statement running then does not delay it),
 //     with no round trip after the lapse. The server decides the expiry by
 //     its own clock: a shard still held then (its holder renewed) is
-//     refused and left to the next round.
+//     refused and left to the next round. A replica that crashed between
+//     a take and that renewal holds keys that lapse apart: each other
+//     replica then takes its share at the last of those lapses, the
+//     shards lapsed before with them (also those free and assigned to the
+//     crashed replica, not taken yet), still in one statement.
 //
 // Every process holds its keys under an owner of its own (Identity#random),
 // so two processes never share a grant: a second process given the
@@ -201,12 +206,14 @@ type Sharder struct {
 	handed   map[int]lease.Token // grants a handover gave this process, not taken yet
 	leaving  bool                // the leave began: no term begins
 	stops    sync.WaitGroup
+	pending  []takeover    // the last plan's takeovers not taken yet
+	replan   chan struct{} // a round set pending: sendTakeovers looks again
+	overs    int           // takeovers sent: a round listed before one re-lists
 
 	// Touched by Run's goroutine only.
 	cands    map[int]int32 // shard -> priority of this replica's candidacy
 	strategy map[int]bool  // shard keys this process set the priority strategy on
 	candsAt  time.Time     // local time of the last registration
-	pending  []takeover    // the last plan's takeovers not taken yet
 	rival    lease.State   // another process's member key of this identity, last seen
 }
 
@@ -250,7 +257,7 @@ func New(cfg Config) (*Sharder, error) {
 	if err := lease.CheckOwner(owner); err != nil {
 		return nil, fmt.Errorf("%w: Identity: %w", ErrInvalidConfig, err)
 	}
-	r := &Sharder{cfg: cfg, c: cfg.Client, owner: owner, kick: make(chan struct{}, 1),
+	r := &Sharder{cfg: cfg, c: cfg.Client, owner: owner, kick: make(chan struct{}, 1), replan: make(chan struct{}, 1),
 		owned: map[int]*owned{}, unowned: map[int]bool{}, handed: map[int]lease.Token{},
 		cands: map[int]int32{}, strategy: map[int]bool{},
 		metrics: newReplicaMetrics(cfg.Controller, cfg.Identity)}

@@ -750,6 +750,313 @@ WHERE key = ANY($1) AND event = 'taken_over' AND owner = $2`, got, c.replicas[id
 	}
 }
 
+// TestCrashWithKeysLapsingApartTakenOverInOneStatement: a member that
+// crashed between a take and the renewal of all its keys at once holds
+// keys that lapse apart. Each other replica takes the crashed member's
+// shards that Balance gives it in one acquire statement, asked at the last
+// lapse of those it takes (or at the member key's), not some of them in a
+// statement of their own a round after the member key's lapse:
+//   - the grants of its last take lapse after its member key and the
+//     rest: those lapsed first wait for them;
+//   - a grant handed to it lapses before its member key (it renewed its
+//     keys before taking that grant): that shard is free while the member
+//     lives, assigned to it, and is taken with the rest at the member key's
+//     lapse.
+//
+// Member y runs no replica: the test holds its keys (owner y#0), then
+// renews them as such a crash leaves them, each other replica's share of
+// y's shards split between two instants.
+func TestCrashWithKeysLapsingApartTakenOverInOneStatement(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		first, rest time.Duration // the TTLs of each share's first half and rest
+	}{
+		{"last take unrenewed", 2 * time.Second, 3500 * time.Millisecond},
+		{"handed grant lapsed first", time.Second, 2 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) { crashWithKeysLapsingApart(t, tc.first, tc.rest) })
+	}
+}
+
+// crashWithKeysLapsingApart renews y's member key for 2 s and, of each
+// other replica's share of y's shards, the first half for first and the
+// rest for rest.
+func crashWithKeysLapsingApart(t *testing.T, first, rest time.Duration) {
+	c := newCluster(t, 64, 3*time.Second)
+	ctx := pgtest.Context(t, 0)
+	lc := lease.New(c.pool)
+	members, live := []string{"a", "b", "c", "y"}, []string{"a", "b", "c"}
+	member, ok, err := lc.Acquire(ctx, shard.MemberKey("ctl", "y"), "y#0", 10*time.Minute)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	var ys []int
+	var keys []string
+	for s, m := range shard.Assign(c.n, members) {
+		if m == "y" {
+			ys, keys = append(ys, s), append(keys, shard.Key("ctl", s))
+		}
+	}
+	grants, denied, err := lc.AcquireMany(ctx, keys, "y#0", 10*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := map[int]lease.Token{}
+	for i, s := range ys {
+		if denied[i] != nil || grants[i].Epoch == 0 {
+			t.Fatalf("y's shard %d not acquired: %v", s, denied[i])
+		}
+		tokens[s] = grants[i].Token
+	}
+	sent := map[string]*pgtest.Statements{}
+	for _, id := range live {
+		sent[id] = &pgtest.Statements{}
+		c.poolOpts = []pgtest.PoolOption{sent[id].Traced}
+		c.start(id)
+	}
+	c.poolOpts = nil
+	var holders []string
+	waitFor(t, "a, b and c owning every shard but y's as Balance gives it", func() bool {
+		holders = make([]string, c.n)
+		for _, s := range ys {
+			holders[s] = "y"
+		}
+		for _, id := range live {
+			for _, s := range c.replicas[id].r.Owned() {
+				if holders[s] != "" {
+					return false
+				}
+				holders[s] = id
+			}
+		}
+		return !slices.Contains(holders, "") && slices.Equal(holders, shard.Balance(c.n, members, holders))
+	})
+	without := slices.Clone(holders)
+	for _, s := range ys {
+		without[s] = ""
+	}
+	after := shard.Balance(c.n, live, without)
+	want := map[string][]int{}
+	for _, s := range ys {
+		want[after[s]] = append(want[after[s]], s)
+	}
+	renew := map[time.Duration][]lease.Token{2 * time.Second: {member.Token}}
+	for _, id := range live {
+		if len(want[id]) < 2 {
+			t.Fatalf("Balance without y gives %s %v of y's shards, fewer than two", id, want[id])
+		}
+		for i, s := range want[id] {
+			ttl := rest
+			if i < len(want[id])/2 {
+				ttl = first
+			}
+			renew[ttl] = append(renew[ttl], tokens[s])
+		}
+	}
+	before := map[string]int{}
+	for id, n := range sent {
+		before[id] = len(n.Calling("lease.acquire"))
+	}
+	expires := map[string]time.Time{} // by key, on the server's clock
+	for ttl, ts := range renew {
+		gs, errs, err := lc.RenewTokens(ctx, ts, ttl)
+		if err != nil || errors.Join(errs...) != nil {
+			t.Fatal(err, errs)
+		}
+		for _, g := range gs {
+			expires[g.Key] = g.ExpiresAt
+		}
+	}
+	t.Logf("y's keys lapse apart: settled in %v", c.waitSettled(live...))
+	c.checkNoOverlap()
+	for _, id := range live {
+		var got []int
+		for _, s := range c.replicas[id].r.Owned() {
+			if slices.Contains(ys, s) {
+				got = append(got, s)
+			}
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, want[id]) {
+			t.Errorf("%s owns y's shards %v, want %v", id, got, want[id])
+		}
+		acquires := sent[id].Calling("lease.acquire")[before[id]:]
+		if len(acquires) != 1 {
+			t.Errorf("%s took y's shards %v in %d acquire statements, want 1", id, want[id], len(acquires))
+			continue
+		}
+		// The last lapse of y's member key and of the shards taken.
+		lapsed := expires[shard.MemberKey("ctl", "y")]
+		for _, s := range got {
+			if e := expires[shard.Key("ctl", s)]; e.After(lapsed) {
+				lapsed = e
+			}
+		}
+		if st := acquires[0]; len(st.Args) < 4 {
+			t.Errorf("%s took y's shards asking at once (%d arguments), not at their last lapse", id, len(st.Args))
+		} else if at, ok := st.Args[3].(time.Time); !ok || !at.Equal(lapsed) {
+			t.Errorf("%s took y's shards asked at %v, want %v (their last lapse)", id, st.Args[3], lapsed)
+		}
+	}
+}
+
+// roundGate holds back a replica's round lists (lease.list() of every key)
+// while closed, and records when each began and the acquire statements.
+type roundGate struct {
+	mu       sync.Mutex
+	closed   chan struct{} // nil while open
+	lists    []time.Time
+	acquires []pgtest.Statement
+}
+
+func (g *roundGate) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	g.mu.Lock()
+	closed := g.closed
+	if strings.Contains(d.SQL, "lease.list()") {
+		g.lists = append(g.lists, time.Now())
+	} else {
+		closed = nil
+	}
+	if strings.Contains(d.SQL, "lease.acquire(") {
+		g.acquires = append(g.acquires, pgtest.Statement{At: time.Now(), SQL: d.SQL, Args: append([]any(nil), d.Args...)})
+	}
+	g.mu.Unlock()
+	if closed != nil {
+		<-closed
+	}
+	return ctx
+}
+
+func (g *roundGate) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (g *roundGate) setClosed(closed bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch {
+	case closed && g.closed == nil:
+		g.closed = make(chan struct{})
+	case !closed && g.closed != nil:
+		close(g.closed)
+		g.closed = nil
+	}
+}
+
+// TestCrashTakenOverWhileARoundWaits: a replica sends its takeover of a
+// crashed member's shards at the instant its last plan set, whatever
+// statement its round is waiting for then: here its rounds' lists are held
+// back from just after the one that saw the member's last renewal, and it
+// still takes y's shards, in one statement asked at the lapse. Member y
+// runs no replica: the test holds and renews its keys (owner y#0); a is
+// the only other member (a plan of another live member's takeover would
+// go stale while a's rounds wait).
+func TestCrashTakenOverWhileARoundWaits(t *testing.T) {
+	c := newCluster(t, 16, 3*time.Second)
+	ctx := pgtest.Context(t, 0)
+	lc := lease.New(c.pool)
+	members, live := []string{"a", "y"}, []string{"a"}
+	member, ok, err := lc.Acquire(ctx, shard.MemberKey("ctl", "y"), "y#0", 10*time.Minute)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	var ys []int
+	var keys []string
+	for s, m := range shard.Assign(c.n, members) {
+		if m == "y" {
+			ys, keys = append(ys, s), append(keys, shard.Key("ctl", s))
+		}
+	}
+	grants, denied, err := lc.AcquireMany(ctx, keys, "y#0", 10*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := []lease.Token{member.Token}
+	for i, s := range ys {
+		if denied[i] != nil || grants[i].Epoch == 0 {
+			t.Fatalf("y's shard %d not acquired: %v", s, denied[i])
+		}
+		tokens = append(tokens, grants[i].Token)
+	}
+	gate := &roundGate{}
+	c.poolOpts = []pgtest.PoolOption{func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = gate }}
+	c.start("a")
+	c.poolOpts = nil
+	t.Cleanup(func() { gate.setClosed(false) }) // before the replicas stop
+	var holders []string
+	waitFor(t, "a owning every shard but y's", func() bool {
+		holders = make([]string, c.n)
+		for _, s := range ys {
+			holders[s] = "y"
+		}
+		for _, id := range live {
+			for _, s := range c.replicas[id].r.Owned() {
+				if holders[s] != "" {
+					return false
+				}
+				holders[s] = id
+			}
+		}
+		return !slices.Contains(holders, "") && slices.Equal(holders, shard.Balance(c.n, members, holders))
+	})
+	for _, s := range ys {
+		holders[s] = ""
+	}
+	after := shard.Balance(c.n, live, holders)
+	var want []int
+	for _, s := range ys {
+		if after[s] == "a" {
+			want = append(want, s)
+		}
+	}
+	if len(want) == 0 {
+		t.Fatal("Balance without y gives a none of y's shards")
+	}
+	// y's last renewal: its keys lapse 3 s after it. Once a round of a's
+	// lists after it, a's next lists wait until a owns y's shards.
+	gs, errs, err := lc.RenewTokens(ctx, tokens, 3*time.Second)
+	if err != nil || errors.Join(errs...) != nil {
+		t.Fatal(err, errs)
+	}
+	renewed := time.Now()
+	waitFor(t, "a listing after y's last renewal", func() bool {
+		gate.mu.Lock()
+		defer gate.mu.Unlock()
+		return len(gate.lists) > 0 && gate.lists[len(gate.lists)-1].After(renewed)
+	})
+	gate.setClosed(true)
+	gate.mu.Lock()
+	before := len(gate.acquires)
+	gate.mu.Unlock()
+	a := c.replicas["a"].r
+	waitFor(t, fmt.Sprintf("a owning y's shards %v with its rounds held back", want), func() bool {
+		for _, s := range want {
+			if !a.Owns(s) {
+				return false
+			}
+		}
+		return true
+	})
+	gate.mu.Lock()
+	acquires := slices.Clone(gate.acquires[before:])
+	gate.mu.Unlock()
+	lapse := gs[0].ExpiresAt // y's member key's, then its shards' taken
+	for i, s := range ys {
+		if slices.Contains(want, s) && gs[1+i].ExpiresAt.After(lapse) {
+			lapse = gs[1+i].ExpiresAt
+		}
+	}
+	if len(acquires) != 1 {
+		t.Fatalf("a took y's shards %v in %d acquire statements, want 1", want, len(acquires))
+	}
+	if st := acquires[0]; len(st.Args) < 4 {
+		t.Errorf("a took y's shards asking at once (%d arguments), not at their lapse", len(st.Args))
+	} else if at, ok := st.Args[3].(time.Time); !ok || !at.Equal(lapse) {
+		t.Errorf("a took y's shards asked at %v, want %v (their lapse)", st.Args[3], lapse)
+	}
+	gate.setClosed(false)
+	c.waitSettled(live...)
+	c.checkNoOverlap()
+}
+
 // TestKeysLapseAtOneInstant: a replica that took shards, in several
 // statements as the handovers of a join arrive, renews its member key and
 // every shard key at once after each take, so that they all expire at one
