@@ -136,8 +136,10 @@ func (h *hostWatch) dialContext(ctx context.Context, network, addr string) (net.
 	w := &watchedConn{Conn: c, addr: key}
 	if leashed {
 		w.leash = time.AfterFunc(h.leash, func() {
+			w.mu.Lock()
+			defer w.mu.Unlock()
 			if !w.answered.Load() {
-				w.cut.Store(true)
+				w.cut = true
 				_ = c.SetDeadline(time.Unix(1, 0))
 			}
 		})
@@ -152,7 +154,8 @@ type watchedConn struct {
 	addr     string      // network and address
 	leash    *time.Timer // nil: the host was not silent when dialed
 	answered atomic.Bool
-	cut      atomic.Bool // the leash ended the wait for the first answer
+	mu       sync.Mutex // orders the first answer and the leash's cut
+	cut      bool       // the leash ended the wait for the first answer
 }
 
 func (w *watchedConn) Read(b []byte) (int, error) {
@@ -160,15 +163,27 @@ func (w *watchedConn) Read(b []byte) (int, error) {
 	if w.answered.Load() {
 		return n, err
 	}
-	if n > 0 {
+	w.mu.Lock()
+	cut := w.cut
+	if n > 0 && !cut {
 		w.answered.Store(true)
+	}
+	w.mu.Unlock()
+	if n > 0 && !cut {
 		if w.leash != nil {
 			w.leash.Stop()
 		}
 		markHost(w.addr, false)
 		return n, err
 	}
-	if err != nil && (w.cut.Load() || isTimeout(err)) {
+	if cut {
+		// The leash set a past deadline: an answer read as it did
+		// comes too late, and the attempt ends here rather than
+		// hand out a connection that fails on its next read.
+		markHost(w.addr, true)
+		return 0, os.ErrDeadlineExceeded
+	}
+	if err != nil && isTimeout(err) {
 		markHost(w.addr, true)
 	}
 	return n, err

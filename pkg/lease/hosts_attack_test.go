@@ -1,0 +1,94 @@
+package lease_test
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/pkg/lease"
+)
+
+// gatedConn holds its first Read until the leash sets a past deadline,
+// and lets that deadline take effect only once the Read has returned the
+// server's first answer: the answer arrives just as the leash ends.
+type gatedConn struct {
+	net.Conn
+	open     chan struct{} // closed by the past deadline
+	readDone chan struct{} // closed when the first Read returned bytes
+	once     sync.Once
+	rOnce    sync.Once
+}
+
+func (g *gatedConn) Read(b []byte) (int, error) {
+	<-g.open
+	n, err := g.Conn.Read(b)
+	if n > 0 {
+		g.rOnce.Do(func() { close(g.readDone) })
+	}
+	return n, err
+}
+
+func (g *gatedConn) SetDeadline(t time.Time) error {
+	if !t.IsZero() && t.Before(time.Now()) {
+		first := false
+		g.once.Do(func() { first = true; close(g.open) })
+		if first {
+			<-g.readDone
+		}
+	}
+	return g.Conn.SetDeadline(t)
+}
+
+// The leash ends the wait just as the silent host's first answer arrives:
+// either the attempt fails and the next host gives the connection, or the
+// connection is the first host's and works; never a connection handed out
+// with the leash's past deadline still set on it.
+func TestLeashSilentHostsAnswerAtTheLeash(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := pgtest.NewDatabase(t)
+	server, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newSilentHost(t, server)
+	aAddr := net.JoinHostPort("127.0.0.1", itoaPort(a.port()))
+	var gated bool
+	var mu sync.Mutex
+	d := &net.Dialer{}
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Fallbacks = []*pgconn.FallbackConfig{{Host: cfg.Host, Port: cfg.Port, TLSConfig: cfg.TLSConfig}}
+	cfg.Host, cfg.Port, cfg.TLSConfig = "127.0.0.1", a.port(), nil
+	cfg.ConnectTimeout = 300 * time.Millisecond
+	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := d.DialContext(ctx, network, addr)
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil || addr != aAddr || !gated {
+			return c, err
+		}
+		return &gatedConn{Conn: c, open: make(chan struct{}), readDone: make(chan struct{})}, nil
+	}
+	lease.LeashSilentHosts(&cfg.Config)
+	// The first attempt finds the first host frozen: silent from now on.
+	landedOn(t, ctx, cfg, "first connection")
+	a.frozen.Store(false)
+	mu.Lock()
+	gated = true
+	mu.Unlock()
+	cfg.ConnectTimeout = time.Hour
+	for i := 0; i < 3; i++ {
+		landedOn(t, ctx, cfg, "connection whose first host answers at the leash")
+	}
+}
+
+func itoaPort(p uint16) string { return strconv.Itoa(int(p)) }
