@@ -24,8 +24,11 @@ import (
 // attempts, a quarter of ConnectTimeout (between 250 ms and 1 s; 1 s
 // without a ConnectTimeout): if it has not answered by then, the attempt
 // moves on to the next host. A host is never skipped, only leashed, and it
-// is trusted again as soon as it answers within the leash; and while every
-// host of the configuration is silent, none is leashed. Set it before
+// is trusted again as soon as it answers within the leash; and while no
+// other host of the configuration gives connections (every one silent,
+// down, or rejected by ValidateConnect, as target_session_attrs does), none
+// is leashed: a slow host may be the only one left. It wraps
+// ValidateConnect to learn which hosts give connections. Set it before
 // the pool opens:
 //
 //	cfg, _ := pgxpool.ParseConfig(dsn)
@@ -52,6 +55,16 @@ func LeashSilentHosts(cfg *pgconn.Config) {
 		h.dial = d.DialContext
 	}
 	cfg.DialFunc = h.dialContext
+	validate := cfg.ValidateConnect
+	cfg.ValidateConnect = func(ctx context.Context, c *pgconn.PgConn) error {
+		var err error
+		if validate != nil {
+			err = validate(ctx, c)
+		}
+		var np *pgconn.NotPreferredError
+		h.gave(c.Conn(), err == nil || errors.As(err, &np))
+		return err
+	}
 }
 
 // hostCount is how many distinct host and port pairs cfg names.
@@ -73,7 +86,8 @@ var silentHosts struct {
 }
 
 // hostWatch is the dialer of LeashSilentHosts. seen holds the addresses
-// (network and address) it has dialed, as pgconn resolved them.
+// (network and address) it has dialed, as pgconn resolved them, each with
+// whether its last attempt gave a connection.
 type hostWatch struct {
 	dial  pgconn.DialFunc
 	leash time.Duration
@@ -83,25 +97,47 @@ type hostWatch struct {
 }
 
 // leashed records that key is dialed and reports whether it gets the
-// leash: it is silent, and another host of this configuration is not (or
-// was not dialed yet). When every one is silent (a cluster too loaded to answer within the
-// leash, say), each keeps its whole ConnectTimeout.
+// leash: it is silent, and another host of this configuration gave the
+// last connection it was asked for (or was not dialed yet). When no other
+// one does (every host silent, a cluster too loaded to answer within the
+// leash, say; or the others down, refusing, or rejected by
+// target_session_attrs), the silent host keeps its whole ConnectTimeout:
+// it may be the only one that can give a connection.
 func (h *hostWatch) leashed(key string) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.seen[key] = true
+	if _, ok := h.seen[key]; !ok {
+		h.seen[key] = false
+	}
 	if !hostSilent(key) {
 		return false
 	}
 	if len(h.seen) < h.hosts {
 		return true // a host not dialed yet may answer
 	}
-	for k := range h.seen {
-		if k != key && !hostSilent(k) {
+	for k, gave := range h.seen {
+		if k != key && gave && !hostSilent(k) {
 			return true
 		}
 	}
 	return false
+}
+
+// gave records whether the connection c (as dialed by dialContext) gave
+// a usable connection.
+func (h *hostWatch) gave(c net.Conn, ok bool) {
+	if t, isTLS := c.(interface{ NetConn() net.Conn }); isTLS {
+		c = t.NetConn()
+	}
+	if w, isWatched := c.(*watchedConn); isWatched {
+		h.setGave(w.addr, ok)
+	}
+}
+
+func (h *hostWatch) setGave(key string, ok bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.seen[key] = ok
 }
 
 func hostSilent(addr string) bool {
@@ -131,9 +167,10 @@ func (h *hostWatch) dialContext(ctx context.Context, network, addr string) (net.
 		if isTimeout(err) {
 			markHost(key, true)
 		}
+		h.setGave(key, false)
 		return nil, err
 	}
-	w := &watchedConn{Conn: c, addr: key}
+	w := &watchedConn{Conn: c, addr: key, watch: h}
 	if leashed {
 		w.leash = time.AfterFunc(h.leash, func() {
 			w.mu.Lock()
@@ -151,7 +188,8 @@ func (h *hostWatch) dialContext(ctx context.Context, network, addr string) (net.
 // for its address.
 type watchedConn struct {
 	net.Conn
-	addr     string      // network and address
+	addr     string // network and address
+	watch    *hostWatch
 	leash    *time.Timer // nil: the host was not silent when dialed
 	answered atomic.Bool
 	mu       sync.Mutex // orders the first answer and the leash's cut
@@ -175,6 +213,9 @@ func (w *watchedConn) Read(b []byte) (int, error) {
 		}
 		markHost(w.addr, false)
 		return n, err
+	}
+	if cut || (err != nil && isTimeout(err)) {
+		w.watch.setGave(w.addr, false)
 	}
 	if cut {
 		// The leash set a past deadline: an answer read as it did

@@ -2,6 +2,7 @@ package lease_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"strconv"
 	"sync"
@@ -14,6 +15,52 @@ import (
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
 )
+
+// refusedPort is a TCP port on 127.0.0.1 nothing listens on (a host whose
+// postmaster is down: it refuses at once).
+func refusedPort(t *testing.T) uint16 {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := uint16(ln.Addr().(*net.TCPAddr).Port)
+	_ = ln.Close()
+	return p
+}
+
+// A host that went silent once and now answers, slower than the leash,
+// while the configuration's other host is down (refuses): the slow host is
+// the only one that can give a connection, so it keeps its whole
+// ConnectTimeout instead of being cut by the leash on every connection.
+func TestLeashSilentHostsSlowHostOtherDown(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := pgtest.NewDatabase(t)
+	server, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newSilentHost(t, server)
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Host, cfg.Port, cfg.TLSConfig = "127.0.0.1", a.port(), nil
+	cfg.Fallbacks = []*pgconn.FallbackConfig{{Host: "127.0.0.1", Port: refusedPort(t)}}
+	cfg.ConnectTimeout = 300 * time.Millisecond // the leash: 250 ms
+	lease.LeashSilentHosts(&cfg.Config)
+	if _, err := pgx.ConnectConfig(ctx, cfg); err == nil {
+		t.Fatal("connected through a frozen host and a refusing one")
+	}
+	// The first host thaws but answers 2 s after it accepts, eight
+	// leashes, well within an hour's ConnectTimeout.
+	a.delay.Store(int64(2 * time.Second))
+	a.frozen.Store(false)
+	cfg.ConnectTimeout = time.Hour
+	if p := landedOn(t, ctx, cfg, "connection to the slow host"); p != a.port() {
+		t.Fatalf("connection landed on port %d, want the slow host (%d)", p, a.port())
+	}
+}
 
 // gatedConn holds its first Read until the leash sets a past deadline,
 // and lets that deadline take effect only once the Read has returned the
@@ -92,3 +139,42 @@ func TestLeashSilentHostsAnswerAtTheLeash(t *testing.T) {
 }
 
 func itoaPort(p uint16) string { return strconv.Itoa(int(p)) }
+
+// The same with the other host answering but rejected by the
+// configuration's ValidateConnect (a standby under
+// target_session_attrs=read-write): the slow host is still the only one
+// that gives a connection, and keeps its whole ConnectTimeout.
+func TestLeashSilentHostsSlowHostOtherRejected(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := pgtest.NewDatabase(t)
+	server, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := newSilentHost(t, server), newSilentHost(t, server)
+	b.frozen.Store(false)
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Host, cfg.Port, cfg.TLSConfig = "127.0.0.1", a.port(), nil
+	cfg.Fallbacks = []*pgconn.FallbackConfig{{Host: "127.0.0.1", Port: b.port()}}
+	cfg.ConnectTimeout = 300 * time.Millisecond // the leash: 250 ms
+	errStandby := errors.New("a standby")
+	cfg.ValidateConnect = func(_ context.Context, c *pgconn.PgConn) error {
+		if c.Conn().RemoteAddr().(*net.TCPAddr).Port == int(b.port()) {
+			return errStandby
+		}
+		return nil
+	}
+	lease.LeashSilentHosts(&cfg.Config)
+	if _, err := pgx.ConnectConfig(ctx, cfg); err == nil {
+		t.Fatal("connected through a frozen host and a rejected one")
+	}
+	a.delay.Store(int64(2 * time.Second))
+	a.frozen.Store(false)
+	cfg.ConnectTimeout = time.Hour
+	if p := landedOn(t, ctx, cfg, "connection to the slow host"); p != a.port() {
+		t.Fatalf("connection landed on port %d, want the slow host (%d)", p, a.port())
+	}
+}
