@@ -34,6 +34,7 @@ import (
 //	cfg, _ := pgxpool.ParseConfig(dsn)
 //	lease.LeashSilentHosts(&cfg.ConnConfig.Config)
 //
+// A connection attempt its caller cancelled teaches nothing of a host.
 // A host's silence is remembered for the whole process (by network and
 // address), so that every configuration set up with LeashSilentHosts
 // leashes a host any of them found silent: a process that opens a second
@@ -164,13 +165,16 @@ func (h *hostWatch) dialContext(ctx context.Context, network, addr string) (net.
 	leashed := h.leashed(key)
 	c, err := h.dial(ctx, network, addr)
 	if err != nil {
+		if errors.Is(ctx.Err(), context.Canceled) {
+			return nil, err // the caller gave up: nothing learnt of the host
+		}
 		if isTimeout(err) {
 			markHost(key, true)
 		}
 		h.setGave(key, false)
 		return nil, err
 	}
-	w := &watchedConn{Conn: c, addr: key, watch: h}
+	w := &watchedConn{Conn: c, addr: key, watch: h, ctx: ctx}
 	if leashed {
 		w.leash = time.AfterFunc(h.leash, func() {
 			w.mu.Lock()
@@ -190,7 +194,8 @@ type watchedConn struct {
 	net.Conn
 	addr     string // network and address
 	watch    *hostWatch
-	leash    *time.Timer // nil: the host was not silent when dialed
+	ctx      context.Context // the attempt's: cancelled, a silence is the caller's, not the host's
+	leash    *time.Timer     // nil: the host was not silent when dialed
 	answered atomic.Bool
 	mu       sync.Mutex // orders the first answer and the leash's cut
 	cut      bool       // the leash ended the wait for the first answer
@@ -214,7 +219,7 @@ func (w *watchedConn) Read(b []byte) (int, error) {
 		markHost(w.addr, false)
 		return n, err
 	}
-	if cut || (err != nil && isTimeout(err)) {
+	if cut || (err != nil && isTimeout(err) && !errors.Is(w.ctx.Err(), context.Canceled)) {
 		w.watch.setGave(w.addr, false)
 	}
 	if cut {
@@ -224,7 +229,7 @@ func (w *watchedConn) Read(b []byte) (int, error) {
 		markHost(w.addr, true)
 		return 0, os.ErrDeadlineExceeded
 	}
-	if err != nil && isTimeout(err) {
+	if err != nil && isTimeout(err) && !errors.Is(w.ctx.Err(), context.Canceled) {
 		markHost(w.addr, true)
 	}
 	return n, err

@@ -6,6 +6,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -176,5 +177,62 @@ func TestLeashSilentHostsSlowHostOtherRejected(t *testing.T) {
 	cfg.ConnectTimeout = time.Hour
 	if p := landedOn(t, ctx, cfg, "connection to the slow host"); p != a.port() {
 		t.Fatalf("connection landed on port %d, want the slow host (%d)", p, a.port())
+	}
+}
+
+// A caller that gives up its connection attempt (cancels its context)
+// while a host has not answered yet learns nothing about that host: the
+// host is not marked silent, and a later connection gives it its whole
+// ConnectTimeout.
+func TestLeashSilentHostsCallerCancelIsNoSilence(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := pgtest.NewDatabase(t)
+	server, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newSilentHost(t, server)
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Fallbacks = []*pgconn.FallbackConfig{{Host: cfg.Host, Port: cfg.Port, TLSConfig: cfg.TLSConfig}}
+	cfg.Host, cfg.Port, cfg.TLSConfig = "127.0.0.1", a.port(), nil
+	cfg.ConnectTimeout = 4 * time.Second // the leash: 1 s
+	var armed atomic.Bool
+	dialed := make(chan struct{}, 1)
+	d := &net.Dialer{}
+	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := d.DialContext(ctx, network, addr)
+		if err == nil && armed.CompareAndSwap(true, false) {
+			dialed <- struct{}{}
+		}
+		return c, err
+	}
+	lease.LeashSilentHosts(&cfg.Config)
+	// Frozen: the first host is silent, the second gives the connection.
+	cfg.ConnectTimeout = 300 * time.Millisecond
+	landedOn(t, ctx, cfg, "first connection")
+	// Thawed: it answers within the leash and is trusted again.
+	cfg.ConnectTimeout = time.Hour
+	a.frozen.Store(false)
+	if p := landedOn(t, ctx, cfg, "connection after the thaw"); p != a.port() {
+		t.Fatalf("connection after the thaw landed on port %d, want the first host (%d)", p, a.port())
+	}
+	// Frozen again, and the caller cancels as soon as the first host
+	// accepted: that says nothing of the host.
+	a.frozen.Store(true)
+	cctx, cancel := context.WithCancel(ctx)
+	armed.Store(true)
+	go func() { <-dialed; cancel() }()
+	if _, err := pgx.ConnectConfig(cctx, cfg); err == nil {
+		t.Fatal("connected with the context cancelled")
+	}
+	// Slow now (4 s, four leashes): it is not leashed, and gives the
+	// connection.
+	a.delay.Store(int64(4 * time.Second))
+	a.frozen.Store(false)
+	if p := landedOn(t, ctx, cfg, "connection after the caller's cancel"); p != a.port() {
+		t.Fatalf("connection landed on port %d, want the first host (%d)", p, a.port())
 	}
 }
