@@ -186,8 +186,8 @@ type handedOff struct {
 // work holds back its shard alone. A release hands the key to its
 // registered runner-up in the same transaction. No statement runs before
 // the release: grants handed over that this process has not seen yet are
-// found by a list beside it and released right after. Then it announces
-// the change. What a statement running at the stop takes is released by
+// found by a list beside it and released right after; the candidacies
+// are withdrawn beside it too. Then it announces the change. What a statement running at the stop takes is released by
 // finish.
 func (r *Sharder) handOver(stopped time.Time) handedOff {
 	clk := r.c.Clock()
@@ -202,6 +202,12 @@ func (r *Sharder) handOver(stopped time.Time) handedOff {
 	unlisted := make(chan []lease.Token, 1)
 	have := slices.Clone(ts)
 	go func() { unlisted <- r.handedUnlisted(ctx, have) }()
+	// The candidacies end at the stop too, beside the release: a release
+	// by another owner meanwhile hands its key to a live replica, not to
+	// this one, which would hold it unworked until finish.
+	withdrawn := make(chan struct{})
+	go func() { defer close(withdrawn); r.withdrawAll(ctx) }()
+	defer func() { <-withdrawn }()
 	rel := r.releaseAsDone(ctx, ts, ending)
 	if more := <-unlisted; len(more) > 0 {
 		rel2 := r.releaseAsDone(ctx, more, nil)
@@ -263,6 +269,21 @@ func (r *Sharder) finish(h handedOff) {
 	r.cfg.Logger.Info("shard: left", "controller", r.cfg.Controller, "identity", r.cfg.Identity,
 		"shards", h.shards, "waited", h.sent, "work_ended", h.worked, "release", h.first, "released", h.released,
 		"statements", h.statements, "announced", h.announced, "in_flight", inFlight, "left_over", left)
+}
+
+// withdrawAll withdraws this process's candidacies for every shard (a
+// key it is no candidate of costs an unlocked read): the round's own
+// record of them (cands) is the round's, which may still run.
+func (r *Sharder) withdrawAll(ctx context.Context) {
+	keys := make([]string, r.cfg.Shards)
+	for s := range keys {
+		keys[s] = Key(r.cfg.Controller, s)
+	}
+	if err := inBatches(len(keys), func(lo, hi int) error {
+		return handover.WithdrawMany(ctx, r.c, keys[lo:hi], r.owner)
+	}); err != nil {
+		r.cfg.Logger.Warn("shard: withdraw candidacies", "controller", r.cfg.Controller, "err", err)
+	}
 }
 
 // endAll ends the term of every shard not ended yet and of the member key,
