@@ -57,8 +57,9 @@ func (r *Sharder) round(stop, ctx context.Context) (time.Time, error) {
 	stale := r.overs != overs
 	r.mu.Unlock()
 	if stale {
-		// A takeover ran since the list: a plan from it would give up what
-		// it took (the list shows the crashed member live). List again.
+		// A takeover or a handover's take ran since the list: a plan from
+		// it would give up what it took (the list shows the former holder
+		// live, or holding it). List again.
 		r.moves.Unlock()
 		return clk.Now(), nil
 	}
@@ -353,6 +354,10 @@ func (r *Sharder) takeHandedOver(ctx, stmts context.Context, handovers *listen.C
 		}
 		if began {
 			r.align(stmts)
+			// A round that listed before these terms began lists again.
+			r.mu.Lock()
+			r.overs++
+			r.mu.Unlock()
 		}
 		r.moves.Unlock()
 		if ctx.Err() != nil {

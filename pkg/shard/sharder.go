@@ -36,7 +36,8 @@
 //     statement, sent before the first returns), those notified later next,
 //     as long as each batch takes a grant (a flood of forged ones never
 //     holds the rounds back), and all its keys are renewed at once after the
-//     last;
+//     last; a round that listed before such a take lists again before it
+//     plans (the older list shows the shard held by the releaser);
 //   - a replica that stops releases its member key and every shard in one
 //     statement (lease.Client.ReleaseMany) once their work ended (a shard whose
 //     work outlasts a Poll goes in a later statement), at once: not after the
@@ -208,7 +209,7 @@ type Sharder struct {
 	stops    sync.WaitGroup
 	pending  []takeover    // the last plan's takeovers not taken yet
 	replan   chan struct{} // a round set pending: sendTakeovers looks again
-	overs    int           // takeovers sent: a round listed before one re-lists
+	overs    int           // takeovers sent, handovers taken: a round listed before one re-lists
 
 	// Touched by Run's goroutine only.
 	cands    map[int]int32 // shard -> priority of this replica's candidacy

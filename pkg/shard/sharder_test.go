@@ -473,6 +473,155 @@ func TestHandoverTakenOnItsNotification(t *testing.T) {
 	}
 }
 
+// heldListGate holds back, once armed, the end of a replica's next round
+// list (lease.list() of every key from Run's context): the round has read
+// the keys and waits to plan from them. It counts the round lists begun.
+type heldListGate struct {
+	mu     sync.Mutex
+	armed  bool
+	held   chan struct{} // closed once a list is held
+	resume chan struct{} // closed to let it go
+	lists  int
+}
+
+type roundList struct{}
+
+func newHeldListGate() *heldListGate {
+	return &heldListGate{held: make(chan struct{}), resume: make(chan struct{})}
+}
+
+func (g *heldListGate) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if !strings.Contains(d.SQL, "lease.list()") || ctx.Value(runOf{}) == nil {
+		return ctx
+	}
+	g.mu.Lock()
+	g.lists++
+	g.mu.Unlock()
+	return context.WithValue(ctx, roundList{}, true)
+}
+
+func (g *heldListGate) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if ctx.Value(roundList{}) == nil {
+		return
+	}
+	g.mu.Lock()
+	hold := g.armed
+	g.armed = false
+	g.mu.Unlock()
+	if hold {
+		close(g.held)
+		<-g.resume
+	}
+}
+
+func (g *heldListGate) listsBegun() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.lists
+}
+
+// TestHandoverTakenAfterARoundListedIsKept: a round that listed before a
+// handover's notification was taken lists again before it plans: a plan
+// from the older list would give up the shard just taken (that list shows
+// it held by the member that handed it over). Member y runs no replica:
+// the test holds its keys (owner y#0) and releases them all at once, as a
+// leave, while a's round holds the list it read before; a keeps each of
+// y's shards under the grant the handover gave it, with no release.
+func TestHandoverTakenAfterARoundListedIsKept(t *testing.T) {
+	c := newCluster(t, 4, 3*time.Second)
+	ctx := pgtest.Context(t, 0)
+	lc := lease.New(c.pool)
+	member, ok, err := lc.Acquire(ctx, shard.MemberKey("ctl", "y"), "y#0", 10*time.Minute)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	var ys []int
+	var keys []string
+	for s, m := range shard.Assign(c.n, []string{"a", "y"}) {
+		if m == "y" {
+			ys, keys = append(ys, s), append(keys, shard.Key("ctl", s))
+		}
+	}
+	grants, denied, err := lc.AcquireMany(ctx, keys, "y#0", 10*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := []lease.Token{member.Token}
+	for i, s := range ys {
+		if denied[i] != nil || grants[i].Epoch == 0 {
+			t.Fatalf("y's shard %d not acquired: %v", s, denied[i])
+		}
+		tokens = append(tokens, grants[i].Token)
+	}
+	gate := newHeldListGate()
+	c.poolOpts = []pgtest.PoolOption{func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = gate }}
+	c.start("a")
+	c.poolOpts = nil
+	var resumed sync.Once
+	resume := func() { resumed.Do(func() { close(gate.resume) }) }
+	t.Cleanup(resume) // before the replica stops
+	a := c.replicas["a"].r
+	owners := make([]string, c.n)
+	waitFor(t, "a owning every shard but y's", func() bool {
+		for s := range c.n {
+			owners[s] = "a"
+			if slices.Contains(ys, s) {
+				owners[s] = "y"
+			}
+			if a.Owns(s) != (owners[s] == "a") {
+				return false
+			}
+		}
+		return true
+	})
+	c.waitRunnersUp(owners, shard.Assign(c.n, []string{"a"}), "y")
+
+	gate.mu.Lock()
+	gate.armed = true
+	gate.mu.Unlock()
+	<-gate.held
+	// y leaves: one release of its member key and shards hands the shards
+	// to a, whose round holds a list that shows y live and holding them.
+	if _, err := lc.ReleaseMany(ctx, tokens); err != nil {
+		t.Fatal(err)
+	}
+	epochs := map[int]int64{}
+	for _, s := range ys {
+		waitFor(t, fmt.Sprintf("a acting under y's shard %d", s), func() bool { return a.Owns(s) })
+		sctx, done, ok := a.Begin(ctx, s)
+		if !ok {
+			t.Fatalf("a does not own shard %d", s)
+		}
+		tok, _ := lease.TokenFromContext(sctx)
+		done()
+		epochs[s] = tok.Epoch
+	}
+	lists := gate.listsBegun()
+	resume()
+	// Two more lists: a round planned from a list that shows the handover.
+	waitFor(t, "two more rounds of a", func() bool { return gate.listsBegun() >= lists+2 })
+	for _, s := range ys {
+		sctx, done, ok := a.Begin(ctx, s)
+		if !ok {
+			t.Errorf("a gave up shard %d, handed to it after its round listed", s)
+			continue
+		}
+		tok, _ := lease.TokenFromContext(sctx)
+		done()
+		if tok.Epoch != epochs[s] {
+			t.Errorf("shard %d: a acts under epoch %d, want the handover's %d", s, tok.Epoch, epochs[s])
+		}
+		h, err := leaseadmin.History(ctx, lc, shard.Key("ctl", s), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(h) != 1 || h[0].Kind != "handed_over" || h[0].PreviousOwner != "y#0" || h[0].Owner != a.Owner() {
+			t.Errorf("shard %d: last history %+v, want handed_over from y#0 to %s", s, h, a.Owner())
+		}
+	}
+	c.checkNoOverlap()
+}
+
 // TestLeaveReleasesFirst: a leaving replica's first statement is the
 // release that hands its shards over; the list that finds grants handed to
 // it unseen runs beside it: with the leaver's lists held back, the others
