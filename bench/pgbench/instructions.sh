@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 bindir="${PGLEASE_PG_BINDIR:-$(pg_config --bindir)}"
-command -v valgrind >/dev/null || { echo "instructions.sh: needs valgrind" >&2; exit 2; }
+command -v valgrind >/dev/null || { echo "instructions.sh: needs valgrind (apt-get install valgrind)" >&2; exit 2; }
 
 args="('r-1', 'c1', 1, interval '1 h')"
 declare -A stmt=(
@@ -30,7 +30,7 @@ done
 names=("$@")
 ((${#names[@]})) || names=(bare plupdate emptydef renew r5_copy r5_ctid r5_one r5_onesub r5_noset r5_notl r5_noplan)
 
-dir="$(mktemp -d /tmp/pglease-instr.XXXXXX)"
+dir="$(mktemp -d "${TMPDIR:-/tmp}/pglease-instr.XXXXXX")"
 trap 'rm -rf "$dir"' EXIT
 # PostgreSQL refuses to run as root: then the server runs as nobody.
 as=()
