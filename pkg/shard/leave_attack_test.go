@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/handover"
 	"github.com/pglease/pg_lease/pkg/lease"
@@ -29,9 +27,7 @@ func TestLeaveWithdrawsCandidaciesAtTheStop(t *testing.T) {
 	defer gate.open()
 	a := c.start("a")
 	live := c.start("c")
-	c.poolOpts = []pgtest.PoolOption{func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = gate }}
-	b := c.start("b")
-	c.poolOpts = nil
+	b := c.startTraced("b", gate)
 	c.waitSettled("a", "b", "c")
 	owners := c.last
 	afterA := shard.Balance(c.n, []string{"b", "c"}, owners)

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/handover"
@@ -124,9 +123,7 @@ func TestLeaveDoesNotWaitForStatementsInFlight(t *testing.T) {
 	defer gate.open()
 	c.start("a")
 	c.start("c")
-	c.poolOpts = []pgtest.PoolOption{func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = gate }}
-	b := c.start("b")
-	c.poolOpts = nil
+	b := c.startTraced("b", gate)
 	c.waitSettled("a", "b", "c")
 	owners := c.last
 	after := shard.Balance(c.n, []string{"a", "c"}, owners)
@@ -188,9 +185,7 @@ func TestLeaveReleasesWhatAStatementInFlightTook(t *testing.T) {
 	gate := &stmtGate{match: []string{"LATERAL lease.acquire(u.k"}, keyArg: shard.Key("ctl", 0), held: map[string]int{}}
 	defer gate.open()
 	gate.close()
-	c.poolOpts = []pgtest.PoolOption{func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = gate }}
-	v := c.start("v")
-	c.poolOpts = nil
+	v := c.startTraced("v", gate)
 	waitFor(t, "v's acquire of its shards held back", gate.heldAll)
 	v.cancel(context.Canceled)
 	member := shard.MemberKey("ctl", "v")
@@ -251,9 +246,7 @@ func TestHandoverNotifiedDuringATakeTakenBesideIt(t *testing.T) {
 	}
 	gate := &renewGate{hold: []string{shard.Key("ctl", bs[0])}}
 	defer gate.open()
-	c.poolOpts = []pgtest.PoolOption{func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = gate }}
-	rep := c.start("v")
-	c.poolOpts = nil
+	rep := c.startTraced("v", gate)
 	v := rep.r
 	for s, m := range want {
 		if m == "v" {
@@ -315,9 +308,7 @@ func TestHandoverOfAShardBeingTakenDecidedAfterTheTake(t *testing.T) {
 	}
 	gate := &renewGate{hold: []string{shard.Key("ctl", bs[0])}}
 	defer gate.open()
-	c.poolOpts = []pgtest.PoolOption{func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = gate }}
-	rep := c.start("v")
-	c.poolOpts = nil
+	rep := c.startTraced("v", gate)
 	v := rep.r
 	for s, m := range want {
 		if m == "v" {

@@ -61,6 +61,14 @@ func newCluster(t *testing.T, n int, ttl time.Duration) *cluster {
 // start runs a replica named id with its own pool and waiter, and a worker
 // that keeps acting under each owned shard: it marks the shard active
 // (failing on another replica's mark), works 2 ms, and unmarks it.
+// startTraced is start with tr tracing the replica's lease pool (a gate
+// that holds statements back, a recorder).
+func (c *cluster) startTraced(id string, tr pgx.QueryTracer) *replica {
+	c.poolOpts = []pgtest.PoolOption{func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = tr }}
+	defer func() { c.poolOpts = nil }()
+	return c.start(id)
+}
+
 func (c *cluster) start(id string) *replica {
 	t := c.t
 	pool := pgtest.NewPool(t, c.dsn, c.poolOpts...)
@@ -554,9 +562,7 @@ func TestHandoverTakenAfterARoundListedIsKept(t *testing.T) {
 		tokens = append(tokens, grants[i].Token)
 	}
 	gate := newHeldListGate()
-	c.poolOpts = []pgtest.PoolOption{func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = gate }}
-	c.start("a")
-	c.poolOpts = nil
+	c.startTraced("a", gate)
 	var resumed sync.Once
 	resume := func() { resumed.Do(func() { close(gate.resume) }) }
 	t.Cleanup(resume) // before the replica stops
@@ -632,9 +638,7 @@ func TestLeaveReleasesFirst(t *testing.T) {
 	defer gate.open()
 	c.start("a")
 	c.start("c")
-	c.poolOpts = []pgtest.PoolOption{func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = gate }}
-	c.start("b")
-	c.poolOpts = nil
+	c.startTraced("b", gate)
 	c.waitSettled("a", "b", "c")
 	owners := c.last
 	after := shard.Balance(c.n, []string{"a", "c"}, owners)
@@ -1126,9 +1130,7 @@ func TestCrashTakenOverWhileARoundWaits(t *testing.T) {
 		tokens = append(tokens, grants[i].Token)
 	}
 	gate := &roundGate{}
-	c.poolOpts = []pgtest.PoolOption{func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = gate }}
-	c.start("a")
-	c.poolOpts = nil
+	c.startTraced("a", gate)
 	t.Cleanup(func() { gate.setClosed(false) }) // before the replicas stop
 	var holders []string
 	waitFor(t, "a owning every shard but y's", func() bool {
@@ -1430,9 +1432,7 @@ func TestHandoversNotifiedMeanwhileTakenBeforeTheRenewal(t *testing.T) {
 	}
 	gate := &renewGate{hold: []string{shard.Key("ctl", bs[0])}}
 	defer gate.open()
-	c.poolOpts = []pgtest.PoolOption{func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = gate }}
-	rep := c.start("v")
-	c.poolOpts = nil
+	rep := c.startTraced("v", gate)
 	v := rep.r
 	for s, m := range want {
 		if m == "v" {
@@ -1587,9 +1587,7 @@ func TestForgedHandoverFloodLeavesTheRoundsRunning(t *testing.T) {
 			}
 		}
 	}
-	c.poolOpts = []pgtest.PoolOption{func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = gate }}
-	rep := c.start("v")
-	c.poolOpts = nil
+	rep := c.startTraced("v", gate)
 	v := rep.r
 	t.Cleanup(func() {
 		gate.mu.Lock()
