@@ -63,13 +63,23 @@ type Options struct {
 	// NoSlots runs Patroni with use_slots false: standbys stream without
 	// a replication slot (wal_keep_size keeps their WAL). With slots, a new
 	// primary creates its standbys' slots only in an HA cycle after its
-	// promotion, and a standby cannot stream from it before.
+	// promotion, and a standby cannot stream from it before; unless
+	// LateSlots is set, each node therefore has a pre_promote script that
+	// creates the other nodes' slots on it just before Patroni promotes it
+	// (psql from BinDir, or on PATH). The script always exits 0: a slot it
+	// could not create is left to Patroni, and never stops a promotion.
 	NoSlots bool
+	// LateSlots leaves a new primary's slots to Patroni alone (no
+	// pre_promote script): the standbys stream from it a cycle or two after
+	// its promotion.
+	LateSlots bool
 	// Dir is the parent of the cluster's temporary directory (default
 	// os.TempDir()); it must be searchable by nobody when root.
 	Dir string
 	// StartTimeout bounds Start and Node.Start (default 2 minutes).
 	StartTimeout time.Duration
+
+	psql string // the pre_promote script's psql
 }
 
 func (o *Options) withDefaults() error {
@@ -112,6 +122,14 @@ func (o *Options) withDefaults() error {
 		}
 		o.BinDir = d
 	}
+	if !o.NoSlots && !o.LateSlots && o.psql == "" {
+		o.psql = filepath.Join(o.BinDir, "psql")
+		if _, err := os.Stat(o.psql); err != nil {
+			if o.psql, err = exec.LookPath("psql"); err != nil {
+				return fmt.Errorf("patroni: no psql in %s nor on PATH, needed by the pre_promote script that creates a new primary's slots (install postgresql-client, or set Options.LateSlots)", o.BinDir)
+			}
+		}
+	}
 	if o.TTL == 0 {
 		o.TTL = 5
 	}
@@ -126,6 +144,10 @@ func (o *Options) withDefaults() error {
 	}
 	return nil
 }
+
+// nodeName is the name of the i-th node (also its replication slot's
+// name: Patroni names a member's slot after it).
+func nodeName(i int) string { return fmt.Sprintf("node%d", i) }
 
 // Cluster is a running etcd and its Patroni nodes.
 type Cluster struct {
@@ -174,7 +196,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	secret := make([]byte, 12)
 	_, _ = rand.Read(secret)
 	for i := range opts.Nodes {
-		n := &Node{c: c, Name: fmt.Sprintf("node%d", i), password: hex.EncodeToString(secret)}
+		n := &Node{c: c, Name: nodeName(i), password: hex.EncodeToString(secret)}
 		n.dir = filepath.Join(c.root, n.Name)
 		if n.Port, err = freePort(); err != nil {
 			return nil, err

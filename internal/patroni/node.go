@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -118,6 +119,13 @@ func (n *Node) writeConfig() error {
 			"remove_data_directory_on_diverged_timelines": true,
 		},
 	}
+	if !o.NoSlots && !o.LateSlots {
+		script, err := n.writePrePromote()
+		if err != nil {
+			return err
+		}
+		cfg["postgresql"].(map[string]any)["pre_promote"] = script
+	}
 	if n.tags != nil {
 		cfg["tags"] = n.tags
 	}
@@ -130,6 +138,40 @@ func (n *Node) writeConfig() error {
 	}
 	return n.c.chown(n.cfgPath())
 }
+
+// writePrePromote writes the node's pre_promote script: it creates the
+// other nodes' replication slots on this node, a standby that Patroni is
+// about to promote, so that they can stream from it as soon as it is
+// promoted (Patroni 3.0 creates them in an HA cycle after the promotion,
+// and in strict mode every commit on the new primary waits for a standby).
+// A physical slot can be created on a standby and outlives the promotion;
+// Patroni then finds the slots it expects. The script always exits 0:
+// Patroni aborts a promotion whose pre_promote fails.
+func (n *Node) writePrePromote() (string, error) {
+	o := n.c.opts
+	var slots []string
+	for i := range o.Nodes {
+		if name := nodeName(i); name != n.Name {
+			slots = append(slots, "'"+name+"'")
+		}
+	}
+	sql := "SELECT pg_catalog.pg_create_physical_replication_slot(s, true) FROM unnest(ARRAY[" +
+		strings.Join(slots, ",") + "]::text[]) AS s WHERE NOT EXISTS " +
+		"(SELECT FROM pg_catalog.pg_replication_slots r WHERE r.slot_name = s)"
+	script := "#!/bin/sh\n" +
+		"# Patroni's pre_promote: the other nodes' slots, before this node is promoted.\n" +
+		shellQuote(o.psql) + " -X -q -w -h " + shellQuote(n.sockDir()) + " -p " + strconv.Itoa(n.Port) +
+		" -U " + Superuser + " -d postgres -c " + shellQuote(sql) + " >/dev/null 2>&1\n" +
+		"exit 0\n"
+	path := filepath.Join(n.dir, "pre_promote.sh")
+	if err := os.WriteFile(path, []byte(script), 0o700); err != nil {
+		return "", err
+	}
+	return path, n.c.chown(path)
+}
+
+// shellQuote quotes s for sh.
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
 // SetTags replaces the node's Patroni tags (nosync, nofailover, ...; nil:
 // none) and makes a running Patroni reload its configuration (SIGHUP).

@@ -87,11 +87,20 @@ type world struct {
 func newWorld(t *testing.T, mode patroni.Mode) *world {
 	t.Helper()
 	ctx := pgtest.Context(t, 3*time.Minute)
+	slots := os.Getenv("PGLEASE_HA_SLOTS")
+	switch slots {
+	case "":
+		slots = "pre-promote"
+	case "off", "late":
+	default:
+		t.Fatalf("PGLEASE_HA_SLOTS=%q: want off, late, or unset (the standbys' slots created by a pre_promote script)", slots)
+	}
 	c, err := patroni.Start(ctx, patroni.Options{
 		Mode:      mode,
 		Etcd:      etcdBinary(t),
 		Supervise: pgtest.BuildProgram(t, supervisePkg),
-		NoSlots:   os.Getenv("PGLEASE_HA_SLOTS") == "off",
+		NoSlots:   slots == "off",
+		LateSlots: slots == "late",
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -153,8 +162,8 @@ func newWorld(t *testing.T, mode patroni.Mode) *world {
 		FROM pg_extension e, lease.status() s WHERE e.extname = 'pg_lease'`).Scan(&version, &promotion, &grace); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("Patroni cluster (%s, replication slots %v) on %s: pg_lease %s, max_ttl %v, promotion %s (grace %v), elector TTL %v",
-		mode, os.Getenv("PGLEASE_HA_SLOTS") != "off", c.Dir(), version, maxTTL, promotion, grace, ttl)
+	t.Logf("Patroni cluster (%s, replication slots %s) on %s: pg_lease %s, max_ttl %v, promotion %s (grace %v), elector TTL %v",
+		mode, slots, c.Dir(), version, maxTTL, promotion, grace, ttl)
 
 	// The guard: a server outside the cluster.
 	g := pgtest.New(t)
