@@ -116,7 +116,7 @@ func demo(ctx context.Context, out io.Writer) error {
 	// cancelled (lease.ErrCommitUnknown).
 	lease.ObserveCommits(&pcfg.ConnConfig.Config)
 	// With several hosts, a frozen one costs each new connection a leash, not ConnectTimeout.
-	lease.LeashSilentHosts(&pcfg.ConnConfig.Config)
+	lease.LeashSilentHostsPool(pcfg)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err
@@ -133,7 +133,7 @@ func demo(ctx context.Context, out io.Writer) error {
 	// cancelled is lease.ErrCommitUnknown, not success (pkg/fence).
 	lease.ObserveCommits(&scfg.ConnConfig.Config)
 	// With several hosts, a frozen one costs each new connection a leash, not ConnectTimeout.
-	lease.LeashSilentHosts(&scfg.ConnConfig.Config)
+	lease.LeashSilentHostsPool(scfg)
 	store, err := pgxpool.NewWithConfig(ctx, scfg)
 	if err != nil {
 		return err

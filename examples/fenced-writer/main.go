@@ -84,7 +84,7 @@ func run(ctx context.Context, w io.Writer, dsn, storeDSN, key string) error {
 	// cancelled (lease.ErrCommitUnknown).
 	lease.ObserveCommits(&pcfg.ConnConfig.Config)
 	// With several hosts, a frozen one costs each new connection a leash, not ConnectTimeout.
-	lease.LeashSilentHosts(&pcfg.ConnConfig.Config)
+	lease.LeashSilentHostsPool(pcfg)
 	leases, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err
@@ -98,7 +98,7 @@ func run(ctx context.Context, w io.Writer, dsn, storeDSN, key string) error {
 	// cancelled is lease.ErrCommitUnknown, not success (pkg/fence).
 	lease.ObserveCommits(&scfg.ConnConfig.Config)
 	// With several hosts, a frozen one costs each new connection a leash, not ConnectTimeout.
-	lease.LeashSilentHosts(&scfg.ConnConfig.Config)
+	lease.LeashSilentHostsPool(scfg)
 	store, err := pgxpool.NewWithConfig(ctx, scfg)
 	if err != nil {
 		return err

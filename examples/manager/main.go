@@ -144,7 +144,7 @@ func run(dsn, key, id, namespace string, sel labels.Selector, leaseDuration time
 	// cancelled (lease.ErrCommitUnknown).
 	lease.ObserveCommits(&pcfg.ConnConfig.Config)
 	// With several hosts, a frozen one costs each new connection a leash, not ConnectTimeout.
-	lease.LeashSilentHosts(&pcfg.ConnConfig.Config)
+	lease.LeashSilentHostsPool(pcfg)
 	// No cancel request when the process stops (see finishOnStop).
 	pcfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler { return finishOnStop{c.Conn()} }
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)

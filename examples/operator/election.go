@@ -54,7 +54,7 @@ func pgleaseElection(ctx context.Context, c config, ready func() bool) (*electio
 	// cancelled (lease.ErrCommitUnknown).
 	lease.ObserveCommits(&pcfg.ConnConfig.Config)
 	// With several hosts, a frozen one costs each new connection a leash, not ConnectTimeout.
-	lease.LeashSilentHosts(&pcfg.ConnConfig.Config)
+	lease.LeashSilentHostsPool(pcfg)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("lease database: %w", err)

@@ -249,7 +249,7 @@ func run(ctx context.Context, c config) error {
 	// cancelled is lease.ErrCommitUnknown, not success (pkg/fence).
 	lease.ObserveCommits(&storeCfg.ConnConfig.Config)
 	// With several hosts, a frozen one costs each new connection a leash, not ConnectTimeout.
-	lease.LeashSilentHosts(&storeCfg.ConnConfig.Config)
+	lease.LeashSilentHostsPool(storeCfg)
 	storePool, err := pgxpool.NewWithConfig(ctx, storeCfg)
 	if err != nil {
 		return fmt.Errorf("store: %w", err)

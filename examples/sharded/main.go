@@ -182,7 +182,7 @@ func run(ctx context.Context, c config) error {
 	// cancelled is lease.ErrCommitUnknown, not success (pkg/fence).
 	lease.ObserveCommits(&storeCfg.ConnConfig.Config)
 	// With several hosts, a frozen one costs each new connection a leash, not ConnectTimeout.
-	lease.LeashSilentHosts(&storeCfg.ConnConfig.Config)
+	lease.LeashSilentHostsPool(storeCfg)
 	storePool, err := pgxpool.NewWithConfig(ctx, storeCfg)
 	if err != nil {
 		return fmt.Errorf("store database: %w", err)
@@ -268,7 +268,7 @@ func leasePoolConfig(dsn string) (*pgxpool.Config, error) {
 	}
 	lease.ObserveCommits(&cfg.ConnConfig.Config)
 	// With several hosts, a frozen one costs each new connection a leash, not ConnectTimeout.
-	lease.LeashSilentHosts(&cfg.ConnConfig.Config)
+	lease.LeashSilentHostsPool(cfg)
 	cfg.AfterConnect = lease.WarmConn
 	cfg.MinIdleConns = leaseIdleConns
 	cfg.MaxConns = max(cfg.MaxConns, leaseConns)

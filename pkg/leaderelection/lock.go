@@ -163,7 +163,7 @@ func NewResourceLock(ctx context.Context, c Config, o ResourceLockOptions) (*Res
 		// never acknowledged (lease.ErrCommitUnknown).
 		lease.ObserveCommits(&pcfg.ConnConfig.Config)
 		// With several hosts, a frozen one costs each new connection a leash, not ConnectTimeout.
-		lease.LeashSilentHosts(&pcfg.ConnConfig.Config)
+		lease.LeashSilentHostsPool(pcfg)
 		if pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
 			return nil, fmt.Errorf("leaderelection: opening the pool (DSN from %s): %w", c.dsnSource(), err)
 		}

@@ -216,7 +216,7 @@ func (w *world) pool(opts ...pgtest.PoolOption) *pgxpool.Pool {
 	opts = append([]pgtest.PoolOption{pgtest.ConnectTimeout(2 * time.Second), pgtest.MaxConns(4), w.warn.option()}, opts...)
 	opts = append(opts, func(c *pgxpool.Config) {
 		lease.ObserveCommits(&c.ConnConfig.Config)
-		lease.LeashSilentHosts(&c.ConnConfig.Config)
+		lease.LeashSilentHostsPool(c)
 	})
 	return pgtest.NewPool(w.t, w.dsn, opts...)
 }

@@ -1,0 +1,206 @@
+package lease_test
+
+import (
+	"context"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pg_lease/internal/pgtest"
+	"github.com/pglease/pg_lease/pkg/lease"
+)
+
+// stallProxy forwards TCP connections to a server until it is frozen:
+// then it stops passing bytes either way on every connection, old and
+// new, and keeps them open (a paused machine).
+type stallProxy struct {
+	ln      net.Listener
+	network string
+	address string
+	mu      sync.Mutex
+	frozen  bool
+	thawed  *sync.Cond
+	conns   []net.Conn
+}
+
+func newStallProxy(t *testing.T, server *pgconn.Config) *stallProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	network, address := pgconn.NetworkAddress(server.Host, server.Port)
+	p := &stallProxy{ln: ln, network: network, address: address}
+	p.thawed = sync.NewCond(&p.mu)
+	go p.serve()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.frozen = false
+		for _, c := range p.conns {
+			_ = c.Close()
+		}
+		p.thawed.Broadcast()
+	})
+	return p
+}
+
+func (p *stallProxy) port() uint16 { return uint16(p.ln.Addr().(*net.TCPAddr).Port) }
+
+func (p *stallProxy) freeze() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.frozen = true
+}
+
+func (p *stallProxy) serve() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial(p.network, p.address)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c, s)
+		p.mu.Unlock()
+		go p.pass(s, c)
+		go p.pass(c, s)
+	}
+}
+
+// pass copies src to dst, holding each read back while frozen.
+func (p *stallProxy) pass(dst, src net.Conn) {
+	defer dst.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		p.mu.Lock()
+		for p.frozen {
+			p.thawed.Wait()
+		}
+		p.mu.Unlock()
+		n, err := src.Read(buf)
+		p.mu.Lock()
+		for p.frozen {
+			p.thawed.Wait()
+		}
+		p.mu.Unlock()
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// A pool holds an idle connection to the first host when that host
+// freezes and another connection attempt of the process finds it silent:
+// the pool's next statement does not run on that connection (it would wait
+// for the frozen host until its context ends) but on a new one, which the
+// leash takes to the second host.
+func TestLeashSilentHostsPoolDropsIdleConnectionsToASilentHost(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := pgtest.NewDatabase(t)
+	server, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newStallProxy(t, server)
+	twoHosts := func(cfg *pgconn.Config) {
+		cfg.Fallbacks = []*pgconn.FallbackConfig{{Host: cfg.Host, Port: cfg.Port, TLSConfig: cfg.TLSConfig}}
+		cfg.Host, cfg.Port, cfg.TLSConfig = "127.0.0.1", p.port(), nil
+	}
+	pcfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	twoHosts(&pcfg.ConnConfig.Config)
+	pcfg.ConnConfig.ConnectTimeout = time.Hour
+	pcfg.MaxConns = 1
+	lease.LeashSilentHostsPool(pcfg)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	port := func(what string) uint16 {
+		t.Helper()
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		defer c.Release()
+		if _, err := c.Exec(ctx, `SELECT 1`); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		return uint16(c.Conn().PgConn().Conn().RemoteAddr().(*net.TCPAddr).Port)
+	}
+	if got := port("before the freeze"); got != p.port() {
+		t.Fatalf("before the freeze the pool's connection reached port %d, want the first host (%d)", got, p.port())
+	}
+
+	p.freeze()
+	// Another connection of the process meets the frozen host: its
+	// ConnectTimeout, then the second host. The host is now known silent.
+	other, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	twoHosts(&other.Config)
+	other.ConnectTimeout = 300 * time.Millisecond
+	lease.LeashSilentHosts(&other.Config)
+	if got := landedOn(t, ctx, other, "another connection"); got == p.port() {
+		t.Fatal("another connection landed on the frozen host")
+	}
+
+	if got := port("after the freeze"); got == p.port() {
+		t.Fatal("the pool's statement after the freeze ran on the frozen host")
+	}
+}
+
+// The wrapped hooks still run: a BeforeAcquire of the caller's refuses a
+// connection as before.
+func TestLeashSilentHostsPoolKeepsBeforeAcquire(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := pgtest.NewDatabase(t)
+	pcfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.ConnConfig.Fallbacks = []*pgconn.FallbackConfig{{Host: pcfg.ConnConfig.Host, Port: pcfg.ConnConfig.Port}}
+	pcfg.ConnConfig.Host, pcfg.ConnConfig.Port = "127.0.0.1", refusedPort(t)
+	var asked int
+	var mu sync.Mutex
+	pcfg.BeforeAcquire = func(_ context.Context, _ *pgx.Conn) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		asked++
+		return asked > 1 // the first connection is refused and closed
+	}
+	lease.LeashSilentHostsPool(pcfg)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if _, err := pool.Exec(ctx, `SELECT 1`); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if asked < 2 {
+		t.Fatalf("BeforeAcquire asked %d times, want the refused connection and another", asked)
+	}
+}
