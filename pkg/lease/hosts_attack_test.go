@@ -264,9 +264,21 @@ func (s *standbys) validate(_ context.Context, c *pgconn.PgConn) error {
 	return nil
 }
 
+// dials counts the connections a configuration dialed, by address.
+type dials struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (d *dials) count(addr string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.n[addr]
+}
+
 // threeHosts is a configuration of the hosts a, b, c (in that order),
-// with LeashSilentHosts and st's ValidateConnect.
-func threeHosts(t *testing.T, dsn string, st *standbys, a, b, c *silentHost) *pgx.ConnConfig {
+// with LeashSilentHosts and st's ValidateConnect; d counts its dials.
+func threeHosts(t *testing.T, dsn string, st *standbys, a, b, c *silentHost) (*pgx.ConnConfig, *dials) {
 	t.Helper()
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
@@ -276,9 +288,20 @@ func threeHosts(t *testing.T, dsn string, st *standbys, a, b, c *silentHost) *pg
 	cfg.Fallbacks = []*pgconn.FallbackConfig{{Host: "127.0.0.1", Port: b.port()}, {Host: "127.0.0.1", Port: c.port()}}
 	cfg.ConnectTimeout = 300 * time.Millisecond // the leash: 250 ms
 	cfg.ValidateConnect = st.validate
+	d := &dials{n: map[string]int{}}
+	var dialer net.Dialer
+	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		d.mu.Lock()
+		d.n[addr]++
+		d.mu.Unlock()
+		return dialer.DialContext(ctx, network, addr)
+	}
 	lease.LeashSilentHosts(&cfg.Config)
-	return cfg
+	return cfg, d
 }
+
+// addr is the silent host's TCP address.
+func (h *silentHost) addr() string { return h.ln.Addr().String() }
 
 // A failover from a frozen primary: the first host accepts and never
 // answers, the two others answer but are standbys, so connections fail;
@@ -299,19 +322,19 @@ func TestLeashSilentHostsFailoverFromFrozenPrimary(t *testing.T) {
 	b.frozen.Store(false)
 	c.frozen.Store(false)
 	st := &standbys{ports: map[int]bool{int(b.port()): true, int(c.port()): true}}
-	cfg := threeHosts(t, dsn, st, a, b, c)
+	cfg, d := threeHosts(t, dsn, st, a, b, c)
 	// The first attempt waits its ConnectTimeout on the frozen host, the
 	// second cuts it at the leash, then tries it again with its whole
 	// ConnectTimeout after the standbys refused.
-	for i, wantA := range []int32{1, 2} {
-		a0, b0, c0 := a.accepted.Load(), b.accepted.Load(), c.accepted.Load()
+	for i, wantA := range []int{1, 2} {
+		a0, b0, c0 := d.count(a.addr()), d.count(b.addr()), d.count(c.addr())
 		if _, err := pgx.ConnectConfig(ctx, cfg); err == nil {
 			t.Fatalf("attempt %d: connected with no primary", i)
 		}
-		if got := a.accepted.Load() - a0; got != wantA {
+		if got := d.count(a.addr()) - a0; got != wantA {
 			t.Errorf("attempt %d: the frozen host was dialed %d times, want %d", i, got, wantA)
 		}
-		if gb, gc := b.accepted.Load()-b0, c.accepted.Load()-c0; gb != 1 || gc != 1 {
+		if gb, gc := d.count(b.addr())-b0, d.count(c.addr())-c0; gb != 1 || gc != 1 {
 			t.Errorf("attempt %d: the standbys were dialed %d and %d times, want once each", i, gb, gc)
 		}
 	}
@@ -368,7 +391,7 @@ func TestLeashSilentHostsSlowPrimaryBesideStandbys(t *testing.T) {
 	b.frozen.Store(false)
 	c.frozen.Store(false)
 	st := &standbys{ports: map[int]bool{int(c.port()): true}}
-	cfg := threeHosts(t, dsn, st, a, b, c)
+	cfg, _ := threeHosts(t, dsn, st, a, b, c)
 	if p := landedOn(t, ctx, cfg, "connection to the second host"); p != b.port() {
 		t.Fatalf("connection landed on port %d, want the second host (%d)", p, b.port())
 	}
