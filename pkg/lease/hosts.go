@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,12 +25,16 @@ import (
 // attempts, a quarter of ConnectTimeout (between 250 ms and 1 s; 1 s
 // without a ConnectTimeout): if it has not answered by then, the attempt
 // moves on to the next host. A host is never skipped, only leashed, and it
-// is trusted again as soon as it answers within the leash; and while no
-// other host of the configuration gives connections (every one silent,
-// down, or rejected by ValidateConnect, as target_session_attrs does), none
-// is leashed: a slow host may be the only one left. It wraps
-// ValidateConnect to learn which hosts give connections. Set it before
-// the pool opens:
+// is trusted again as soon as it answers. When no later host gives the
+// connection (each one silent, down, or rejected by ValidateConnect, as
+// target_session_attrs does), the attempt tries the hosts the leash cut
+// once more, in order, each with its whole ConnectTimeout: a slow primary
+// beside read-only standbys still gives the connection, a leash later than
+// it would have. For that second pass it appends to cfg.Fallbacks a copy
+// of each host, named "again/host:port" (the name a failed connection's
+// error gives it). It wraps cfg's DialFunc, LookupFunc and
+// ValidateConnect as they are when it is called: set those first. Call it
+// before the pool opens:
 //
 //	cfg, _ := pgxpool.ParseConfig(dsn)
 //	lease.LeashSilentHosts(&cfg.ConnConfig.Config)
@@ -40,32 +45,65 @@ import (
 // leashes a host any of them found silent: a process that opens a second
 // pool, or a listener, pays the ConnectTimeout once, not once per pool. A
 // configuration with a single host is left as it is: there is no other
-// host to move on to. It wraps cfg's own DialFunc.
+// host to move on to. A second call on the same configuration changes
+// nothing.
 func LeashSilentHosts(cfg *pgconn.Config) {
-	n := hostCount(cfg)
-	if n < 2 {
+	if hostCount(cfg) < 2 || hasSecondPass(cfg) {
 		return
 	}
 	leash := time.Second
 	if cfg.ConnectTimeout > 0 {
 		leash = min(max(cfg.ConnectTimeout/4, 250*time.Millisecond), time.Second)
 	}
-	h := &hostWatch{dial: cfg.DialFunc, leash: leash, hosts: n, seen: map[string]bool{}}
+	h := &hostWatch{dial: cfg.DialFunc, lookup: cfg.LookupFunc, leash: leash, again: map[string]bool{}}
 	if h.dial == nil {
 		d := &net.Dialer{KeepAlive: 5 * time.Minute}
 		h.dial = d.DialContext
 	}
+	if h.lookup == nil {
+		h.lookup = net.DefaultResolver.LookupHost
+	}
+	hosts := append([]*pgconn.FallbackConfig{{Host: cfg.Host, Port: cfg.Port, TLSConfig: cfg.TLSConfig}}, cfg.Fallbacks...)
+	fallbacks := make([]*pgconn.FallbackConfig, 0, len(cfg.Fallbacks)+len(hosts))
+	fallbacks = append(fallbacks, cfg.Fallbacks...)
+	for _, fb := range hosts {
+		fallbacks = append(fallbacks, &pgconn.FallbackConfig{
+			Host:      againPrefix + net.JoinHostPort(fb.Host, itoa(fb.Port)),
+			Port:      fb.Port,
+			TLSConfig: fb.TLSConfig,
+		})
+	}
+	cfg.Fallbacks = fallbacks
 	cfg.DialFunc = h.dialContext
+	cfg.LookupFunc = h.lookupHost
 	validate := cfg.ValidateConnect
 	cfg.ValidateConnect = func(ctx context.Context, c *pgconn.PgConn) error {
 		var err error
 		if validate != nil {
 			err = validate(ctx, c)
 		}
-		var np *pgconn.NotPreferredError
-		h.gave(c.Conn(), err == nil || errors.As(err, &np))
+		h.gave(c.Conn(), err == nil)
 		return err
 	}
+}
+
+// againPrefix marks the hosts of the second pass (cfg.Fallbacks'
+// "again/host:port") and the addresses they resolve to ("again/ip:port").
+// No host name, address or socket path begins with it.
+const againPrefix = "again/"
+
+// errNotTriedAgain is the second pass's error for a host the leash did
+// not cut: its attempt in the first pass ended otherwise.
+var errNotTriedAgain = errors.New("lease: not tried again: the leash did not cut its first attempt")
+
+// hasSecondPass reports whether LeashSilentHosts already set cfg up.
+func hasSecondPass(cfg *pgconn.Config) bool {
+	for _, fb := range cfg.Fallbacks {
+		if strings.HasPrefix(fb.Host, againPrefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // hostCount is how many distinct host and port pairs cfg names.
@@ -86,42 +124,75 @@ var silentHosts struct {
 	addrs map[string]bool
 }
 
-// hostWatch is the dialer of LeashSilentHosts. seen holds the addresses
-// (network and address) it has dialed, as pgconn resolved them, each with
-// whether its last attempt gave a connection.
+// hostWatch is the dialer of LeashSilentHosts. again holds the addresses
+// (network and address, as pgconn resolved them) the second pass tries:
+// those whose last attempt in a first pass the leash cut, or that gave
+// the last connection asked of them. The record is the configuration's,
+// not one connection attempt's (pgconn tells a dialer nothing of the
+// attempt it dials for). Of two attempts at once, one may then try again
+// a host only the other's leash cut (at most one ConnectTimeout more on
+// an attempt that was failing), or not try again a host its leash cut
+// whose attempt for the other ended otherwise since (it answered and was
+// rejected, say).
 type hostWatch struct {
-	dial  pgconn.DialFunc
-	leash time.Duration
-	hosts int // distinct host and port pairs of the configuration
-	mu    sync.Mutex
-	seen  map[string]bool
+	dial   pgconn.DialFunc
+	lookup pgconn.LookupFunc
+	leash  time.Duration
+	mu     sync.Mutex
+	again  map[string]bool
 }
 
-// leashed records that key is dialed and reports whether it gets the
-// leash: it is silent, and another host of this configuration gave the
-// last connection it was asked for (or was not dialed yet). When no other
-// one does (every host silent, a cluster too loaded to answer within the
-// leash, say; or the others down, refusing, or rejected by
-// target_session_attrs), the silent host keeps its whole ConnectTimeout:
-// it may be the only one that can give a connection.
-func (h *hostWatch) leashed(key string) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if _, ok := h.seen[key]; !ok {
-		h.seen[key] = false
+// lookupHost is the LookupFunc of LeashSilentHosts: a host of the second
+// pass resolves as the host it copies does, each address marked with
+// againPrefix for dialContext.
+func (h *hostWatch) lookupHost(ctx context.Context, host string) ([]string, error) {
+	hostPort, again := strings.CutPrefix(host, againPrefix)
+	if !again {
+		return h.lookup(ctx, host)
 	}
-	if !hostSilent(key) {
-		return false
+	host, port, err := net.SplitHostPort(hostPort)
+	if err != nil {
+		return nil, err
 	}
-	if len(h.seen) < h.hosts {
-		return true // a host not dialed yet may answer
-	}
-	for k, gave := range h.seen {
-		if k != key && gave && !hostSilent(k) {
-			return true
+	addrs := []string{host}
+	if !isAbsolutePath(host) { // a socket directory: pgconn resolves none
+		if addrs, err = h.lookup(ctx, host); err != nil {
+			return nil, err
 		}
 	}
-	return false
+	marked := make([]string, len(addrs))
+	for i, a := range addrs {
+		if ip, p, err := net.SplitHostPort(a); err == nil {
+			marked[i] = net.JoinHostPort(againPrefix+ip, p)
+		} else {
+			marked[i] = net.JoinHostPort(againPrefix+a, port)
+		}
+	}
+	return marked, nil
+}
+
+// isAbsolutePath is pgconn's test of a host that is a socket directory.
+func isAbsolutePath(p string) bool {
+	return strings.HasPrefix(p, "/") || (len(p) >= 3 && 'A' <= p[0] && p[0] <= 'Z' && p[1] == ':' && p[2] == '\\')
+}
+
+// secondPass reports whether network and addr are an address of the
+// second pass, and the network and address it stands for.
+func secondPass(network, addr string) (string, string, bool) {
+	if network != "tcp" || !strings.Contains(addr, againPrefix) {
+		return network, addr, false
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return network, addr, false
+	}
+	host, again := strings.CutPrefix(host, againPrefix)
+	p, err := strconv.ParseUint(port, 10, 16)
+	if !again || err != nil {
+		return network, addr, false
+	}
+	network, addr = pgconn.NetworkAddress(host, uint16(p))
+	return network, addr, true
 }
 
 // gave records whether the connection c (as dialed by dialContext) gave
@@ -131,14 +202,20 @@ func (h *hostWatch) gave(c net.Conn, ok bool) {
 		c = t.NetConn()
 	}
 	if w, isWatched := c.(*watchedConn); isWatched {
-		h.setGave(w.addr, ok)
+		h.setAgain(w.addr, ok)
 	}
 }
 
-func (h *hostWatch) setGave(key string, ok bool) {
+func (h *hostWatch) setAgain(key string, again bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.seen[key] = ok
+	h.again[key] = again
+}
+
+func (h *hostWatch) triesAgain(key string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.again[key]
 }
 
 func hostSilent(addr string) bool {
@@ -160,9 +237,16 @@ func markHost(addr string, silent bool) {
 	}
 }
 
+// dialContext dials addr. In the first pass it leashes a silent host;
+// in the second it dials, with no leash, only a host the record says to
+// try again.
 func (h *hostWatch) dialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	network, addr, again := secondPass(network, addr)
 	key := network + " " + addr
-	leashed := h.leashed(key)
+	if again && !h.triesAgain(key) {
+		return nil, errNotTriedAgain
+	}
+	leashed := !again && hostSilent(key)
 	c, err := h.dial(ctx, network, addr)
 	if err != nil {
 		if errors.Is(ctx.Err(), context.Canceled) {
@@ -171,10 +255,12 @@ func (h *hostWatch) dialContext(ctx context.Context, network, addr string) (net.
 		if isTimeout(err) {
 			markHost(key, true)
 		}
-		h.setGave(key, false)
+		if !again {
+			h.setAgain(key, false)
+		}
 		return nil, err
 	}
-	w := &watchedConn{Conn: c, addr: key, watch: h, ctx: ctx}
+	w := &watchedConn{Conn: c, addr: key, watch: h, ctx: ctx, again: again}
 	if leashed {
 		w.leash = time.AfterFunc(h.leash, func() {
 			w.mu.Lock()
@@ -195,7 +281,8 @@ type watchedConn struct {
 	addr     string // network and address
 	watch    *hostWatch
 	ctx      context.Context // the attempt's: cancelled, a silence is the caller's, not the host's
-	leash    *time.Timer     // nil: the host was not silent when dialed
+	again    bool            // dialed by the second pass
+	leash    *time.Timer     // nil: not leashed
 	answered atomic.Bool
 	mu       sync.Mutex // orders the first answer and the leash's cut
 	cut      bool       // the leash ended the wait for the first answer
@@ -212,27 +299,37 @@ func (w *watchedConn) Read(b []byte) (int, error) {
 		w.answered.Store(true)
 	}
 	w.mu.Unlock()
-	if n > 0 && !cut {
-		if w.leash != nil {
-			w.leash.Stop()
-		}
-		markHost(w.addr, false)
-		return n, err
-	}
-	if cut || (err != nil && isTimeout(err) && !errors.Is(w.ctx.Err(), context.Canceled)) {
-		w.watch.setGave(w.addr, false)
-	}
-	if cut {
+	switch {
+	case cut:
 		// The leash set a past deadline: an answer read as it did
 		// comes too late, and the attempt ends here rather than
 		// hand out a connection that fails on its next read.
 		markHost(w.addr, true)
+		w.watch.setAgain(w.addr, true)
 		return 0, os.ErrDeadlineExceeded
-	}
-	if err != nil && isTimeout(err) && !errors.Is(w.ctx.Err(), context.Canceled) {
-		markHost(w.addr, true)
+	case n > 0:
+		if w.leash != nil {
+			w.leash.Stop()
+		}
+		markHost(w.addr, false)
+		w.ended() // until ValidateConnect says it gave the connection
+	case err != nil && !errors.Is(w.ctx.Err(), context.Canceled):
+		if isTimeout(err) {
+			markHost(w.addr, true)
+		}
+		w.ended()
 	}
 	return n, err
+}
+
+// ended records that the first pass's attempt ended otherwise than cut
+// by the leash: the second pass does not try the host again. An attempt
+// of the second pass changes nothing: the copy of the same host that
+// follows it (sslmode=prefer's attempt without TLS) is still tried.
+func (w *watchedConn) ended() {
+	if !w.again {
+		w.watch.setAgain(w.addr, false)
+	}
 }
 
 func (w *watchedConn) Close() error {

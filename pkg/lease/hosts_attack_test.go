@@ -2,8 +2,10 @@ package lease_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"net"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pg_lease/internal/pgtest"
 	"github.com/pglease/pg_lease/pkg/lease"
@@ -32,8 +35,8 @@ func refusedPort(t *testing.T) uint16 {
 
 // A host that went silent once and now answers, slower than the leash,
 // while the configuration's other host is down (refuses): the slow host is
-// the only one that can give a connection, so it keeps its whole
-// ConnectTimeout instead of being cut by the leash on every connection.
+// the only one that can give a connection: cut by the leash, it is tried
+// again with its whole ConnectTimeout, and gives the connection.
 func TestLeashSilentHostsSlowHostOtherDown(t *testing.T) {
 	ctx := testCtx(t)
 	dsn := pgtest.NewDatabase(t)
@@ -144,7 +147,7 @@ func itoaPort(p uint16) string { return strconv.Itoa(int(p)) }
 // The same with the other host answering but rejected by the
 // configuration's ValidateConnect (a standby under
 // target_session_attrs=read-write): the slow host is still the only one
-// that gives a connection, and keeps its whole ConnectTimeout.
+// that gives a connection, and gives it when tried again.
 func TestLeashSilentHostsSlowHostOtherRejected(t *testing.T) {
 	ctx := testCtx(t)
 	dsn := pgtest.NewDatabase(t)
@@ -234,5 +237,253 @@ func TestLeashSilentHostsCallerCancelIsNoSilence(t *testing.T) {
 	a.frozen.Store(false)
 	if p := landedOn(t, ctx, cfg, "connection after the caller's cancel"); p != a.port() {
 		t.Fatalf("connection landed on port %d, want the first host (%d)", p, a.port())
+	}
+}
+
+// standbys rejects, in ValidateConnect, the connections that reach a port
+// it holds as a standby (target_session_attrs=read-write would).
+type standbys struct {
+	mu    sync.Mutex
+	ports map[int]bool
+}
+
+var errStandbyHost = errors.New("a standby")
+
+func (s *standbys) set(p uint16, standby bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ports[int(p)] = standby
+}
+
+func (s *standbys) validate(_ context.Context, c *pgconn.PgConn) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if a, ok := c.Conn().RemoteAddr().(*net.TCPAddr); ok && s.ports[a.Port] {
+		return errStandbyHost
+	}
+	return nil
+}
+
+// dials counts the connections a configuration dialed, by address.
+type dials struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (d *dials) count(addr string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.n[addr]
+}
+
+// threeHosts is a configuration of the hosts a, b, c (in that order),
+// with LeashSilentHosts and st's ValidateConnect; d counts its dials.
+func threeHosts(t *testing.T, dsn string, st *standbys, a, b, c *silentHost) (*pgx.ConnConfig, *dials) {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Host, cfg.Port, cfg.TLSConfig = "127.0.0.1", a.port(), nil
+	cfg.Fallbacks = []*pgconn.FallbackConfig{{Host: "127.0.0.1", Port: b.port()}, {Host: "127.0.0.1", Port: c.port()}}
+	cfg.ConnectTimeout = 300 * time.Millisecond // the leash: 250 ms
+	cfg.ValidateConnect = st.validate
+	d := &dials{n: map[string]int{}}
+	var dialer net.Dialer
+	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		d.mu.Lock()
+		d.n[addr]++
+		d.mu.Unlock()
+		return dialer.DialContext(ctx, network, addr)
+	}
+	lease.LeashSilentHosts(&cfg.Config)
+	return cfg, d
+}
+
+// addr is the silent host's TCP address.
+func (h *silentHost) addr() string { return h.ln.Addr().String() }
+
+// A failover from a frozen primary: the first host accepts and never
+// answers, the two others answer but are standbys, so connections fail;
+// then the second host is promoted. The next connection, with an hour's
+// ConnectTimeout, gives the frozen host a leash only and reaches the new
+// primary (without the leash it would wait for the frozen host until the
+// test's context ends). While no host could give a connection, each
+// failing attempt dialed the standbys once, and the frozen host once more
+// only after the leash had cut it.
+func TestLeashSilentHostsFailoverFromFrozenPrimary(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := pgtest.NewDatabase(t)
+	server, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b, c := newSilentHost(t, server), newSilentHost(t, server), newSilentHost(t, server)
+	b.frozen.Store(false)
+	c.frozen.Store(false)
+	st := &standbys{ports: map[int]bool{int(b.port()): true, int(c.port()): true}}
+	cfg, d := threeHosts(t, dsn, st, a, b, c)
+	// The first attempt waits its ConnectTimeout on the frozen host, the
+	// second cuts it at the leash, then tries it again with its whole
+	// ConnectTimeout after the standbys refused.
+	for i, wantA := range []int{1, 2} {
+		a0, b0, c0 := d.count(a.addr()), d.count(b.addr()), d.count(c.addr())
+		if _, err := pgx.ConnectConfig(ctx, cfg); err == nil {
+			t.Fatalf("attempt %d: connected with no primary", i)
+		}
+		if got := d.count(a.addr()) - a0; got != wantA {
+			t.Errorf("attempt %d: the frozen host was dialed %d times, want %d", i, got, wantA)
+		}
+		if gb, gc := d.count(b.addr())-b0, d.count(c.addr())-c0; gb != 1 || gc != 1 {
+			t.Errorf("attempt %d: the standbys were dialed %d and %d times, want once each", i, gb, gc)
+		}
+	}
+	// The second host is promoted.
+	st.set(b.port(), false)
+	cfg.ConnectTimeout = time.Hour
+	if p := landedOn(t, ctx, cfg, "connection after the promotion"); p != b.port() {
+		t.Fatalf("connection after the promotion landed on port %d, want the new primary (%d)", p, b.port())
+	}
+	// So do pgconn's and a pool's connections, which connect with the
+	// configuration itself and with a copy of it.
+	pc, err := pgconn.ConnectConfig(ctx, &cfg.Config)
+	if err != nil {
+		t.Fatalf("pgconn's connection after the promotion: %v", err)
+	}
+	defer pc.Close(ctx)
+	if p := pc.Conn().RemoteAddr().(*net.TCPAddr).Port; p != int(b.port()) {
+		t.Fatalf("pgconn's connection landed on port %d, want the new primary (%d)", p, b.port())
+	}
+	pcfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.ConnConfig = cfg
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatalf("a pool's connection after the promotion: %v", err)
+	}
+	defer conn.Release()
+	if p := conn.Conn().PgConn().Conn().RemoteAddr().(*net.TCPAddr).Port; p != int(b.port()) {
+		t.Fatalf("a pool's connection landed on port %d, want the new primary (%d)", p, b.port())
+	}
+}
+
+// A slow primary beside two standbys, after a failover back to it: the
+// first host, frozen, was silent while the second was the primary; now
+// the first answers, slower than the leash, and the second and third are
+// standbys. Every connection reaches the first host: the leash cuts it
+// while it is silent, and once the standbys refused it is tried again
+// with its whole ConnectTimeout.
+func TestLeashSilentHostsSlowPrimaryBesideStandbys(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := pgtest.NewDatabase(t)
+	server, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b, c := newSilentHost(t, server), newSilentHost(t, server), newSilentHost(t, server)
+	b.frozen.Store(false)
+	c.frozen.Store(false)
+	st := &standbys{ports: map[int]bool{int(c.port()): true}}
+	cfg, _ := threeHosts(t, dsn, st, a, b, c)
+	if p := landedOn(t, ctx, cfg, "connection to the second host"); p != b.port() {
+		t.Fatalf("connection landed on port %d, want the second host (%d)", p, b.port())
+	}
+	// Back to the first host, slow: it answers 2 s after it accepts, two
+	// leashes.
+	st.set(b.port(), true)
+	a.delay.Store(int64(2 * time.Second))
+	a.frozen.Store(false)
+	cfg.ConnectTimeout = time.Hour // the leash: 1 s
+	for i := 0; i < 3; i++ {
+		if p := landedOn(t, ctx, cfg, "connection to the slow primary"); p != a.port() {
+			t.Fatalf("connection %d landed on port %d, want the slow primary (%d)", i, p, a.port())
+		}
+	}
+}
+
+// The slow primary beside standbys, its host tried twice as
+// sslmode=prefer does (with TLS, then without, the server refusing TLS):
+// the second pass tries both, as the first did.
+func TestLeashSilentHostsSecondPassWithoutTLS(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := pgtest.NewDatabase(t)
+	server, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := newSilentHost(t, server), newSilentHost(t, server)
+	b.frozen.Store(false)
+	st := &standbys{ports: map[int]bool{int(b.port()): true}}
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Host, cfg.Port, cfg.TLSConfig = "127.0.0.1", a.port(), &tls.Config{InsecureSkipVerify: true}
+	cfg.Fallbacks = []*pgconn.FallbackConfig{{Host: "127.0.0.1", Port: a.port()}, {Host: "127.0.0.1", Port: b.port()}}
+	cfg.ConnectTimeout = 300 * time.Millisecond // the leash: 250 ms
+	cfg.ValidateConnect = st.validate
+	lease.LeashSilentHosts(&cfg.Config)
+	if _, err := pgx.ConnectConfig(ctx, cfg); err == nil {
+		t.Fatal("connected through a frozen host and a standby")
+	}
+	a.delay.Store(int64(2 * time.Second))
+	a.frozen.Store(false)
+	cfg.ConnectTimeout = time.Hour // the leash: 1 s
+	if p := landedOn(t, ctx, cfg, "connection to the slow primary"); p != a.port() {
+		t.Fatalf("connection landed on port %d, want the slow primary (%d)", p, a.port())
+	}
+}
+
+// The slow primary beside a standby, the primary's host a socket
+// directory: its copy in the second pass is that directory's socket.
+func TestLeashSilentHostsSecondPassSocket(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := pgtest.NewDatabase(t)
+	server, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "leash")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	const port = 5432
+	_, sock := pgconn.NetworkAddress(dir, port)
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := silentHostOn(t, server, ln), newSilentHost(t, server)
+	b.frozen.Store(false)
+	st := &standbys{ports: map[int]bool{int(b.port()): true}}
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Host, cfg.Port, cfg.TLSConfig = dir, port, nil
+	cfg.Fallbacks = []*pgconn.FallbackConfig{{Host: "127.0.0.1", Port: b.port()}}
+	cfg.ConnectTimeout = 300 * time.Millisecond // the leash: 250 ms
+	cfg.ValidateConnect = st.validate
+	lease.LeashSilentHosts(&cfg.Config)
+	if _, err := pgx.ConnectConfig(ctx, cfg); err == nil {
+		t.Fatal("connected through a frozen socket and a standby")
+	}
+	a.delay.Store(int64(2 * time.Second))
+	a.frozen.Store(false)
+	cfg.ConnectTimeout = time.Hour // the leash: 1 s
+	before := a.accepted.Load()
+	if p := landedOn(t, ctx, cfg, "connection to the slow primary"); p != 0 {
+		t.Fatalf("connection landed on port %d, want the socket", p)
+	}
+	if got := a.accepted.Load() - before; got != 2 {
+		t.Fatalf("the socket accepted %d connections, want 2 (cut by the leash, then tried again)", got)
 	}
 }
