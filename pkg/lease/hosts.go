@@ -82,7 +82,7 @@ func LeashSilentHosts(cfg *pgconn.Config) {
 		if validate != nil {
 			err = validate(ctx, c)
 		}
-		h.gave(c.Conn(), err == nil)
+		h.gave(c.Conn(), err)
 		return err
 	}
 }
@@ -196,14 +196,22 @@ func secondPass(network, addr string) (string, string, bool) {
 }
 
 // gave records whether the connection c (as dialed by dialContext) gave
-// a usable connection.
-func (h *hostWatch) gave(c net.Conn, ok bool) {
+// a usable connection: ValidateConnect's err is nil. A host of the second
+// pass that is not preferred (target_session_attrs=prefer-standby) stays
+// to try again: pgconn dials its copy once more when no host is preferred.
+func (h *hostWatch) gave(c net.Conn, err error) {
 	if t, isTLS := c.(interface{ NetConn() net.Conn }); isTLS {
 		c = t.NetConn()
 	}
-	if w, isWatched := c.(*watchedConn); isWatched {
-		h.setAgain(w.addr, ok)
+	w, isWatched := c.(*watchedConn)
+	if !isWatched {
+		return
 	}
+	var notPreferred *pgconn.NotPreferredError
+	if w.again && errors.As(err, &notPreferred) {
+		return
+	}
+	h.setAgain(w.addr, err == nil)
 }
 
 func (h *hostWatch) setAgain(key string, again bool) {

@@ -487,3 +487,35 @@ func TestLeashSilentHostsSecondPassSocket(t *testing.T) {
 		t.Fatalf("the socket accepted %d connections, want 2 (cut by the leash, then tried again)", got)
 	}
 }
+
+// target_session_attrs=prefer-standby with a slow primary and no standby
+// up: the primary's host, cut by the leash, is tried again and answers as
+// a primary (not preferred); with no standby, the connection is the
+// primary's, as it would be without the leash.
+func TestLeashSilentHostsSecondPassNotPreferred(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := pgtest.NewDatabase(t)
+	server, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newSilentHost(t, server)
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Host, cfg.Port, cfg.TLSConfig = "127.0.0.1", a.port(), nil
+	cfg.Fallbacks = []*pgconn.FallbackConfig{{Host: "127.0.0.1", Port: refusedPort(t)}}
+	cfg.ConnectTimeout = 300 * time.Millisecond // the leash: 250 ms
+	cfg.ValidateConnect = pgconn.ValidateConnectTargetSessionAttrsPreferStandby
+	lease.LeashSilentHosts(&cfg.Config)
+	if _, err := pgx.ConnectConfig(ctx, cfg); err == nil {
+		t.Fatal("connected through a frozen host and a refusing one")
+	}
+	a.delay.Store(int64(2 * time.Second))
+	a.frozen.Store(false)
+	cfg.ConnectTimeout = time.Hour // the leash: 1 s
+	if p := landedOn(t, ctx, cfg, "connection to the slow primary"); p != a.port() {
+		t.Fatalf("connection landed on port %d, want the slow primary (%d)", p, a.port())
+	}
+}
