@@ -39,7 +39,8 @@ import (
 //	cfg, _ := pgxpool.ParseConfig(dsn)
 //	lease.LeashSilentHosts(&cfg.ConnConfig.Config)
 //
-// A connection attempt its caller cancelled teaches nothing of a host.
+// A connection attempt its caller cancelled teaches nothing of a host,
+// nor one whose deadline gave the host less than half a leash to answer.
 // A host's silence is remembered for the whole process (by network and
 // address), so that every configuration set up with LeashSilentHosts
 // leashes a host any of them found silent: a process that opens a second
@@ -255,12 +256,13 @@ func (h *hostWatch) dialContext(ctx context.Context, network, addr string) (net.
 		return nil, errNotTriedAgain
 	}
 	leashed := !again && hostSilent(key)
+	start := time.Now()
 	c, err := h.dial(ctx, network, addr)
 	if err != nil {
 		if errors.Is(ctx.Err(), context.Canceled) {
 			return nil, err // the caller gave up: nothing learnt of the host
 		}
-		if isTimeout(err) {
+		if isTimeout(err) && h.hadTime(ctx, start) {
 			markHost(key, true)
 		}
 		if !again {
@@ -268,7 +270,7 @@ func (h *hostWatch) dialContext(ctx context.Context, network, addr string) (net.
 		}
 		return nil, err
 	}
-	w := &watchedConn{Conn: c, addr: key, watch: h, ctx: ctx, again: again}
+	w := &watchedConn{Conn: c, addr: key, watch: h, ctx: ctx, start: start, again: again}
 	if leashed {
 		w.leash = time.AfterFunc(h.leash, func() {
 			w.mu.Lock()
@@ -289,6 +291,7 @@ type watchedConn struct {
 	addr     string // network and address
 	watch    *hostWatch
 	ctx      context.Context // the attempt's: cancelled, a silence is the caller's, not the host's
+	start    time.Time       // when it was dialed
 	again    bool            // dialed by the second pass
 	leash    *time.Timer     // nil: not leashed
 	answered atomic.Bool
@@ -322,7 +325,7 @@ func (w *watchedConn) Read(b []byte) (int, error) {
 		markHost(w.addr, false)
 		w.ended() // until ValidateConnect says it gave the connection
 	case err != nil && !errors.Is(w.ctx.Err(), context.Canceled):
-		if isTimeout(err) {
+		if isTimeout(err) && w.watch.hadTime(w.ctx, w.start) {
 			markHost(w.addr, true)
 		}
 		w.ended()
@@ -345,6 +348,14 @@ func (w *watchedConn) Close() error {
 		w.leash.Stop()
 	}
 	return w.Conn.Close()
+}
+
+// hadTime reports whether an attempt dialed at start whose context ctx
+// ended gave its host time enough to answer (half a leash) for its silence
+// to count: a caller's shorter deadline says nothing of the host.
+func (h *hostWatch) hadTime(ctx context.Context, start time.Time) bool {
+	deadline, ok := ctx.Deadline()
+	return !ok || deadline.Sub(start) >= h.leash/2
 }
 
 // isTimeout reports whether err is a deadline passing (the connection's

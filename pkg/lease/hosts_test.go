@@ -29,6 +29,7 @@ type silentHost struct {
 	accepted atomic.Int32
 	mu       sync.Mutex
 	conns    []net.Conn
+	closed   chan struct{} // closed when the test ends
 }
 
 func newSilentHost(t *testing.T, server *pgconn.Config) *silentHost {
@@ -44,11 +45,12 @@ func newSilentHost(t *testing.T, server *pgconn.Config) *silentHost {
 func silentHostOn(t *testing.T, server *pgconn.Config, ln net.Listener) *silentHost {
 	t.Helper()
 	network, address := pgconn.NetworkAddress(server.Host, server.Port)
-	h := &silentHost{ln: ln, network: network, address: address}
+	h := &silentHost{ln: ln, network: network, address: address, closed: make(chan struct{})}
 	h.frozen.Store(true)
 	go h.serve()
 	t.Cleanup(func() {
 		_ = ln.Close()
+		close(h.closed)
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		for _, c := range h.conns {
@@ -82,7 +84,14 @@ func (h *silentHost) serve() {
 
 // forward connects c to the server after delay (a slow host).
 func (h *silentHost) forward(c net.Conn, delay time.Duration) {
-	time.Sleep(delay)
+	wait := time.NewTimer(delay)
+	defer wait.Stop()
+	select {
+	case <-wait.C:
+	case <-h.closed:
+		_ = c.Close()
+		return
+	}
 	s, err := net.Dial(h.network, h.address)
 	if err != nil {
 		_ = c.Close()

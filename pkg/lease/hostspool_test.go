@@ -204,3 +204,66 @@ func TestLeashSilentHostsPoolKeepsBeforeAcquire(t *testing.T) {
 		t.Fatalf("BeforeAcquire asked %d times, want the refused connection and another", asked)
 	}
 }
+
+// A caller whose own deadline, shorter than a leash, passes while a host
+// has not answered yet learns nothing of the host: a pool's idle
+// connection to it stays in use.
+func TestLeashSilentHostsShortCallerDeadlineIsNoSilence(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := pgtest.NewDatabase(t)
+	server, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newSilentHost(t, server)
+	a.frozen.Store(false)
+	twoHosts := func(cfg *pgconn.Config) {
+		cfg.Fallbacks = []*pgconn.FallbackConfig{{Host: cfg.Host, Port: cfg.Port, TLSConfig: cfg.TLSConfig}}
+		cfg.Host, cfg.Port, cfg.TLSConfig = "127.0.0.1", a.port(), nil
+		cfg.ConnectTimeout = time.Hour
+	}
+	pcfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	twoHosts(&pcfg.ConnConfig.Config)
+	pcfg.MaxConns = 1
+	lease.LeashSilentHostsPool(pcfg)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	pid := func(what string) uint32 {
+		t.Helper()
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		defer c.Release()
+		if _, err := c.Exec(ctx, `SELECT 1`); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		return c.Conn().PgConn().PID()
+	}
+	first := pid("first statement")
+
+	// The first host now answers new connections after 2 s; another
+	// connection of the process gives up after 50 ms.
+	a.delay.Store(int64(2 * time.Second))
+	other, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	twoHosts(&other.Config)
+	lease.LeashSilentHosts(&other.Config)
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if c, err := pgx.ConnectConfig(short, other); err == nil {
+		_ = c.Close(ctx)
+		t.Fatal("connected within 50 ms to a host that answers after 2 s")
+	}
+	if got := pid("statement after the caller's deadline"); got != first {
+		t.Fatalf("the pool's statement ran on a new connection (pid %d, was %d): its idle one was dropped", got, first)
+	}
+}
