@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"net"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -14,9 +15,10 @@ import (
 // since is closed when the pool would hand it out, and another one is
 // taken or opened instead. Without it, after a failover from a frozen
 // primary, the first statement on each idle connection to it waits until
-// its deadline (a frozen machine keeps its TCP connections open). Set it
-// before the pool opens, after any PrepareConn or BeforeAcquire of your
-// own (it wraps them):
+// its deadline (a frozen machine keeps its TCP connections open); so
+// would pgxpool's ping of a connection idle for more than a second, which
+// it therefore skips. Set it before the pool opens, after any PrepareConn,
+// BeforeAcquire or ShouldPing of your own (it wraps them):
 //
 //	cfg, _ := pgxpool.ParseConfig(dsn)
 //	lease.LeashSilentHostsPool(cfg)
@@ -31,6 +33,16 @@ func LeashSilentHostsPool(cfg *pgxpool.Config) {
 	if prepare == nil && cfg.BeforeAcquire != nil {
 		before := cfg.BeforeAcquire
 		prepare = func(ctx context.Context, c *pgx.Conn) (bool, error) { return before(ctx, c), nil }
+	}
+	shouldPing := cfg.ShouldPing
+	if shouldPing == nil { // pgxpool's default
+		shouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool { return p.IdleDuration > time.Second }
+	}
+	cfg.ShouldPing = func(ctx context.Context, p pgxpool.ShouldPingParams) bool {
+		if onSilentHost(p.Conn.PgConn().Conn()) {
+			return false // PrepareConn closes it
+		}
+		return shouldPing(ctx, p)
 	}
 	cfg.PrepareConn = func(ctx context.Context, c *pgx.Conn) (bool, error) {
 		if onSilentHost(c.PgConn().Conn()) {

@@ -267,3 +267,59 @@ func TestLeashSilentHostsShortCallerDeadlineIsNoSilence(t *testing.T) {
 		t.Fatalf("the pool's statement ran on a new connection (pid %d, was %d): its idle one was dropped", got, first)
 	}
 }
+
+// The same with the pool's connection idle for more than a second, which
+// pgxpool pings before it hands it out: the ping does not wait for the
+// frozen host either.
+func TestLeashSilentHostsPoolDropsLongIdleConnections(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := pgtest.NewDatabase(t)
+	server, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newStallProxy(t, server)
+	twoHosts := func(cfg *pgconn.Config) {
+		cfg.Fallbacks = []*pgconn.FallbackConfig{{Host: cfg.Host, Port: cfg.Port, TLSConfig: cfg.TLSConfig}}
+		cfg.Host, cfg.Port, cfg.TLSConfig = "127.0.0.1", p.port(), nil
+	}
+	pcfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	twoHosts(&pcfg.ConnConfig.Config)
+	pcfg.ConnConfig.ConnectTimeout = time.Hour
+	pcfg.MaxConns = 1
+	lease.LeashSilentHostsPool(pcfg)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	c, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Release()
+
+	p.freeze()
+	// Another connection of the process waits 1.5 s for the frozen host
+	// (the pool's connection is idle meanwhile), then reaches the second.
+	other, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	twoHosts(&other.Config)
+	other.ConnectTimeout = 1500 * time.Millisecond
+	lease.LeashSilentHosts(&other.Config)
+	if got := landedOn(t, ctx, other, "another connection"); got == p.port() {
+		t.Fatal("another connection landed on the frozen host")
+	}
+
+	// Without the leash on the ping, this waits for the frozen host.
+	actx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if _, err := pool.Exec(actx, `SELECT 1`); err != nil {
+		t.Fatalf("the pool's statement after the freeze: %v", err)
+	}
+}
