@@ -119,10 +119,13 @@ func hostCount(cfg *pgconn.Config) int {
 func itoa(p uint16) string { return strconv.Itoa(int(p)) }
 
 // silentHosts are the addresses (network and address) whose last
-// connection attempt ended before they answered, for the whole process.
+// connection attempt ended before they answered, for the whole process,
+// each with the number of its silence (a host that answers and falls
+// silent again has a new one).
 var silentHosts struct {
 	mu    sync.Mutex
-	addrs map[string]bool
+	addrs map[string]uint64
+	count uint64
 }
 
 // hostWatch is the dialer of LeashSilentHosts. again holds the addresses
@@ -227,7 +230,10 @@ func (h *hostWatch) triesAgain(key string) bool {
 	return h.again[key]
 }
 
-func hostSilent(addr string) bool {
+func hostSilent(addr string) bool { return silence(addr) != 0 }
+
+// silence is the number of addr's current silence; 0: not silent.
+func silence(addr string) uint64 {
 	silentHosts.mu.Lock()
 	defer silentHosts.mu.Unlock()
 	return silentHosts.addrs[addr]
@@ -238,9 +244,12 @@ func markHost(addr string, silent bool) {
 	defer silentHosts.mu.Unlock()
 	if silent {
 		if silentHosts.addrs == nil {
-			silentHosts.addrs = map[string]bool{}
+			silentHosts.addrs = map[string]uint64{}
 		}
-		silentHosts.addrs[addr] = true
+		if silentHosts.addrs[addr] == 0 {
+			silentHosts.count++
+			silentHosts.addrs[addr] = silentHosts.count
+		}
 	} else {
 		delete(silentHosts.addrs, addr)
 	}

@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -12,13 +13,18 @@ import (
 // LeashSilentHostsPool is LeashSilentHosts for a pool, which also keeps
 // the connections it already holds off a silent host: an idle connection
 // to a host that some connection attempt of the process has found silent
-// since is closed when the pool would hand it out, and another one is
-// taken or opened instead. Without it, after a failover from a frozen
-// primary, the first statement on each idle connection to it waits until
-// its deadline (a frozen machine keeps its TCP connections open); so
-// would pgxpool's ping of a connection idle for more than a second, which
-// it therefore skips. Set it before the pool opens, after any PrepareConn,
-// BeforeAcquire or ShouldPing of your own (it wraps them):
+// since is pinged, under the leash, when the pool would hand it out, and
+// closed if it does not answer; another one is then taken or opened
+// instead. Without it, after a failover from a frozen primary, the first
+// statement on each idle connection to it waits until its deadline (a
+// frozen machine keeps its TCP connections open), and so does pgxpool's
+// own ping of a connection idle for more than a second (skipped for such
+// a connection: the leashed ping replaces it). A connection that answers
+// is kept: a host whose postmaster is too busy to answer new connections
+// may still serve the established ones. Once a ping found the host's
+// silence real, its other idle connections are closed without one. Set
+// it before the pool opens, after any PrepareConn, BeforeAcquire or
+// ShouldPing of your own (it wraps them):
 //
 //	cfg, _ := pgxpool.ParseConfig(dsn)
 //	lease.LeashSilentHostsPool(cfg)
@@ -38,14 +44,15 @@ func LeashSilentHostsPool(cfg *pgxpool.Config) {
 	if shouldPing == nil { // pgxpool's default
 		shouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool { return p.IdleDuration > time.Second }
 	}
+	dead := &deadSilences{silences: map[string]uint64{}}
 	cfg.ShouldPing = func(ctx context.Context, p pgxpool.ShouldPingParams) bool {
-		if onSilentHost(p.Conn.PgConn().Conn()) {
-			return false // PrepareConn closes it
+		if w := watched(p.Conn.PgConn().Conn()); w != nil && hostSilent(w.addr) {
+			return false // PrepareConn pings it, under the leash
 		}
 		return shouldPing(ctx, p)
 	}
 	cfg.PrepareConn = func(ctx context.Context, c *pgx.Conn) (bool, error) {
-		if onSilentHost(c.PgConn().Conn()) {
+		if !dead.answers(ctx, c) {
 			return false, nil // closed; the pool takes another
 		}
 		if prepare != nil {
@@ -55,12 +62,50 @@ func LeashSilentHostsPool(cfg *pgxpool.Config) {
 	}
 }
 
-// onSilentHost reports whether c, dialed under LeashSilentHosts, leads to
-// a host found silent since.
-func onSilentHost(c net.Conn) bool {
+// deadSilences are, by address, the silences a pool's ping found real.
+type deadSilences struct {
+	mu       sync.Mutex
+	silences map[string]uint64
+}
+
+// answers reports whether c may be handed out: its host is not silent, or
+// it answers a ping within the leash.
+func (d *deadSilences) answers(ctx context.Context, c *pgx.Conn) bool {
+	w := watched(c.PgConn().Conn())
+	if w == nil {
+		return true
+	}
+	s := silence(w.addr)
+	if s == 0 {
+		return true
+	}
+	d.mu.Lock()
+	dead := d.silences[w.addr] == s
+	d.mu.Unlock()
+	if dead {
+		return false
+	}
+	pctx, cancel := context.WithTimeout(ctx, w.watch.leash)
+	defer cancel()
+	if err := c.Ping(pctx); err == nil {
+		return true
+	}
+	// pgx closes it in the background, and waits up to 15 s for the
+	// silent host to end it: end it now.
+	_ = w.Close()
+	if pctx.Err() != nil && ctx.Err() == nil { // the leash ran out
+		d.mu.Lock()
+		d.silences[w.addr] = s
+		d.mu.Unlock()
+	}
+	return false
+}
+
+// watched is c as dialed under LeashSilentHosts; nil: not.
+func watched(c net.Conn) *watchedConn {
 	if t, isTLS := c.(interface{ NetConn() net.Conn }); isTLS {
 		c = t.NetConn()
 	}
-	w, ok := c.(*watchedConn)
-	return ok && hostSilent(w.addr)
+	w, _ := c.(*watchedConn)
+	return w
 }

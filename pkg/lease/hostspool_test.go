@@ -323,3 +323,69 @@ func TestLeashSilentHostsPoolDropsLongIdleConnections(t *testing.T) {
 		t.Fatalf("the pool's statement after the freeze: %v", err)
 	}
 }
+
+// A host whose postmaster stopped answering new connections while its
+// backends still serve the established ones (a connection storm, say): a
+// pool's idle connection to it, which works, stays in use.
+func TestLeashSilentHostsPoolKeepsWorkingConnections(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := pgtest.NewDatabase(t)
+	server, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newSilentHost(t, server)
+	a.frozen.Store(false)
+	twoHosts := func(cfg *pgconn.Config, timeout time.Duration) {
+		cfg.Host, cfg.Port, cfg.TLSConfig = "127.0.0.1", a.port(), nil
+		cfg.Fallbacks = []*pgconn.FallbackConfig{{Host: "127.0.0.1", Port: refusedPort(t)}}
+		cfg.ConnectTimeout = timeout
+	}
+	pcfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	twoHosts(&pcfg.ConnConfig.Config, time.Hour)
+	pcfg.MaxConns = 1
+	lease.LeashSilentHostsPool(pcfg)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	pid := func(ctx context.Context, what string) uint32 {
+		t.Helper()
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		defer c.Release()
+		if _, err := c.Exec(ctx, `SELECT 1`); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		return c.Conn().PgConn().PID()
+	}
+	first := pid(ctx, "first statement")
+
+	// New connections go unanswered: another connection of the process
+	// finds the host silent.
+	a.frozen.Store(true)
+	other, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	twoHosts(&other.Config, 300*time.Millisecond)
+	lease.LeashSilentHosts(&other.Config)
+	if c, err := pgx.ConnectConfig(ctx, other); err == nil {
+		_ = c.Close(ctx)
+		t.Fatal("connected through a silent host and a refusing one")
+	}
+
+	// Without the fix the pool drops its working connection and waits for
+	// a new one to the silent host.
+	actx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if got := pid(actx, "statement after the silence"); got != first {
+		t.Fatalf("the pool's statement ran on a new connection (pid %d, was %d)", got, first)
+	}
+}
