@@ -395,12 +395,12 @@ func TestLeashSilentHostsSlowPrimaryBesideStandbys(t *testing.T) {
 	if p := landedOn(t, ctx, cfg, "connection to the second host"); p != b.port() {
 		t.Fatalf("connection landed on port %d, want the second host (%d)", p, b.port())
 	}
-	// Back to the first host, slow: it answers 2 s after it accepts, two
+	// Back to the first host, slow: it answers 2 s after it accepts, eight
 	// leashes.
 	st.set(b.port(), true)
 	a.delay.Store(int64(2 * time.Second))
 	a.frozen.Store(false)
-	cfg.ConnectTimeout = time.Hour // the leash: 1 s
+	cfg.ConnectTimeout = time.Hour // the leash stays 250 ms (LeashSilentHosts set it)
 	for i := 0; i < 3; i++ {
 		if p := landedOn(t, ctx, cfg, "connection to the slow primary"); p != a.port() {
 			t.Fatalf("connection %d landed on port %d, want the slow primary (%d)", i, p, a.port())
@@ -435,7 +435,7 @@ func TestLeashSilentHostsSecondPassWithoutTLS(t *testing.T) {
 	}
 	a.delay.Store(int64(2 * time.Second))
 	a.frozen.Store(false)
-	cfg.ConnectTimeout = time.Hour // the leash: 1 s
+	cfg.ConnectTimeout = time.Hour // the leash stays 250 ms (LeashSilentHosts set it)
 	if p := landedOn(t, ctx, cfg, "connection to the slow primary"); p != a.port() {
 		t.Fatalf("connection landed on port %d, want the slow primary (%d)", p, a.port())
 	}
@@ -478,7 +478,7 @@ func TestLeashSilentHostsSecondPassSocket(t *testing.T) {
 	}
 	a.delay.Store(int64(2 * time.Second))
 	a.frozen.Store(false)
-	cfg.ConnectTimeout = time.Hour // the leash: 1 s
+	cfg.ConnectTimeout = time.Hour // the leash stays 250 ms (LeashSilentHosts set it)
 	before := a.accepted.Load()
 	if p := landedOn(t, ctx, cfg, "connection to the slow primary"); p != 0 {
 		t.Fatalf("connection landed on port %d, want the socket", p)
@@ -514,7 +514,7 @@ func TestLeashSilentHostsSecondPassNotPreferred(t *testing.T) {
 	}
 	a.delay.Store(int64(2 * time.Second))
 	a.frozen.Store(false)
-	cfg.ConnectTimeout = time.Hour // the leash: 1 s
+	cfg.ConnectTimeout = time.Hour // the leash stays 250 ms (LeashSilentHosts set it)
 	if p := landedOn(t, ctx, cfg, "connection to the slow primary"); p != a.port() {
 		t.Fatalf("connection landed on port %d, want the slow primary (%d)", p, a.port())
 	}
