@@ -16,25 +16,25 @@ import (
 
 // LeashSilentHosts makes the connections of a multi-host configuration
 // (host=a,b,c, tried in order) give up early on a host that went silent:
-// one whose last connection attempt ended before the server sent its
-// first byte (a frozen machine or a stopped postmaster accepts the
-// connection and never answers it). Without it every new connection waits
-// ConnectTimeout on such a host before it tries the next one: after a
-// failover, each connection a pool opens pays it again while the old
-// primary stays frozen. With it a silent host gets a leash on later
-// attempts, a quarter of ConnectTimeout (between 250 ms and 1 s; 1 s
-// without a ConnectTimeout): if it has not answered by then, the attempt
-// moves on to the next host. A host is never skipped, only leashed, and it
-// is trusted again as soon as it answers. When no later host gives the
-// connection (each one silent, down, or rejected by ValidateConnect, as
-// target_session_attrs does), the attempt tries the hosts the leash cut
-// once more, in order, each with its whole ConnectTimeout: a slow primary
-// beside read-only standbys still gives the connection, a leash later than
-// it would have. For that second pass it appends to cfg.Fallbacks a copy
-// of each host, named "again/host:port" (the name a failed connection's
-// error gives it). It wraps cfg's DialFunc, LookupFunc and
-// ValidateConnect as they are when it is called: set those first. Call it
-// before the pool opens:
+// one whose last connection attempt ended before the server sent its first
+// byte (a stopped postmaster accepts the connection and never answers it; a
+// paused machine does not even complete the TCP handshake). Without it
+// every new connection waits ConnectTimeout on such a host before it tries
+// the next one: after a failover, each connection a pool opens pays it
+// again while the old primary stays frozen. With it a silent host gets a
+// leash on later attempts, a quarter of ConnectTimeout (between 250 ms and
+// 1 s; 1 s without a ConnectTimeout), handshake included: if it has not
+// answered by then, the attempt moves on to the next host. A host is never
+// skipped, only leashed, and it is trusted again as soon as it answers.
+// When no later host gives the connection (each one silent, down, or
+// rejected by ValidateConnect, as target_session_attrs does), the attempt
+// tries the hosts the leash cut once more, in order, each with its whole
+// ConnectTimeout: a slow primary beside read-only standbys still gives the
+// connection, a leash later than it would have. For that second pass it
+// appends to cfg.Fallbacks a copy of each host, named "again/host:port"
+// (the name a failed connection's error gives it). It wraps cfg's DialFunc,
+// LookupFunc and ValidateConnect as they are when it is called: set those
+// first. Call it before the pool opens:
 //
 //	cfg, _ := pgxpool.ParseConfig(dsn)
 //	lease.LeashSilentHosts(&cfg.ConnConfig.Config)
@@ -266,10 +266,20 @@ func (h *hostWatch) dialContext(ctx context.Context, network, addr string) (net.
 	}
 	leashed := !again && hostSilent(key)
 	start := time.Now()
-	c, err := h.dial(ctx, network, addr)
+	dctx := ctx
+	if leashed { // a host that does not even answer the handshake
+		var cancel context.CancelFunc
+		dctx, cancel = context.WithTimeout(ctx, h.leash)
+		defer cancel()
+	}
+	c, err := h.dial(dctx, network, addr)
 	if err != nil {
 		if errors.Is(ctx.Err(), context.Canceled) {
 			return nil, err // the caller gave up: nothing learnt of the host
+		}
+		if ctx.Err() == nil && dctx.Err() != nil { // cut by the leash
+			h.setAgain(key, true)
+			return nil, err
 		}
 		if isTimeout(err) && h.hadTime(ctx, start) {
 			markHost(key, true)
@@ -281,7 +291,7 @@ func (h *hostWatch) dialContext(ctx context.Context, network, addr string) (net.
 	}
 	w := &watchedConn{Conn: c, addr: key, watch: h, ctx: ctx, start: start, again: again}
 	if leashed {
-		w.leash = time.AfterFunc(h.leash, func() {
+		w.leash = time.AfterFunc(h.leash-time.Since(start), func() {
 			w.mu.Lock()
 			defer w.mu.Unlock()
 			if !w.answered.Load() {

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -518,4 +519,57 @@ func TestLeashSilentHostsSecondPassNotPreferred(t *testing.T) {
 	if p := landedOn(t, ctx, cfg, "connection to the slow primary"); p != a.port() {
 		t.Fatalf("connection landed on port %d, want the slow primary (%d)", p, a.port())
 	}
+}
+
+// unansweredPort is a TCP port on 127.0.0.1 whose SYNs go unanswered (a
+// paused machine, or a partition): a listener with a backlog of one,
+// filled and never accepted.
+func unansweredPort(t *testing.T) uint16 {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := uint16(sa.(*syscall.SockaddrInet4).Port)
+	filler, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", itoaPort(p)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = filler.Close() })
+	return p
+}
+
+// A host that does not even answer the TCP handshake (a paused machine):
+// once silent, its dial is leashed too.
+func TestLeashSilentHostsLeashesTheDial(t *testing.T) {
+	ctx := testCtx(t)
+	dsn := pgtest.NewDatabase(t)
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Fallbacks = []*pgconn.FallbackConfig{{Host: cfg.Host, Port: cfg.Port, TLSConfig: cfg.TLSConfig}}
+	cfg.Host, cfg.Port, cfg.TLSConfig = "127.0.0.1", unansweredPort(t), nil
+	cfg.ConnectTimeout = 300 * time.Millisecond // the leash: 250 ms
+	lease.LeashSilentHosts(&cfg.Config)
+	if p := landedOn(t, ctx, cfg, "first connection"); p == cfg.Port {
+		t.Fatal("first connection landed on the paused host")
+	}
+	// Without a leash on the dial, this waits for the paused host until
+	// its context ends.
+	cfg.ConnectTimeout = time.Hour
+	cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	landedOn(t, cctx, cfg, "second connection")
 }
