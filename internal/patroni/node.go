@@ -124,7 +124,8 @@ func (n *Node) writeConfig() error {
 		if err != nil {
 			return err
 		}
-		cfg["postgresql"].(map[string]any)["pre_promote"] = script
+		// Patroni splits the command as a shell would.
+		cfg["postgresql"].(map[string]any)["pre_promote"] = shellQuote(script)
 	}
 	if n.tags != nil {
 		cfg["tags"] = n.tags
