@@ -161,7 +161,8 @@ func (n *Node) writePrePromote() (string, error) {
 		"(SELECT FROM pg_catalog.pg_replication_slots r WHERE r.slot_name = s)"
 	script := "#!/bin/sh\n" +
 		"# Patroni's pre_promote: the other nodes' slots, before this node is promoted.\n" +
-		shellQuote(o.psql) + " -X -q -w -h " + shellQuote(n.sockDir()) + " -p " + strconv.Itoa(n.Port) +
+		"# Bounded: Patroni waits for it while it holds the leader key.\n" +
+		"PGCONNECT_TIMEOUT=5 PGOPTIONS='-c statement_timeout=5s' " + shellQuote(o.psql) + " -X -q -w -h " + shellQuote(n.sockDir()) + " -p " + strconv.Itoa(n.Port) +
 		" -U " + Superuser + " -d postgres -c " + shellQuote(sql) + " >/dev/null 2>&1\n" +
 		"exit 0\n"
 	path := filepath.Join(n.dir, "pre_promote.sh")
