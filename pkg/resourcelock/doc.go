@@ -194,6 +194,13 @@
 //     (zero, new) before the Update returns and before Token or
 //     TokenContext return it.
 //
+// The end of client-go's leadership is an end of the term too: its elector
+// records "stopped leading" (RecordEvent) when a renewal failed for
+// RenewDeadline, even while the grant is still valid on the server, and
+// the Lock then ends the term (ErrStoppedLeading) and gives the grant back
+// at the next Update, so that the next leadership of the same identity
+// carries a new epoch.
+//
 // So code that acts under the leadership must take its token from the Lock
 // (Token, TokenContext; the controller glue does that per reconcile), not
 // once at OnStartedLeading. A program that prefers to stop altogether when

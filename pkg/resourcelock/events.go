@@ -15,7 +15,22 @@ import (
 // RecordEvent records a client-go leader election event ("became leader",
 // "stopped leading") on the lock's event recorder. The message names the
 // identity and the epoch held when it is recorded.
+//
+// "stopped leading" (client-go's elector sends it when its leadership
+// ends, whatever ended it) also ends the live term, with
+// ErrStoppedLeading: a renewal that failed for RenewDeadline ends
+// client-go's leadership while the grant may still be valid, and the next
+// leadership of this identity must not resume the same epoch (what acted
+// under the old leadership may still be in flight). The next Update gives
+// the grant back; the one after acquires a new epoch.
 func (l *Lock) RecordEvent(s string) {
+	defer func() {
+		if s == stoppedLeading {
+			if t := l.liveTerm(); t != nil {
+				t.End(ErrStoppedLeading)
+			}
+		}
+	}()
 	ev := l.events
 	ev.mu.Lock()
 	r, obj := ev.recorder, ev.object
@@ -29,6 +44,10 @@ func (l *Lock) RecordEvent(s string) {
 	}
 	r.Eventf(obj, corev1.EventTypeNormal, "LeaderElection", "%s", msg)
 }
+
+// stoppedLeading is the event client-go's elector records when its
+// leadership ends (tools/leaderelection, LeaderElector.renew).
+const stoppedLeading = "stopped leading"
 
 // SetEventRecorder makes RecordEvent record on r from now on, in place of
 // Config.EventRecorder: for a recorder that exists only once the lock is

@@ -25,6 +25,10 @@ var groupResource = schema.GroupResource{Group: "pglease.io", Resource: "leases"
 // nothing to release).
 var ErrNotHolding = errors.New("resourcelock: this lock holds no live term")
 
+// ErrStoppedLeading is the cause of a term that ended because client-go's
+// elector stopped leading (RecordEvent) while the grant was still valid.
+var ErrStoppedLeading = errors.New("resourcelock: client-go stopped leading")
+
 // Lock is a client-go resourcelock.Interface over one pg_lease key. See the
 // package documentation for the contract it keeps.
 //

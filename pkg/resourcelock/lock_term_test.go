@@ -594,3 +594,55 @@ func TestLateGrantRenewedAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// client-go's elector records "stopped leading" when its leadership ends,
+// which a renewal failing for RenewDeadline can do while the grant is
+// still valid. The lock ends the term then (its contexts are done with
+// ErrStoppedLeading), gives the grant back at the next Update, and the
+// next leadership of the same identity carries a new epoch, never the one
+// under which the old leadership may still act.
+func TestStoppedLeadingEndsTheTerm(t *testing.T) {
+	dsn := newDB(t)
+	ctx := context.Background()
+	c := newClient(t, dsn)
+	a := mustLock(t, c, "stopped", "a")
+	if _, _, err := a.Get(ctx); !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	if err := a.Create(ctx, rec("a")); err != nil {
+		t.Fatal(err)
+	}
+	first := epochOf(a)
+	tctx, cancel, err := a.TokenContext(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cancel()
+
+	a.RecordEvent("stopped leading")
+	if !errors.Is(context.Cause(tctx), resourcelock.ErrStoppedLeading) {
+		t.Fatalf("token context after stopped leading: %v, want ErrStoppedLeading", context.Cause(tctx))
+	}
+	if _, ok := a.Token(); ok {
+		t.Fatal("a token after stopped leading")
+	}
+	// A new elector of the same identity: Get, then Update.
+	if _, _, err := a.Get(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Update(ctx, rec("a")); !apierrors.IsConflict(err) {
+		t.Fatalf("Update of the ended term: %v, want Conflict (given back)", err)
+	}
+	if s, err := c.Inspect(ctx, "stopped"); err != nil || s.Held {
+		t.Fatalf("after the give-back: %+v, %v", s, err)
+	}
+	if _, _, err := a.Get(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Update(ctx, rec("a")); err != nil {
+		t.Fatal(err)
+	}
+	if e := epochOf(a); e <= first {
+		t.Fatalf("leading again with epoch %d after stopped leading at epoch %d", e, first)
+	}
+}
