@@ -105,6 +105,33 @@ func (p *stallProxy) pass(dst, src net.Conn) {
 	}
 }
 
+// frontedBy makes cfg try 127.0.0.1:port first, then the server it names.
+func frontedBy(cfg *pgconn.Config, port uint16) {
+	cfg.Fallbacks = []*pgconn.FallbackConfig{{Host: cfg.Host, Port: cfg.Port, TLSConfig: cfg.TLSConfig}}
+	cfg.Host, cfg.Port, cfg.TLSConfig = "127.0.0.1", port, nil
+}
+
+// leashedPool is a pool of one connection on dsn's server fronted by
+// 127.0.0.1:port, with an hour's ConnectTimeout, set up by
+// LeashSilentHostsPool.
+func leashedPool(t *testing.T, ctx context.Context, dsn string, port uint16) *pgxpool.Pool {
+	t.Helper()
+	pcfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	frontedBy(&pcfg.ConnConfig.Config, port)
+	pcfg.ConnConfig.ConnectTimeout = time.Hour
+	pcfg.MaxConns = 1
+	lease.LeashSilentHostsPool(pcfg)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 // A pool holds an idle connection to the first host when that host
 // freezes and another connection attempt of the process finds it silent:
 // the pool's next statement does not run on that connection (it would wait
@@ -118,23 +145,7 @@ func TestLeashSilentHostsPoolDropsIdleConnectionsToASilentHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := newStallProxy(t, server)
-	twoHosts := func(cfg *pgconn.Config) {
-		cfg.Fallbacks = []*pgconn.FallbackConfig{{Host: cfg.Host, Port: cfg.Port, TLSConfig: cfg.TLSConfig}}
-		cfg.Host, cfg.Port, cfg.TLSConfig = "127.0.0.1", p.port(), nil
-	}
-	pcfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	twoHosts(&pcfg.ConnConfig.Config)
-	pcfg.ConnConfig.ConnectTimeout = time.Hour
-	pcfg.MaxConns = 1
-	lease.LeashSilentHostsPool(pcfg)
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := leashedPool(t, ctx, dsn, p.port())
 	port := func(what string) uint16 {
 		t.Helper()
 		c, err := pool.Acquire(ctx)
@@ -158,7 +169,7 @@ func TestLeashSilentHostsPoolDropsIdleConnectionsToASilentHost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	twoHosts(&other.Config)
+	frontedBy(&other.Config, p.port())
 	other.ConnectTimeout = 300 * time.Millisecond
 	lease.LeashSilentHosts(&other.Config)
 	if got := landedOn(t, ctx, other, "another connection"); got == p.port() {
@@ -217,23 +228,7 @@ func TestLeashSilentHostsShortCallerDeadlineIsNoSilence(t *testing.T) {
 	}
 	a := newSilentHost(t, server)
 	a.frozen.Store(false)
-	twoHosts := func(cfg *pgconn.Config) {
-		cfg.Fallbacks = []*pgconn.FallbackConfig{{Host: cfg.Host, Port: cfg.Port, TLSConfig: cfg.TLSConfig}}
-		cfg.Host, cfg.Port, cfg.TLSConfig = "127.0.0.1", a.port(), nil
-		cfg.ConnectTimeout = time.Hour
-	}
-	pcfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	twoHosts(&pcfg.ConnConfig.Config)
-	pcfg.MaxConns = 1
-	lease.LeashSilentHostsPool(pcfg)
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := leashedPool(t, ctx, dsn, a.port())
 	pid := func(what string) uint32 {
 		t.Helper()
 		c, err := pool.Acquire(ctx)
@@ -255,7 +250,8 @@ func TestLeashSilentHostsShortCallerDeadlineIsNoSilence(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	twoHosts(&other.Config)
+	frontedBy(&other.Config, a.port())
+	other.ConnectTimeout = time.Hour
 	lease.LeashSilentHosts(&other.Config)
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
@@ -279,23 +275,7 @@ func TestLeashSilentHostsPoolDropsLongIdleConnections(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := newStallProxy(t, server)
-	twoHosts := func(cfg *pgconn.Config) {
-		cfg.Fallbacks = []*pgconn.FallbackConfig{{Host: cfg.Host, Port: cfg.Port, TLSConfig: cfg.TLSConfig}}
-		cfg.Host, cfg.Port, cfg.TLSConfig = "127.0.0.1", p.port(), nil
-	}
-	pcfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	twoHosts(&pcfg.ConnConfig.Config)
-	pcfg.ConnConfig.ConnectTimeout = time.Hour
-	pcfg.MaxConns = 1
-	lease.LeashSilentHostsPool(pcfg)
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := leashedPool(t, ctx, dsn, p.port())
 	c, err := pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -309,7 +289,7 @@ func TestLeashSilentHostsPoolDropsLongIdleConnections(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	twoHosts(&other.Config)
+	frontedBy(&other.Config, p.port())
 	other.ConnectTimeout = 1500 * time.Millisecond
 	lease.LeashSilentHosts(&other.Config)
 	if got := landedOn(t, ctx, other, "another connection"); got == p.port() {
