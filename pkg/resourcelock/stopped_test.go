@@ -239,3 +239,26 @@ func TestStoppedLeadingAfterTheDeadline(t *testing.T) {
 		t.Fatalf("stopped leading after the deadline: the term ended with %v, want the local deadline", term.Err())
 	}
 }
+
+// The Update that gives back the grant of a term that "stopped leading"
+// ended before its deadline says so: its Conflict carries the term's
+// cause, not the local deadline, which had not passed.
+func TestGiveBackNamesTheCause(t *testing.T) {
+	dsn := newDB(t)
+	ctx := context.Background()
+	a := mustLock(t, newClient(t, dsn), "giveback", "a", resourcelock.Config{LeaseDuration: time.Minute})
+	if _, _, err := a.Get(ctx); !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	if err := a.Create(ctx, rec("a")); err != nil {
+		t.Fatal(err)
+	}
+	a.RecordEvent("stopped leading")
+	if _, _, err := a.Get(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err := a.Update(ctx, rec("a"))
+	if !apierrors.IsConflict(err) || !errors.Is(err, resourcelock.ErrStoppedLeading) || errors.Is(err, lease.ErrLocalDeadline) {
+		t.Fatalf("give-back of a term that stopped leading: %v, want Conflict with ErrStoppedLeading, not the local deadline", err)
+	}
+}
