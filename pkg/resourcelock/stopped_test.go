@@ -26,15 +26,15 @@ var errInjected = errors.New("injected failure")
 // holds those whose SQL contains hold until the test lets them go.
 type gated struct {
 	lease.Querier
-	mu   sync.Mutex
-	fail string
-	hold string
-	held chan struct{} // a held call arrived
-	go_  chan struct{} // closed: held calls proceed
+	mu      sync.Mutex
+	fail    string
+	hold    string
+	held    chan struct{} // a held call arrived
+	proceed chan struct{} // closed: held calls proceed
 }
 
 func newGated(q lease.Querier) *gated {
-	return &gated{Querier: q, held: make(chan struct{}, 10), go_: make(chan struct{})}
+	return &gated{Querier: q, held: make(chan struct{}, 10), proceed: make(chan struct{})}
 }
 
 func (g *gated) set(fail, hold string) {
@@ -57,7 +57,7 @@ func (g *gated) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	if hold != "" && strings.Contains(sql, hold) {
 		g.held <- struct{}{}
 		select {
-		case <-g.go_:
+		case <-g.proceed:
 		case <-ctx.Done():
 			return errRow{ctx.Err()}
 		}
@@ -201,7 +201,7 @@ func TestStoppedLeadingDuringRenewal(t *testing.T) {
 		t.Fatalf("during the renewal: %v, want ErrStoppedLeading", cause)
 	}
 	g.set("", "")
-	close(g.go_)
+	close(g.proceed)
 	if err := <-done; !apierrors.IsConflict(err) {
 		t.Fatalf("the renewal in flight: %v, want Conflict (the grant given back)", err)
 	}
