@@ -127,8 +127,9 @@ var errEpochEnded = errors.New("leaderelection: the epoch ended during the recon
 // when that epoch ends. Without a live, unexpired term it does not call r
 // and returns an error wrapping resourcelock.ErrNotHolding, so the request
 // is requeued. When the epoch ends while r runs, the error wraps the term's
-// cause (lease.ErrLost, lease.ErrLocalDeadline, lease.ErrReleased), and the
-// request is requeued whatever r returned.
+// cause (lease.ErrLost, lease.ErrLocalDeadline, lease.ErrReleased,
+// resourcelock.ErrStoppedLeading), and the request is requeued whatever r
+// returned.
 //
 // lock is the pg_lease lock the manager elects through: the one given to
 // NewManagerForLock, or LockOf(mgr) for a manager made by Flags.NewManager.

@@ -53,7 +53,13 @@ func startManager(t *testing.T, dsn, key, id string) *runningManager {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := manager.Options{Metrics: metricsserver.Options{BindAddress: "0"}, LeaderElectionReleaseOnCancel: true}
+	return startManagerOn(t, lock, id, true)
+}
+
+// startManagerOn starts a manager electing through lock.
+func startManagerOn(t *testing.T, lock *resourcelock.Lock, id string, releaseOnCancel bool) *runningManager {
+	t.Helper()
+	opts := manager.Options{Metrics: metricsserver.Options{BindAddress: "0"}, LeaderElectionReleaseOnCancel: releaseOnCancel}
 	mgr, err := pgle.NewManagerForLock(unusedAPIServer(t), opts, lock)
 	if err != nil {
 		t.Fatal(err)

@@ -169,8 +169,9 @@
 // local deadline has passed, it is lease.ErrLocalDeadline: a renewal
 // answered after it, or one whose renewed grant is already past its own
 // deadline (the server's clock jumped during the call), a Get that finds
-// the grant gone, and the give-back of an ended term all report the
-// deadline, whether or not the deadline timer has run yet. Before the
+// the grant gone, client-go's "stopped leading", and the give-back of an
+// ended term all report the deadline, whether or not the deadline timer
+// has run yet. Before the
 // deadline, the server's answer that the grant is gone reports that answer
 // (lease.ErrLapsed, lease.ErrNotOwner, lease.ErrEpochMismatch), and only a
 // release (an Update with an empty HolderIdentity) reports

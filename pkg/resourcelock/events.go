@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/pglease/pg_lease/pkg/lease"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,7 +28,13 @@ func (l *Lock) RecordEvent(s string) {
 	defer func() {
 		if s == stoppedLeading {
 			if t := l.liveTerm(); t != nil {
-				t.End(ErrStoppedLeading)
+				// Past its deadline, a term ends with the deadline, as
+				// however else the lock notices it (lose).
+				cause := ErrStoppedLeading
+				if !l.client.Clock().Now().Before(t.Deadline()) {
+					cause = lease.ErrLocalDeadline
+				}
+				t.End(cause)
 			}
 		}
 	}()

@@ -380,7 +380,7 @@ func (l *Lock) Update(ctx context.Context, ler rl.LeaderElectionRecord) error {
 		if err := l.giveBack(ctx, t); err != nil {
 			return err
 		}
-		return l.conflict(fmt.Errorf("%w: term %s ended", lease.ErrLocalDeadline, t.Grant().Token))
+		return l.conflict(fmt.Errorf("%w: term %s ended", t.Err(), t.Grant().Token))
 	}
 
 	actx, cancel := context.WithTimeout(ctx, l.followerTimeout())
