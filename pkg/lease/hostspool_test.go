@@ -132,6 +132,21 @@ func leashedPool(t *testing.T, ctx context.Context, dsn string, port uint16) *pg
 	return pool
 }
 
+// statementOn runs a statement on a connection of pool and returns the
+// port it reached and its backend's pid.
+func statementOn(t *testing.T, ctx context.Context, pool *pgxpool.Pool, what string) (uint16, uint32) {
+	t.Helper()
+	c, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	defer c.Release()
+	if _, err := c.Exec(ctx, `SELECT 1`); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	return uint16(c.Conn().PgConn().Conn().RemoteAddr().(*net.TCPAddr).Port), c.Conn().PgConn().PID()
+}
+
 // A pool holds an idle connection to the first host when that host
 // freezes and another connection attempt of the process finds it silent:
 // the pool's next statement does not run on that connection (it would wait
@@ -146,18 +161,7 @@ func TestLeashSilentHostsPoolDropsIdleConnectionsToASilentHost(t *testing.T) {
 	}
 	p := newStallProxy(t, server)
 	pool := leashedPool(t, ctx, dsn, p.port())
-	port := func(what string) uint16 {
-		t.Helper()
-		c, err := pool.Acquire(ctx)
-		if err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		defer c.Release()
-		if _, err := c.Exec(ctx, `SELECT 1`); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		return uint16(c.Conn().PgConn().Conn().RemoteAddr().(*net.TCPAddr).Port)
-	}
+	port := func(what string) uint16 { port, _ := statementOn(t, ctx, pool, what); return port }
 	if got := port("before the freeze"); got != p.port() {
 		t.Fatalf("before the freeze the pool's connection reached port %d, want the first host (%d)", got, p.port())
 	}
@@ -229,18 +233,7 @@ func TestLeashSilentHostsShortCallerDeadlineIsNoSilence(t *testing.T) {
 	a := newSilentHost(t, server)
 	a.frozen.Store(false)
 	pool := leashedPool(t, ctx, dsn, a.port())
-	pid := func(what string) uint32 {
-		t.Helper()
-		c, err := pool.Acquire(ctx)
-		if err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		defer c.Release()
-		if _, err := c.Exec(ctx, `SELECT 1`); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		return c.Conn().PgConn().PID()
-	}
+	pid := func(what string) uint32 { _, pid := statementOn(t, ctx, pool, what); return pid }
 	first := pid("first statement")
 
 	// The first host now answers new connections after 2 s; another
@@ -333,18 +326,7 @@ func TestLeashSilentHostsPoolKeepsWorkingConnections(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	pid := func(ctx context.Context, what string) uint32 {
-		t.Helper()
-		c, err := pool.Acquire(ctx)
-		if err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		defer c.Release()
-		if _, err := c.Exec(ctx, `SELECT 1`); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		return c.Conn().PgConn().PID()
-	}
+	pid := func(ctx context.Context, what string) uint32 { _, pid := statementOn(t, ctx, pool, what); return pid }
 	first := pid(ctx, "first statement")
 
 	// New connections go unanswered: another connection of the process
