@@ -86,6 +86,18 @@ func wantCalls(t *testing.T, hl *hookLog, want ...[2]int64) {
 	}
 }
 
+// wantNextLeadership runs a new elector on lock after a leadership under
+// first ended: it must lead under a new epoch, reported once after the end.
+func wantNextLeadership(t *testing.T, lock *resourcelock.Lock, hl *hookLog, first lease.Token, releaseOnCancel bool) {
+	t.Helper()
+	c := runCandidate(t, lock, releaseOnCancel)
+	second := <-c.started
+	if second.Epoch <= first.Epoch {
+		t.Fatalf("the next leadership of the same lock: %v after %v, want a new epoch", second, first)
+	}
+	wantCalls(t, hl, [2]int64{0, first.Epoch}, [2]int64{first.Epoch, 0}, [2]int64{0, second.Epoch})
+}
+
 // A leader stops without releasing (ReleaseOnCancel false, as a
 // kubebuilder manager's shutdown): its term ends when client-go records
 // "stopped leading", once; the grant stays on the server (nobody
@@ -115,12 +127,7 @@ func TestStoppedLeadingWithoutRelease(t *testing.T) {
 		t.Fatalf("no release on cancel: the grant should still be held: %+v, %v", s, err)
 	}
 
-	c2 := runCandidate(t, lock, false)
-	second := <-c2.started
-	if second.Epoch <= first.Epoch {
-		t.Fatalf("the next leadership of the same lock: %v after %v, want a new epoch", second, first)
-	}
-	wantCalls(t, hl, [2]int64{0, first.Epoch}, [2]int64{first.Epoch, 0}, [2]int64{0, second.Epoch})
+	wantNextLeadership(t, lock, hl, first, false)
 }
 
 // With ReleaseOnCancel client-go releases before it records "stopped
@@ -164,12 +171,7 @@ func TestStoppedLeadingAfterReleaseOnCancel(t *testing.T) {
 			if err != nil || s.Held != tc.held {
 				t.Fatalf("after Run returned: %+v, %v; want held=%v", s, err, tc.held)
 			}
-			c2 := runCandidate(t, lock, true)
-			second := <-c2.started
-			if second.Epoch <= first.Epoch {
-				t.Fatalf("the next leadership: %v after %v", second, first)
-			}
-			wantCalls(t, hl, [2]int64{0, first.Epoch}, [2]int64{first.Epoch, 0}, [2]int64{0, second.Epoch})
+			wantNextLeadership(t, lock, hl, first, true)
 		})
 	}
 }
