@@ -40,11 +40,7 @@ func refusedPort(t *testing.T) uint16 {
 // again with its whole ConnectTimeout, and gives the connection.
 func TestLeashSilentHostsSlowHostOtherDown(t *testing.T) {
 	ctx := testCtx(t)
-	dsn := pgtest.NewDatabase(t)
-	server, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dsn, server := newServer(t)
 	a := newSilentHost(t, server)
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
@@ -104,11 +100,7 @@ func (g *gatedConn) SetDeadline(t time.Time) error {
 // with the leash's past deadline still set on it.
 func TestLeashSilentHostsAnswerAtTheLeash(t *testing.T) {
 	ctx := testCtx(t)
-	dsn := pgtest.NewDatabase(t)
-	server, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dsn, server := newServer(t)
 	a := newSilentHost(t, server)
 	aAddr := net.JoinHostPort("127.0.0.1", itoaPort(a.port()))
 	var gated bool
@@ -151,11 +143,7 @@ func itoaPort(p uint16) string { return strconv.Itoa(int(p)) }
 // that gives a connection, and gives it when tried again.
 func TestLeashSilentHostsSlowHostOtherRejected(t *testing.T) {
 	ctx := testCtx(t)
-	dsn := pgtest.NewDatabase(t)
-	server, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dsn, server := newServer(t)
 	a, b := newSilentHost(t, server), newSilentHost(t, server)
 	b.frozen.Store(false)
 	cfg, err := pgx.ParseConfig(dsn)
@@ -190,11 +178,7 @@ func TestLeashSilentHostsSlowHostOtherRejected(t *testing.T) {
 // ConnectTimeout.
 func TestLeashSilentHostsCallerCancelIsNoSilence(t *testing.T) {
 	ctx := testCtx(t)
-	dsn := pgtest.NewDatabase(t)
-	server, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dsn, server := newServer(t)
 	a := newSilentHost(t, server)
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
@@ -314,11 +298,7 @@ func (h *silentHost) addr() string { return h.ln.Addr().String() }
 // only after the leash had cut it.
 func TestLeashSilentHostsFailoverFromFrozenPrimary(t *testing.T) {
 	ctx := testCtx(t)
-	dsn := pgtest.NewDatabase(t)
-	server, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dsn, server := newServer(t)
 	a, b, c := newSilentHost(t, server), newSilentHost(t, server), newSilentHost(t, server)
 	b.frozen.Store(false)
 	c.frozen.Store(false)
@@ -383,11 +363,7 @@ func TestLeashSilentHostsFailoverFromFrozenPrimary(t *testing.T) {
 // with its whole ConnectTimeout.
 func TestLeashSilentHostsSlowPrimaryBesideStandbys(t *testing.T) {
 	ctx := testCtx(t)
-	dsn := pgtest.NewDatabase(t)
-	server, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dsn, server := newServer(t)
 	a, b, c := newSilentHost(t, server), newSilentHost(t, server), newSilentHost(t, server)
 	b.frozen.Store(false)
 	c.frozen.Store(false)
@@ -414,11 +390,7 @@ func TestLeashSilentHostsSlowPrimaryBesideStandbys(t *testing.T) {
 // the second pass tries both, as the first did.
 func TestLeashSilentHostsSecondPassWithoutTLS(t *testing.T) {
 	ctx := testCtx(t)
-	dsn := pgtest.NewDatabase(t)
-	server, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dsn, server := newServer(t)
 	a, b := newSilentHost(t, server), newSilentHost(t, server)
 	b.frozen.Store(false)
 	st := &standbys{ports: map[int]bool{int(b.port()): true}}
@@ -446,11 +418,7 @@ func TestLeashSilentHostsSecondPassWithoutTLS(t *testing.T) {
 // directory: its copy in the second pass is that directory's socket.
 func TestLeashSilentHostsSecondPassSocket(t *testing.T) {
 	ctx := testCtx(t)
-	dsn := pgtest.NewDatabase(t)
-	server, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dsn, server := newServer(t)
 	dir, err := os.MkdirTemp("", "leash")
 	if err != nil {
 		t.Fatal(err)
@@ -495,11 +463,7 @@ func TestLeashSilentHostsSecondPassSocket(t *testing.T) {
 // primary's, as it would be without the leash.
 func TestLeashSilentHostsSecondPassNotPreferred(t *testing.T) {
 	ctx := testCtx(t)
-	dsn := pgtest.NewDatabase(t)
-	server, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dsn, server := newServer(t)
 	a := newSilentHost(t, server)
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {

@@ -17,6 +17,18 @@ import (
 	"github.com/pglease/pg_lease/pkg/lease"
 )
 
+// newServer is a new database of the test server: its DSN and the
+// connection configuration it parses to.
+func newServer(t *testing.T) (string, *pgconn.Config) {
+	t.Helper()
+	dsn := pgtest.NewDatabase(t)
+	server, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dsn, server
+}
+
 // silentHost is a TCP address in front of a real server: frozen, it accepts
 // connections and never answers them (a stopped machine); thawed, it
 // forwards them to the server.
@@ -133,11 +145,7 @@ func landedOn(t *testing.T, ctx context.Context, cfg *pgx.ConnConfig, what strin
 // again, a connection lands there.
 func TestLeashSilentHosts(t *testing.T) {
 	ctx := testCtx(t)
-	dsn := pgtest.NewDatabase(t)
-	server, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dsn, server := newServer(t)
 	h := newSilentHost(t, server)
 	config := func(timeout time.Duration) *pgx.ConnConfig {
 		cfg, err := pgx.ParseConfig(dsn)
@@ -201,11 +209,7 @@ func TestLeashSilentHostsLeavesASingleHost(t *testing.T) {
 // gives the connection.
 func TestLeashSilentHostsAllSilent(t *testing.T) {
 	ctx := testCtx(t)
-	dsn := pgtest.NewDatabase(t)
-	server, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dsn, server := newServer(t)
 	a, b := newSilentHost(t, server), newSilentHost(t, server)
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {

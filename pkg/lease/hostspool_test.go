@@ -154,11 +154,7 @@ func statementOn(t *testing.T, ctx context.Context, pool *pgxpool.Pool, what str
 // leash takes to the second host.
 func TestLeashSilentHostsPoolDropsIdleConnectionsToASilentHost(t *testing.T) {
 	ctx := testCtx(t)
-	dsn := pgtest.NewDatabase(t)
-	server, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dsn, server := newServer(t)
 	p := newStallProxy(t, server)
 	pool := leashedPool(t, ctx, dsn, p.port())
 	port := func(what string) uint16 { port, _ := statementOn(t, ctx, pool, what); return port }
@@ -225,11 +221,7 @@ func TestLeashSilentHostsPoolKeepsBeforeAcquire(t *testing.T) {
 // connection to it stays in use.
 func TestLeashSilentHostsShortCallerDeadlineIsNoSilence(t *testing.T) {
 	ctx := testCtx(t)
-	dsn := pgtest.NewDatabase(t)
-	server, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dsn, server := newServer(t)
 	a := newSilentHost(t, server)
 	a.frozen.Store(false)
 	pool := leashedPool(t, ctx, dsn, a.port())
@@ -262,11 +254,7 @@ func TestLeashSilentHostsShortCallerDeadlineIsNoSilence(t *testing.T) {
 // frozen host either.
 func TestLeashSilentHostsPoolDropsLongIdleConnections(t *testing.T) {
 	ctx := testCtx(t)
-	dsn := pgtest.NewDatabase(t)
-	server, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dsn, server := newServer(t)
 	p := newStallProxy(t, server)
 	pool := leashedPool(t, ctx, dsn, p.port())
 	c, err := pool.Acquire(ctx)
@@ -302,11 +290,7 @@ func TestLeashSilentHostsPoolDropsLongIdleConnections(t *testing.T) {
 // pool's idle connection to it, which works, stays in use.
 func TestLeashSilentHostsPoolKeepsWorkingConnections(t *testing.T) {
 	ctx := testCtx(t)
-	dsn := pgtest.NewDatabase(t)
-	server, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dsn, server := newServer(t)
 	a := newSilentHost(t, server)
 	a.frozen.Store(false)
 	twoHosts := func(cfg *pgconn.Config, timeout time.Duration) {
