@@ -528,6 +528,31 @@ func (g *heldListGate) listsBegun() int {
 	return g.lists
 }
 
+// holdShardsOfY takes, as owner y#0, the shards of n that members assign
+// to y, and returns them with their tokens after y's member token.
+func holdShardsOfY(t *testing.T, ctx context.Context, lc *lease.Client, n int, members []string, member lease.Token) ([]int, []lease.Token) {
+	t.Helper()
+	var ys []int
+	var keys []string
+	for s, m := range shard.Assign(n, members) {
+		if m == "y" {
+			ys, keys = append(ys, s), append(keys, shard.Key("ctl", s))
+		}
+	}
+	grants, denied, err := lc.AcquireMany(ctx, keys, "y#0", 10*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := []lease.Token{member}
+	for i, s := range ys {
+		if denied[i] != nil || grants[i].Epoch == 0 {
+			t.Fatalf("y's shard %d not acquired: %v", s, denied[i])
+		}
+		tokens = append(tokens, grants[i].Token)
+	}
+	return ys, tokens
+}
+
 // TestHandoverTakenAfterARoundListedIsKept: a round that listed before a
 // handover's notification was taken lists again before it plans: a plan
 // from the older list would give up the shard just taken (that list shows
@@ -543,24 +568,7 @@ func TestHandoverTakenAfterARoundListedIsKept(t *testing.T) {
 	if err != nil || !ok {
 		t.Fatal(ok, err)
 	}
-	var ys []int
-	var keys []string
-	for s, m := range shard.Assign(c.n, []string{"a", "y"}) {
-		if m == "y" {
-			ys, keys = append(ys, s), append(keys, shard.Key("ctl", s))
-		}
-	}
-	grants, denied, err := lc.AcquireMany(ctx, keys, "y#0", 10*time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tokens := []lease.Token{member.Token}
-	for i, s := range ys {
-		if denied[i] != nil || grants[i].Epoch == 0 {
-			t.Fatalf("y's shard %d not acquired: %v", s, denied[i])
-		}
-		tokens = append(tokens, grants[i].Token)
-	}
+	ys, tokens := holdShardsOfY(t, ctx, lc, c.n, []string{"a", "y"}, member.Token)
 	gate := newHeldListGate()
 	c.startTraced("a", gate)
 	var resumed sync.Once
@@ -1111,24 +1119,7 @@ func TestCrashTakenOverWhileARoundWaits(t *testing.T) {
 	if err != nil || !ok {
 		t.Fatal(ok, err)
 	}
-	var ys []int
-	var keys []string
-	for s, m := range shard.Assign(c.n, members) {
-		if m == "y" {
-			ys, keys = append(ys, s), append(keys, shard.Key("ctl", s))
-		}
-	}
-	grants, denied, err := lc.AcquireMany(ctx, keys, "y#0", 10*time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tokens := []lease.Token{member.Token}
-	for i, s := range ys {
-		if denied[i] != nil || grants[i].Epoch == 0 {
-			t.Fatalf("y's shard %d not acquired: %v", s, denied[i])
-		}
-		tokens = append(tokens, grants[i].Token)
-	}
+	ys, tokens := holdShardsOfY(t, ctx, lc, c.n, members, member.Token)
 	gate := &roundGate{}
 	c.startTraced("a", gate)
 	t.Cleanup(func() { gate.setClosed(false) }) // before the replicas stop
